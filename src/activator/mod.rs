@@ -1,0 +1,4 @@
+//! The activator: a reverse proxy that holds requests for cold revisions, wakes them through the
+//! autoscaler, and forwards the moment endpoints appear.
+
+pub mod report;

@@ -1,0 +1,103 @@
+//! Reporting to the autoscaler: the [`StatSink`] seam and its in-process channel.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::mpsc;
+
+use crate::revision::RevisionKey;
+
+/// One reporter's view of one revision over one second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stat {
+    pub revision: RevisionKey,
+    /// Who reported it (an activator's or queue sidecar's name). The collector sums different
+    /// sources in one second and never counts one source twice in the same second.
+    pub source: Arc<str>,
+    /// The whole second (on [`crate::clock`]) the stat describes.
+    pub at: u64,
+    /// Time-weighted average in-flight requests over that second, held requests included.
+    pub average_concurrency: f64,
+    /// Requests that arrived in that second.
+    pub requests: u64,
+}
+
+/// Where reporters send stats. Implementations never block and are bounded: when the receiver
+/// falls behind, stats are dropped and counted, never queued without limit.
+pub trait StatSink: Send + Sync + 'static {
+    /// Once a second per revision per reporter, zeros included, so idle windows decay.
+    fn record(&self, stat: Stat);
+    /// At once, on the first request for a revision with no ready endpoints; carries
+    /// `average_concurrency >= 1`. The autoscaler decides immediately instead of at its tick.
+    fn poke(&self, stat: Stat);
+}
+
+/// What travels on the in-process stats channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatMessage {
+    Record(Stat),
+    Poke(Stat),
+}
+
+/// A [`StatSink`] over a bounded tokio channel: the transport in `thaw local`.
+#[derive(Debug, Clone)]
+pub struct ChannelStatSink {
+    tx: mpsc::Sender<StatMessage>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl ChannelStatSink {
+    /// Stats that could not be sent because the channel was full or closed.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn send(&self, msg: StatMessage) {
+        if self.tx.try_send(msg).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl StatSink for ChannelStatSink {
+    fn record(&self, stat: Stat) {
+        self.send(StatMessage::Record(stat));
+    }
+
+    fn poke(&self, stat: Stat) {
+        self.send(StatMessage::Poke(stat));
+    }
+}
+
+/// A bounded stats channel: the sink for reporters and the receiver for the collector.
+pub fn stat_channel(capacity: usize) -> (ChannelStatSink, mpsc::Receiver<StatMessage>) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (
+        ChannelStatSink {
+            tx,
+            dropped: Arc::default(),
+        },
+        rx,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn channel_is_bounded_and_counts_drops() {
+        let (sink, mut rx) = stat_channel(1);
+        let stat = Stat {
+            revision: RevisionKey::new("ns", "r"),
+            source: "a".into(),
+            at: 1,
+            average_concurrency: 1.0,
+            requests: 1,
+        };
+        sink.poke(stat.clone());
+        sink.record(stat.clone());
+        assert_eq!(sink.dropped(), 1);
+        assert_eq!(rx.recv().await, Some(StatMessage::Poke(stat)));
+    }
+}

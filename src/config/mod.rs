@@ -1,0 +1,39 @@
+//! Typed configuration with Knative's key names, defaults, units and validation.
+//!
+//! Three ConfigMaps are understood:
+//! - `config-autoscaler` ([`AutoscalerConfig`]): Knative's KPA keys, with one fix over Knative
+//!   (`panic-threshold-percentage` is range-checked to [110, 1000]);
+//! - `config-defaults` ([`DefaultsConfig`]): Knative's revision defaults (timeouts, concurrency);
+//! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits.
+//!
+//! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
+//! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
+//! (annotation over ConfigMap over default).
+//!
+//! Every parse reports *all* problems as [`Problem`]s naming the key, the value and the reason.
+//! Only a fully valid config is ever stored for serving (see [`reload`]).
+
+pub mod activator;
+pub mod annotations;
+pub mod autoscaler;
+pub mod check;
+pub mod defaults;
+pub mod load;
+pub mod parse;
+pub mod reload;
+
+pub use activator::{ActivatorConfig, ActivatorOverrides};
+pub use annotations::{Aggregation, AutoscalingSpec, Metric};
+pub use autoscaler::AutoscalerConfig;
+pub use defaults::DefaultsConfig;
+pub use parse::{Problem, Problems};
+
+use std::sync::Arc;
+
+/// The three ConfigMaps a running thaw serves with, each swapped independently on reload.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSet {
+    pub autoscaler: Arc<AutoscalerConfig>,
+    pub defaults: Arc<DefaultsConfig>,
+    pub activator: Arc<ActivatorConfig>,
+}

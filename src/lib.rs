@@ -1,0 +1,15 @@
+//! thaw: a scale-to-zero serving data plane.
+//!
+//! The crate is one library behind one binary. Modules follow `ARCHITECTURE.md`:
+//! [`config`] (Knative-compatible settings), [`revision`] (the catalog every part reads),
+//! [`activator`] (the proxy that holds cold requests), [`autoscaler`] (Knative's KPA),
+//! [`platform`] (where replicas run) and [`telemetry`] (tracing and the one metrics registry).
+#![forbid(unsafe_code)]
+
+pub mod activator;
+pub mod autoscaler;
+pub mod clock;
+pub mod config;
+pub mod platform;
+pub mod revision;
+pub mod telemetry;

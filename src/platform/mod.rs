@@ -1,0 +1,72 @@
+//! Where replicas run: the [`Platform`] trait, and its implementations.
+//!
+//! A platform scales revisions and publishes, per revision, full endpoint snapshots on a watch
+//! channel. The activator and the scaler both subscribe. An endpoint leaves `ready` (moving to
+//! `terminating`) before its replica is signalled; the replica is stopped once the activator
+//! reports it has nothing in flight ([`EndpointSource::drained`]) or after a bounded grace.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::revision::RevisionKey;
+
+/// A boxed, sendable future (trait methods that must stay object-safe return this).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Whether a revision can serve at all.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EndpointStatus {
+    #[default]
+    Ok,
+    /// The revision cannot come up (its replicas keep crashing, it was removed, ...). Held
+    /// requests are answered 503 with this reason at once.
+    Failing { reason: Arc<str> },
+}
+
+/// One revision's endpoints at one moment. Always a full snapshot, never a delta.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EndpointSnapshot {
+    /// Endpoints that accept new requests.
+    pub ready: Vec<SocketAddr>,
+    /// Endpoints that are going away: no new requests, in-flight ones finish.
+    pub terminating: Vec<SocketAddr>,
+    pub status: EndpointStatus,
+}
+
+/// A source of per-revision endpoint snapshots (the platform, or a test feeding them directly).
+pub trait EndpointSource: Send + Sync + 'static {
+    /// The watch of `revision`'s endpoints; created empty (status Ok) for a revision not seen
+    /// before. The receiver always holds the latest snapshot.
+    fn endpoints(&self, revision: &RevisionKey) -> watch::Receiver<Arc<EndpointSnapshot>>;
+
+    /// Told by the activator when a terminating endpoint has nothing left in flight, so its
+    /// replica can be stopped without cutting a request. Idempotent; may be ignored.
+    fn drained(&self, revision: &RevisionKey, addr: SocketAddr);
+}
+
+/// Why a scale request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlatformError {
+    #[error("revision {0} is unknown to the platform")]
+    UnknownRevision(RevisionKey),
+    #[error("scaling {revision} failed: {reason}")]
+    Scale {
+        revision: RevisionKey,
+        reason: String,
+    },
+}
+
+/// Where replicas run: child processes (`local`) or Deployments (`kubernetes`).
+pub trait Platform: EndpointSource {
+    /// Asks for `replicas` replicas of `revision`. Returns once the request is accepted, not
+    /// once the replicas are ready (readiness arrives on [`EndpointSource::endpoints`]).
+    fn scale(
+        &self,
+        revision: &RevisionKey,
+        replicas: u32,
+    ) -> BoxFuture<'_, Result<(), PlatformError>>;
+}

@@ -1,0 +1,252 @@
+//! Revisions: their identity ([`RevisionKey`]), their effective spec ([`RevisionSpec`]) and the
+//! [`RevisionCatalog`] that routing, the throttler and the scaler all read.
+//!
+//! The catalog is an immutable [`CatalogSnapshot`] behind an `ArcSwap`: readers take a snapshot
+//! without locking, writers (local.yaml today, Kubernetes informers later) build a complete new
+//! snapshot and swap it in.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::config::AutoscalingSpec;
+
+/// A revision's identity: namespace and name, as Knative's `Knative-Serving-Namespace` and
+/// `Knative-Serving-Revision` headers carry them. Cheap to clone (two `Arc<str>`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RevisionKey {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl RevisionKey {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        Self {
+            namespace: Arc::from(namespace.as_ref()),
+            name: Arc::from(name.as_ref()),
+        }
+    }
+}
+
+impl fmt::Display for RevisionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The protocol a revision's container speaks: h2c when its port is named `h2c` (as in Knative),
+/// HTTP/1.1 otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Http1,
+    H2c,
+}
+
+/// Per-revision request timeouts (knative-dataplane.md §1.2), enforced by the activator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole request, hold included (`timeoutSeconds`).
+    pub total: Duration,
+    /// Time to the first response byte (`responseStartTimeoutSeconds`).
+    pub response_start: Duration,
+    /// Longest gap between response bytes (`idleTimeoutSeconds`); `None` = no limit.
+    pub idle: Option<Duration>,
+    /// The longest a request may be held waiting for a cold start; defaults to `total`.
+    pub cold_wait: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            total: Duration::from_secs(300),
+            response_start: Duration::from_secs(300),
+            idle: None,
+            cold_wait: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Everything the data plane needs to know about one revision, already merged from its own
+/// settings, its annotations and the ConfigMaps. Always valid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevisionSpec {
+    pub key: RevisionKey,
+    /// The Knative Service (and Configuration) this revision belongs to, if any.
+    pub service: Option<Arc<str>>,
+    /// Maximum in-flight requests per replica; 0 = unlimited.
+    pub container_concurrency: u32,
+    pub protocol: Protocol,
+    pub timeouts: Timeouts,
+    /// Requests this revision may hold while it has no capacity.
+    pub queue_depth: u32,
+    /// Requests released at once to each new endpoint when containerConcurrency is 0.
+    pub initial_burst: u32,
+    /// Host names that route to this revision directly (its own host, e.g.
+    /// `hello-00001.default.example.com`, and `hello-00001.default.svc.cluster.local`).
+    pub hosts: Vec<String>,
+    /// Effective autoscaler settings.
+    pub autoscaling: Arc<AutoscalingSpec>,
+}
+
+impl RevisionSpec {
+    /// A spec with defaults everywhere, for tests and fixtures: `RevisionSpec::test("ns", "rev")`
+    /// then adjust fields.
+    pub fn test(namespace: &str, name: &str) -> Self {
+        Self {
+            key: RevisionKey::new(namespace, name),
+            service: None,
+            container_concurrency: 0,
+            protocol: Protocol::Http1,
+            timeouts: Timeouts::default(),
+            queue_depth: 10_000,
+            initial_burst: 100,
+            hosts: Vec::new(),
+            autoscaling: Arc::new(AutoscalingSpec::default()),
+        }
+    }
+}
+
+/// An immutable view of every known revision (including those at zero) and the host table.
+#[derive(Debug, Clone, Default)]
+pub struct CatalogSnapshot {
+    revisions: HashMap<RevisionKey, Arc<RevisionSpec>>,
+    /// Host (lower-case, without port) -> the revision it routes to. Holds both route hosts
+    /// (`{service}.{namespace}.{domain}` -> the service's current revision) and each revision's
+    /// own hosts.
+    hosts: HashMap<String, RevisionKey>,
+}
+
+impl CatalogSnapshot {
+    /// Builds a snapshot from revisions and route hosts (`host -> revision`). Each revision's
+    /// own `hosts` are added to the table; an explicit route entry wins over them.
+    pub fn new(
+        revisions: impl IntoIterator<Item = RevisionSpec>,
+        routes: impl IntoIterator<Item = (String, RevisionKey)>,
+    ) -> Self {
+        let mut snap = Self::default();
+        for spec in revisions {
+            for h in &spec.hosts {
+                snap.hosts.insert(h.to_ascii_lowercase(), spec.key.clone());
+            }
+            snap.revisions.insert(spec.key.clone(), Arc::new(spec));
+        }
+        for (host, key) in routes {
+            snap.hosts.insert(host.to_ascii_lowercase(), key);
+        }
+        snap
+    }
+
+    pub fn get(&self, key: &RevisionKey) -> Option<&Arc<RevisionSpec>> {
+        self.revisions.get(key)
+    }
+
+    /// Looks up by namespace and name without building a key.
+    pub fn get_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<RevisionSpec>> {
+        // RevisionKey hashes as (Arc<str>, Arc<str>); str and Arc<str> hash alike, but the
+        // tuple key cannot be borrowed, so build a key only on this (cold) path.
+        self.revisions.get(&RevisionKey::new(namespace, name))
+    }
+
+    /// The revision a `Host` header routes to. The port, if any, is ignored; case-insensitive.
+    pub fn route_host(&self, host: &str) -> Option<&Arc<RevisionSpec>> {
+        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        });
+        let key = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.hosts.get(&host.to_ascii_lowercase())
+        } else {
+            self.hosts.get(host)
+        }?;
+        self.revisions.get(key)
+    }
+
+    pub fn revisions(&self) -> impl Iterator<Item = &Arc<RevisionSpec>> {
+        self.revisions.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.revisions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.revisions.is_empty()
+    }
+}
+
+/// The live catalog: a [`CatalogSnapshot`] swapped atomically. Cheap to share (`Arc`).
+#[derive(Debug, Default)]
+pub struct RevisionCatalog {
+    current: ArcSwap<CatalogSnapshot>,
+    /// Bumped on every swap so watchers (throttlers, the scaler) can notice changes.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl RevisionCatalog {
+    pub fn new(snapshot: CatalogSnapshot) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(snapshot),
+            changed: Default::default(),
+        }
+    }
+
+    /// The current snapshot. Hold it for one request, not across long waits.
+    pub fn load(&self) -> Arc<CatalogSnapshot> {
+        self.current.load_full()
+    }
+
+    /// Replaces the whole catalog and notifies [`RevisionCatalog::subscribe`]rs.
+    pub fn store(&self, snapshot: CatalogSnapshot) {
+        self.current.store(Arc::new(snapshot));
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that changes whenever the catalog is replaced.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_host_ignoring_port_and_case() {
+        let mut a = RevisionSpec::test("default", "hello-00001");
+        a.hosts = vec!["hello-00001.default.example.com".into()];
+        let b = RevisionSpec::test("default", "hello-00002");
+        let snap = CatalogSnapshot::new(
+            [a, b],
+            [(
+                "hello.default.example.com".to_string(),
+                RevisionKey::new("default", "hello-00002"),
+            )],
+        );
+        assert_eq!(
+            &*snap
+                .route_host("Hello.Default.example.com:8080")
+                .unwrap()
+                .key
+                .name,
+            "hello-00002"
+        );
+        assert_eq!(
+            &*snap
+                .route_host("hello-00001.default.example.com")
+                .unwrap()
+                .key
+                .name,
+            "hello-00001"
+        );
+        assert!(snap.route_host("nope.default.example.com").is_none());
+        assert!(snap.get_by_name("default", "hello-00001").is_some());
+    }
+}

@@ -1,0 +1,57 @@
+//! Tracing and metrics: the tracing subscriber, the one Prometheus [`Registry`] and every metric
+//! name (one file per part: [`activator`], [`autoscaler`], [`platform`], [`config`]).
+//!
+//! Families are registered once, at start-up, in [`Telemetry::new`]. Per-revision children are
+//! resolved once per revision and kept in that revision's state; the request path increments
+//! handles, it never looks labels up.
+
+pub mod config;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use tracing_subscriber::EnvFilter;
+
+/// Every metric family thaw exports, and the registry that encodes them.
+#[derive(Debug)]
+pub struct Telemetry {
+    registry: Registry,
+    pub config: config::ConfigMetrics,
+}
+
+impl Telemetry {
+    /// Registers every family under the `thaw` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("thaw");
+        let config = config::ConfigMetrics::register(&mut registry);
+        Self { registry, config }
+    }
+
+    /// The OpenMetrics text exposition of every family.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing into a String cannot fail.
+        encode(&mut out, &self.registry).expect("encoding metrics into a String");
+        out
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Installs the global tracing subscriber: `RUST_LOG` if set, else `info`; JSON lines when
+/// `json` is true (production), human-readable otherwise. Safe to call more than once (later
+/// calls are ignored).
+pub fn init_tracing(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
