@@ -18,9 +18,11 @@ pub mod annotations;
 pub mod autoscaler;
 pub mod check;
 pub mod defaults;
+pub mod keys;
 pub mod load;
 pub mod parse;
 pub mod reload;
+pub mod revision;
 
 pub use activator::{ActivatorConfig, ActivatorOverrides};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
