@@ -279,6 +279,11 @@ impl ActivatorConfig {
         keys::parse_data(KEYS, &[], data, validate)
     }
 
+    /// Unknown-key warnings for a data map (valid or not).
+    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        keys::warnings(KEYS, &[], data)
+    }
+
     /// Every key with its effective value, for `thaw config check`.
     pub fn show(&self) -> Vec<Shown> {
         keys::show_all(KEYS, self)

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use serde_json::{Map, Value};
 
 use super::keys::Shown;
-use super::load::{AnyConfig, parse_named, read_manifest};
+use super::load::{AnyConfig, parse_named, read_manifest, warnings_named};
 use super::parse::Problem;
 
 /// Output format of `thaw config check`.
@@ -58,14 +58,15 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
                 continue;
             }
         };
+        let w = warnings_named(&cm);
+        warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
         match parse_named(&cm) {
             Ok(parsed) => {
-                let (keys, w) = match parsed {
-                    AnyConfig::Autoscaler(p) => (p.config.show(), p.warnings),
-                    AnyConfig::Defaults(p) => (p.config.show(), p.warnings),
-                    AnyConfig::Activator(p) => (p.config.show(), p.warnings),
+                let keys = match parsed {
+                    AnyConfig::Autoscaler(p) => p.config.show(),
+                    AnyConfig::Defaults(p) => p.config.show(),
+                    AnyConfig::Activator(p) => p.config.show(),
                 };
-                warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
                 ok.push(Checked {
                     name: cm.name,
                     path: path.clone(),

@@ -223,6 +223,11 @@ impl DefaultsConfig {
         keys::parse_data(KEYS, INERT, data, validate)
     }
 
+    /// Unknown-key warnings for a data map (valid or not).
+    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        keys::warnings(KEYS, INERT, data)
+    }
+
     /// Every key with its effective value, for `thaw config check`.
     pub fn show(&self) -> Vec<Shown> {
         keys::show_all(KEYS, self)

@@ -95,6 +95,21 @@ pub fn parse_data<T: Default>(
     }
 }
 
+/// Warnings for `data`: unknown keys, and known Knative keys thaw does not use. `_example` is
+/// ignored silently, as Knative does.
+pub fn warnings<T>(keys: &[Key<T>], inert: &[&str], data: &BTreeMap<String, String>) -> Vec<String> {
+    data.keys()
+        .filter(|k| *k != "_example" && !keys.iter().any(|key| key.name == k.as_str()))
+        .map(|k| {
+            if inert.contains(&k.as_str()) {
+                format!("{k}: known Knative key with no effect in thaw, ignored")
+            } else {
+                format!("{k}: unknown key, ignored")
+            }
+        })
+        .collect()
+}
+
 /// Every key of a table with its effective value and whether it equals the default.
 pub fn show_all<T: Default>(keys: &[Key<T>], config: &T) -> Vec<Shown> {
     let defaults = T::default();

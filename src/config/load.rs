@@ -143,6 +143,17 @@ pub enum AnyConfig {
     Activator(Parsed<ActivatorConfig>),
 }
 
+/// Warnings (unknown keys) for a ConfigMap's data according to its name, whether or not it is
+/// valid.
+pub fn warnings_named(cm: &ConfigMapData) -> Vec<String> {
+    match cm.name.as_str() {
+        super::autoscaler::NAME => AutoscalerConfig::warnings(&cm.data),
+        super::defaults::NAME => DefaultsConfig::warnings(&cm.data),
+        super::activator::NAME => ActivatorConfig::warnings(&cm.data),
+        _ => Vec::new(),
+    }
+}
+
 /// Parses a ConfigMap's data according to its name.
 pub fn parse_named(cm: &ConfigMapData) -> Result<AnyConfig, Problems> {
     match cm.name.as_str() {

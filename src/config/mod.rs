@@ -24,6 +24,9 @@ pub mod parse;
 pub mod reload;
 pub mod revision;
 
+#[cfg(test)]
+mod tests;
+
 pub use activator::{ActivatorConfig, ActivatorOverrides};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
