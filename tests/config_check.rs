@@ -91,7 +91,10 @@ fn set_values_are_marked_and_files_recognised_by_name() {
     );
     let (code, out, err) = thaw(&["config", "check", &f]);
     assert_eq!(code, 0, "{err}");
-    let line = out.lines().find(|l| l.starts_with("revision-timeout-seconds")).unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("revision-timeout-seconds"))
+        .unwrap();
     assert!(line.contains("120") && line.contains(" set "), "{line}");
 }
 
@@ -106,4 +109,28 @@ fn malformed_yaml_names_the_line() {
     let (code, _, err) = thaw(&["config", "check", &f]);
     assert_eq!(code, 1);
     assert!(err.contains(&f) && err.contains("line "), "{err}");
+}
+
+#[test]
+fn checks_local_yaml_too() {
+    let (code, out, err) = thaw(&["config", "check", "config/local.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("default/hello host=hello.default.example.com revision=hello-00001"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "local.yaml",
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containers: [{command: [thaw, sample-app], ports: [{name: grpc}]}]\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &f]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("services[0].spec.template.spec.containers[0].ports[0].name: grpc: must be"),
+        "{err}"
+    );
 }

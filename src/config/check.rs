@@ -29,7 +29,7 @@ pub enum Output {
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// ConfigMap manifests (config-autoscaler, config-defaults, config-activator), recognised by
-    /// their `metadata.name`.
+    /// their `metadata.name`, or a `thaw local` services file (local.yaml).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
@@ -51,6 +51,25 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
     for path in files {
+        if is_local_yaml(path) {
+            match crate::local::model::load(&crate::local::model::Source::File(path.clone())) {
+                Ok(model) => {
+                    warnings.extend(
+                        model
+                            .warnings
+                            .iter()
+                            .map(|w| format!("{}: {w}", path.display())),
+                    );
+                    ok.push(Checked {
+                        name: "local".into(),
+                        path: path.clone(),
+                        keys: show_local(&model),
+                    });
+                }
+                Err(p) => problems.extend(p.0),
+            }
+            continue;
+        }
         let cm = match read_manifest(path) {
             Ok(cm) => cm,
             Err(p) => {
@@ -83,12 +102,73 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
     }
 }
 
+/// A local.yaml is recognised by its top-level fields (a ConfigMap has `kind: ConfigMap`).
+fn is_local_yaml(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.starts_with("services:") || l.starts_with("configMaps:"))
+            && !t.lines().any(|l| l.trim() == "kind: ConfigMap")
+    })
+}
+
+/// local.yaml's effective content: the domain, and per service its route, first revision and
+/// the settings that decide its scaling.
+fn show_local(m: &crate::local::model::LocalModel) -> Vec<Shown> {
+    let mut out = vec![Shown {
+        key: "domain",
+        text: m.domain.clone(),
+        json: Value::from(m.domain.clone()),
+        unit: "route hosts are {service}.{namespace}.{domain}",
+        is_default: m.domain == "example.com",
+    }];
+    for s in &m.services {
+        // Validated by `load`, so resolving again cannot fail; skip defensively if it does.
+        let Ok(spec) = s.revision_spec(1, &m.domain, &m.configs) else {
+            continue;
+        };
+        let a = &spec.autoscaling;
+        let text = format!(
+            "{}/{} host={} revision={} containerConcurrency={} target={} stable-window={}s \
+             min-scale={} max-scale={} initial-scale={}",
+            s.namespace,
+            s.name,
+            s.route_host(&m.domain),
+            spec.key.name,
+            spec.container_concurrency,
+            a.target_value,
+            a.stable_window.as_secs(),
+            a.min_scale,
+            a.max_scale,
+            a.initial_scale
+        );
+        out.push(Shown {
+            key: "service",
+            json: serde_json::json!({
+                "namespace": s.namespace, "name": s.name, "host": s.route_host(&m.domain),
+                "revision": &*spec.key.name, "container-concurrency": spec.container_concurrency,
+                "target": a.target_value, "stable-window": a.stable_window.as_secs(),
+                "min-scale": a.min_scale, "max-scale": a.max_scale, "initial-scale": a.initial_scale,
+            }),
+            text,
+            unit: "",
+            is_default: false,
+        });
+    }
+    out
+}
+
 /// The text report.
 pub fn render_text(checked: &[Checked]) -> String {
     let mut out = String::new();
     for c in checked {
         out.push_str(&format!("# {} ({})\n", c.name, c.path.display()));
         let width = c.keys.iter().map(|k| k.key.len()).max().unwrap_or(0);
+        if c.name == "local" {
+            for k in &c.keys {
+                out.push_str(&format!("{:8} {}\n", k.key, k.text));
+            }
+            continue;
+        }
         for k in &c.keys {
             let src = if k.is_default { "default" } else { "set" };
             out.push_str(&format!(
@@ -105,6 +185,24 @@ pub fn render_json(checked: &[Checked]) -> Value {
     let mut obj = Map::new();
     let mut non_default = Vec::new();
     for c in checked {
+        if c.name == "local" {
+            let services: Vec<Value> = c
+                .keys
+                .iter()
+                .filter(|k| k.key == "service")
+                .map(|k| k.json.clone())
+                .collect();
+            let domain = c
+                .keys
+                .iter()
+                .find(|k| k.key == "domain")
+                .map(|k| k.json.clone());
+            obj.insert(
+                "local".into(),
+                serde_json::json!({"domain": domain, "services": services}),
+            );
+            continue;
+        }
         for k in &c.keys {
             obj.insert(k.key.to_string(), k.json.clone());
             if !k.is_default {

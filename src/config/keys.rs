@@ -97,7 +97,11 @@ pub fn parse_data<T: Default>(
 
 /// Warnings for `data`: unknown keys, and known Knative keys thaw does not use. `_example` is
 /// ignored silently, as Knative does.
-pub fn warnings<T>(keys: &[Key<T>], inert: &[&str], data: &BTreeMap<String, String>) -> Vec<String> {
+pub fn warnings<T>(
+    keys: &[Key<T>],
+    inert: &[&str],
+    data: &BTreeMap<String, String>,
+) -> Vec<String> {
     data.keys()
         .filter(|k| *k != "_example" && !keys.iter().any(|key| key.name == k.as_str()))
         .map(|k| {
