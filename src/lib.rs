@@ -12,4 +12,5 @@ pub mod clock;
 pub mod config;
 pub mod platform;
 pub mod revision;
+pub mod sample_app;
 pub mod telemetry;
