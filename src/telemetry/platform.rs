@@ -1,7 +1,9 @@
 //! Metrics of the process platform (`platform::local`): replicas by state, spawn-to-ready time,
 //! exits and restarts.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -15,8 +17,9 @@ pub struct RevisionLabels {
     pub revision: String,
 }
 
-/// Where a replica is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+/// Where a replica is in its life (label values: `starting`, `ready`, `backoff`,
+/// `terminating`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReplicaStateLabel {
     /// Spawned, not yet answering its readiness probe.
     Starting,
@@ -36,8 +39,8 @@ pub struct ReplicaStateLabels {
     pub state: ReplicaStateLabel,
 }
 
-/// Why a replica process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+/// Why a replica process ended (label values in snake case: `stopped`, `port_taken`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExitReason {
     /// Stopped because thaw asked it to (scale down, removal, shutdown).
     Stopped,
@@ -51,6 +54,42 @@ pub enum ExitReason {
     SpawnFailed,
     /// Exited before ready because its port was taken meanwhile; retried on a new port.
     PortTaken,
+}
+
+impl ReplicaStateLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Ready => "ready",
+            Self::Backoff => "backoff",
+            Self::Terminating => "terminating",
+        }
+    }
+}
+
+impl EncodeLabelValue for ReplicaStateLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+impl ExitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Crashed => "crashed",
+            Self::Exited => "exited",
+            Self::StartupTimeout => "startup_timeout",
+            Self::SpawnFailed => "spawn_failed",
+            Self::PortTaken => "port_taken",
+        }
+    }
+}
+
+impl EncodeLabelValue for ExitReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// Labels: one revision and one exit reason.
