@@ -150,7 +150,8 @@ async fn run_process(
                 );
                 if retry == policy::EarlyExit::RetryNewPort {
                     port_retries += 1;
-                    tracing::info!(addr = %p.addr, port_retries, "replica's port was taken meanwhile; retrying on a new port");
+                    let what = exit_text(&mut p, status).await;
+                    tracing::info!(addr = %p.addr, port_retries, "replica's port was taken meanwhile ({what}); retrying on a new port");
                     entry.count_exit(ExitReason::PortTaken);
                     continue;
                 }

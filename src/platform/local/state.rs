@@ -226,7 +226,8 @@ impl RevisionEntry {
     }
 
     /// Slot `index`'s process ended without being asked to; `what` describes the exit. Its
-    /// endpoint leaves the snapshot. An exit before ready counts towards `Failing`.
+    /// endpoint leaves the snapshot. An exit before ready of a slot not being stopped counts
+    /// towards `Failing`.
     pub(crate) fn slot_exited(
         &self,
         index: u32,
@@ -235,7 +236,12 @@ impl RevisionEntry {
         p: &RestartPolicy,
     ) {
         self.update(|st| {
-            if before_ready {
+            // A slot already told to stop is going away: its exit is no evidence of a crash
+            // loop (and must not re-fail a revision just scaled to 0).
+            let stopping = st
+                .slot_mut(index)
+                .is_some_and(|s| s.state == ReplicaState::Terminating);
+            if before_ready && !stopping {
                 st.consecutive_crashes = st.consecutive_crashes.saturating_add(1);
                 if p.is_failing(st.consecutive_crashes) {
                     st.crash_failure = Some(policy::crash_reason(what).into());

@@ -126,8 +126,17 @@ fn crashes_in_a_row_fail_the_revision_until_ready_or_scale_to_zero() {
         e.slot_exited(0, true, "exit status 1", &p);
     }
     assert_ne!(rx.borrow().status, EndpointStatus::Ok);
-    e.update(|st| st.set_desired(0));
+    e.update(|st| {
+        st.set_desired(0);
+        st.reconcile(true)
+    });
     assert_eq!(rx.borrow().status, EndpointStatus::Ok, "scale to 0 resets");
+    // The stopping slot's own crash does not re-fail the revision.
+    for _ in 0..3 {
+        e.slot_exited(0, true, "exit status 1", &p);
+    }
+    assert_eq!(rx.borrow().status, EndpointStatus::Ok);
+    assert_eq!(e.status().consecutive_crashes, 0);
 }
 
 #[test]
