@@ -75,6 +75,7 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
         eprintln!("sample-app: no port: set PORT or --port");
         return ExitCode::FAILURE;
     };
+    let parent = nix::unistd::getppid();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -86,6 +87,9 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
         }
     };
     rt.block_on(async {
+        // Handlers first: a SIGTERM right after the port opens must not find the default
+        // action (terminate) still in place.
+        let stop = stop_signal(StopSignals::install(), parent, args.ignore_sigterm);
         tokio::time::sleep(args.startup_delay).await;
         let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
             Ok(l) => l,
@@ -95,7 +99,6 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
             }
         };
         println!("sample-app: listening on 127.0.0.1:{port}");
-        let stop = stop_signal(args.ignore_sigterm);
         serve(listener, Arc::new(Settings::from_args(args)), stop).await;
         println!("sample-app: stopped");
         ExitCode::SUCCESS
@@ -251,12 +254,25 @@ impl Body for Chunks {
     }
 }
 
+/// SIGTERM and SIGINT streams, installed before the port opens.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn install() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Self {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+}
+
 /// Resolves on SIGTERM (unless ignored), SIGINT, or when the parent process changes.
-async fn stop_signal(ignore_sigterm: bool) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
-    let parent = nix::unistd::getppid();
+async fn stop_signal(signals: StopSignals, parent: nix::unistd::Pid, ignore_sigterm: bool) {
+    let StopSignals { mut term, mut int } = signals;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
