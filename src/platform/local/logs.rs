@@ -286,4 +286,43 @@ mod tests {
         );
         assert_eq!(last.lock().unwrap().as_deref(), Some("last ..."));
     }
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_tracing_sink_tags_lines_with_revision_replica_and_stream() {
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let rev = RevisionKey::new("default", "hello-00001");
+        tracing::subscriber::with_default(subscriber, || {
+            TracingLogSink.line(&rev, 2, Stream::Stdout, "listening");
+            TracingLogSink.line(&rev, 2, Stream::Stderr, "oops");
+            TracingLogSink.suppressed(&rev, 2, Stream::Stderr, 9);
+        });
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].contains("INFO") && lines[0].contains("thaw::replica"));
+        assert!(
+            lines[0].contains("listening revision=default/hello-00001 replica=2 stream=\"stdout\""),
+            "{out}"
+        );
+        assert!(lines[1].contains("WARN") && lines[1].contains("oops"));
+        assert!(lines[2].contains("suppressed 9 lines"));
+    }
 }

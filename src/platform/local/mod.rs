@@ -45,6 +45,7 @@ mod policy;
 mod probe;
 mod process;
 mod replica;
+mod slots;
 mod state;
 mod status;
 
@@ -63,6 +64,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use crate::platform::{BoxFuture, EndpointSnapshot, EndpointSource, Platform, PlatformError};
 use crate::revision::{Protocol, RevisionKey};
@@ -275,22 +277,23 @@ impl LocalPlatform {
     /// is reaped. Bounded by about twice the kill grace. Afterwards `scale` fails; calling it
     /// again returns once the first call's work is done.
     pub async fn shutdown(&self) {
-        let span = tracing::info_span!("platform_shutdown");
-        let _enter = span.enter();
-        let guard = self
-            .inner
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        drop(guard);
-        for e in self.inner.revisions.iter() {
-            e.update(|st| st.stop_all_now());
+        async {
+            let guard = self
+                .inner
+                .tasks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            drop(guard);
+            for e in self.inner.revisions.iter() {
+                e.update(|st| st.stop_all_now());
+            }
+            let mut done = self.inner.tasks_done.lock().await;
+            while done.recv().await.is_some() {}
+            tracing::info!("every replica stopped");
         }
-        drop(_enter);
-        let mut done = self.inner.tasks_done.lock().await;
-        while done.recv().await.is_some() {}
-        tracing::info!(parent: &span, "every replica stopped");
+        .instrument(tracing::info_span!("platform_shutdown"))
+        .await
     }
 
     fn task_guard(&self) -> Option<mpsc::Sender<()>> {
@@ -366,3 +369,6 @@ impl Platform for LocalPlatform {
         Box::pin(async move { r })
     }
 }
+
+// The integrator holds the platform as `Arc<dyn Platform>` beside the activator and scaler.
+const _: fn(LocalPlatform) -> Arc<dyn Platform> = |p| Arc::new(p);

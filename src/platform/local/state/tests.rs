@@ -1,4 +1,5 @@
 use super::*;
+use crate::platform::local::slots::pick_victims;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 fn addr(port: u16) -> SocketAddr {
