@@ -13,4 +13,5 @@ pub mod config;
 pub mod local;
 pub mod platform;
 pub mod revision;
+pub mod sample_app;
 pub mod telemetry;

@@ -18,6 +18,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// A tiny HTTP server to run as a replica (`thaw sample-app --help`).
+    SampleApp(thaw::sample_app::SampleAppArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -32,5 +34,6 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),
+        Command::SampleApp(args) => thaw::sample_app::run(&args),
     }
 }

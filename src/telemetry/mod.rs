@@ -6,6 +6,7 @@
 //! handles, it never looks labels up.
 
 pub mod config;
+pub mod platform;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -16,6 +17,7 @@ use tracing_subscriber::EnvFilter;
 pub struct Telemetry {
     registry: Registry,
     pub config: config::ConfigMetrics,
+    pub platform: platform::PlatformMetrics,
 }
 
 impl Telemetry {
@@ -23,7 +25,12 @@ impl Telemetry {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("thaw");
         let config = config::ConfigMetrics::register(&mut registry);
-        Self { registry, config }
+        let platform = platform::PlatformMetrics::register(&mut registry);
+        Self {
+            registry,
+            config,
+            platform,
+        }
     }
 
     /// The OpenMetrics text exposition of every family.
