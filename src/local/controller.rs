@@ -63,7 +63,10 @@ impl LocalController {
         let c = Arc::new(Self {
             platform,
             catalog,
-            state: Mutex::new(State { model: model.clone(), services: BTreeMap::new() }),
+            state: Mutex::new(State {
+                model: model.clone(),
+                services: BTreeMap::new(),
+            }),
         });
         c.apply(model);
         c
@@ -90,8 +93,12 @@ impl LocalController {
             .map(|s| ((s.namespace.clone(), s.name.clone()), s))
             .collect();
         // Removed services.
-        let gone: Vec<ServiceId> =
-            st.services.keys().filter(|id| !wanted.contains_key(*id)).cloned().collect();
+        let gone: Vec<ServiceId> = st
+            .services
+            .keys()
+            .filter(|id| !wanted.contains_key(*id))
+            .cloned()
+            .collect();
         for id in gone {
             if let Some(svc) = st.services.remove(&id) {
                 for g in svc.templates.keys() {
@@ -106,12 +113,15 @@ impl LocalController {
         }
         // New services and new generations.
         for (id, s) in &wanted {
-            let svc = st.services.entry(id.clone()).or_insert_with(|| ServiceState {
-                generation: 0,
-                templates: BTreeMap::new(),
-                specs: BTreeMap::new(),
-                ready: None,
-            });
+            let svc = st
+                .services
+                .entry(id.clone())
+                .or_insert_with(|| ServiceState {
+                    generation: 0,
+                    templates: BTreeMap::new(),
+                    specs: BTreeMap::new(),
+                    ready: None,
+                });
             if svc.templates.get(&svc.generation) != Some(&s.template) {
                 svc.generation += 1;
                 svc.templates.insert(svc.generation, s.template.clone());
@@ -124,7 +134,10 @@ impl LocalController {
         for (id, svc) in st.services.iter_mut() {
             let Some(s) = wanted.get(id) else { continue };
             for (g, template) in &svc.templates {
-                let as_of = ServiceModel { template: template.clone(), ..(*s).clone() };
+                let as_of = ServiceModel {
+                    template: template.clone(),
+                    ..(*s).clone()
+                };
                 match as_of.revision_spec(*g, &model.domain, &model.configs) {
                     Ok(spec) => {
                         self.platform.upsert(local_revision(&spec, template));
@@ -151,7 +164,10 @@ impl LocalController {
             revisions.extend(svc.specs.values().cloned());
             let target = svc.ready.unwrap_or(svc.generation);
             let host = format!("{name}.{ns}.{}", st.model.domain);
-            routes.push((host, RevisionKey::new(ns, super::model::revision_name(name, target))));
+            routes.push((
+                host,
+                RevisionKey::new(ns, super::model::revision_name(name, target)),
+            ));
         }
         self.catalog.store(CatalogSnapshot::new(revisions, routes));
     }
@@ -161,9 +177,10 @@ impl LocalController {
     fn watch_ready(self: &Arc<Self>, key: RevisionKey) {
         let zero_initial = {
             let st = self.lock();
-            st.services.values().flat_map(|s| s.specs.values()).any(|spec| {
-                spec.key == key && spec.autoscaling.initial_scale == 0
-            })
+            st.services
+                .values()
+                .flat_map(|s| s.specs.values())
+                .any(|spec| spec.key == key && spec.autoscaling.initial_scale == 0)
         };
         if zero_initial {
             self.mark_ready(&key);
@@ -186,17 +203,22 @@ impl LocalController {
 
     fn mark_ready(&self, key: &RevisionKey) {
         let mut st = self.lock();
-        let Some((id, gen)) = st.services.iter().find_map(|(id, svc)| {
-            svc.specs.iter().find(|(_, s)| s.key == *key).map(|(g, _)| (id.clone(), *g))
+        let Some((id, generation)) = st.services.iter().find_map(|(id, svc)| {
+            svc.specs
+                .iter()
+                .find(|(_, s)| s.key == *key)
+                .map(|(g, _)| (id.clone(), *g))
         }) else {
             return;
         };
-        let Some(svc) = st.services.get_mut(&id) else { return };
-        if svc.ready.is_some_and(|r| r >= gen) {
+        let Some(svc) = st.services.get_mut(&id) else {
+            return;
+        };
+        if svc.ready.is_some_and(|r| r >= generation) {
             return;
         }
         let from = svc.ready;
-        svc.ready = Some(gen);
+        svc.ready = Some(generation);
         info!(revision = %key, previous = ?from, "revision ready; route now points at it");
         self.publish(&st);
     }
@@ -206,9 +228,16 @@ impl LocalController {
 fn local_revision(spec: &RevisionSpec, template: &RevisionTemplate) -> LocalRevision {
     let c = &template.spec.containers[0];
     let mut def = LocalRevision::new(spec.key.clone(), c.command.iter().chain(&c.args).cloned());
-    def.env = c.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect();
-    def.readiness_path =
-        c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).map(|h| h.path.clone());
+    def.env = c
+        .env
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    def.readiness_path = c
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .map(|h| h.path.clone());
     def.protocol = spec.protocol;
     def.drain_timeout = Some(spec.timeouts.total);
     def

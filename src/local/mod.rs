@@ -2,4 +2,5 @@
 //! platform in one process, serving the services of `local.yaml`.
 
 pub mod config;
+pub mod controller;
 pub mod model;
