@@ -60,6 +60,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -189,7 +190,11 @@ struct Inner {
     /// Every revision seen (registered, scaled, or subscribed to). Entries stay after removal
     /// so subscribers keep the `Failing` reason; bounded by the revisions ever defined.
     revisions: DashMap<RevisionKey, Arc<RevisionEntry>>,
-    /// Cloned into every supervisor task; `None` once shutdown began (nothing new starts).
+    /// Set first thing in shutdown; checked under each revision's lock before slots are
+    /// created, so a `scale` racing with shutdown either starts nothing or starts slots that
+    /// shutdown's sweep (which takes the same lock afterwards) stops.
+    shutting_down: AtomicBool,
+    /// Cloned into every supervisor task; `None` once shutdown began.
     tasks: Mutex<Option<mpsc::Sender<()>>>,
     /// Yields `None` once every supervisor task has ended.
     tasks_done: tokio::sync::Mutex<mpsc::Receiver<()>>,
@@ -214,6 +219,7 @@ impl LocalPlatform {
                 opts: Arc::new(opts),
                 metrics,
                 revisions: DashMap::new(),
+                shutting_down: AtomicBool::new(false),
                 tasks: Mutex::new(Some(tx)),
                 tasks_done: tokio::sync::Mutex::new(rx),
             }),
@@ -279,6 +285,7 @@ impl LocalPlatform {
     /// again returns once the first call's work is done.
     pub async fn shutdown(&self) {
         async {
+            self.inner.shutting_down.store(true, Ordering::SeqCst);
             let guard = self
                 .inner
                 .tasks
@@ -318,7 +325,8 @@ impl LocalPlatform {
             if st.def.is_none() && replicas > 0 {
                 return Err(PlatformError::UnknownRevision(key.clone()));
             }
-            if guard.is_none() && replicas > 0 {
+            let closed = guard.is_none() || self.inner.shutting_down.load(Ordering::SeqCst);
+            if closed && replicas > 0 {
                 return Err(PlatformError::Scale {
                     revision: key.clone(),
                     reason: "the platform is shutting down".into(),
@@ -328,7 +336,7 @@ impl LocalPlatform {
                 tracing::info!(revision = %key, from = st.desired, to = replicas, "scaling");
             }
             st.set_desired(replicas);
-            Ok(st.reconcile(guard.is_some()))
+            Ok(st.reconcile(!closed))
         })?;
         if let Some(guard) = guard {
             for (index, stop) in created {
@@ -366,8 +374,9 @@ impl Platform for LocalPlatform {
         revision: &RevisionKey,
         replicas: u32,
     ) -> BoxFuture<'_, Result<(), PlatformError>> {
-        let r = self.scale_now(revision, replicas);
-        Box::pin(async move { r })
+        let revision = revision.clone();
+        // Inside the future: supervisors are spawned on the runtime that polls it.
+        Box::pin(async move { self.scale_now(&revision, replicas) })
     }
 }
 
