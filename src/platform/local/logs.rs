@@ -13,11 +13,14 @@ use crate::revision::RevisionKey;
 /// Which output stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stream {
+    /// The replica's standard output (logged at INFO).
     Stdout,
+    /// The replica's standard error (logged at WARN; its last line goes into exit reasons).
     Stderr,
 }
 
 impl Stream {
+    /// `stdout` or `stderr`.
     pub fn as_str(self) -> &'static str {
         match self {
             Stream::Stdout => "stdout",

@@ -76,6 +76,7 @@ use state::RevisionEntry;
 /// How a revision's replicas are run: what the platform needs beyond its [`RevisionKey`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalRevision {
+    /// The revision these processes serve (also `K_REVISION` in their environment).
     pub key: RevisionKey,
     /// Program and arguments. A first word `thaw` runs [`LocalOptions::thaw_exe`]. Empty: every
     /// start fails, so the revision goes `Failing`.
@@ -133,12 +134,17 @@ pub struct LocalOptions {
     pub kill_grace: Duration,
     /// Spawn to ready, past which the process is killed and counted as a crash (default 60 s).
     pub startup_timeout: Duration,
+    /// Backoff of replacements and when a revision counts as failing.
     pub restart: RestartPolicy,
     /// New ports tried for one start whose port was taken meanwhile (default 5).
     pub max_port_retries: u32,
+    /// Readiness probe backoff and per-attempt bound.
     pub probe: ProbeOptions,
+    /// Rate and length bounds of replica output.
     pub log_limits: LogLimits,
+    /// Where replica output goes (default: [`TracingLogSink`]).
     pub log_sink: Arc<dyn LogSink>,
+    /// How a replica's port is chosen (default: [`pick_free_port`]; tests inject races).
     pub port_picker: PortPicker,
 }
 
