@@ -105,11 +105,15 @@ pub(crate) async fn wait_ready(
     .await
 }
 
+/// At most this many attempts in the early phase (about 25 fit in it at the defaults).
+const EARLY_ATTEMPTS: u32 = 64;
+
 /// Connects to `addr` with precise sub-millisecond backoff (a blocking thread) until it
 /// accepts (true) or the process has been starting for `20 * early_cap` (false).
+/// Also bounded by [`EARLY_ATTEMPTS`], should tokio's clock be paused (it would not advance).
 fn tcp_early_phase(addr: SocketAddr, o: &ProbeOptions, started_at: Instant) -> bool {
     let mut delay = None;
-    loop {
+    for _ in 0..EARLY_ATTEMPTS {
         if std::net::TcpStream::connect_timeout(&addr, o.attempt_timeout).is_ok() {
             return true;
         }
@@ -121,6 +125,7 @@ fn tcp_early_phase(addr: SocketAddr, o: &ProbeOptions, started_at: Instant) -> b
         delay = Some(d);
         std::thread::sleep(d);
     }
+    false
 }
 
 async fn probe_once(addr: SocketAddr, kind: &ProbeKind) -> bool {
