@@ -18,7 +18,7 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// A tiny HTTP server to run as a replica (`thaw sample-app --help`).
+    /// A tiny HTTP/1.1 + h2c server to run as a replica (hello, /stream, /healthz).
     SampleApp(thaw::sample_app::SampleAppArgs),
 }
 

@@ -110,10 +110,13 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
 pub struct Settings {
     /// Answered by `/`: `Hello from <name>!`.
     pub name: String,
+    /// Sleep before answering `/` and `/stream` (models a slow handler).
     pub response_delay: Duration,
 }
 
 impl Settings {
+    /// `--message`, else `$TARGET` (read by clap into `message`), else `$K_REVISION`, else
+    /// `thaw`.
     pub fn from_args(args: &SampleAppArgs) -> Self {
         let name = args
             .message

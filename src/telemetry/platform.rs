@@ -13,7 +13,9 @@ use prometheus_client::registry::{Registry, Unit};
 /// Labels: one revision.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RevisionLabels {
+    /// The revision's namespace.
     pub namespace: String,
+    /// The revision's name (`hello-00001`).
     pub revision: String,
 }
 
@@ -34,8 +36,11 @@ pub enum ReplicaStateLabel {
 /// Labels: one revision and one replica state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ReplicaStateLabels {
+    /// The revision's namespace.
     pub namespace: String,
+    /// The revision's name.
     pub revision: String,
+    /// The replicas' state.
     pub state: ReplicaStateLabel,
 }
 
@@ -57,6 +62,7 @@ pub enum ExitReason {
 }
 
 impl ReplicaStateLabel {
+    /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Starting => "starting",
@@ -74,6 +80,7 @@ impl EncodeLabelValue for ReplicaStateLabel {
 }
 
 impl ExitReason {
+    /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stopped => "stopped",
@@ -95,8 +102,11 @@ impl EncodeLabelValue for ExitReason {
 /// Labels: one revision and one exit reason.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ExitLabels {
+    /// The revision's namespace.
     pub namespace: String,
+    /// The revision's name.
     pub revision: String,
+    /// Why the process ended.
     pub reason: ExitReason,
 }
 

@@ -13,11 +13,14 @@ use crate::revision::RevisionKey;
 /// Which output stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stream {
+    /// The replica's standard output (logged at INFO).
     Stdout,
+    /// The replica's standard error (logged at WARN; its last line goes into exit reasons).
     Stderr,
 }
 
 impl Stream {
+    /// `stdout` or `stderr`.
     pub fn as_str(self) -> &'static str {
         match self {
             Stream::Stdout => "stdout",
@@ -36,7 +39,8 @@ pub trait LogSink: Send + Sync + 'static {
 }
 
 /// The default sink: tracing events with target `thaw::replica`, stdout at INFO and stderr at
-/// WARN, carrying `revision`, `replica` and `stream` fields.
+/// WARN, the line prefixed with the revision and the replica index:
+/// `default/hello-00001[0] sample-app: listening on 127.0.0.1:41234`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracingLogSink;
 
@@ -44,10 +48,10 @@ impl LogSink for TracingLogSink {
     fn line(&self, revision: &RevisionKey, replica: u32, stream: Stream, line: &str) {
         match stream {
             Stream::Stdout => {
-                tracing::info!(target: "thaw::replica", %revision, replica, stream = "stdout", "{line}")
+                tracing::info!(target: "thaw::replica", "{revision}[{replica}] {line}")
             }
             Stream::Stderr => {
-                tracing::warn!(target: "thaw::replica", %revision, replica, stream = "stderr", "{line}")
+                tracing::warn!(target: "thaw::replica", "{revision}[{replica}] {line}")
             }
         }
     }
@@ -55,10 +59,8 @@ impl LogSink for TracingLogSink {
     fn suppressed(&self, revision: &RevisionKey, replica: u32, stream: Stream, count: u64) {
         tracing::warn!(
             target: "thaw::replica",
-            %revision,
-            replica,
-            stream = stream.as_str(),
-            "suppressed {count} lines (replica output over the rate limit)"
+            "{revision}[{replica}] suppressed {count} lines of {} (over the rate limit)",
+            stream.as_str()
         );
     }
 }
@@ -301,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tracing_sink_tags_lines_with_revision_replica_and_stream() {
+    fn the_tracing_sink_prefixes_lines_with_revision_and_replica() {
         let buf = Buf::default();
         let writer = buf.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -319,10 +321,10 @@ mod tests {
         assert_eq!(lines.len(), 3, "{out}");
         assert!(lines[0].contains("INFO") && lines[0].contains("thaw::replica"));
         assert!(
-            lines[0].contains("listening revision=default/hello-00001 replica=2 stream=\"stdout\""),
+            lines[0].ends_with("thaw::replica: default/hello-00001[2] listening"),
             "{out}"
         );
         assert!(lines[1].contains("WARN") && lines[1].contains("oops"));
-        assert!(lines[2].contains("suppressed 9 lines"));
+        assert!(lines[2].contains("default/hello-00001[2] suppressed 9 lines of stderr"));
     }
 }

@@ -117,7 +117,7 @@ async fn run_process(
         let outcome = tokio::select! {
             _ = stopped(stop) => Startup::Stop,
             status = p.child.wait() => Startup::Exited(status),
-            r = tokio::time::timeout_at(deadline, probe::wait_ready(p.addr, &kind, &opts.probe)) => {
+            r = tokio::time::timeout_at(deadline, probe::wait_ready(p.addr, &kind, &opts.probe, p.started_at)) => {
                 match r {
                     Ok(()) => Startup::Ready(p.started_at.elapsed()),
                     Err(_) => Startup::TimedOut,

@@ -22,6 +22,7 @@ pub enum ReplicaState {
 }
 
 impl ReplicaState {
+    /// `starting`, `ready`, `backoff` or `terminating` (as in the metric label).
     pub fn as_str(self) -> &'static str {
         match self {
             ReplicaState::Starting => "starting",
@@ -48,6 +49,7 @@ impl From<ReplicaState> for ReplicaStateLabel {
 pub struct ReplicaStatus {
     /// The replica's number within its revision (log lines carry it), never reused.
     pub index: u32,
+    /// Where the replica is in its life.
     pub state: ReplicaState,
     /// The process id (also its process group id) while a process runs.
     pub pid: Option<u32>,
