@@ -1,0 +1,532 @@
+//! Per-revision capacity and the bounded, FIFO wait queue.
+//!
+//! Capacity is containerConcurrency × ready endpoints (unbounded per endpoint at cc 0). A request
+//! takes a slot on one endpoint (the [`Balancer`] picks and reserves it) and holds it in an
+//! [`InFlight`] guard; dropping the guard gives the slot back, so a cancelled request can never
+//! leak capacity.
+//!
+//! When no endpoint has room the request waits in the revision's queue, bounded by the
+//! revision's `queue_depth` and by a [`HeldBudget`] shared by every revision. Waiters are served
+//! strictly in arrival order, and only when something frees capacity: a finished request hands
+//! its slot on, an endpoint update dispatches to the new endpoints. There is no polling and no
+//! re-enqueue loop.
+//!
+//! Wake-up without a lost slot: a releaser decrements the endpoint's count and then reads the
+//! queue's waiter count; a waiter increments the waiter count (under the queue lock) and then
+//! picks. Both are `SeqCst`, so at least one side sees the other and a free slot is never left
+//! unused while someone waits.
+//!
+//! Warm-up at containerConcurrency 0: an endpoint that appears while requests are held gets a
+//! limit of `initial_burst` in flight. Held requests flow to it at that pace — the burst at once,
+//! then one per finished request — until the revision holds nothing, when the limit is lifted.
+//! At cc > 0 the per-endpoint limit (cc) already paces a waking pod.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::sync::oneshot;
+use tokio::time::{Duration, Instant};
+
+use super::balancer::{Balancer, Policy};
+use super::endpoint::{Endpoint, UNLIMITED};
+use crate::platform::{EndpointSnapshot, EndpointStatus};
+
+/// The activator-wide budget of held requests (`max-held-requests`), shared by every revision's
+/// throttler. Lock-free.
+#[derive(Debug, Default)]
+pub struct HeldBudget {
+    held: AtomicU32,
+}
+
+impl HeldBudget {
+    /// Takes one unit if fewer than `cap` are held.
+    fn try_take(&self, cap: u32) -> bool {
+        self.held
+            .fetch_update(SeqCst, SeqCst, |n| (n < cap).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn give_back(&self) {
+        self.held.fetch_sub(1, SeqCst);
+    }
+
+    /// Requests held across all revisions now.
+    pub fn held(&self) -> u32 {
+        self.held.load(SeqCst)
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Rejection {
+    #[error("revision queue full ({depth} requests held)")]
+    QueueFull { depth: u32 },
+    #[error("activator holds its maximum of {cap} requests")]
+    HeldCapReached { cap: u32 },
+    #[error("revision is failing: {0}")]
+    Failing(Arc<str>),
+    #[error("revision was removed")]
+    Removed,
+    #[error("no endpoint became ready within {waited:?}")]
+    HoldTimeout { waited: Duration },
+}
+
+/// Bounds for one hold, read from the live config and the revision's spec per request.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldLimits {
+    /// The revision's queue depth.
+    pub queue_depth: u32,
+    /// The activator-wide held-requests cap.
+    pub max_held: u32,
+}
+
+/// A slot on one endpoint. Dropping it gives the slot back and hands it to the next waiter.
+#[derive(Debug)]
+pub struct InFlight {
+    shared: Arc<Shared>,
+    endpoint: Arc<Endpoint>,
+}
+
+impl InFlight {
+    /// The endpoint to forward to.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint.addr()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.endpoint.release() {
+            (self.shared.on_drained)(self.endpoint.addr());
+        }
+        if self.shared.queued.load(SeqCst) > 0 {
+            self.shared.dispatch();
+        }
+    }
+}
+
+/// An admitted request: its slot, and how long it was held (None when it never waited).
+#[derive(Debug)]
+pub struct Admission {
+    pub in_flight: InFlight,
+    pub held_for: Option<Duration>,
+}
+
+/// One revision's throttler. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Throttler {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Throttler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Throttler")
+            .field("ready", &self.ready_count())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// The endpoints one request can be admitted to, swapped whole on every update.
+#[derive(Debug)]
+struct EndpointSet {
+    /// Sorted by address.
+    ready: Vec<Arc<Endpoint>>,
+    terminating: Vec<Arc<Endpoint>>,
+    balancer: Arc<Balancer>,
+}
+
+struct Shared {
+    endpoints: ArcSwap<EndpointSet>,
+    /// The reason while the platform reports the revision Failing.
+    failing: ArcSwapOption<Arc<str>>,
+    queue: Mutex<Queue>,
+    /// Live waiters; mirrors `Queue::live` for the lock-free fast path and release check.
+    queued: AtomicUsize,
+    budget: Arc<HeldBudget>,
+    on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("queued", &self.queued)
+            .finish()
+    }
+}
+
+struct Queue {
+    /// Waiters in arrival order. Entries whose waiter gave up stay until dispatch or compaction
+    /// skips them (their sender reports closed); `live` counts the others.
+    waiters: VecDeque<oneshot::Sender<Result<InFlight, Rejection>>>,
+    live: usize,
+    /// Set when the revision is removed: nothing is admitted any more.
+    removed: bool,
+}
+
+impl Throttler {
+    /// A throttler with no endpoints. `on_drained` is called (from whichever task releases the
+    /// last slot, so it must not block) when a terminating endpoint has nothing left in flight.
+    pub fn new(budget: Arc<HeldBudget>, on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                endpoints: ArcSwap::from_pointee(EndpointSet {
+                    ready: Vec::new(),
+                    terminating: Vec::new(),
+                    balancer: Arc::new(Balancer::new(Policy::RandomChoiceOfTwo)),
+                }),
+                failing: ArcSwapOption::empty(),
+                queue: Mutex::new(Queue {
+                    waiters: VecDeque::new(),
+                    live: 0,
+                    removed: false,
+                }),
+                queued: AtomicUsize::new(0),
+                budget,
+                on_drained,
+            }),
+        }
+    }
+
+    /// Admits at once if a slot is free and nobody is waiting (FIFO: a newcomer never overtakes
+    /// a held request). Lock-free.
+    #[inline]
+    pub fn try_acquire(&self) -> Option<InFlight> {
+        let s = &self.shared;
+        if s.queued.load(SeqCst) > 0 {
+            return None;
+        }
+        let set = s.endpoints.load();
+        let endpoint = set.balancer.pick(&set.ready)?;
+        Some(InFlight {
+            shared: s.clone(),
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// A slot on any ready endpoint other than `avoid` (for a retry after a connect failure),
+    /// without waiting. Ignores the queue: the caller was already admitted once.
+    pub fn try_acquire_avoiding(&self, avoid: &[SocketAddr]) -> Option<InFlight> {
+        let set = self.shared.endpoints.load();
+        let endpoint = set
+            .ready
+            .iter()
+            .filter(|e| !avoid.contains(&e.addr()))
+            .find(|e| e.has_room() && e.try_reserve())?;
+        Some(InFlight {
+            shared: self.shared.clone(),
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// Admits the request, holding it in the queue until a slot frees, the revision fails or is
+    /// removed, or `deadline` passes. Refuses at once when the revision is failing or a queue
+    /// bound is reached. Cancel-safe: dropping the future leaves the queue and returns any slot
+    /// it was handed.
+    pub async fn acquire(
+        &self,
+        limits: HoldLimits,
+        deadline: Instant,
+    ) -> Result<Admission, Rejection> {
+        if let Some(reason) = self.shared.failing_reason() {
+            return Err(Rejection::Failing(reason));
+        }
+        if let Some(in_flight) = self.try_acquire() {
+            return Ok(Admission {
+                in_flight,
+                held_for: None,
+            });
+        }
+        let started = Instant::now();
+        let mut waiting = self.enqueue(limits)?;
+        let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
+            Ok(Ok(outcome)) => outcome,
+            // The sender is only dropped by `remove`'s drain, which sends first.
+            Ok(Err(_)) => Err(Rejection::Removed),
+            Err(_) => match waiting.cancel() {
+                // Dispatched in the same instant the deadline fired: take the slot.
+                Some(outcome) => outcome,
+                None => Err(Rejection::HoldTimeout {
+                    waited: started.elapsed(),
+                }),
+            },
+        };
+        waiting.done = true;
+        outcome.map(|in_flight| Admission {
+            in_flight,
+            held_for: Some(started.elapsed()),
+        })
+    }
+
+    fn enqueue(&self, limits: HoldLimits) -> Result<Waiting, Rejection> {
+        let s = &self.shared;
+        let (tx, rx) = oneshot::channel();
+        let mut q = s.lock();
+        if q.removed {
+            return Err(Rejection::Removed);
+        }
+        if let Some(reason) = s.failing_reason() {
+            return Err(Rejection::Failing(reason));
+        }
+        if q.live >= limits.queue_depth as usize {
+            return Err(Rejection::QueueFull {
+                depth: limits.queue_depth,
+            });
+        }
+        if !s.budget.try_take(limits.max_held) {
+            return Err(Rejection::HeldCapReached {
+                cap: limits.max_held,
+            });
+        }
+        q.live += 1;
+        s.queued.fetch_add(1, SeqCst);
+        if q.waiters.len() > 2 * q.live + 64 {
+            q.waiters.retain(|w| !w.is_closed());
+        }
+        q.waiters.push_back(tx);
+        let leftover = s.dispatch_locked(&mut q);
+        drop(q);
+        drop(leftover);
+        Ok(Waiting {
+            shared: s.clone(),
+            rx,
+            done: false,
+        })
+    }
+
+    /// Applies an endpoint snapshot: new endpoints get limits for `container_concurrency`
+    /// (warm-up bursts of `initial_burst` at cc 0 while requests are held), endpoints that left
+    /// `ready` stop receiving requests, idle terminating ones are reported drained, and held
+    /// requests are dispatched — or, when the status is Failing, answered at once.
+    pub fn update(
+        &self,
+        snapshot: &EndpointSnapshot,
+        container_concurrency: u32,
+        initial_burst: u32,
+    ) {
+        let s = &self.shared;
+        let old = s.endpoints.load_full();
+        let mut known: HashMap<SocketAddr, Arc<Endpoint>> = old
+            .ready
+            .iter()
+            .chain(old.terminating.iter())
+            .map(|e| (e.addr(), e.clone()))
+            .collect();
+        let held = s.queued.load(SeqCst) > 0;
+        let mut ready: Vec<Arc<Endpoint>> = Vec::with_capacity(snapshot.ready.len());
+        for addr in &snapshot.ready {
+            let e = known
+                .remove(addr)
+                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+            e.revive();
+            match container_concurrency {
+                0 if e.is_warming() => {}
+                0 if held && initial_burst > 0 && e.in_flight() == 0 => {
+                    e.set_limit(initial_burst, true)
+                }
+                0 => e.set_limit(UNLIMITED, false),
+                cc => e.set_limit(cc, false),
+            }
+            ready.push(e);
+        }
+        ready.sort_by_key(|e| e.addr());
+        ready.dedup_by_key(|e| e.addr());
+        let mut terminating = Vec::with_capacity(snapshot.terminating.len());
+        for addr in &snapshot.terminating {
+            let e = known
+                .remove(addr)
+                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+            if e.terminate() {
+                (s.on_drained)(*addr);
+            }
+            terminating.push(e);
+        }
+        for gone in known.into_values() {
+            gone.retire();
+        }
+        let policy = Policy::for_concurrency(container_concurrency);
+        let balancer = if old.balancer.policy() == policy {
+            old.balancer.clone() // keeps the round-robin cursor
+        } else {
+            Arc::new(Balancer::new(policy))
+        };
+        s.endpoints.store(Arc::new(EndpointSet {
+            ready,
+            terminating,
+            balancer,
+        }));
+        match &snapshot.status {
+            EndpointStatus::Failing { reason } => {
+                s.failing.store(Some(Arc::new(reason.clone())));
+                self.reject_all(Rejection::Failing(reason.clone()));
+            }
+            EndpointStatus::Ok => {
+                s.failing.store(None);
+                s.dispatch();
+            }
+        }
+    }
+
+    /// The revision left the catalog: held requests are answered `Removed` and nothing is
+    /// admitted any more.
+    pub fn remove(&self) {
+        self.shared.lock().removed = true;
+        self.reject_all(Rejection::Removed);
+    }
+
+    fn reject_all(&self, why: Rejection) {
+        let s = &self.shared;
+        let mut q = s.lock();
+        while let Some(w) = q.waiters.pop_front() {
+            if w.is_closed() {
+                continue;
+            }
+            q.live -= 1;
+            s.queued.fetch_sub(1, SeqCst);
+            s.budget.give_back();
+            let _ = w.send(Err(why.clone()));
+        }
+    }
+
+    /// Requests waiting now.
+    pub fn held(&self) -> usize {
+        self.shared.queued.load(SeqCst)
+    }
+
+    /// Ready endpoints now.
+    pub fn ready_count(&self) -> usize {
+        self.shared.endpoints.load().ready.len()
+    }
+
+    /// The platform's failure reason while the revision is Failing.
+    pub fn failing(&self) -> Option<Arc<str>> {
+        self.shared.failing_reason()
+    }
+
+    /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating.
+    pub fn endpoints(&self) -> Vec<EndpointView> {
+        let set = self.shared.endpoints.load();
+        set.ready
+            .iter()
+            .chain(set.terminating.iter())
+            .map(|e| EndpointView {
+                addr: e.addr(),
+                in_flight: e.in_flight(),
+                limit: (e.limit() != UNLIMITED).then(|| e.limit()),
+                terminating: e.is_terminating(),
+            })
+            .collect()
+    }
+}
+
+/// A read-only view of one endpoint, for the admin API and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointView {
+    pub addr: SocketAddr,
+    pub in_flight: u32,
+    pub limit: Option<u32>,
+    pub terminating: bool,
+}
+
+impl Shared {
+    fn failing_reason(&self) -> Option<Arc<str>> {
+        self.failing.load().as_deref().map(|r: &Arc<str>| r.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic while holding this lock leaves the queue consistent (every mutation is a
+        // single step), so a poisoned lock is still usable.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dispatch(self: &Arc<Self>) {
+        let mut q = self.lock();
+        let leftover = self.dispatch_locked(&mut q);
+        drop(q);
+        drop(leftover); // released outside the lock: dropping a slot may dispatch again
+    }
+
+    /// Hands free slots to waiters in FIFO order while both exist. Returns slots that could not
+    /// be delivered; the caller drops them after unlocking.
+    fn dispatch_locked(self: &Arc<Self>, q: &mut Queue) -> Vec<InFlight> {
+        let mut leftover = Vec::new();
+        if q.live == 0 || self.failing.load().is_some() {
+            return leftover;
+        }
+        let set = self.endpoints.load();
+        while q.live > 0 {
+            let Some(head) = q.waiters.front() else { break };
+            if head.is_closed() {
+                q.waiters.pop_front();
+                continue;
+            }
+            let Some(endpoint) = set.balancer.pick(&set.ready) else {
+                break;
+            };
+            let tx = q.waiters.pop_front().expect("front exists");
+            q.live -= 1;
+            self.queued.fetch_sub(1, SeqCst);
+            self.budget.give_back();
+            let slot = InFlight {
+                shared: self.clone(),
+                endpoint: endpoint.clone(),
+            };
+            // Waiters only close under this lock (Waiting::cancel), so this cannot fail; keep the
+            // slot if it somehow does rather than drop it under the lock.
+            if let Err(Ok(slot)) = tx.send(Ok(slot)) {
+                leftover.push(slot);
+            }
+        }
+        if q.live == 0 {
+            for e in &set.ready {
+                e.end_warm_up();
+            }
+        }
+        leftover
+    }
+}
+
+/// A queued request's side of the queue. Dropping it (cancellation) leaves the queue under the
+/// lock, so dispatch never hands a slot to a waiter that is gone.
+struct Waiting {
+    shared: Arc<Shared>,
+    rx: oneshot::Receiver<Result<InFlight, Rejection>>,
+    /// Set once the outcome was taken; nothing left to clean up.
+    done: bool,
+}
+
+impl Waiting {
+    /// Leaves the queue. Returns the outcome if one was delivered before the lock was taken.
+    fn cancel(&mut self) -> Option<Result<InFlight, Rejection>> {
+        let s = &self.shared;
+        let mut q = s.lock();
+        self.rx.close();
+        match self.rx.try_recv() {
+            Ok(outcome) => {
+                drop(q);
+                Some(outcome)
+            }
+            Err(_) => {
+                q.live -= 1;
+                s.queued.fetch_sub(1, SeqCst);
+                s.budget.give_back();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.done {
+            // Any slot delivered meanwhile is dropped here, after the lock is released.
+            drop(self.cancel());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
