@@ -4,6 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
+use http::HeaderValue;
+use http::uri::Authority;
+
 /// The limit of an endpoint without one (containerConcurrency 0 after warm-up).
 pub const UNLIMITED: u32 = u32::MAX;
 
@@ -17,6 +20,9 @@ pub const UNLIMITED: u32 = u32::MAX;
 #[derive(Debug)]
 pub struct Endpoint {
     addr: SocketAddr,
+    /// `addr` as a URI authority and a Host value, formatted once.
+    authority: Authority,
+    host: HeaderValue,
     in_flight: AtomicU32,
     /// The most requests this endpoint may have in flight: containerConcurrency, a warm-up
     /// burst, or [`UNLIMITED`].
@@ -33,8 +39,12 @@ pub struct Endpoint {
 impl Endpoint {
     /// A ready endpoint with `limit` slots (`UNLIMITED` for none).
     pub fn new(addr: SocketAddr, limit: u32) -> Self {
+        let text = addr.to_string();
         Self {
             addr,
+            authority: Authority::try_from(text.as_str())
+                .expect("a socket address is an authority"),
+            host: HeaderValue::try_from(text).expect("a socket address is a header value"),
             in_flight: AtomicU32::new(0),
             limit: AtomicU32::new(limit),
             warming: AtomicBool::new(false),
@@ -45,6 +55,16 @@ impl Endpoint {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address as a URI authority (`127.0.0.1:8080`, `[::1]:8080`).
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The address as a `Host` header value.
+    pub fn host_value(&self) -> &HeaderValue {
+        &self.host
     }
 
     /// Requests in flight to this endpoint now.

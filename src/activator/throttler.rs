@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
 
@@ -95,6 +96,11 @@ impl InFlight {
     pub fn addr(&self) -> SocketAddr {
         self.endpoint.addr()
     }
+
+    /// The endpoint's accounting (its authority and Host value are formatted once).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
 }
 
 impl Drop for InFlight {
@@ -147,6 +153,8 @@ struct Shared {
     /// Live waiters; mirrors `Queue::live` for the lock-free fast path and release check.
     queued: AtomicUsize,
     budget: Arc<HeldBudget>,
+    /// The revision's `thaw_activator_held_requests` gauge, moved with `queued`.
+    held_gauge: Gauge,
     on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
 }
 
@@ -170,7 +178,12 @@ struct Queue {
 impl Throttler {
     /// A throttler with no endpoints. `on_drained` is called (from whichever task releases the
     /// last slot, so it must not block) when a terminating endpoint has nothing left in flight.
-    pub fn new(budget: Arc<HeldBudget>, on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>) -> Self {
+    /// `held_gauge` follows the number of held requests.
+    pub fn new(
+        budget: Arc<HeldBudget>,
+        held_gauge: Gauge,
+        on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 endpoints: ArcSwap::from_pointee(EndpointSet {
@@ -186,6 +199,7 @@ impl Throttler {
                 }),
                 queued: AtomicUsize::new(0),
                 budget,
+                held_gauge,
                 on_drained,
             }),
         }
@@ -283,6 +297,7 @@ impl Throttler {
         }
         q.live += 1;
         s.queued.fetch_add(1, SeqCst);
+        s.held_gauge.inc();
         if q.waiters.len() > 2 * q.live + 64 {
             q.waiters.retain(|w| !w.is_closed());
         }
@@ -384,9 +399,7 @@ impl Throttler {
             if w.is_closed() {
                 continue;
             }
-            q.live -= 1;
-            s.queued.fetch_sub(1, SeqCst);
-            s.budget.give_back();
+            s.left_queue(&mut q);
             let _ = w.send(Err(why.clone()));
         }
     }
@@ -432,8 +445,16 @@ pub struct EndpointView {
 }
 
 impl Shared {
+    /// Accounting for one live waiter leaving the queue (admitted, rejected or gone).
+    fn left_queue(&self, q: &mut Queue) {
+        q.live -= 1;
+        self.queued.fetch_sub(1, SeqCst);
+        self.budget.give_back();
+        self.held_gauge.dec();
+    }
+
     fn failing_reason(&self) -> Option<Arc<str>> {
-        self.failing.load().as_deref().map(|r: &Arc<str>| r.clone())
+        self.failing.load().as_deref().cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -467,9 +488,7 @@ impl Shared {
                 break;
             };
             let tx = q.waiters.pop_front().expect("front exists");
-            q.live -= 1;
-            self.queued.fetch_sub(1, SeqCst);
-            self.budget.give_back();
+            self.left_queue(q);
             let slot = InFlight {
                 shared: self.clone(),
                 endpoint: endpoint.clone(),
@@ -510,9 +529,7 @@ impl Waiting {
                 Some(outcome)
             }
             Err(_) => {
-                q.live -= 1;
-                s.queued.fetch_sub(1, SeqCst);
-                s.budget.give_back();
+                s.left_queue(&mut q);
                 None
             }
         }

@@ -1,6 +1,8 @@
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::AtomicU32;
 
+use prometheus_client::metrics::gauge::Gauge;
+
 use super::*;
 
 fn addr(port: u16) -> SocketAddr {
@@ -19,7 +21,11 @@ fn throttler() -> (Throttler, Arc<StdMutex<Vec<SocketAddr>>>, Arc<HeldBudget>) {
     let drained = Arc::new(StdMutex::new(Vec::new()));
     let d = drained.clone();
     let budget = Arc::new(HeldBudget::default());
-    let t = Throttler::new(budget.clone(), Box::new(move |a| d.lock().unwrap().push(a)));
+    let t = Throttler::new(
+        budget.clone(),
+        Gauge::default(),
+        Box::new(move |a| d.lock().unwrap().push(a)),
+    );
     (t, drained, budget)
 }
 
@@ -97,7 +103,7 @@ async fn queue_depth_and_global_cap_bound_the_hold() {
         Rejection::QueueFull { depth: 2 }
     );
     // A second revision shares the budget: one more fits, then the cap refuses.
-    let other = Throttler::new(budget.clone(), Box::new(|_| {}));
+    let other = Throttler::new(budget.clone(), Gauge::default(), Box::new(|_| {}));
     let o = other.clone();
     let third = tokio::spawn(async move { o.acquire(limits, far()).await });
     tokio::task::yield_now().await;
