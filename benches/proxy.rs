@@ -107,12 +107,22 @@ fn bench(c: &mut Criterion) {
         (up, activator(up).await)
     });
     let h1: C = Client::builder(TokioExecutor::new()).build_http();
-    let h2: C = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let h2: C = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
     let mut g = c.benchmark_group("proxy_path");
-    g.bench_function("direct_http1", |b| b.iter_custom(|n| run(&rt, &h1, up, "h1", n)));
-    g.bench_function("activator_http1", |b| b.iter_custom(|n| run(&rt, &h1, act, "h1", n)));
-    g.bench_function("direct_h2c", |b| b.iter_custom(|n| run(&rt, &h2, up, "h2", n)));
-    g.bench_function("activator_h2c", |b| b.iter_custom(|n| run(&rt, &h2, act, "h2", n)));
+    g.bench_function("direct_http1", |b| {
+        b.iter_custom(|n| run(&rt, &h1, up, "h1", n))
+    });
+    g.bench_function("activator_http1", |b| {
+        b.iter_custom(|n| run(&rt, &h1, act, "h1", n))
+    });
+    g.bench_function("direct_h2c", |b| {
+        b.iter_custom(|n| run(&rt, &h2, up, "h2", n))
+    });
+    g.bench_function("activator_h2c", |b| {
+        b.iter_custom(|n| run(&rt, &h2, act, "h2", n))
+    });
     g.finish();
 }
 

@@ -15,7 +15,9 @@ fn throttler(endpoints: u16, cc: u32) -> Throttler {
         Gauge::default(),
         Box::new(|_| {}),
     );
-    let ready = (0..endpoints).map(|p| ([127, 0, 0, 1], 1000 + p).into()).collect();
+    let ready = (0..endpoints)
+        .map(|p| ([127, 0, 0, 1], 1000 + p).into())
+        .collect();
     t.update(
         &EndpointSnapshot {
             ready,

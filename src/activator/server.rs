@@ -221,8 +221,14 @@ fn is_transient(e: &io::Error) -> bool {
 
 /// Resolves once the connection has had no request in progress and no new request for a whole
 /// `keep_alive` period (checked every `keep_alive`, so an idle connection closes after one to
-/// two periods).
+/// two periods). Never resolves when `keep_alive` is zero. Note that hyper's HTTP/1 header-read
+/// timer also runs while an HTTP/1 connection waits for its next request, so an idle HTTP/1
+/// connection closes after min(header-read-timeout, keep-alive-timeout).
 async fn idle(activity: &ConnActivity, keep_alive: Duration) {
+    if keep_alive.is_zero() {
+        // 0 disables the idle timeout rather than spinning.
+        return std::future::pending().await;
+    }
     loop {
         let (_, before) = activity.load();
         tokio::time::sleep(keep_alive).await;
@@ -244,7 +250,9 @@ fn data_builder(cfg: &ActivatorConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
+        .header_read_timeout(
+            (!cfg.header_read_timeout.is_zero()).then_some(cfg.header_read_timeout),
+        )
         .keep_alive(true)
         .max_buf_size(header_bytes.max(8192))
         .max_headers((cfg.max_header_count as usize).saturating_mul(2) + 16);

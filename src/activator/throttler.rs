@@ -150,6 +150,9 @@ struct Shared {
     /// The reason while the platform reports the revision Failing.
     failing: ArcSwapOption<Arc<str>>,
     queue: Mutex<Queue>,
+    /// Serialises `update` (the endpoint task and spec changes), so two updates never build
+    /// different `Endpoint`s for one address.
+    update_lock: Mutex<()>,
     /// Live waiters; mirrors `Queue::live` for the lock-free fast path and release check.
     queued: AtomicUsize,
     budget: Arc<HeldBudget>,
@@ -197,6 +200,7 @@ impl Throttler {
                     live: 0,
                     removed: false,
                 }),
+                update_lock: Mutex::new(()),
                 queued: AtomicUsize::new(0),
                 budget,
                 held_gauge,
@@ -323,6 +327,7 @@ impl Throttler {
         initial_burst: u32,
     ) {
         let s = &self.shared;
+        let _serial = s.update_lock.lock().unwrap_or_else(|p| p.into_inner());
         let old = s.endpoints.load_full();
         let mut known: HashMap<SocketAddr, Arc<Endpoint>> = old
             .ready
@@ -500,11 +505,16 @@ impl Shared {
             }
         }
         if q.live == 0 {
-            for e in &set.ready {
-                e.end_warm_up();
-            }
+            self.end_warm_ups(&set);
         }
         leftover
+    }
+
+    /// Nothing is held any more: lift every warm-up limit (containerConcurrency 0).
+    fn end_warm_ups(&self, set: &EndpointSet) {
+        for e in &set.ready {
+            e.end_warm_up();
+        }
     }
 }
 
@@ -530,6 +540,9 @@ impl Waiting {
             }
             Err(_) => {
                 s.left_queue(&mut q);
+                if q.live == 0 {
+                    s.end_warm_ups(&s.endpoints.load());
+                }
                 None
             }
         }

@@ -206,6 +206,7 @@ pub struct Harness {
     pub endpoints: Arc<StaticEndpoints>,
     pub stats: mpsc::Receiver<StatMessage>,
     pub catalog: Arc<RevisionCatalog>,
+    pub activator: Arc<Activator>,
     shutdown: Option<oneshot::Sender<()>>,
     pub served: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -239,6 +240,7 @@ impl Harness {
             endpoints,
             stats,
             catalog,
+            activator,
             shutdown: Some(tx),
             served: Some(served),
         }

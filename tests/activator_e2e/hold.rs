@@ -199,3 +199,17 @@ async fn removed_revision_answers_held_requests_503_then_404() {
     assert_eq!(status, 404);
     h.shutdown();
 }
+
+#[tokio::test]
+async fn client_giving_up_leaves_the_queue() {
+    let rev = RevisionKey::new("default", "quitter");
+    let mut h = Harness::start(vec![spec("quitter", 0)], ActivatorConfig::default()).await;
+    let c = client();
+    let req = h.get(&rev, "/");
+    let pending = tokio::spawn(async move { c.request(req).await });
+    h.wait_held(&rev, 1).await;
+    pending.abort(); // drops the client connection
+    h.wait_held(&rev, 0).await;
+    assert_eq!(h.activator.held_requests(), 0, "global budget returned");
+    h.shutdown();
+}
