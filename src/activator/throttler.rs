@@ -23,8 +23,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::metrics::gauge::Gauge;
@@ -35,54 +35,8 @@ use super::balancer::{Balancer, Policy};
 use super::endpoint::{Endpoint, UNLIMITED};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
 
-/// The activator-wide budget of held requests (`max-held-requests`), shared by every revision's
-/// throttler. Lock-free.
-#[derive(Debug, Default)]
-pub struct HeldBudget {
-    held: AtomicU32,
-}
-
-impl HeldBudget {
-    /// Takes one unit if fewer than `cap` are held.
-    fn try_take(&self, cap: u32) -> bool {
-        self.held
-            .fetch_update(SeqCst, SeqCst, |n| (n < cap).then_some(n + 1))
-            .is_ok()
-    }
-
-    fn give_back(&self) {
-        self.held.fetch_sub(1, SeqCst);
-    }
-
-    /// Requests held across all revisions now.
-    pub fn held(&self) -> u32 {
-        self.held.load(SeqCst)
-    }
-}
-
-/// Why a request was not admitted.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Rejection {
-    #[error("revision queue full ({depth} requests held)")]
-    QueueFull { depth: u32 },
-    #[error("activator holds its maximum of {cap} requests")]
-    HeldCapReached { cap: u32 },
-    #[error("revision is failing: {0}")]
-    Failing(Arc<str>),
-    #[error("revision was removed")]
-    Removed,
-    #[error("no endpoint became ready within {waited:?}")]
-    HoldTimeout { waited: Duration },
-}
-
-/// Bounds for one hold, read from the live config and the revision's spec per request.
-#[derive(Debug, Clone, Copy)]
-pub struct HoldLimits {
-    /// The revision's queue depth.
-    pub queue_depth: u32,
-    /// The activator-wide held-requests cap.
-    pub max_held: u32,
-}
+pub use limits::{HeldBudget, HoldLimits, Rejection};
+use queue::{Queue, Waiting};
 
 /// A slot on one endpoint. Dropping it gives the slot back and hands it to the next waiter.
 #[derive(Debug)]
@@ -167,15 +121,6 @@ impl std::fmt::Debug for Shared {
             .field("queued", &self.queued)
             .finish()
     }
-}
-
-struct Queue {
-    /// Waiters in arrival order. Entries whose waiter gave up stay until dispatch or compaction
-    /// skips them (their sender reports closed); `live` counts the others.
-    waiters: VecDeque<oneshot::Sender<Result<InFlight, Rejection>>>,
-    live: usize,
-    /// Set when the revision is removed: nothing is admitted any more.
-    removed: bool,
 }
 
 impl Throttler {
@@ -449,114 +394,8 @@ pub struct EndpointView {
     pub terminating: bool,
 }
 
-impl Shared {
-    /// Accounting for one live waiter leaving the queue (admitted, rejected or gone).
-    fn left_queue(&self, q: &mut Queue) {
-        q.live -= 1;
-        self.queued.fetch_sub(1, SeqCst);
-        self.budget.give_back();
-        self.held_gauge.dec();
-    }
-
-    fn failing_reason(&self) -> Option<Arc<str>> {
-        self.failing.load().as_deref().cloned()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A panic while holding this lock leaves the queue consistent (every mutation is a
-        // single step), so a poisoned lock is still usable.
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn dispatch(self: &Arc<Self>) {
-        let mut q = self.lock();
-        let leftover = self.dispatch_locked(&mut q);
-        drop(q);
-        drop(leftover); // released outside the lock: dropping a slot may dispatch again
-    }
-
-    /// Hands free slots to waiters in FIFO order while both exist. Returns slots that could not
-    /// be delivered; the caller drops them after unlocking.
-    fn dispatch_locked(self: &Arc<Self>, q: &mut Queue) -> Vec<InFlight> {
-        let mut leftover = Vec::new();
-        if q.live == 0 || self.failing.load().is_some() {
-            return leftover;
-        }
-        let set = self.endpoints.load();
-        while q.live > 0 {
-            let Some(head) = q.waiters.front() else { break };
-            if head.is_closed() {
-                q.waiters.pop_front();
-                continue;
-            }
-            let Some(endpoint) = set.balancer.pick(&set.ready) else {
-                break;
-            };
-            let tx = q.waiters.pop_front().expect("front exists");
-            self.left_queue(q);
-            let slot = InFlight {
-                shared: self.clone(),
-                endpoint: endpoint.clone(),
-            };
-            // Waiters only close under this lock (Waiting::cancel), so this cannot fail; keep the
-            // slot if it somehow does rather than drop it under the lock.
-            if let Err(Ok(slot)) = tx.send(Ok(slot)) {
-                leftover.push(slot);
-            }
-        }
-        if q.live == 0 {
-            self.end_warm_ups(&set);
-        }
-        leftover
-    }
-
-    /// Nothing is held any more: lift every warm-up limit (containerConcurrency 0).
-    fn end_warm_ups(&self, set: &EndpointSet) {
-        for e in &set.ready {
-            e.end_warm_up();
-        }
-    }
-}
-
-/// A queued request's side of the queue. Dropping it (cancellation) leaves the queue under the
-/// lock, so dispatch never hands a slot to a waiter that is gone.
-struct Waiting {
-    shared: Arc<Shared>,
-    rx: oneshot::Receiver<Result<InFlight, Rejection>>,
-    /// Set once the outcome was taken; nothing left to clean up.
-    done: bool,
-}
-
-impl Waiting {
-    /// Leaves the queue. Returns the outcome if one was delivered before the lock was taken.
-    fn cancel(&mut self) -> Option<Result<InFlight, Rejection>> {
-        let s = &self.shared;
-        let mut q = s.lock();
-        self.rx.close();
-        match self.rx.try_recv() {
-            Ok(outcome) => {
-                drop(q);
-                Some(outcome)
-            }
-            Err(_) => {
-                s.left_queue(&mut q);
-                if q.live == 0 {
-                    s.end_warm_ups(&s.endpoints.load());
-                }
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if !self.done {
-            // Any slot delivered meanwhile is dropped here, after the lock is released.
-            drop(self.cancel());
-        }
-    }
-}
+mod limits;
+mod queue;
 
 #[cfg(test)]
 mod tests;
