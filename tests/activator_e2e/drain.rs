@@ -8,7 +8,17 @@ use thaw::revision::RevisionKey;
 use crate::harness::*;
 
 #[tokio::test]
-async fn drain_fails_readiness_and_finishes_held_requests() {
+async fn drain_fails_readiness_and_finishes_held_requests_http1() {
+    drain_finishes_held_requests(false).await;
+}
+
+/// Over h2c the held stream finishes after the connection was told to go away (GOAWAY).
+#[tokio::test]
+async fn drain_fails_readiness_and_finishes_held_requests_h2c() {
+    drain_finishes_held_requests(true).await;
+}
+
+async fn drain_finishes_held_requests(h2: bool) {
     let rev = RevisionKey::new("default", "d");
     let cfg = ActivatorConfig {
         drain_delay: Duration::from_millis(200),
@@ -18,7 +28,7 @@ async fn drain_fails_readiness_and_finishes_held_requests() {
     let mut h = Harness::start(vec![spec("d", 0)], cfg).await;
     let (status, _) = admin_get(h.admin, "/readyz").await;
     assert_eq!(status, 200);
-    let c = client();
+    let c = if h2 { h2_client() } else { client() };
     let (c2, req) = (c.clone(), h.get(&rev, "/"));
     let held = tokio::spawn(async move { send(&c2, req).await });
     h.wait_held(&rev, 1).await;

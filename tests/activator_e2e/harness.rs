@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use thaw::activator::report::{StatMessage, stat_channel};
 use thaw::activator::testing::StaticEndpoints;
 use thaw::activator::{Activator, ActivatorDeps};
+use thaw::autoscaler::scaler::ScaleStates;
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
 use thaw::telemetry::Telemetry;
@@ -213,6 +214,15 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(specs: Vec<RevisionSpec>, config: ActivatorConfig) -> Self {
+        Self::start_with(specs, config, None).await
+    }
+
+    /// Like [`Harness::start`], with the scaler's states visible to the activator.
+    pub async fn start_with(
+        specs: Vec<RevisionSpec>,
+        config: ActivatorConfig,
+        scale_states: Option<Arc<ScaleStates>>,
+    ) -> Self {
         let _ = thaw::activator::raise_nofile_limit();
         let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(specs, [])));
         let endpoints = StaticEndpoints::new();
@@ -222,7 +232,7 @@ impl Harness {
             catalog: catalog.clone(),
             endpoints: endpoints.clone(),
             stats: Arc::new(sink),
-            scale_states: None,
+            scale_states,
             config: config.clone(),
             telemetry: Arc::new(Telemetry::new()),
             source_name: "activator-test".into(),

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use thaw::activator::report::StatMessage;
+use thaw::autoscaler::scaler::{ScaleState, ScaleStates};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionKey};
 
@@ -211,5 +212,48 @@ async fn client_giving_up_leaves_the_queue() {
     pending.abort(); // drops the client connection
     h.wait_held(&rev, 0).await;
     assert_eq!(h.activator.held_requests(), 0, "global budget returned");
+    h.shutdown();
+}
+
+/// With the scaler's states visible, a cold start records all four phases and `/revisions`
+/// shows the decision.
+#[tokio::test]
+async fn cold_start_phases_include_the_scaler_decision() {
+    let rev = RevisionKey::new("default", "phased");
+    let states = ScaleStates::new();
+    let mut h = Harness::start_with(
+        vec![spec("phased", 0)],
+        ActivatorConfig::default(),
+        Some(states.clone()),
+    )
+    .await;
+    assert_eq!(h.revision(&rev).await["desired"], -1);
+    let c = client();
+    let req = h.get(&rev, "/");
+    let pending = tokio::spawn(async move { send(&c, req).await });
+    h.wait_held(&rev, 1).await;
+    assert!(matches!(h.stats.recv().await, Some(StatMessage::Poke(_))));
+    states.publish(
+        &rev,
+        ScaleState {
+            desired: 1,
+            decided_at: Some(tokio::time::Instant::now()),
+            activator_in_path: true,
+        },
+    );
+    let up = Upstream::start().await;
+    h.endpoints.set_ready(&rev, vec![up.addr]);
+    assert_eq!(pending.await.unwrap().0, 200);
+    assert_eq!(h.revision(&rev).await["desired"], 1);
+    let metrics = h.metrics().await;
+    for phase in [
+        "PokeToDecision",
+        "DecisionToReady",
+        "PokeToReady",
+        "ReadyToFirstByte",
+    ] {
+        let line = format!("thaw_activator_cold_start_phase_seconds_count{{phase=\"{phase}\"}} 1");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
     h.shutdown();
 }

@@ -4,4 +4,5 @@
 mod drain;
 mod harness;
 mod hold;
+mod listener;
 mod proxy;
