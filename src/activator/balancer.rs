@@ -55,6 +55,7 @@ pub struct Balancer {
 }
 
 impl Balancer {
+    /// A balancer for `policy` (round-robin starts at the first endpoint).
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
@@ -62,6 +63,7 @@ impl Balancer {
         }
     }
 
+    /// The policy in force.
     pub fn policy(&self) -> Policy {
         self.policy
     }

@@ -26,10 +26,12 @@ pub enum ActivatorBody {
 }
 
 impl ActivatorBody {
+    /// A complete body.
     pub fn full(bytes: Bytes) -> Self {
         ActivatorBody::Full(Some(bytes).filter(|b| !b.is_empty()))
     }
 
+    /// An empty body.
     pub fn empty() -> Self {
         ActivatorBody::Full(None)
     }
@@ -70,7 +72,9 @@ impl Body for ActivatorBody {
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error("upstream sent nothing for {0:?} (idle timeout)")]
+    /// Nothing arrived for the revision's idle timeout.
     Idle(Duration),
+    /// The request's total deadline passed mid-stream.
     #[error("request exceeded its total timeout")]
     Total,
 }
@@ -93,6 +97,8 @@ pub struct ProxiedBody {
 }
 
 impl ProxiedBody {
+    /// Wraps `inner`; the idle timer starts now, the stream is cut at `deadline`, and `ticket`
+    /// is released when the body ends. `upstream_errors` counts cut or failed bodies.
     pub fn new(
         inner: Incoming,
         idle: Option<Duration>,

@@ -32,6 +32,7 @@ pub struct WindowReport {
 }
 
 impl ConcurrencyWindow {
+    /// An empty window whose first interval starts at `now`.
     pub fn new(now: Instant) -> Self {
         Self {
             current: 0,

@@ -38,6 +38,7 @@ pub struct ActivatorDeps {
     /// Live-reloaded limits. Read per request (header limits, queue cap, retries) or per
     /// connection (listener limits); `connect-timeout` is read once, at [`Activator::new`].
     pub config: Arc<ArcSwap<ActivatorConfig>>,
+    /// The registry the activator's metrics live in (`/metrics` encodes it).
     pub telemetry: Arc<Telemetry>,
     /// This activator's name in [`crate::activator::report::Stat::source`].
     pub source_name: Arc<str>,

@@ -53,6 +53,7 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -136,6 +137,7 @@ impl Endpoint {
         self.drained_told.store(false, SeqCst);
     }
 
+    /// Whether the endpoint left `ready`.
     pub fn is_terminating(&self) -> bool {
         self.terminating.load(SeqCst)
     }
@@ -147,6 +149,7 @@ impl Endpoint {
         self.limit.store(limit, SeqCst);
     }
 
+    /// Whether a containerConcurrency-0 warm-up limit is in force.
     pub fn is_warming(&self) -> bool {
         self.warming.load(SeqCst)
     }

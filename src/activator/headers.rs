@@ -8,18 +8,29 @@ use rand::RngExt;
 
 use crate::revision::Protocol;
 
+/// Set by the ingress: the revision's namespace (removed before forwarding).
 pub const KNATIVE_SERVING_NAMESPACE: HeaderName =
     HeaderName::from_static("knative-serving-namespace");
+/// Set by the ingress: the revision's name (removed before forwarding).
 pub const KNATIVE_SERVING_REVISION: HeaderName =
     HeaderName::from_static("knative-serving-revision");
+/// Knative's probe header (`activator`, `probe`).
 pub const K_NETWORK_PROBE: HeaderName = HeaderName::from_static("k-network-probe");
+/// The ingress prober's hash, echoed back.
 pub const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
+/// Marks a kubelet probe.
 pub const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
+/// Tells the queue sidecar the request came through the activator.
 pub const K_PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request");
+/// The client's Host, moved aside when Host becomes the target.
 pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
+/// Client addresses, the activator's peer appended.
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// The client's scheme.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// Request id, generated when absent and echoed on the response.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `cold-start;dur=<ms>` (or `queue;dur=<ms>`) on held requests' responses.
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");

@@ -67,21 +67,28 @@ impl Upstream {
 /// A request prepared for forwarding; each attempt is built from it.
 #[derive(Debug)]
 pub struct Outbound {
+    /// The client's method.
     pub method: Method,
+    /// The client's path and query (the authority becomes the endpoint's).
     pub path_and_query: PathAndQuery,
     /// Already rewritten by [`super::headers::prepare_upstream`] (no `Host`).
     pub headers: HeaderMap,
+    /// The client's body.
     pub body: BodySlot,
+    /// Which client sends it (h2c revisions; upgrades always HTTP/1.1).
     pub protocol: Protocol,
 }
 
 /// Per-attempt limits.
 #[derive(Debug, Clone, Copy)]
 pub struct AttemptLimits {
+    /// Other endpoints tried after a connect failure.
     pub connect_retries: u32,
+    /// Longest wait for a response head per attempt.
     pub response_start: Duration,
     /// The request's total deadline (hold included).
     pub deadline: Instant,
+    /// When the request arrived (for the timeout message).
     pub started: Instant,
 }
 
@@ -183,10 +190,12 @@ pub async fn forward(
 pub enum BodySlot {
     /// No body (or an empty one): every attempt can send it.
     Empty,
+    /// A body with data: taken by the first attempt that reads it.
     Shared(Arc<Mutex<Option<Incoming>>>),
 }
 
 impl BodySlot {
+    /// Holds the client's body for the attempts.
     pub fn new(body: Incoming) -> Self {
         if body.is_end_stream() {
             BodySlot::Empty
@@ -217,8 +226,11 @@ impl BodySlot {
 /// The body of one upstream attempt.
 #[derive(Debug)]
 pub enum ReqBody {
+    /// Nothing to send.
     Empty,
+    /// The client's body, taken from the slot on first read.
     Shared {
+        /// Shared with the request's [`BodySlot`].
         slot: Arc<Mutex<Option<Incoming>>>,
         /// The body once this attempt started reading it.
         taken: Option<Incoming>,

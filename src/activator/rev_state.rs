@@ -25,14 +25,17 @@ use crate::telemetry::activator::{ActivatorMetrics, RevisionMetrics};
 /// Everything the activator keeps per revision. Shared (`Arc`) by in-flight requests.
 #[derive(Debug)]
 pub struct RevisionState {
+    /// The revision.
     pub key: RevisionKey,
     /// The revision's current spec, swapped when the catalog changes.
     pub spec: ArcSwap<RevisionSpec>,
+    /// Capacity and the hold queue.
     pub throttler: Throttler,
     /// Requests present (held or in flight) over the current report interval.
     window: Mutex<ConcurrencyWindow>,
     /// Handles resolved once; the request path only increments them.
     pub metrics: RevisionMetrics,
+    /// Cold-start phase tracking.
     pub cold: ColdStart,
     /// The endpoint watch; `borrow()` is the latest snapshot (for re-applying limits and the
     /// admin API).

@@ -45,7 +45,12 @@ pub fn probe(headers: &HeaderMap) -> Option<Probe> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
     /// Knative's routing headers name the revision.
-    Named { namespace: &'a str, name: &'a str },
+    Named {
+        /// `Knative-Serving-Namespace`.
+        namespace: &'a str,
+        /// `Knative-Serving-Revision`.
+        name: &'a str,
+    },
     /// Route by host (without port; case is handled by the catalog).
     Host(&'a str),
 }

@@ -19,6 +19,7 @@ pub struct StaticEndpoints {
 }
 
 impl StaticEndpoints {
+    /// An empty source: every revision starts with no endpoints, status Ok.
     pub fn new() -> Arc<Self> {
         Arc::default()
     }

@@ -71,7 +71,9 @@ impl Drop for InFlight {
 /// An admitted request: its slot, and how long it was held (None when it never waited).
 #[derive(Debug)]
 pub struct Admission {
+    /// The slot.
     pub in_flight: InFlight,
+    /// How long the request waited in the queue.
     pub held_for: Option<Duration>,
 }
 
@@ -388,9 +390,13 @@ impl Throttler {
 /// A read-only view of one endpoint, for the admin API and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointView {
+    /// The endpoint.
     pub addr: SocketAddr,
+    /// Requests in flight to it.
     pub in_flight: u32,
+    /// Its limit; `None` = unlimited.
     pub limit: Option<u32>,
+    /// Whether it left `ready`.
     pub terminating: bool,
 }
 

@@ -63,6 +63,7 @@ impl Ticket {
         }
     }
 
+    /// The revision this request was routed to.
     pub fn state(&self) -> &Arc<RevisionState> {
         &self.state
     }

@@ -223,14 +223,23 @@ const CACHED_CODES: [u16; 16] = [
 /// One revision's metric handles, resolved once. Incrementing is a plain atomic add.
 #[derive(Debug)]
 pub struct RevisionMetrics {
+    /// `thaw_activator_held_requests` (moved by the throttler).
     pub held: Gauge,
+    /// `thaw_activator_in_flight_requests`.
     pub in_flight: Gauge,
+    /// `thaw_activator_ready_endpoints`.
     pub ready_endpoints: Gauge,
+    /// `thaw_activator_hold_seconds`.
     pub hold_seconds: Histogram,
+    /// `thaw_activator_overflow_total`.
     pub overflow: Counter,
+    /// `thaw_activator_hold_timeouts_total`.
     pub hold_timeouts: Counter,
+    /// `thaw_activator_upstream_errors_total`.
     pub upstream_errors: Counter,
+    /// `thaw_activator_retries_total`.
     pub retries: Counter,
+    /// `thaw_activator_cold_starts_total`.
     pub cold_starts: Counter,
     /// Counters of the common codes, each resolved on first use.
     codes: [OnceLock<Counter>; CACHED_CODES.len()],

@@ -33,16 +33,30 @@ impl HeldBudget {
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Rejection {
+    /// The revision's queue holds `depth` requests already.
     #[error("revision queue full ({depth} requests held)")]
-    QueueFull { depth: u32 },
+    QueueFull {
+        /// The revision's queue depth.
+        depth: u32,
+    },
+    /// The activator-wide cap is reached.
     #[error("activator holds its maximum of {cap} requests")]
-    HeldCapReached { cap: u32 },
+    HeldCapReached {
+        /// `max-held-requests`.
+        cap: u32,
+    },
+    /// The platform reports the revision Failing, with this reason.
     #[error("revision is failing: {0}")]
     Failing(Arc<str>),
+    /// The revision left the catalog.
     #[error("revision was removed")]
     Removed,
+    /// Held past the revision's cold-wait (or total) timeout.
     #[error("no endpoint became ready within {waited:?}")]
-    HoldTimeout { waited: Duration },
+    HoldTimeout {
+        /// How long it was held.
+        waited: Duration,
+    },
 }
 
 /// Bounds for one hold, read from the live config and the revision's spec per request.
