@@ -301,6 +301,35 @@ impl Harness {
         }
     }
 
+    /// Polls `/revisions` until the throttler's ready (non-terminating) endpoints of `rev` are
+    /// exactly `ready` (deadline 10 s): the endpoint update was applied.
+    pub async fn wait_endpoints(&self, rev: &RevisionKey, ready: &[SocketAddr]) {
+        let mut want: Vec<String> = ready.iter().map(|a| a.to_string()).collect();
+        want.sort();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = self.revision(rev).await;
+            let mut got: Vec<String> = r["endpoints"]
+                .as_array()
+                .map(|eps| {
+                    eps.iter()
+                        .filter(|e| e["terminating"] == false)
+                        .map(|e| e["address"].as_str().unwrap().to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            got.sort();
+            if got == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "endpoints {got:?}, wanted {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     pub async fn metrics(&self) -> String {
         admin_get(self.admin, "/metrics").await.1
     }

@@ -132,6 +132,7 @@ async fn connect_refused_is_retried_on_another_endpoint() {
     );
     // With only the dead endpoint left: 502 with the reason.
     h.endpoints.set_ready(&rev("r"), vec![dead]);
+    h.wait_endpoints(&rev("r"), &[dead]).await;
     let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
     assert_eq!(status, 502);
     assert!(body.contains("could not connect"), "{body}");
@@ -299,7 +300,7 @@ async fn terminating_endpoint_gets_no_new_requests_and_is_reported_drained() {
             ..Default::default()
         },
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.wait_endpoints(&rev("t"), &[b.addr]).await;
     let before = a.served.load(SeqCst);
     for _ in 0..10 {
         assert_eq!(send(&c, h.get(&rev("t"), "/")).await.0, 200);
