@@ -184,7 +184,7 @@ pub async fn forward(
 }
 
 /// The client's request body, handed to one attempt at a time. An attempt takes the body on its
-/// first read; if the attempt fails before that (connect refused), [`BodySlot::reclaim`] sees it
+/// first read; if the attempt fails before that (connect refused), `BodySlot::reclaim` sees it
 /// untouched and the next attempt may use it.
 #[derive(Debug, Clone)]
 pub enum BodySlot {

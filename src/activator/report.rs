@@ -1,5 +1,5 @@
 //! Reporting to the autoscaler: the [`StatSink`] seam, its in-process channel, and the
-//! activator's 1 s reporter ([`run`]).
+//! activator's 1 s reporter (`run`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
