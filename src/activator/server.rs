@@ -138,7 +138,8 @@ impl Activator {
             self.deps.telemetry.activator.connections.clone(),
         );
         slot.1.inc();
-        let activity = Arc::new(ConnActivity::default());
+        // The slot lives as long as the connection and any tunnel it was upgraded into.
+        let activity = Arc::new(ConnActivity::holding(slot));
         let act = self.clone();
         let conn_activity = activity.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
@@ -148,7 +149,6 @@ impl Activator {
         let drain = drain.clone();
         conns.spawn(
             async move {
-                let _slot = slot;
                 let builder = data_builder(&cfg);
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                 tokio::pin!(conn);

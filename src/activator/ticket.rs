@@ -10,16 +10,36 @@ use tokio::time::Instant;
 use super::rev_state::RevisionState;
 use super::throttler::InFlight;
 
-/// One client connection's activity, for the keep-alive idle timeout.
-#[derive(Debug, Default)]
+/// One client connection's activity, for the keep-alive idle timeout. It also owns the
+/// connection's place under `max-connections` (`slot`), released when the last holder drops: the
+/// connection task, and any websocket tunnel that outlives it (a tunnel is a connection too).
+#[derive(Default)]
 pub struct ConnActivity {
+    _slot: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// Requests on this connection whose response has not finished.
     active: AtomicU32,
     /// Bumped by every request start; an unchanged value means no new request.
     started: AtomicU64,
 }
 
+impl std::fmt::Debug for ConnActivity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnActivity")
+            .field("active", &self.active)
+            .field("started", &self.started)
+            .finish()
+    }
+}
+
 impl ConnActivity {
+    /// Activity of a connection whose `slot` (any guard) is released when this is dropped.
+    pub fn holding(slot: impl Send + Sync + 'static) -> Self {
+        Self {
+            _slot: Some(Box::new(slot)),
+            ..Default::default()
+        }
+    }
+
     /// Marks a request as started on this connection until the guard drops.
     pub fn begin(self: &Arc<Self>) -> ConnActive {
         self.active.fetch_add(1, SeqCst);
