@@ -6,3 +6,4 @@ mod harness;
 mod hold;
 mod listener;
 mod proxy;
+mod timeouts;
