@@ -257,3 +257,31 @@ async fn cold_start_phases_include_the_scaler_decision() {
     }
     h.shutdown();
 }
+
+/// containerConcurrency 0: a pod that appears while 60 requests are held gets its initial burst
+/// (5) and then one more per finished request, never the whole backlog at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cc0_waking_pod_gets_the_initial_burst_not_the_backlog() {
+    let rev = RevisionKey::new("default", "burst0");
+    let mut s = spec("burst0", 0);
+    s.initial_burst = 5;
+    let mut h = Harness::start(vec![s], ActivatorConfig::default()).await;
+    let up = Upstream::start().await;
+    let c = client();
+    let mut tasks = Vec::new();
+    for _ in 0..60 {
+        let (c, req) = (c.clone(), h.get(&rev, "/slow?ms=5"));
+        tasks.push(tokio::spawn(async move { send(&c, req).await.0 }));
+    }
+    h.wait_held(&rev, 60).await;
+    h.endpoints.set_ready(&rev, vec![up.addr]);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(up.served.load(SeqCst), 60);
+    assert!(up.peak.load(SeqCst) <= 5, "peak {}", up.peak.load(SeqCst));
+    // The backlog is gone, so the warm-up limit is lifted.
+    let r = h.revision(&rev).await;
+    assert_eq!(r["endpoints"][0]["limit"], serde_json::Value::Null, "{r}");
+    h.shutdown();
+}
