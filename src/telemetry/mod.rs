@@ -5,6 +5,7 @@
 //! resolved once per revision and kept in that revision's state; the request path increments
 //! handles, it never looks labels up.
 
+pub mod activator;
 pub mod config;
 pub mod platform;
 
@@ -18,6 +19,7 @@ pub struct Telemetry {
     registry: Registry,
     pub config: config::ConfigMetrics,
     pub platform: platform::PlatformMetrics,
+    pub activator: activator::ActivatorMetrics,
 }
 
 impl Telemetry {
@@ -26,10 +28,12 @@ impl Telemetry {
         let mut registry = Registry::with_prefix("thaw");
         let config = config::ConfigMetrics::register(&mut registry);
         let platform = platform::PlatformMetrics::register(&mut registry);
+        let activator = activator::ActivatorMetrics::register(&mut registry);
         Self {
             registry,
             config,
             platform,
+            activator,
         }
     }
 

@@ -1,0 +1,145 @@
+//! The admin port: `/metrics` (OpenMetrics), `/healthz` (liveness: the process serves),
+//! `/readyz` (readiness: fails once draining) and `/revisions` (JSON state per revision).
+//! HTTP/1.1 only; runs until cancelled, then stops accepting (open connections finish).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::body::ActivatorBody;
+use super::core::Activator;
+use super::error::plain;
+use crate::platform::EndpointStatus;
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves the admin API on `listener` until `stop` is cancelled.
+pub(crate) async fn serve(act: Arc<Activator>, listener: TcpListener, stop: CancellationToken) {
+    tracing::info!(addr = ?listener.local_addr().ok(), "admin serving");
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let act = act.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let act = act.clone();
+                async move { Ok::<_, Infallible>(route(&act, req)) }
+            });
+            let mut b = auto::Builder::new(TokioExecutor::new());
+            b.http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            let b = b.http1_only();
+            if let Err(e) = b.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(error = %e, "admin connection error");
+            }
+        });
+    }
+}
+
+fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
+    if req.method() != Method::GET {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    match req.uri().path() {
+        "/healthz" => plain(StatusCode::OK, "ok\n"),
+        "/readyz" if act.is_draining() => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" => plain(StatusCode::OK, "ok\n"),
+        "/metrics" => {
+            let mut r = plain(StatusCode::OK, act.deps.telemetry.encode());
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
+            r
+        }
+        "/revisions" => {
+            let mut r = plain(StatusCode::OK, revisions(act).to_string());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "try /metrics, /healthz, /readyz or /revisions\n",
+        ),
+    }
+}
+
+/// `{"draining": bool, "held": n, "revisions": [...]}`, revisions sorted by namespace and name.
+pub(crate) fn revisions(act: &Activator) -> Value {
+    let mut states = act.states();
+    states.sort_by(|a, b| a.key.cmp(&b.key));
+    let list: Vec<Value> = states
+        .iter()
+        .map(|s| {
+            let snap = s.snapshot();
+            let spec = s.spec.load();
+            let desired = act
+                .deps
+                .scale_states
+                .as_ref()
+                .and_then(|ss| ss.get(&s.key))
+                .map_or(-1, |st| st.desired);
+            let endpoints = s.throttler.endpoints();
+            let in_flight: u32 = endpoints.iter().map(|e| e.in_flight).sum();
+            let held = s.throttler.held();
+            let (status, reason) = match &snap.status {
+                EndpointStatus::Ok => ("ok", None),
+                EndpointStatus::Failing { reason } => ("failing", Some(reason.to_string())),
+            };
+            let state = match (&snap.status, snap.ready.is_empty(), held > 0) {
+                (EndpointStatus::Failing { .. }, _, _) => "failing",
+                (_, true, true) => "activating",
+                (_, true, false) => "cold",
+                (_, false, _) => "ready",
+            };
+            json!({
+                "namespace": &*s.key.namespace,
+                "name": &*s.key.name,
+                "desired": desired,
+                "container_concurrency": spec.container_concurrency,
+                "ready": {
+                    "count": snap.ready.len(),
+                    "addresses": snap.ready.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                },
+                "terminating": snap.terminating.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "held": held,
+                "in_flight": in_flight,
+                "endpoints": endpoints.iter().map(|e| json!({
+                    "address": e.addr.to_string(),
+                    "in_flight": e.in_flight,
+                    "limit": e.limit,
+                    "terminating": e.terminating,
+                })).collect::<Vec<_>>(),
+                "status": status,
+                "reason": reason,
+                "state": state,
+            })
+        })
+        .collect();
+    json!({
+        "draining": act.is_draining(),
+        "held": act.held_requests(),
+        "revisions": list,
+    })
+}

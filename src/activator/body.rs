@@ -1,0 +1,171 @@
+//! Response bodies: the activator's own short answers, and upstream bodies streamed through
+//! frame by frame (never buffered whole) under the revision's idle and total timeouts.
+
+use std::error::Error as StdError;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::{Duration, Instant, Sleep};
+
+use super::ticket::Ticket;
+
+/// The error type of response bodies.
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// The body of every data-port response.
+#[derive(Debug)]
+pub enum ActivatorBody {
+    /// A complete body (the activator's own answers); `None` once sent.
+    Full(Option<Bytes>),
+    /// An upstream body in flight.
+    Proxied(Box<ProxiedBody>),
+}
+
+impl ActivatorBody {
+    /// A complete body.
+    pub fn full(bytes: Bytes) -> Self {
+        ActivatorBody::Full(Some(bytes).filter(|b| !b.is_empty()))
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        ActivatorBody::Full(None)
+    }
+}
+
+impl Body for ActivatorBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ActivatorBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ActivatorBody::Proxied(p) => Pin::new(&mut **p).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ActivatorBody::Full(b) => b.is_none(),
+            ActivatorBody::Proxied(p) => p.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ActivatorBody::Full(b) => {
+                SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            ActivatorBody::Proxied(p) => p.size_hint(),
+        }
+    }
+}
+
+/// Why a proxied body was cut.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("upstream sent nothing for {0:?} (idle timeout)")]
+    /// Nothing arrived for the revision's idle timeout.
+    Idle(Duration),
+    /// The request's total deadline passed mid-stream.
+    #[error("request exceeded its total timeout")]
+    Total,
+}
+
+/// An upstream response body, forwarded frame by frame.
+///
+/// Guarantees: each frame is passed on as soon as it arrives (no buffering); the stream is cut
+/// with an error when the upstream is silent for the revision's idle timeout or the request's
+/// total deadline passes; the request's [`Ticket`] (its endpoint slot and concurrency count) is
+/// released the moment the body ends, fails or is dropped — whichever comes first.
+#[derive(Debug)]
+pub struct ProxiedBody {
+    inner: Incoming,
+    /// Fires at the earlier of the total deadline and the idle deadline.
+    timer: Pin<Box<Sleep>>,
+    idle: Option<Duration>,
+    deadline: Instant,
+    ticket: Option<Ticket>,
+    upstream_errors: Counter,
+}
+
+impl ProxiedBody {
+    /// Wraps `inner`; the idle timer starts now, the stream is cut at `deadline`, and `ticket`
+    /// is released when the body ends. `upstream_errors` counts cut or failed bodies.
+    pub fn new(
+        inner: Incoming,
+        idle: Option<Duration>,
+        deadline: Instant,
+        ticket: Ticket,
+        upstream_errors: Counter,
+    ) -> Self {
+        let first = idle.map_or(deadline, |d| deadline.min(Instant::now() + d));
+        Self {
+            inner,
+            timer: Box::pin(tokio::time::sleep_until(first)),
+            idle,
+            deadline,
+            ticket: Some(ticket),
+            upstream_errors,
+        }
+    }
+
+    fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.upstream_errors.inc();
+        self.ticket = None;
+        Poll::Ready(Some(Err(err)))
+    }
+}
+
+impl Body for ProxiedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.ticket.is_none() && this.inner.is_end_stream() {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(idle) = this.idle {
+                    let next = this.deadline.min(Instant::now() + idle);
+                    this.timer.as_mut().reset(next);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => this.fail(Box::new(e)),
+            Poll::Ready(None) => {
+                this.ticket = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                ready!(this.timer.as_mut().poll(cx));
+                let err: BoxError = if Instant::now() >= this.deadline {
+                    Box::new(BodyError::Total)
+                } else {
+                    Box::new(BodyError::Idle(this.idle.unwrap_or_default()))
+                };
+                this.fail(err)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,208 @@
+//! The [`Activator`]: its dependencies, the per-revision state table kept in step with the
+//! catalog, and routing a request to a revision's state.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::error::ActivatorError;
+use super::proxy::Upstream;
+use super::rev_state::RevisionState;
+use super::routing::Target;
+use super::throttler::HeldBudget;
+use crate::activator::report::StatSink;
+use crate::autoscaler::scaler::ScaleStates;
+use crate::config::ActivatorConfig;
+use crate::platform::EndpointSource;
+use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::telemetry::Telemetry;
+use crate::telemetry::activator::RevisionMetrics;
+
+/// What the activator needs from the rest of thaw.
+pub struct ActivatorDeps {
+    /// Routing and each revision's spec (containerConcurrency, timeouts, queue depth, initial
+    /// burst, protocol). Watched: revisions added or removed take effect at once.
+    pub catalog: Arc<RevisionCatalog>,
+    /// Per-revision endpoint snapshots; told when a terminating endpoint drained.
+    pub endpoints: Arc<dyn EndpointSource>,
+    /// Where the 1 s reports and cold-start pokes go. Never blocks the activator.
+    pub stats: Arc<dyn StatSink>,
+    /// The scaler's decisions, when it runs in the same process: `desired` on `/revisions` and
+    /// the poke -> decision cold-start phase.
+    pub scale_states: Option<Arc<ScaleStates>>,
+    /// Live-reloaded limits. Read per request (header limits, queue cap, retries) or per
+    /// connection (listener limits); `connect-timeout` is read once, at [`Activator::new`].
+    pub config: Arc<ArcSwap<ActivatorConfig>>,
+    /// The registry the activator's metrics live in (`/metrics` encodes it).
+    pub telemetry: Arc<Telemetry>,
+    /// This activator's name in [`crate::activator::report::Stat::source`].
+    pub source_name: Arc<str>,
+}
+
+/// Revision states by namespace then name, so a lookup by header values allocates nothing.
+#[derive(Default)]
+struct RevisionTable {
+    /// The catalog version this table was built from.
+    version: u64,
+    by_ns: HashMap<Box<str>, HashMap<Box<str>, Arc<RevisionState>>>,
+}
+
+impl RevisionTable {
+    fn get(&self, namespace: &str, name: &str) -> Option<&Arc<RevisionState>> {
+        self.by_ns.get(namespace)?.get(name)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<RevisionState>> {
+        self.by_ns.values().flat_map(|m| m.values())
+    }
+}
+
+/// The activator: routing, holding, balancing and forwarding, with its admin API. Create with
+/// [`Activator::new`], run with [`Activator::serve`].
+pub struct Activator {
+    pub(crate) deps: ActivatorDeps,
+    table: ArcSwap<RevisionTable>,
+    /// Serialises table rebuilds (the catalog task and request-path misses).
+    sync_lock: Mutex<()>,
+    catalog_version: watch::Receiver<u64>,
+    budget: Arc<HeldBudget>,
+    pub(crate) upstream: Upstream,
+    draining: AtomicBool,
+    /// Upgraded (websocket) tunnels: tracked so drain can wait for them, cancelled after the
+    /// drain timeout.
+    pub(crate) tunnels: TaskTracker,
+    pub(crate) tunnel_cancel: CancellationToken,
+    /// Answers that matched no revision are counted here (empty namespace and revision labels).
+    pub(crate) unrouted: RevisionMetrics,
+}
+
+impl Activator {
+    /// Builds the activator and a state for every revision in the catalog (each subscribes to
+    /// its endpoints). Must be called inside a tokio runtime.
+    pub fn new(deps: ActivatorDeps) -> Arc<Self> {
+        let connect_timeout = deps.config.load().connect_timeout;
+        let unrouted = deps.telemetry.activator.revision(&RevisionKey::new("", ""));
+        let act = Arc::new(Self {
+            catalog_version: deps.catalog.subscribe(),
+            deps,
+            table: ArcSwap::from_pointee(RevisionTable::default()),
+            sync_lock: Mutex::new(()),
+            budget: Arc::new(HeldBudget::default()),
+            upstream: Upstream::new(connect_timeout),
+            draining: AtomicBool::new(false),
+            tunnels: TaskTracker::new(),
+            tunnel_cancel: CancellationToken::new(),
+            unrouted,
+        });
+        act.sync();
+        act
+    }
+
+    /// Brings the state table in line with the catalog: new revisions get a state, changed
+    /// specs are swapped in, removed revisions' held requests are answered 503.
+    pub fn sync(&self) {
+        let _guard = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let version = *self.catalog_version.borrow();
+        let snapshot = self.deps.catalog.load();
+        let old = self.table.load_full();
+        let mut next = RevisionTable {
+            version,
+            by_ns: HashMap::new(),
+        };
+        for spec in snapshot.revisions() {
+            let key = &spec.key;
+            let state = match old.get(&key.namespace, &key.name) {
+                Some(state) => {
+                    if **state.spec.load() != **spec {
+                        state.update_spec(spec.clone());
+                    }
+                    state.clone()
+                }
+                None => {
+                    tracing::debug!(revision = %key, "revision added");
+                    RevisionState::spawn(
+                        spec.clone(),
+                        &self.deps.endpoints,
+                        self.budget.clone(),
+                        &self.deps.telemetry.activator,
+                        self.deps.scale_states.clone(),
+                    )
+                }
+            };
+            next.by_ns
+                .entry(Box::from(&*key.namespace))
+                .or_default()
+                .insert(Box::from(&*key.name), state);
+        }
+        for state in old.iter() {
+            if next.get(&state.key.namespace, &state.key.name).is_none() {
+                tracing::info!(revision = %state.key, "revision removed; held requests answered 503");
+                state.remove();
+            }
+        }
+        self.table.store(Arc::new(next));
+    }
+
+    /// The revision a request goes to, or a 404 reason.
+    pub(crate) fn resolve(&self, target: Target<'_>) -> Result<Arc<RevisionState>, ActivatorError> {
+        if let Some(state) = self.lookup(target) {
+            return Ok(state);
+        }
+        // The catalog may have changed since the table was built.
+        if *self.catalog_version.borrow() != self.table.load().version {
+            self.sync();
+            if let Some(state) = self.lookup(target) {
+                return Ok(state);
+            }
+        }
+        Err(ActivatorError::NotFound(match target {
+            Target::Named { namespace, name } => format!("revision {namespace}/{name} not found"),
+            Target::Host(host) => format!("no revision routes host {host}"),
+        }))
+    }
+
+    fn lookup(&self, target: Target<'_>) -> Option<Arc<RevisionState>> {
+        let table = self.table.load();
+        match target {
+            Target::Named { namespace, name } => table.get(namespace, name).cloned(),
+            Target::Host(host) => {
+                let catalog = self.deps.catalog.load();
+                let spec = catalog.route_host(host)?;
+                table.get(&spec.key.namespace, &spec.key.name).cloned()
+            }
+        }
+    }
+
+    /// Every revision's state (for the reporter and the admin API).
+    pub(crate) fn states(&self) -> Vec<Arc<RevisionState>> {
+        self.table.load().iter().cloned().collect()
+    }
+
+    /// Whether drain has begun (readiness fails from then on).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(SeqCst)
+    }
+
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, SeqCst);
+    }
+
+    /// Requests held across all revisions now.
+    pub fn held_requests(&self) -> u32 {
+        self.budget.held()
+    }
+
+    /// Keeps the table in step with the catalog until the catalog is dropped.
+    pub(crate) async fn watch_catalog(self: Arc<Self>) {
+        let mut rx = self.deps.catalog.subscribe();
+        while rx.changed().await.is_ok() {
+            rx.borrow_and_update();
+            self.sync();
+        }
+    }
+}

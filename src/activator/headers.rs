@@ -1,0 +1,261 @@
+//! Header hygiene for forwarding (knative-dataplane.md §1.3): hop-by-hop headers, Knative's
+//! routing and proxy headers, `X-Forwarded-*`, request ids, and the configured header limits.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use rand::RngExt;
+
+use crate::revision::Protocol;
+
+/// Set by the ingress: the revision's namespace (removed before forwarding).
+pub const KNATIVE_SERVING_NAMESPACE: HeaderName =
+    HeaderName::from_static("knative-serving-namespace");
+/// Set by the ingress: the revision's name (removed before forwarding).
+pub const KNATIVE_SERVING_REVISION: HeaderName =
+    HeaderName::from_static("knative-serving-revision");
+/// Knative's probe header (`activator`, `probe`).
+pub const K_NETWORK_PROBE: HeaderName = HeaderName::from_static("k-network-probe");
+/// The ingress prober's hash, echoed back.
+pub const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
+/// Marks a kubelet probe.
+pub const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
+/// Tells the queue sidecar the request came through the activator.
+pub const K_PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request");
+/// The client's Host, moved aside when Host becomes the target.
+pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
+/// Client addresses, the activator's peer appended.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// The client's scheme.
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// Request id, generated when absent and echoed on the response.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `cold-start;dur=<ms>` (or `queue;dur=<ms>`) on held requests' responses.
+pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Whether the request asks for a protocol upgrade (websocket): `Connection: upgrade` plus an
+/// `Upgrade` header.
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names. With
+/// `keep_upgrade` the `Upgrade` header stays and `Connection: upgrade` is re-added (a websocket
+/// passes through). `TE: trailers` is kept: gRPC over h2c needs it.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(keep_upgrade && name == header::UPGRADE) {
+            headers.remove(&name);
+        }
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    for name in &HOP_BY_HOP {
+        if !(keep_upgrade && *name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): Knative's
+/// routing headers and the probe hash removed; `K-Proxy-Request: activator`; the original host
+/// moved to `K-Original-Host` and `Host` removed (each attempt sets it to its endpoint with
+/// [`set_target_host`]); the client appended to `X-Forwarded-For`;
+/// `X-Forwarded-Proto` set if absent. `traceparent`/`tracestate` and `X-Request-Id` pass as they
+/// are (the caller ensures an id exists).
+pub fn prepare_upstream(
+    headers: &mut HeaderMap,
+    original_host: Option<HeaderValue>,
+    client: Option<IpAddr>,
+    upgrade: bool,
+) {
+    strip_hop_by_hop(headers, upgrade);
+    headers.remove(KNATIVE_SERVING_NAMESPACE);
+    headers.remove(KNATIVE_SERVING_REVISION);
+    headers.remove(K_NETWORK_HASH);
+    headers.insert(K_PROXY_REQUEST, HeaderValue::from_static("activator"));
+    if let Some(host) = original_host {
+        headers.insert(K_ORIGINAL_HOST, host);
+    }
+    headers.remove(header::HOST);
+    if let Some(ip) = client {
+        let ip = ip.to_string();
+        let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
+            _ => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+    }
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+}
+
+/// Sets `Host` to the endpoint an attempt goes to (HTTP/1). On h2c the endpoint travels as the
+/// URI's `:authority` and no `Host` header is sent.
+pub fn set_target_host(headers: &mut HeaderMap, target: &HeaderValue, protocol: Protocol) {
+    if protocol == Protocol::Http1 {
+        headers.insert(header::HOST, target.clone());
+    }
+}
+
+/// A fresh request id: a random (version 4) UUID in its usual text form.
+pub fn new_request_id() -> HeaderValue {
+    let mut b: [u8; 16] = rand::rng().random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex = |x: &[u8]| x.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let s = format!(
+        "{}-{}-{}-{}-{}",
+        hex(&b[0..4]),
+        hex(&b[4..6]),
+        hex(&b[6..8]),
+        hex(&b[8..10]),
+        hex(&b[10..16])
+    );
+    HeaderValue::from_str(&s).expect("hex is a valid header value")
+}
+
+/// Checks the configured header limits: count and total bytes (names + values). Returns
+/// `(what, actual, limit)` for the first one exceeded.
+pub fn check_limits(
+    headers: &HeaderMap,
+    max_count: u32,
+    max_bytes: u32,
+) -> Result<(), (&'static str, usize, usize)> {
+    let count = headers.len();
+    if count > max_count as usize {
+        return Err(("header count", count, max_count as usize));
+    }
+    let bytes: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    if bytes > max_bytes as usize {
+        return Err(("header bytes", bytes, max_bytes as usize));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(KEEP_ALIVE, HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(h[header::TE], "trailers");
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn keeps_upgrade_for_websockets() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h[header::CONNECTION], "upgrade");
+    }
+
+    #[test]
+    fn prepares_knative_and_forwarding_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::HOST,
+            HeaderValue::from_static("hello.default.example.com"),
+        );
+        h.insert(KNATIVE_SERVING_REVISION, HeaderValue::from_static("r"));
+        h.insert(KNATIVE_SERVING_NAMESPACE, HeaderValue::from_static("ns"));
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        h.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        let original = h.get(header::HOST).cloned();
+        let client = Some([127, 0, 0, 2].into());
+        prepare_upstream(&mut h, original, client, false);
+        assert!(!h.contains_key(header::HOST));
+        set_target_host(
+            &mut h,
+            &HeaderValue::from_static("127.0.0.1:9000"),
+            Protocol::Http1,
+        );
+        assert_eq!(h[header::HOST], "127.0.0.1:9000");
+        assert_eq!(h[K_ORIGINAL_HOST], "hello.default.example.com");
+        assert_eq!(h[K_PROXY_REQUEST], "activator");
+        assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.2");
+        assert_eq!(h[X_FORWARDED_PROTO], "http");
+        assert_eq!(h["traceparent"], "00-abc-def-01");
+        assert!(!h.contains_key(KNATIVE_SERVING_REVISION));
+        assert!(!h.contains_key(KNATIVE_SERVING_NAMESPACE));
+    }
+
+    #[test]
+    fn request_ids_are_uuid_v4_shaped_and_distinct() {
+        let a = new_request_id();
+        let b = new_request_id();
+        assert_ne!(a, b);
+        let s = a.to_str().unwrap();
+        assert_eq!(s.len(), 36);
+        assert_eq!(&s[14..15], "4");
+    }
+
+    #[test]
+    fn header_limits() {
+        let mut h = HeaderMap::new();
+        h.insert("a", HeaderValue::from_static("12345"));
+        h.insert("b", HeaderValue::from_static("1"));
+        assert!(check_limits(&h, 2, 100).is_ok());
+        assert_eq!(check_limits(&h, 1, 100), Err(("header count", 2, 1)));
+        assert_eq!(check_limits(&h, 5, 7), Err(("header bytes", 8, 7)));
+    }
+}

@@ -1,0 +1,305 @@
+//! The request path, composed in one place. Each step is a type or function of its own file;
+//! the order is the contract:
+//!
+//! 1. probes (`routing::probe`): kubelet and Knative probes are answered before anything else,
+//!    so health never depends on a revision;
+//! 2. header limits (`headers::check_limits`): 431 before any work is spent on the request;
+//! 3. routing (`Activator::resolve`): 404 with a reason;
+//! 4. accounting (`Ticket`): from here the request counts as concurrency — held time included,
+//!    as the autoscaler needs — until its response body ends;
+//! 5. cold-start poke (`ColdStart`): a revision without ready endpoints pokes the scaler now;
+//! 6. throttler (`Throttler::acquire`): wait for a slot (bounded queue, cold-wait deadline);
+//! 7. proxy (`proxy::forward`): forward with connect retries and the response-start timeout;
+//! 8. response (`ProxiedBody`): streamed under idle/total timeouts, slot released at its end;
+//!    `Server-Timing` tells a held client how long it waited.
+//!
+//! Every error goes through `ActivatorError::into_response`, the one place that maps errors to
+//! status codes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::body::{ActivatorBody, ProxiedBody};
+use super::cold_start::PokeAction;
+use super::core::Activator;
+use super::error::{ActivatorError, plain};
+use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
+use super::proxy::{self, AttemptLimits, BodySlot, Outbound};
+use super::report::Stat;
+use super::rev_state::RevisionState;
+use super::routing::{self, Probe};
+use super::throttler::{HoldLimits, Rejection};
+use super::ticket::{ConnActivity, Ticket};
+use crate::clock;
+use crate::config::ActivatorConfig;
+use crate::revision::Protocol;
+
+/// Handles one data-port request end to end. Never fails: every error becomes a response.
+pub async fn handle(
+    act: Arc<Activator>,
+    peer: SocketAddr,
+    conn: Arc<ConnActivity>,
+    req: Request<Incoming>,
+) -> Response<ActivatorBody> {
+    let started = Instant::now();
+    let cfg = act.deps.config.load_full();
+    if let Some(p) = routing::probe(req.headers()) {
+        return answer_probe(p, act.is_draining());
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    if let Err((what, actual, limit)) =
+        hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
+    {
+        act.unrouted.answered(431);
+        let err = ActivatorError::HeadersTooLarge {
+            what,
+            actual,
+            limit,
+        };
+        return err.into_response(cfg.retry_after);
+    }
+    let routed = routing::target(req.headers(), req.uri())
+        .map_err(ActivatorError::NotFound)
+        .and_then(|t| act.resolve(t));
+    let state = match routed {
+        Ok(state) => state,
+        Err(e) => {
+            act.unrouted.answered(e.status().as_u16());
+            tracing::debug!(%method, %path, error = %e, "not routed");
+            return e.into_response(cfg.retry_after);
+        }
+    };
+    let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
+    let result = proxy_request(&act, &state, peer, conn, req, started, &cfg)
+        .instrument(span)
+        .await;
+    let resp = result.unwrap_or_else(|e| {
+        if matches!(
+            e,
+            ActivatorError::UpstreamConnect { .. }
+                | ActivatorError::Upstream { .. }
+                | ActivatorError::ResponseStartTimeout { .. }
+        ) {
+            state.metrics.upstream_errors.inc();
+        }
+        tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
+        e.into_response(cfg.retry_after)
+    });
+    state.metrics.answered(resp.status().as_u16());
+    tracing::debug!(
+        revision = %state.key,
+        %method,
+        %path,
+        status = resp.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "access"
+    );
+    resp
+}
+
+fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
+    match probe {
+        Probe::Health if draining => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        Probe::Health => plain(StatusCode::OK, "ok\n"),
+        Probe::Activator => plain(StatusCode::OK, "activator"),
+        Probe::Network(Some(hash)) => {
+            let mut r = plain(StatusCode::OK, hash.as_bytes().to_vec());
+            r.headers_mut().insert(hdr::K_NETWORK_HASH, hash);
+            r
+        }
+        Probe::Network(None) => ActivatorError::BadRequest("K-Network-Hash header is missing")
+            .into_response(Default::default()),
+        Probe::Unknown => ActivatorError::BadRequest("unexpected K-Network-Probe value")
+            .into_response(Default::default()),
+    }
+}
+
+async fn proxy_request(
+    act: &Arc<Activator>,
+    state: &Arc<RevisionState>,
+    peer: SocketAddr,
+    conn: Arc<ConnActivity>,
+    mut req: Request<Incoming>,
+    started: Instant,
+    cfg: &ActivatorConfig,
+) -> Result<Response<ActivatorBody>, ActivatorError> {
+    let spec = state.spec.load_full();
+    let timeouts = spec.timeouts;
+    let deadline = started + timeouts.total;
+    let mut ticket = Ticket::arrive(state.clone(), Some(conn.begin()));
+
+    let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
+    if cold {
+        poke_if_needed(act, state, started);
+    }
+    let limits = HoldLimits {
+        queue_depth: spec.queue_depth,
+        max_held: cfg.max_held_requests,
+    };
+    let hold_deadline = started + timeouts.cold_wait.min(timeouts.total);
+    let admission = match state.throttler.acquire(limits, hold_deadline).await {
+        Ok(a) => a,
+        Err(rejection) => {
+            match &rejection {
+                Rejection::QueueFull { .. } | Rejection::HeldCapReached { .. } => {
+                    state.metrics.overflow.inc();
+                }
+                Rejection::HoldTimeout { waited } => {
+                    state.metrics.hold_timeouts.inc();
+                    state.metrics.hold_seconds.observe(waited.as_secs_f64());
+                }
+                Rejection::Failing(_) | Rejection::Removed => {}
+            };
+            return Err(ActivatorError::Rejected {
+                revision: state.key.clone(),
+                rejection,
+            });
+        }
+    };
+    if let Some(held) = admission.held_for {
+        state.metrics.hold_seconds.observe(held.as_secs_f64());
+    }
+    let held_for = admission.held_for;
+    ticket.set_slot(admission.in_flight);
+
+    let upgrade = req.version() == Version::HTTP_11 && hdr::is_upgrade(req.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    let original_host = headers.get(header::HOST).cloned().or_else(|| {
+        let authority = parts.uri.authority()?;
+        HeaderValue::from_str(authority.as_str()).ok()
+    });
+    let request_id = match headers.get(X_REQUEST_ID) {
+        Some(id) => id.clone(),
+        None => {
+            let id = hdr::new_request_id();
+            headers.insert(X_REQUEST_ID, id.clone());
+            id
+        }
+    };
+    hdr::prepare_upstream(&mut headers, original_host, Some(peer.ip()), upgrade);
+    let out = Outbound {
+        method: parts.method,
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        headers,
+        body: BodySlot::new(body),
+        protocol: if upgrade {
+            Protocol::Http1
+        } else {
+            spec.protocol
+        },
+    };
+    let attempt_limits = AttemptLimits {
+        connect_retries: cfg.connect_retries,
+        response_start: timeouts.response_start,
+        deadline,
+        started,
+    };
+    let (mut resp, addr) = proxy::forward(&act.upstream, &mut ticket, out, attempt_limits).await?;
+    if state.cold.awaiting_first_byte() {
+        let m = &act.deps.telemetry.activator;
+        state.cold.on_first_byte(Instant::now(), m, &state.key);
+    }
+    tracing::debug!(%addr, status = resp.status().as_u16(), "upstream answered");
+
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    hdr::strip_hop_by_hop(resp.headers_mut(), switching);
+    let h = resp.headers_mut();
+    if !h.contains_key(X_REQUEST_ID) {
+        h.insert(X_REQUEST_ID, request_id);
+    }
+    if let Some(held) = held_for {
+        let name = if cold { "cold-start" } else { "queue" };
+        let timing = format!("{name};dur={:.1}", held.as_secs_f64() * 1000.0);
+        h.append(
+            SERVER_TIMING,
+            HeaderValue::from_str(&timing).expect("ascii"),
+        );
+    }
+    if switching {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        if let Some(client_upgrade) = client_upgrade {
+            spawn_tunnel(act, client_upgrade, upstream_upgrade, ticket);
+        }
+        return Ok(resp.map(|_| ActivatorBody::empty()));
+    }
+    let (head, incoming) = resp.into_parts();
+    let body = ProxiedBody::new(
+        incoming,
+        timeouts.idle,
+        deadline,
+        ticket,
+        state.metrics.upstream_errors.clone(),
+    );
+    Ok(Response::from_parts(
+        head,
+        ActivatorBody::Proxied(Box::new(body)),
+    ))
+}
+
+/// Pokes the scaler for a cold revision: at once on the first request of a cold start, again
+/// each second while it stays cold.
+fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
+    let action = state.cold.on_cold_request(now);
+    if action == PokeAction::None {
+        return;
+    }
+    if action == PokeAction::Begin {
+        state.metrics.cold_starts.inc();
+        tracing::info!(revision = %state.key, "cold request: poking the autoscaler");
+    }
+    let current = state.window(|w| w.current());
+    act.deps.stats.poke(Stat {
+        revision: state.key.clone(),
+        source: act.deps.source_name.clone(),
+        at: clock::second_of(now),
+        average_concurrency: f64::from(current.max(1)),
+        requests: 1,
+    });
+}
+
+/// Joins the client's and the upstream's upgraded connections and copies bytes both ways until
+/// either side closes or drain cancels the tunnel. The ticket (slot and concurrency) lives as
+/// long as the tunnel.
+fn spawn_tunnel(
+    act: &Activator,
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    ticket: Ticket,
+) {
+    let cancel = act.tunnel_cancel.clone();
+    let span = tracing::debug_span!("tunnel", revision = %ticket.state().key);
+    act.tunnels.spawn(
+        async move {
+            let _ticket = ticket;
+            let (client, upstream) = match tokio::try_join!(client, upstream) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade failed");
+                    return;
+                }
+            };
+            let (mut c, mut u) = (TokioIo::new(client), TokioIo::new(upstream));
+            tokio::select! {
+                r = tokio::io::copy_bidirectional(&mut c, &mut u) => {
+                    tracing::debug!(result = ?r, "tunnel closed");
+                }
+                _ = cancel.cancelled() => tracing::debug!("tunnel cancelled by drain"),
+            }
+        }
+        .instrument(span),
+    );
+}

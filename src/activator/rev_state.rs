@@ -1,0 +1,182 @@
+//! One revision's state in the activator: its spec, throttler, concurrency window, metric handles
+//! and cold-start tracker, plus the task that applies its endpoint snapshots.
+//!
+//! Created for every revision in the catalog (so warm revisions have their endpoints before the
+//! first request) and dropped when the revision leaves the catalog, which answers its held
+//! requests 503 and stops its endpoint task.
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::cold_start::ColdStart;
+use super::concurrency::ConcurrencyWindow;
+use super::throttler::{HeldBudget, Throttler};
+use crate::autoscaler::scaler::ScaleStates;
+use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
+use crate::revision::{RevisionKey, RevisionSpec};
+use crate::telemetry::activator::{ActivatorMetrics, RevisionMetrics};
+
+/// Everything the activator keeps per revision. Shared (`Arc`) by in-flight requests.
+#[derive(Debug)]
+pub struct RevisionState {
+    /// The revision.
+    pub key: RevisionKey,
+    /// The revision's current spec, swapped when the catalog changes.
+    pub spec: ArcSwap<RevisionSpec>,
+    /// Capacity and the hold queue.
+    pub throttler: Throttler,
+    /// Requests present (held or in flight) over the current report interval.
+    window: Mutex<ConcurrencyWindow>,
+    /// Handles resolved once; the request path only increments them.
+    pub metrics: RevisionMetrics,
+    /// Cold-start phase tracking.
+    pub cold: ColdStart,
+    /// The endpoint watch; `borrow()` is the latest snapshot (for re-applying limits and the
+    /// admin API).
+    endpoints: watch::Receiver<Arc<EndpointSnapshot>>,
+    /// Set when the revision left the catalog.
+    removed: AtomicBool,
+    /// The endpoint task; aborted on drop.
+    watcher: Mutex<Option<AbortHandle>>,
+    all_metrics: ActivatorMetrics,
+    scale_states: Option<Arc<ScaleStates>>,
+}
+
+impl RevisionState {
+    /// Creates the state, applies the current endpoint snapshot synchronously, and spawns the
+    /// task that applies later ones. Must run inside a tokio runtime.
+    pub fn spawn(
+        spec: Arc<RevisionSpec>,
+        endpoints: &Arc<dyn EndpointSource>,
+        budget: Arc<HeldBudget>,
+        metrics: &ActivatorMetrics,
+        scale_states: Option<Arc<ScaleStates>>,
+    ) -> Arc<Self> {
+        let key = spec.key.clone();
+        let rev_metrics = metrics.revision(&key);
+        let source = endpoints.clone();
+        let drained_key = key.clone();
+        let throttler = Throttler::new(
+            budget,
+            rev_metrics.held.clone(),
+            Box::new(move |addr| {
+                tracing::debug!(revision = %drained_key, %addr, "terminating endpoint drained");
+                source.drained(&drained_key, addr);
+            }),
+        );
+        let mut rx = endpoints.endpoints(&key);
+        let first = rx.borrow_and_update().clone();
+        let state = Arc::new(Self {
+            key: key.clone(),
+            spec: ArcSwap::new(spec),
+            throttler,
+            window: Mutex::new(ConcurrencyWindow::new(Instant::now())),
+            metrics: rev_metrics,
+            cold: ColdStart::default(),
+            endpoints: rx.clone(),
+            removed: AtomicBool::new(false),
+            watcher: Mutex::new(None),
+            all_metrics: metrics.clone(),
+            scale_states,
+        });
+        state.apply(&first);
+        let task = tokio::spawn(
+            watch_endpoints(Arc::downgrade(&state), rx)
+                .instrument(tracing::debug_span!("endpoints", revision = %key)),
+        );
+        *state.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        state
+    }
+
+    /// Applies one endpoint snapshot: throttler limits and dispatch, the ready gauge, and the
+    /// cold-start phase "ready".
+    fn apply(&self, snap: &EndpointSnapshot) {
+        let spec = self.spec.load();
+        self.throttler
+            .update(snap, spec.container_concurrency, spec.initial_burst);
+        self.metrics.ready_endpoints.set(snap.ready.len() as i64);
+        if let EndpointStatus::Failing { reason } = &snap.status {
+            tracing::warn!(revision = %self.key, %reason, "revision failing; held requests answered 503");
+        }
+        let decided_at = self
+            .scale_states
+            .as_ref()
+            .and_then(|s| s.get(&self.key))
+            .and_then(|s| s.decided_at);
+        self.cold.on_endpoints(
+            Instant::now(),
+            snap.ready.len(),
+            decided_at,
+            &self.all_metrics,
+            &self.key,
+        );
+    }
+
+    /// Swaps in a new spec; limits are re-applied when containerConcurrency or the burst
+    /// changed.
+    pub fn update_spec(&self, spec: Arc<RevisionSpec>) {
+        let old = self.spec.swap(spec.clone());
+        if old.container_concurrency != spec.container_concurrency
+            || old.initial_burst != spec.initial_burst
+        {
+            let snap = self.endpoints.borrow().clone();
+            self.apply(&snap);
+        }
+    }
+
+    /// The revision left the catalog: held requests get 503, the endpoint task stops.
+    pub fn remove(&self) {
+        self.removed.store(true, SeqCst);
+        self.throttler.remove();
+        if let Some(task) = self.watcher_lock().take() {
+            task.abort();
+        }
+        self.all_metrics.forget(&self.key);
+    }
+
+    fn watcher_lock(&self) -> MutexGuard<'_, Option<AbortHandle>> {
+        self.watcher.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The latest endpoint snapshot.
+    pub fn snapshot(&self) -> Arc<EndpointSnapshot> {
+        self.endpoints.borrow().clone()
+    }
+
+    /// Runs `f` on the concurrency window (arrivals, departures, reports).
+    pub fn window<R>(&self, f: impl FnOnce(&mut ConcurrencyWindow) -> R) -> R {
+        f(&mut self.window.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Drop for RevisionState {
+    fn drop(&mut self) {
+        if let Some(task) = self.watcher_lock().take() {
+            task.abort();
+        }
+    }
+}
+
+/// Applies each new snapshot until the state is dropped or the source closes the watch.
+async fn watch_endpoints(
+    state: Weak<RevisionState>,
+    mut rx: watch::Receiver<Arc<EndpointSnapshot>>,
+) {
+    // The snapshot seen at creation was applied synchronously; wait for the next one.
+    while rx.changed().await.is_ok() {
+        let snap = rx.borrow_and_update().clone();
+        let Some(state) = state.upgrade() else { return };
+        tracing::debug!(
+            ready = snap.ready.len(),
+            terminating = snap.terminating.len(),
+            "endpoint update"
+        );
+        state.apply(&snap);
+    }
+}

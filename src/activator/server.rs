@@ -1,0 +1,264 @@
+//! Listeners and drain: the data port (HTTP/1.1 and h2c with prior knowledge on one socket) and
+//! the admin port, the `config-activator` connection limits, and graceful shutdown.
+//!
+//! Drain, in order: `shutdown` fires -> readiness fails at once (`/readyz`, kubelet probes on the
+//! data port) -> new connections are still accepted for `drain-delay` so load balancers notice
+//! -> the data listener closes, every connection is told to finish (HTTP/1: close after the
+//! current response; h2: GOAWAY), held and in-flight requests complete -> after `drain-timeout`
+//! whatever is left (connections, websocket tunnels) is cut.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::core::Activator;
+use super::pipeline;
+use super::ticket::ConnActivity;
+use crate::config::ActivatorConfig;
+
+/// Open data-port connections, against `max-connections`.
+#[derive(Debug, Default)]
+struct ConnLimit {
+    open: AtomicU32,
+    closed: Notify,
+}
+
+/// Decrements the open count when a connection task ends, however it ends.
+struct ConnSlot(Arc<ConnLimit>, prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, SeqCst);
+        self.1.dec();
+        self.0.closed.notify_one();
+    }
+}
+
+impl Activator {
+    /// Serves the data and admin listeners until `shutdown` completes, then drains (see the
+    /// module doc) and returns. Also runs the 1 s stats reporter and the catalog watch for as
+    /// long as it serves. Returns an error only if accepting on the data listener fails
+    /// persistently; per-connection errors are logged at debug.
+    pub async fn serve(
+        self: Arc<Self>,
+        data: TcpListener,
+        admin: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let mut background = JoinSet::new();
+        background.spawn(self.clone().watch_catalog());
+        background.spawn(super::report::run(self.clone()));
+        let admin_stop = CancellationToken::new();
+        background.spawn(super::admin::serve(self.clone(), admin, admin_stop.clone()));
+
+        let limit = Arc::new(ConnLimit::default());
+        let drain = CancellationToken::new();
+        let mut conns = JoinSet::new();
+        tracing::info!(addr = ?data.local_addr().ok(), "activator serving");
+
+        tokio::pin!(shutdown);
+        let result = loop {
+            tokio::select! {
+                _ = &mut shutdown => break Ok(()),
+                Some(_) = conns.join_next() => {}
+                accepted = accept(&data, &limit, &self) => match accepted {
+                    Ok((stream, peer)) => self.spawn_conn(&mut conns, stream, peer, &limit, &drain),
+                    Err(e) => break Err(e),
+                },
+            }
+        };
+        self.start_draining();
+        let cfg = self.deps.config.load_full();
+        tracing::info!(delay = ?cfg.drain_delay, timeout = ?cfg.drain_timeout, "draining");
+        if result.is_ok() {
+            // Keep accepting during the delay so load balancers see readiness fail first.
+            let delay = tokio::time::sleep(cfg.drain_delay);
+            tokio::pin!(delay);
+            loop {
+                tokio::select! {
+                    _ = &mut delay => break,
+                    Some(_) = conns.join_next() => {}
+                    accepted = accept(&data, &limit, &self) => match accepted {
+                        Ok((stream, peer)) => self.spawn_conn(&mut conns, stream, peer, &limit, &drain),
+                        Err(_) => break,
+                    },
+                }
+            }
+        }
+        drop(data);
+        drain.cancel();
+        self.tunnels.close();
+        let finished = tokio::time::timeout(cfg.drain_timeout, async {
+            while conns.join_next().await.is_some() {}
+            self.tunnels.wait().await;
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                connections = conns.len(),
+                tunnels = self.tunnels.len(),
+                "drain timeout: cutting what is left"
+            );
+            conns.abort_all();
+            self.tunnel_cancel.cancel();
+            while conns.join_next().await.is_some() {}
+        }
+        admin_stop.cancel();
+        background.abort_all();
+        while background.join_next().await.is_some() {}
+        tracing::info!("activator stopped");
+        result
+    }
+
+    fn spawn_conn(
+        self: &Arc<Self>,
+        conns: &mut JoinSet<()>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        limit: &Arc<ConnLimit>,
+        drain: &CancellationToken,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let cfg = self.deps.config.load_full();
+        let slot = ConnSlot(
+            limit.clone(),
+            self.deps.telemetry.activator.connections.clone(),
+        );
+        slot.1.inc();
+        // The slot lives as long as the connection and any tunnel it was upgraded into.
+        let activity = Arc::new(ConnActivity::holding(slot));
+        let act = self.clone();
+        let conn_activity = activity.clone();
+        let service = service_fn(move |req: hyper::Request<Incoming>| {
+            let fut = pipeline::handle(act.clone(), peer, conn_activity.clone(), req);
+            async move { Ok::<_, std::convert::Infallible>(fut.await) }
+        });
+        let drain = drain.clone();
+        conns.spawn(
+            async move {
+                let builder = data_builder(&cfg);
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                tokio::pin!(conn);
+                let mut closing = false;
+                loop {
+                    tokio::select! {
+                        res = conn.as_mut() => {
+                            if let Err(e) = res {
+                                tracing::debug!(error = %e, "connection ended with an error");
+                            }
+                            return;
+                        }
+                        _ = drain.cancelled(), if !closing => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                        _ = idle(&activity, cfg.keep_alive_timeout), if !closing => {
+                            tracing::debug!("keep-alive idle timeout");
+                            conn.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                    }
+                }
+            }
+            .instrument(tracing::debug_span!("conn", %peer)),
+        );
+    }
+}
+
+/// Waits for a free connection slot under `max-connections` (live config), then accepts.
+async fn accept(
+    listener: &TcpListener,
+    limit: &ConnLimit,
+    act: &Activator,
+) -> io::Result<(TcpStream, SocketAddr)> {
+    loop {
+        let max = act.deps.config.load().max_connections;
+        let notified = limit.closed.notified();
+        if limit.open.load(SeqCst) < max {
+            break;
+        }
+        notified.await;
+    }
+    loop {
+        match listener.accept().await {
+            Ok(pair) => {
+                limit.open.fetch_add(1, SeqCst);
+                return Ok(pair);
+            }
+            // Per-connection failures (reset before accept, fd exhaustion) must not stop the
+            // listener; back off briefly on resource errors.
+            Err(e) if is_transient(&e) => {
+                tracing::warn!(error = %e, "accept failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    ) || e.raw_os_error().is_some_and(|c| c == 24 || c == 23) // EMFILE, ENFILE
+}
+
+/// Resolves once the connection has had no request in progress and no new request for a whole
+/// `keep_alive` period (checked every `keep_alive`, so an idle connection closes after one to
+/// two periods). Never resolves when `keep_alive` is zero. Note that hyper's HTTP/1 header-read
+/// timer also runs while an HTTP/1 connection waits for its next request, so an idle HTTP/1
+/// connection closes after min(header-read-timeout, keep-alive-timeout).
+async fn idle(activity: &ConnActivity, keep_alive: Duration) {
+    if keep_alive.is_zero() {
+        // 0 disables the idle timeout rather than spinning.
+        return std::future::pending().await;
+    }
+    loop {
+        let (_, before) = activity.load();
+        tokio::time::sleep(keep_alive).await;
+        let (active, after) = activity.load();
+        if active == 0 && after == before {
+            return;
+        }
+    }
+}
+
+/// The data-port protocol settings from the live config. hyper's own caps sit above the
+/// configured header limits, so the client gets our 431 with a reason rather than hyper's bare
+/// one; hyper's cap still bounds the bytes buffered per connection.
+fn data_builder(cfg: &ActivatorConfig) -> auto::Builder<TokioExecutor> {
+    let header_bytes = (cfg.max_header_bytes as usize)
+        .saturating_mul(2)
+        .max(16 * 1024)
+        + 8192;
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(
+            (!cfg.header_read_timeout.is_zero()).then_some(cfg.header_read_timeout),
+        )
+        .keep_alive(true)
+        .max_buf_size(header_bytes.max(8192))
+        .max_headers((cfg.max_header_count as usize).saturating_mul(2) + 16);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(cfg.h2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(header_bytes).unwrap_or(u32::MAX));
+    b
+}

@@ -1,0 +1,407 @@
+//! Per-revision capacity and the bounded, FIFO wait queue.
+//!
+//! Capacity is containerConcurrency × ready endpoints (unbounded per endpoint at cc 0). A request
+//! takes a slot on one endpoint (the [`Balancer`] picks and reserves it) and holds it in an
+//! [`InFlight`] guard; dropping the guard gives the slot back, so a cancelled request can never
+//! leak capacity.
+//!
+//! When no endpoint has room the request waits in the revision's queue, bounded by the
+//! revision's `queue_depth` and by a [`HeldBudget`] shared by every revision. Waiters are served
+//! strictly in arrival order, and only when something frees capacity: a finished request hands
+//! its slot on, an endpoint update dispatches to the new endpoints. There is no polling and no
+//! re-enqueue loop.
+//!
+//! Wake-up without a lost slot: a releaser decrements the endpoint's count and then reads the
+//! queue's waiter count; a waiter increments the waiter count (under the queue lock) and then
+//! picks. Both are `SeqCst`, so at least one side sees the other and a free slot is never left
+//! unused while someone waits.
+//!
+//! Warm-up at containerConcurrency 0: an endpoint that appears while requests are held gets a
+//! limit of `initial_burst` in flight. Held requests flow to it at that pace — the burst at once,
+//! then one per finished request — until the revision holds nothing, when the limit is lifted.
+//! At cc > 0 the per-endpoint limit (cc) already paces a waking pod.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::oneshot;
+use tokio::time::{Duration, Instant};
+
+use super::balancer::{Balancer, Policy};
+use super::endpoint::{Endpoint, UNLIMITED};
+use crate::platform::{EndpointSnapshot, EndpointStatus};
+
+pub use limits::{HeldBudget, HoldLimits, Rejection};
+use queue::{Queue, Waiting};
+
+/// A slot on one endpoint. Dropping it gives the slot back and hands it to the next waiter.
+#[derive(Debug)]
+pub struct InFlight {
+    shared: Arc<Shared>,
+    endpoint: Arc<Endpoint>,
+}
+
+impl InFlight {
+    /// The endpoint to forward to.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint.addr()
+    }
+
+    /// The endpoint's accounting (its authority and Host value are formatted once).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.endpoint.release() {
+            (self.shared.on_drained)(self.endpoint.addr());
+        }
+        if self.shared.queued.load(SeqCst) > 0 {
+            self.shared.dispatch();
+        }
+    }
+}
+
+/// An admitted request: its slot, and how long it was held (None when it never waited).
+#[derive(Debug)]
+pub struct Admission {
+    /// The slot.
+    pub in_flight: InFlight,
+    /// How long the request waited in the queue.
+    pub held_for: Option<Duration>,
+}
+
+/// One revision's throttler. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Throttler {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Throttler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Throttler")
+            .field("ready", &self.ready_count())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// The endpoints one request can be admitted to, swapped whole on every update.
+#[derive(Debug)]
+struct EndpointSet {
+    /// Sorted by address.
+    ready: Vec<Arc<Endpoint>>,
+    terminating: Vec<Arc<Endpoint>>,
+    balancer: Arc<Balancer>,
+}
+
+struct Shared {
+    endpoints: ArcSwap<EndpointSet>,
+    /// The reason while the platform reports the revision Failing.
+    failing: ArcSwapOption<Arc<str>>,
+    queue: Mutex<Queue>,
+    /// Serialises `update` (the endpoint task and spec changes), so two updates never build
+    /// different `Endpoint`s for one address.
+    update_lock: Mutex<()>,
+    /// Live waiters; mirrors `Queue::live` for the lock-free fast path and release check.
+    queued: AtomicUsize,
+    budget: Arc<HeldBudget>,
+    /// The revision's `thaw_activator_held_requests` gauge, moved with `queued`.
+    held_gauge: Gauge,
+    on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("queued", &self.queued)
+            .finish()
+    }
+}
+
+impl Throttler {
+    /// A throttler with no endpoints. `on_drained` is called (from whichever task releases the
+    /// last slot, so it must not block) when a terminating endpoint has nothing left in flight.
+    /// `held_gauge` follows the number of held requests.
+    pub fn new(
+        budget: Arc<HeldBudget>,
+        held_gauge: Gauge,
+        on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                endpoints: ArcSwap::from_pointee(EndpointSet {
+                    ready: Vec::new(),
+                    terminating: Vec::new(),
+                    balancer: Arc::new(Balancer::new(Policy::RandomChoiceOfTwo)),
+                }),
+                failing: ArcSwapOption::empty(),
+                queue: Mutex::new(Queue {
+                    waiters: VecDeque::new(),
+                    live: 0,
+                    removed: false,
+                }),
+                update_lock: Mutex::new(()),
+                queued: AtomicUsize::new(0),
+                budget,
+                held_gauge,
+                on_drained,
+            }),
+        }
+    }
+
+    /// Admits at once if a slot is free and nobody is waiting (FIFO: a newcomer never overtakes
+    /// a held request). Lock-free.
+    #[inline]
+    pub fn try_acquire(&self) -> Option<InFlight> {
+        let s = &self.shared;
+        if s.queued.load(SeqCst) > 0 {
+            return None;
+        }
+        let set = s.endpoints.load();
+        let endpoint = set.balancer.pick(&set.ready)?;
+        Some(InFlight {
+            shared: s.clone(),
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// A slot on any ready endpoint other than `avoid` (for a retry after a connect failure),
+    /// without waiting. Ignores the queue: the caller was already admitted once.
+    pub fn try_acquire_avoiding(&self, avoid: &[SocketAddr]) -> Option<InFlight> {
+        let set = self.shared.endpoints.load();
+        let endpoint = set
+            .ready
+            .iter()
+            .filter(|e| !avoid.contains(&e.addr()))
+            .find(|e| e.has_room() && e.try_reserve())?;
+        Some(InFlight {
+            shared: self.shared.clone(),
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// Admits the request, holding it in the queue until a slot frees, the revision fails or is
+    /// removed, or `deadline` passes. Refuses at once when the revision is failing or a queue
+    /// bound is reached. Cancel-safe: dropping the future leaves the queue and returns any slot
+    /// it was handed.
+    pub async fn acquire(
+        &self,
+        limits: HoldLimits,
+        deadline: Instant,
+    ) -> Result<Admission, Rejection> {
+        if let Some(reason) = self.shared.failing_reason() {
+            return Err(Rejection::Failing(reason));
+        }
+        if let Some(in_flight) = self.try_acquire() {
+            return Ok(Admission {
+                in_flight,
+                held_for: None,
+            });
+        }
+        let started = Instant::now();
+        let mut waiting = self.enqueue(limits)?;
+        let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
+            Ok(Ok(outcome)) => outcome,
+            // The sender is only dropped by `remove`'s drain, which sends first.
+            Ok(Err(_)) => Err(Rejection::Removed),
+            Err(_) => match waiting.cancel() {
+                // Dispatched in the same instant the deadline fired: take the slot.
+                Some(outcome) => outcome,
+                None => Err(Rejection::HoldTimeout {
+                    waited: started.elapsed(),
+                }),
+            },
+        };
+        waiting.done = true;
+        outcome.map(|in_flight| Admission {
+            in_flight,
+            held_for: Some(started.elapsed()),
+        })
+    }
+
+    fn enqueue(&self, limits: HoldLimits) -> Result<Waiting, Rejection> {
+        let s = &self.shared;
+        let (tx, rx) = oneshot::channel();
+        let mut q = s.lock();
+        if q.removed {
+            return Err(Rejection::Removed);
+        }
+        if let Some(reason) = s.failing_reason() {
+            return Err(Rejection::Failing(reason));
+        }
+        if q.live >= limits.queue_depth as usize {
+            return Err(Rejection::QueueFull {
+                depth: limits.queue_depth,
+            });
+        }
+        if !s.budget.try_take(limits.max_held) {
+            return Err(Rejection::HeldCapReached {
+                cap: limits.max_held,
+            });
+        }
+        q.live += 1;
+        s.queued.fetch_add(1, SeqCst);
+        s.held_gauge.inc();
+        if q.waiters.len() > 2 * q.live + 64 {
+            q.waiters.retain(|w| !w.is_closed());
+        }
+        q.waiters.push_back(tx);
+        let leftover = s.dispatch_locked(&mut q);
+        drop(q);
+        drop(leftover);
+        Ok(Waiting {
+            shared: s.clone(),
+            rx,
+            done: false,
+        })
+    }
+
+    /// Applies an endpoint snapshot: new endpoints get limits for `container_concurrency`
+    /// (warm-up bursts of `initial_burst` at cc 0 while requests are held), endpoints that left
+    /// `ready` stop receiving requests, idle terminating ones are reported drained, and held
+    /// requests are dispatched — or, when the status is Failing, answered at once.
+    pub fn update(
+        &self,
+        snapshot: &EndpointSnapshot,
+        container_concurrency: u32,
+        initial_burst: u32,
+    ) {
+        let s = &self.shared;
+        let _serial = s.update_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let old = s.endpoints.load_full();
+        let mut known: HashMap<SocketAddr, Arc<Endpoint>> = old
+            .ready
+            .iter()
+            .chain(old.terminating.iter())
+            .map(|e| (e.addr(), e.clone()))
+            .collect();
+        let held = s.queued.load(SeqCst) > 0;
+        let mut ready: Vec<Arc<Endpoint>> = Vec::with_capacity(snapshot.ready.len());
+        for addr in &snapshot.ready {
+            let e = known
+                .remove(addr)
+                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+            e.revive();
+            match container_concurrency {
+                0 if e.is_warming() => {}
+                0 if held && initial_burst > 0 && e.in_flight() == 0 => {
+                    e.set_limit(initial_burst, true)
+                }
+                0 => e.set_limit(UNLIMITED, false),
+                cc => e.set_limit(cc, false),
+            }
+            ready.push(e);
+        }
+        ready.sort_by_key(|e| e.addr());
+        ready.dedup_by_key(|e| e.addr());
+        let mut terminating = Vec::with_capacity(snapshot.terminating.len());
+        for addr in &snapshot.terminating {
+            let e = known
+                .remove(addr)
+                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+            if e.terminate() {
+                (s.on_drained)(*addr);
+            }
+            terminating.push(e);
+        }
+        for gone in known.into_values() {
+            gone.retire();
+        }
+        let policy = Policy::for_concurrency(container_concurrency);
+        let balancer = if old.balancer.policy() == policy {
+            old.balancer.clone() // keeps the round-robin cursor
+        } else {
+            Arc::new(Balancer::new(policy))
+        };
+        s.endpoints.store(Arc::new(EndpointSet {
+            ready,
+            terminating,
+            balancer,
+        }));
+        match &snapshot.status {
+            EndpointStatus::Failing { reason } => {
+                s.failing.store(Some(Arc::new(reason.clone())));
+                self.reject_all(Rejection::Failing(reason.clone()));
+            }
+            EndpointStatus::Ok => {
+                s.failing.store(None);
+                s.dispatch();
+            }
+        }
+    }
+
+    /// The revision left the catalog: held requests are answered `Removed` and nothing is
+    /// admitted any more.
+    pub fn remove(&self) {
+        self.shared.lock().removed = true;
+        self.reject_all(Rejection::Removed);
+    }
+
+    fn reject_all(&self, why: Rejection) {
+        let s = &self.shared;
+        let mut q = s.lock();
+        while let Some(w) = q.waiters.pop_front() {
+            if w.is_closed() {
+                continue;
+            }
+            s.left_queue(&mut q);
+            let _ = w.send(Err(why.clone()));
+        }
+    }
+
+    /// Requests waiting now.
+    pub fn held(&self) -> usize {
+        self.shared.queued.load(SeqCst)
+    }
+
+    /// Ready endpoints now.
+    pub fn ready_count(&self) -> usize {
+        self.shared.endpoints.load().ready.len()
+    }
+
+    /// The platform's failure reason while the revision is Failing.
+    pub fn failing(&self) -> Option<Arc<str>> {
+        self.shared.failing_reason()
+    }
+
+    /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating.
+    pub fn endpoints(&self) -> Vec<EndpointView> {
+        let set = self.shared.endpoints.load();
+        set.ready
+            .iter()
+            .chain(set.terminating.iter())
+            .map(|e| EndpointView {
+                addr: e.addr(),
+                in_flight: e.in_flight(),
+                limit: (e.limit() != UNLIMITED).then(|| e.limit()),
+                terminating: e.is_terminating(),
+            })
+            .collect()
+    }
+}
+
+/// A read-only view of one endpoint, for the admin API and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointView {
+    /// The endpoint.
+    pub addr: SocketAddr,
+    /// Requests in flight to it.
+    pub in_flight: u32,
+    /// Its limit; `None` = unlimited.
+    pub limit: Option<u32>,
+    /// Whether it left `ready`.
+    pub terminating: bool,
+}
+
+mod limits;
+mod queue;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+//! RAII accounting of one request: its concurrency count (arrival to response end, held time
+//! included), its endpoint slot, and its client connection's activity. Dropping the ticket —
+//! answered, failed or cancelled — undoes all three, so nothing leaks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+
+use tokio::time::Instant;
+
+use super::rev_state::RevisionState;
+use super::throttler::InFlight;
+
+/// One client connection's activity, for the keep-alive idle timeout. It also owns the
+/// connection's place under `max-connections` (`slot`), released when the last holder drops: the
+/// connection task, and any websocket tunnel that outlives it (a tunnel is a connection too).
+#[derive(Default)]
+pub struct ConnActivity {
+    _slot: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Requests on this connection whose response has not finished.
+    active: AtomicU32,
+    /// Bumped by every request start; an unchanged value means no new request.
+    started: AtomicU64,
+}
+
+impl std::fmt::Debug for ConnActivity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnActivity")
+            .field("active", &self.active)
+            .field("started", &self.started)
+            .finish()
+    }
+}
+
+impl ConnActivity {
+    /// Activity of a connection whose `slot` (any guard) is released when this is dropped.
+    pub fn holding(slot: impl Send + Sync + 'static) -> Self {
+        Self {
+            _slot: Some(Box::new(slot)),
+            ..Default::default()
+        }
+    }
+
+    /// Marks a request as started on this connection until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> ConnActive {
+        self.active.fetch_add(1, SeqCst);
+        self.started.fetch_add(1, SeqCst);
+        ConnActive(self.clone())
+    }
+
+    /// (requests active now, requests ever started).
+    pub fn load(&self) -> (u32, u64) {
+        (self.active.load(SeqCst), self.started.load(SeqCst))
+    }
+}
+
+/// A request in progress on a connection.
+#[derive(Debug)]
+pub struct ConnActive(Arc<ConnActivity>);
+
+impl Drop for ConnActive {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, SeqCst);
+    }
+}
+
+/// One routed request's accounting.
+#[derive(Debug)]
+pub struct Ticket {
+    state: Arc<RevisionState>,
+    slot: Option<InFlight>,
+    _conn: Option<ConnActive>,
+}
+
+impl Ticket {
+    /// Counts the request as present in its revision from now on.
+    pub fn arrive(state: Arc<RevisionState>, conn: Option<ConnActive>) -> Self {
+        let now = Instant::now();
+        state.window(|w| w.arrive(now));
+        Self {
+            state,
+            slot: None,
+            _conn: conn,
+        }
+    }
+
+    /// The revision this request was routed to.
+    pub fn state(&self) -> &Arc<RevisionState> {
+        &self.state
+    }
+
+    /// The endpoint slot, once admitted.
+    pub fn slot(&self) -> Option<&InFlight> {
+        self.slot.as_ref()
+    }
+
+    /// Attaches the endpoint slot the request was admitted to.
+    pub fn set_slot(&mut self, slot: InFlight) {
+        if self.slot.replace(slot).is_none() {
+            self.state.metrics.in_flight.inc();
+        }
+    }
+
+    /// Gives the endpoint slot back early (before a retry on another endpoint).
+    pub fn release_slot(&mut self) {
+        if self.slot.take().is_some() {
+            self.state.metrics.in_flight.dec();
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.release_slot();
+        let now = Instant::now();
+        self.state.window(|w| w.depart(now));
+    }
+}

@@ -1,0 +1,269 @@
+//! Metrics of the activator: requests, holds, overflow, upstream errors and cold-start phases.
+//!
+//! Families are registered once in [`ActivatorMetrics::register`]. The request path never looks
+//! labels up: [`ActivatorMetrics::revision`] resolves one [`RevisionMetrics`] per revision when
+//! the revision's state is created, and the state keeps it.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::revision::RevisionKey;
+
+/// Labels of per-revision series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RevisionLabels {
+    pub namespace: String,
+    pub revision: String,
+}
+
+/// Labels of `thaw_activator_requests_total`: the revision and the status code answered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub namespace: String,
+    pub revision: String,
+    pub code: u16,
+}
+
+/// The phases of a cold start, from the activator's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum ColdStartPhase {
+    /// First held request (the poke) -> the scaler's decision (`ScaleState::decided_at`).
+    PokeToDecision,
+    /// The decision -> the first endpoint snapshot with a ready endpoint.
+    DecisionToReady,
+    /// The poke -> the first ready endpoint (the whole wake-up, decision or not).
+    PokeToReady,
+    /// The first ready endpoint -> the first response forwarded to a client.
+    ReadyToFirstByte,
+}
+
+/// Labels of `thaw_activator_cold_start_phase_seconds`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: ColdStartPhase,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn hold_histogram() -> Histogram {
+    // 1 ms .. ~65 s: a warm pick is far below the first bucket, a cold start lands mid-range.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every activator metric family.
+#[derive(Debug, Clone)]
+pub struct ActivatorMetrics {
+    /// `thaw_activator_requests_total{namespace,revision,code}`: requests answered.
+    pub requests: Family<CodeLabels, Counter>,
+    /// `thaw_activator_held_requests{namespace,revision}`: requests waiting in the revision's
+    /// queue now (the queue-depth gauge).
+    pub held: Family<RevisionLabels, Gauge>,
+    /// `thaw_activator_in_flight_requests{namespace,revision}`: requests forwarded and not yet
+    /// finished.
+    pub in_flight: Family<RevisionLabels, Gauge>,
+    /// `thaw_activator_ready_endpoints{namespace,revision}`.
+    pub ready_endpoints: Family<RevisionLabels, Gauge>,
+    /// `thaw_activator_hold_seconds{namespace,revision}`: how long held requests waited.
+    pub hold_seconds: HistogramFamily<RevisionLabels>,
+    /// `thaw_activator_overflow_total{namespace,revision}`: 503s because a queue was full.
+    pub overflow: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_hold_timeouts_total{namespace,revision}`: 504s after cold-wait.
+    pub hold_timeouts: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_upstream_errors_total{namespace,revision}`: connect failures (after
+    /// retries), response-start/idle timeouts and upstream failures mid-response.
+    pub upstream_errors: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_retries_total{namespace,revision}`: retries on another endpoint after a
+    /// connect failure.
+    pub retries: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_cold_starts_total{namespace,revision}`: pokes sent for a cold revision.
+    pub cold_starts: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_cold_start_phase_seconds{phase}`.
+    pub cold_start_phase: HistogramFamily<PhaseLabels>,
+    /// `thaw_activator_connections`: open client connections on the data port.
+    pub connections: Gauge,
+}
+
+impl ActivatorMetrics {
+    /// Registers every family in `reg` (the `thaw` prefix comes from the registry).
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            held: Family::default(),
+            in_flight: Family::default(),
+            ready_endpoints: Family::default(),
+            hold_seconds: Family::new_with_constructor(hold_histogram),
+            overflow: Family::default(),
+            hold_timeouts: Family::default(),
+            upstream_errors: Family::default(),
+            retries: Family::default(),
+            cold_starts: Family::default(),
+            cold_start_phase: Family::new_with_constructor(hold_histogram),
+            connections: Gauge::default(),
+        };
+        let r = reg;
+        r.register(
+            "activator_requests",
+            "Requests answered by the activator",
+            m.requests.clone(),
+        );
+        r.register(
+            "activator_held_requests",
+            "Requests held now",
+            m.held.clone(),
+        );
+        r.register(
+            "activator_in_flight_requests",
+            "Requests forwarded now",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "activator_ready_endpoints",
+            "Ready endpoints",
+            m.ready_endpoints.clone(),
+        );
+        r.register(
+            "activator_hold_seconds",
+            "Time requests were held",
+            m.hold_seconds.clone(),
+        );
+        r.register(
+            "activator_overflow",
+            "Requests refused: queue full",
+            m.overflow.clone(),
+        );
+        r.register(
+            "activator_hold_timeouts",
+            "Held past cold-wait",
+            m.hold_timeouts.clone(),
+        );
+        r.register(
+            "activator_upstream_errors",
+            "Upstream failures",
+            m.upstream_errors.clone(),
+        );
+        r.register("activator_retries", "Connect retries", m.retries.clone());
+        r.register(
+            "activator_cold_starts",
+            "Cold starts (pokes)",
+            m.cold_starts.clone(),
+        );
+        r.register(
+            "activator_cold_start_phase_seconds",
+            "Cold-start phases: poke, decision, ready, first byte",
+            m.cold_start_phase.clone(),
+        );
+        r.register(
+            "activator_connections",
+            "Open client connections",
+            m.connections.clone(),
+        );
+        m
+    }
+
+    /// Resolves every per-revision child once. Call when a revision's state is created; call
+    /// [`ActivatorMetrics::forget`] when it is removed.
+    pub fn revision(&self, key: &RevisionKey) -> RevisionMetrics {
+        let labels = RevisionLabels {
+            namespace: key.namespace.to_string(),
+            revision: key.name.to_string(),
+        };
+        RevisionMetrics {
+            held: self.held.get_or_create_owned(&labels),
+            in_flight: self.in_flight.get_or_create_owned(&labels),
+            ready_endpoints: self.ready_endpoints.get_or_create_owned(&labels),
+            hold_seconds: self.hold_seconds.get_or_create_owned(&labels),
+            overflow: self.overflow.get_or_create_owned(&labels),
+            hold_timeouts: self.hold_timeouts.get_or_create_owned(&labels),
+            upstream_errors: self.upstream_errors.get_or_create_owned(&labels),
+            retries: self.retries.get_or_create_owned(&labels),
+            cold_starts: self.cold_starts.get_or_create_owned(&labels),
+            codes: Default::default(),
+            family: self.requests.clone(),
+            labels,
+        }
+    }
+
+    /// Removes a removed revision's series so the exposition does not grow without bound.
+    pub fn forget(&self, key: &RevisionKey) {
+        let labels = RevisionLabels {
+            namespace: key.namespace.to_string(),
+            revision: key.name.to_string(),
+        };
+        self.held.remove(&labels);
+        self.in_flight.remove(&labels);
+        self.ready_endpoints.remove(&labels);
+        self.hold_seconds.remove(&labels);
+        self.overflow.remove(&labels);
+        self.hold_timeouts.remove(&labels);
+        self.upstream_errors.remove(&labels);
+        self.retries.remove(&labels);
+        self.cold_starts.remove(&labels);
+        // Codes are few and not enumerable cheaply; keep them (they stay correct totals).
+    }
+
+    /// Observes one cold-start phase.
+    pub fn observe_phase(&self, phase: ColdStartPhase, seconds: f64) {
+        self.cold_start_phase
+            .get_or_create(&PhaseLabels { phase })
+            .observe(seconds);
+    }
+}
+
+/// Status codes whose counters are cached per revision (the rest are resolved per answer).
+const CACHED_CODES: [u16; 16] = [
+    200, 201, 204, 301, 302, 304, 400, 401, 403, 404, 431, 500, 502, 503, 504, 101,
+];
+
+/// One revision's metric handles, resolved once. Incrementing is a plain atomic add.
+#[derive(Debug)]
+pub struct RevisionMetrics {
+    /// `thaw_activator_held_requests` (moved by the throttler).
+    pub held: Gauge,
+    /// `thaw_activator_in_flight_requests`.
+    pub in_flight: Gauge,
+    /// `thaw_activator_ready_endpoints`.
+    pub ready_endpoints: Gauge,
+    /// `thaw_activator_hold_seconds`.
+    pub hold_seconds: Histogram,
+    /// `thaw_activator_overflow_total`.
+    pub overflow: Counter,
+    /// `thaw_activator_hold_timeouts_total`.
+    pub hold_timeouts: Counter,
+    /// `thaw_activator_upstream_errors_total`.
+    pub upstream_errors: Counter,
+    /// `thaw_activator_retries_total`.
+    pub retries: Counter,
+    /// `thaw_activator_cold_starts_total`.
+    pub cold_starts: Counter,
+    /// Counters of the common codes, each resolved on first use.
+    codes: [OnceLock<Counter>; CACHED_CODES.len()],
+    family: Family<CodeLabels, Counter>,
+    labels: RevisionLabels,
+}
+
+impl RevisionMetrics {
+    /// Counts one answer with status `code`. Common codes cost one atomic add after their first
+    /// use; others take a family lookup.
+    pub fn answered(&self, code: u16) {
+        match CACHED_CODES.iter().position(|&c| c == code) {
+            Some(i) => self.codes[i]
+                .get_or_init(|| self.family.get_or_create_owned(&self.code_labels(code)))
+                .inc(),
+            None => self.family.get_or_create(&self.code_labels(code)).inc(),
+        };
+    }
+
+    fn code_labels(&self, code: u16) -> CodeLabels {
+        CodeLabels {
+            namespace: self.labels.namespace.clone(),
+            revision: self.labels.revision.clone(),
+            code,
+        }
+    }
+}

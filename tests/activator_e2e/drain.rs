@@ -1,0 +1,84 @@
+//! Graceful drain: readiness fails at once, held requests still finish, then serve returns.
+
+use std::time::Duration;
+
+use thaw::config::ActivatorConfig;
+use thaw::revision::RevisionKey;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn drain_fails_readiness_and_finishes_held_requests_http1() {
+    drain_finishes_held_requests(false).await;
+}
+
+/// Over h2c the held stream finishes after the connection was told to go away (GOAWAY).
+#[tokio::test]
+async fn drain_fails_readiness_and_finishes_held_requests_h2c() {
+    drain_finishes_held_requests(true).await;
+}
+
+async fn drain_finishes_held_requests(h2: bool) {
+    let rev = RevisionKey::new("default", "d");
+    let cfg = ActivatorConfig {
+        drain_delay: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("d", 0)], cfg).await;
+    let (status, _) = admin_get(h.admin, "/readyz").await;
+    assert_eq!(status, 200);
+    let c = if h2 { h2_client() } else { client() };
+    let (c2, req) = (c.clone(), h.get(&rev, "/"));
+    let held = tokio::spawn(async move { send(&c2, req).await });
+    h.wait_held(&rev, 1).await;
+    h.shutdown();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = admin_get(h.admin, "/readyz").await;
+        if status == 503 {
+            assert_eq!(body, "draining\n");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readiness never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let up = Upstream::start().await;
+    h.endpoints.set_ready(&rev, vec![up.addr]);
+    let (status, _, body) = held.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let served = h.served.take().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), served).await;
+    result
+        .expect("serve returned after drain")
+        .unwrap()
+        .unwrap();
+    // The listener is closed now.
+    assert!(tokio::net::TcpStream::connect(h.data).await.is_err());
+}
+
+#[tokio::test]
+async fn drain_timeout_cuts_requests_that_never_finish() {
+    let rev = RevisionKey::new("default", "stuck");
+    let cfg = ActivatorConfig {
+        drain_delay: Duration::ZERO,
+        drain_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("stuck", 0)], cfg).await;
+    let c = client();
+    let (c2, req) = (c.clone(), h.get(&rev, "/"));
+    let held = tokio::spawn(async move { c2.request(req).await });
+    h.wait_held(&rev, 1).await;
+    h.shutdown();
+    let served = h.served.take().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), served).await;
+    result
+        .expect("serve returned at the drain timeout")
+        .unwrap()
+        .unwrap();
+    assert!(held.await.unwrap().is_err(), "the held request was cut");
+}

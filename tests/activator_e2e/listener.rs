@@ -1,0 +1,108 @@
+//! Listener limits from `config-activator`: header-read timeout, keep-alive idle timeout and
+//! max connections, on raw TCP so the test sees exactly what the server does.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use thaw::config::ActivatorConfig;
+use thaw::revision::RevisionKey;
+
+use crate::harness::*;
+
+const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nKnative-Serving-Namespace: default\r\n\
+Knative-Serving-Revision: r\r\n\r\n";
+
+/// Reads until the connection closes (Ok(bytes)) or `limit` passes (Err).
+async fn read_to_close(tcp: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, ()> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(limit, async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .map_err(|_| ())?;
+    Ok(all)
+}
+
+/// Reads one response head (until the blank line).
+async fn read_head(tcp: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before a response");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn slow_client_headers_time_out() {
+    let cfg = ActivatorConfig {
+        header_read_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap(); // never finishes
+    read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("the server closed the slow connection");
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed() {
+    let up = Upstream::start().await;
+    let cfg = ActivatorConfig {
+        keep_alive_timeout: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(REQUEST).await.unwrap();
+    assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("idle connection closed");
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+    let up = Upstream::start().await;
+    let cfg = ActivatorConfig {
+        max_connections: 1,
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut first = TcpStream::connect(h.data).await.unwrap();
+    first.write_all(REQUEST).await.unwrap();
+    assert!(read_head(&mut first).await.starts_with("HTTP/1.1 200"));
+    // The second connection sits in the backlog: no answer while the first stays open.
+    let mut second = TcpStream::connect(h.data).await.unwrap();
+    second.write_all(REQUEST).await.unwrap();
+    let mut buf = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(200), second.read(&mut buf)).await;
+    assert!(early.is_err(), "served beyond max-connections");
+    drop(first);
+    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut second)).await;
+    assert!(
+        head.expect("served once a slot freed")
+            .starts_with("HTTP/1.1 200")
+    );
+    h.shutdown();
+}

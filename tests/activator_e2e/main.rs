@@ -1,0 +1,9 @@
+//! Integration tests of the activator on real sockets: a real `Activator::serve` on ephemeral
+//! loopback ports, real hyper upstreams and clients, endpoint snapshots fed by hand.
+
+mod drain;
+mod harness;
+mod hold;
+mod listener;
+mod proxy;
+mod timeouts;

@@ -1,0 +1,326 @@
+//! Forwarding: routing errors, header limits, upstream failures, retries, h2c, websocket
+//! upgrades, streaming, probes and terminating endpoints.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use thaw::config::ActivatorConfig;
+use thaw::revision::{CatalogSnapshot, Protocol, RevisionKey};
+
+use crate::harness::*;
+
+fn rev(name: &str) -> RevisionKey {
+    RevisionKey::new("default", name)
+}
+
+#[tokio::test]
+async fn unknown_revision_and_unknown_host_get_404_with_a_reason() {
+    let mut h = Harness::start(vec![spec("known", 0)], ActivatorConfig::default()).await;
+    let c = client();
+    let (status, _, body) = send(&c, h.get(&rev("nope"), "/")).await;
+    assert_eq!(status, 404);
+    assert_eq!(body, "revision default/nope not found\n");
+    let req = Request::get(format!("http://{}/", h.data))
+        .header("host", "other.example.com")
+        .body(Default::default())
+        .unwrap();
+    let (status, _, body) = send(&c, req).await;
+    assert_eq!(status, 404);
+    assert!(body.contains("other.example.com"), "{body}");
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn routes_by_host_table() {
+    let mut s = spec("hello-00001", 0);
+    s.hosts = vec!["hello-00001.default.example.com".into()];
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![], ActivatorConfig::default()).await;
+    h.catalog.store(CatalogSnapshot::new(
+        [s],
+        [("hello.default.example.com".to_string(), rev("hello-00001"))],
+    ));
+    h.endpoints.set_ready(&rev("hello-00001"), vec![up.addr]);
+    for host in [
+        "hello.default.example.com",
+        "HELLO-00001.default.example.com:80",
+    ] {
+        let req = Request::get(format!("http://{}/", h.data))
+            .header("host", host)
+            .body(Default::default())
+            .unwrap();
+        let (status, _, body) = send(&client(), req).await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn oversized_headers_get_431_with_a_reason() {
+    let cfg = ActivatorConfig {
+        max_header_count: 20,
+        max_header_bytes: 1024,
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    let c = client();
+    let mut req = h.get(&rev("r"), "/");
+    for i in 0..30 {
+        req.headers_mut().insert(
+            http::HeaderName::try_from(format!("x-h{i}")).unwrap(),
+            "v".parse().unwrap(),
+        );
+    }
+    let (status, _, body) = send(&c, req).await;
+    assert_eq!(status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert!(body.contains("header count"), "{body}");
+    let mut req = h.get(&rev("r"), "/");
+    req.headers_mut()
+        .insert("x-big", "a".repeat(2000).parse().unwrap());
+    let (status, _, body) = send(&c, req).await;
+    assert_eq!(status, 431);
+    assert!(body.contains("header bytes"), "{body}");
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn upstream_dying_mid_response_reaches_the_client_and_frees_the_slot() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("r", 1)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("r"), vec![up.addr]);
+    let c = client();
+    let resp = c.request(h.get(&rev("r"), "/die")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let err = resp.into_body().collect().await;
+    assert!(err.is_err(), "the client must see the broken body");
+    // cc = 1: a leaked slot would hold the next request forever.
+    let next = tokio::time::timeout(Duration::from_secs(5), send(&c, h.get(&rev("r"), "/"))).await;
+    assert_eq!(next.expect("slot was released").0, 200);
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains(
+            "thaw_activator_upstream_errors_total{namespace=\"default\",revision=\"r\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(h.revision(&rev("r")).await["in_flight"], 0);
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn connect_refused_is_retried_on_another_endpoint() {
+    // First-available (cc 1) tries endpoints in address order: the dead one (127.0.0.1) first.
+    let dead = dead_addr("127.0.0.1").await;
+    let up = Upstream::start_on("127.0.0.2:0").await;
+    let mut h = Harness::start(vec![spec("r", 1)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("r"), vec![up.addr, dead]);
+    let c = client();
+    for _ in 0..3 {
+        let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(up.served.load(SeqCst), 3);
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("thaw_activator_retries_total{namespace=\"default\",revision=\"r\"} 3"),
+        "{metrics}"
+    );
+    // With only the dead endpoint left: 502 with the reason.
+    h.endpoints.set_ready(&rev("r"), vec![dead]);
+    h.wait_endpoints(&rev("r"), &[dead]).await;
+    let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("could not connect"), "{body}");
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn h2c_passes_through_both_ways() {
+    let up = Upstream::start().await;
+    let mut s = spec("grpc", 0);
+    s.protocol = Protocol::H2c;
+    let mut h = Harness::start(vec![s, spec("plain", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("grpc"), vec![up.addr]);
+    h.endpoints.set_ready(&rev("plain"), vec![up.addr]);
+    // h2c client -> activator -> h2c upstream.
+    let (status, headers, _) = send(&h2_client(), h.get(&rev("grpc"), "/headers")).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-version"], "HTTP/2.0");
+    // HTTP/1 client -> h2c upstream, and h2c client -> HTTP/1 upstream.
+    let (_, headers, _) = send(&client(), h.get(&rev("grpc"), "/headers")).await;
+    assert_eq!(headers["x-version"], "HTTP/2.0");
+    let (status, headers, body) = send(&h2_client(), h.get(&rev("plain"), "/headers")).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-version"], "HTTP/1.1");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        seen["k-original-host"],
+        h.data.to_string(),
+        "h2 :authority kept"
+    );
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn websocket_upgrade_passes_through() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("ws", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("ws"), vec![up.addr]);
+    let mut tcp = tokio::net::TcpStream::connect(h.data).await.unwrap();
+    let head = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: ws\r\n\r\n";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the response head");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(text.starts_with("http/1.1 101"), "{text}");
+    assert!(text.contains("upgrade: websocket"), "{text}");
+    tcp.write_all(b"ping over the tunnel").await.unwrap();
+    let mut echo = vec![0u8; 20];
+    tcp.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"ping over the tunnel");
+    assert_eq!(
+        h.revision(&rev("ws")).await["in_flight"],
+        1,
+        "the tunnel holds its slot"
+    );
+    drop(tcp);
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn streaming_response_chunks_are_flushed_as_they_come() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("s", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("s"), vec![up.addr]);
+    let chunks = up.next_stream();
+    chunks.send(Ok(Bytes::from_static(b"first"))).await.unwrap();
+    let resp = client().request(h.get(&rev("s"), "/stream")).await.unwrap();
+    let mut body = resp.into_body();
+    // The first chunk arrives while the upstream still holds the rest back.
+    let frame = tokio::time::timeout(Duration::from_secs(5), body.frame()).await;
+    let first = frame.expect("first chunk flushed").unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "first");
+    chunks
+        .send(Ok(Bytes::from_static(b"second")))
+        .await
+        .unwrap();
+    let second = body.frame().await.unwrap().unwrap();
+    assert_eq!(second.into_data().unwrap(), "second");
+    drop(chunks);
+    assert!(body.frame().await.is_none());
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn request_body_streams_to_the_upstream() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("e", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("e"), vec![up.addr]);
+    let payload = "x".repeat(256 * 1024);
+    let mut req = h.get(&rev("e"), "/echo");
+    *req.method_mut() = http::Method::POST;
+    *req.body_mut() = http_body_util::Full::new(Bytes::from(payload.clone()))
+        .map_err(|n| match n {})
+        .boxed();
+    let (status, _, body) = send(&client(), req).await;
+    assert_eq!(status, 200);
+    assert_eq!(body.len(), payload.len());
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn probes_are_answered_by_the_activator() {
+    let mut h = Harness::start(vec![], ActivatorConfig::default()).await;
+    let c = client();
+    let probe = |k: &str, v: &str| {
+        Request::get(format!("http://{}/", h.data))
+            .header(k, v)
+            .body(Default::default())
+            .unwrap()
+    };
+    let (status, _, body) = send(&c, probe("k-network-probe", "activator")).await;
+    assert_eq!((status.as_u16(), body.as_str()), (200, "activator"));
+    let (status, _, _) = send(&c, probe("user-agent", "kube-probe/1.30")).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = send(&c, probe("k-network-probe", "probe")).await;
+    assert_eq!(status, 400, "hash missing");
+    let (status, _) = admin_get(h.admin, "/healthz").await;
+    assert_eq!(status, 200);
+    let resp = client()
+        .request(
+            Request::get(format!("http://{}/metrics", h.admin))
+                .body(Default::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn terminating_endpoint_gets_no_new_requests_and_is_reported_drained() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("t", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("t"), vec![a.addr, b.addr]);
+    let c = client();
+    let chunks = a.next_stream();
+    // Keep one request in flight on `a` (the stream), whichever endpoint it lands on first.
+    let mut inflight = None;
+    for _ in 0..20 {
+        let resp = c.request(h.get(&rev("t"), "/stream")).await.unwrap();
+        if a.served.load(SeqCst) == 1 {
+            inflight = Some(resp);
+            break;
+        }
+    }
+    let inflight = inflight.expect("a request landed on endpoint a");
+    h.endpoints.set(
+        &rev("t"),
+        thaw::platform::EndpointSnapshot {
+            ready: vec![b.addr],
+            terminating: vec![a.addr],
+            ..Default::default()
+        },
+    );
+    h.wait_endpoints(&rev("t"), &[b.addr]).await;
+    let before = a.served.load(SeqCst);
+    for _ in 0..10 {
+        assert_eq!(send(&c, h.get(&rev("t"), "/")).await.0, 200);
+    }
+    assert_eq!(
+        a.served.load(SeqCst),
+        before,
+        "terminating endpoint got nothing new"
+    );
+    assert!(h.endpoints.drained_calls().is_empty());
+    drop(chunks);
+    let _ = inflight.into_body().collect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.endpoints.drained_calls().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "drained never reported"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(h.endpoints.drained_calls(), vec![(rev("t"), a.addr)]);
+    h.shutdown();
+}
