@@ -5,9 +5,11 @@
 //! - [`collector`]: stats from activators and queue sidecars into per-revision windows;
 //! - [`lifecycle`]: bounds and Knative's scale-to-zero rules per revision;
 //! - [`scaler`]: the loop that ties them to the catalog and the [`crate::platform::Platform`];
-//! - [`simulate`]: `thaw simulate`, a trace replayed through the real decider and scaler.
 
+pub mod collector;
 pub mod decider;
 pub mod delay;
+pub mod lifecycle;
 pub mod scaler;
+mod state;
 pub mod window;

@@ -5,6 +5,7 @@
 //! resolved once per revision and kept in that revision's state; the request path increments
 //! handles, it never looks labels up.
 
+pub mod autoscaler;
 pub mod config;
 
 use prometheus_client::encoding::text::encode;
@@ -16,6 +17,7 @@ use tracing_subscriber::EnvFilter;
 pub struct Telemetry {
     registry: Registry,
     pub config: config::ConfigMetrics,
+    pub autoscaler: autoscaler::AutoscalerMetrics,
 }
 
 impl Telemetry {
@@ -23,7 +25,12 @@ impl Telemetry {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("thaw");
         let config = config::ConfigMetrics::register(&mut registry);
-        Self { registry, config }
+        let autoscaler = autoscaler::AutoscalerMetrics::register(&mut registry);
+        Self {
+            registry,
+            config,
+            autoscaler,
+        }
     }
 
     /// The OpenMetrics text exposition of every family.
