@@ -199,7 +199,14 @@ impl Scaler {
         let mut added = Vec::new();
         for rev in snapshot.revisions() {
             match self.revisions.get_mut(&rev.key) {
-                Some(state) => state.spec = rev.autoscaling.clone(),
+                Some(state) => {
+                    if !Arc::ptr_eq(&state.spec, &rev.autoscaling) {
+                        // New window sizes take effect at the next decision.
+                        self.collector
+                            .watch(&rev.key, &rev.autoscaling, clock::second_of(now));
+                        state.spec = rev.autoscaling.clone();
+                    }
+                }
                 None => {
                     let endpoints = self.platform.endpoints(&rev.key);
                     let state = RevisionState::new(

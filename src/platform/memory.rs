@@ -46,7 +46,8 @@ struct Pod {
 #[derive(Debug)]
 struct Rev {
     tx: watch::Sender<Arc<EndpointSnapshot>>,
-    replicas: u32,
+    /// The last accepted scale call; `None` before any.
+    replicas: Option<u32>,
     pods: Vec<Pod>,
     terminating: Vec<SocketAddr>,
     failing: Option<Arc<str>>,
@@ -57,7 +58,7 @@ impl Rev {
     fn new() -> Self {
         Self {
             tx: watch::channel(Arc::new(EndpointSnapshot::default())).0,
-            replicas: 0,
+            replicas: None,
             pods: Vec::new(),
             terminating: Vec::new(),
             failing: None,
@@ -146,7 +147,7 @@ impl MemoryPlatform {
 
     /// The replicas last asked for `revision` (`None` if never scaled).
     pub fn replicas(&self, revision: &RevisionKey) -> Option<u32> {
-        self.lock().revisions.get(revision).map(|r| r.replicas)
+        self.lock().revisions.get(revision).and_then(|r| r.replicas)
     }
 
     /// Ready endpoints of `revision` now.
@@ -221,7 +222,7 @@ impl MemoryPlatform {
                 reason,
             });
         }
-        inner.rev(revision).replicas = replicas;
+        inner.rev(revision).replicas = Some(replicas);
         let Some(delay) = self.startup else {
             return Ok(());
         };
