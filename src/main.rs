@@ -18,6 +18,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Replay a traffic trace through the autoscaler on a virtual clock.
+    Simulate(thaw::autoscaler::simulate::SimulateArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -32,5 +34,6 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),
+        Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
     }
 }

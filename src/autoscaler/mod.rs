@@ -5,11 +5,13 @@
 //! - [`collector`]: stats from activators and queue sidecars into per-revision windows;
 //! - [`lifecycle`]: bounds and Knative's scale-to-zero rules per revision;
 //! - [`scaler`]: the loop that ties them to the catalog and the [`crate::platform::Platform`];
+//! - [`simulate`]: `thaw simulate`, a trace replayed through the real scaler on a virtual clock.
 
 pub mod collector;
 pub mod decider;
 pub mod delay;
 pub mod lifecycle;
 pub mod scaler;
+pub mod simulate;
 mod state;
 pub mod window;
