@@ -108,10 +108,28 @@ impl RevisionWindows {
     }
 }
 
+/// A revision's place in the [`Collector`]: lets the scaler read a revision's averages without
+/// hashing its key on every decision. Valid from [`Collector::watch`] until
+/// [`Collector::forget`] of that revision (the slot may then be reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot(usize);
+
+impl Slot {
+    /// The slot's position: dense, so callers can keep per-revision data in the same order.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// Per-revision windows fed by stats. Single-owner (the scaler's task); no locking.
 #[derive(Debug, Default)]
 pub struct Collector {
-    revisions: HashMap<RevisionKey, RevisionWindows>,
+    /// Revision -> its slot in `slots`.
+    index: HashMap<RevisionKey, usize>,
+    /// Windows stored densely so decisions walk memory with fewer cache misses.
+    slots: Vec<Option<RevisionWindows>>,
+    /// Free entries of `slots`.
+    free: Vec<usize>,
 }
 
 impl Collector {
@@ -120,33 +138,58 @@ impl Collector {
     }
 
     /// Starts collecting for `revision`, or applies changed window sizes from `spec` (the
-    /// newest data that fits is kept). Idempotent and cheap when nothing changed.
-    pub fn watch(&mut self, revision: &RevisionKey, spec: &AutoscalingSpec, now: u64) {
-        match self.revisions.get_mut(revision) {
-            Some(w) => w.resize(spec, now),
-            None => {
-                self.revisions
-                    .insert(revision.clone(), RevisionWindows::new(spec));
+    /// newest data that fits is kept). Idempotent and cheap when nothing changed. Returns
+    /// the revision's [`Slot`].
+    pub fn watch(&mut self, revision: &RevisionKey, spec: &AutoscalingSpec, now: u64) -> Slot {
+        if let Some(&i) = self.index.get(revision) {
+            if let Some(w) = &mut self.slots[i] {
+                w.resize(spec, now);
             }
+            return Slot(i);
         }
+        let windows = Some(RevisionWindows::new(spec));
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = windows;
+                i
+            }
+            None => {
+                self.slots.push(windows);
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(revision.clone(), i);
+        Slot(i)
     }
 
     /// Stops collecting for `revision` and frees its windows.
     pub fn forget(&mut self, revision: &RevisionKey) {
-        self.revisions.remove(revision);
+        if let Some(i) = self.index.remove(revision) {
+            self.slots[i] = None;
+            self.free.push(i);
+        }
     }
 
     /// Whether `revision` is being collected.
     pub fn contains(&self, revision: &RevisionKey) -> bool {
-        self.revisions.contains_key(revision)
+        self.index.contains_key(revision)
+    }
+
+    /// `revision`'s slot, if it is being collected.
+    pub fn slot(&self, revision: &RevisionKey) -> Option<Slot> {
+        self.index.get(revision).copied().map(Slot)
+    }
+
+    fn windows_mut(&mut self, revision: &RevisionKey) -> Option<&mut RevisionWindows> {
+        let i = *self.index.get(revision)?;
+        self.slots[i].as_mut()
     }
 
     /// Records a periodic stat at the collector's second `now`. A second stat from the same
     /// source for the same second replaces the first.
     pub fn record(&mut self, stat: &Stat, now: u64) -> Result<(), Rejected> {
         let windows = self
-            .revisions
-            .get_mut(&stat.revision)
+            .windows_mut(&stat.revision)
             .ok_or(Rejected::UnknownRevision)?;
         let concurrency = stat.average_concurrency;
         if !concurrency.is_finite() || concurrency < 0.0 {
@@ -201,7 +244,12 @@ impl Collector {
         spec: &AutoscalingSpec,
         now: u64,
     ) -> Option<Observed> {
-        let w = self.revisions.get(revision)?;
+        self.observe_slot(self.slot(revision)?, spec, now)
+    }
+
+    /// [`Collector::observe`] by slot. `None` also for a slot that is free.
+    pub fn observe_slot(&self, slot: Slot, spec: &AutoscalingSpec, now: u64) -> Option<Observed> {
+        let w = self.slots.get(slot.0)?.as_ref()?;
         let (stable, panic) = match spec.metric {
             Metric::Concurrency => (&w.concurrency_stable, &w.concurrency_panic),
             Metric::Rps => (&w.rps_stable, &w.rps_panic),

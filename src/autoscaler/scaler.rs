@@ -13,7 +13,6 @@
 //! [`Scaler::decide`]) with the time passed in, so `thaw simulate` and tests drive the real
 //! scaler on a virtual clock.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +24,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::collector::{Collector, Observed};
 use super::lifecycle::Activity;
-use super::state::{Env, RevisionState};
+use super::state::{Env, RevisionState, Revisions};
 use crate::activator::report::StatMessage;
 use crate::clock;
 use crate::platform::{Platform, PlatformError};
@@ -115,7 +114,7 @@ pub struct Scaler {
     metrics: AutoscalerMetrics,
     options: ScalerOptions,
     collector: Collector,
-    revisions: HashMap<RevisionKey, RevisionState>,
+    revisions: Revisions,
 }
 
 impl Scaler {
@@ -135,7 +134,7 @@ impl Scaler {
             metrics: telemetry.autoscaler.clone(),
             options,
             collector: Collector::new(),
-            revisions: HashMap::new(),
+            revisions: Revisions::default(),
         }
     }
 
@@ -209,15 +208,17 @@ impl Scaler {
                 }
                 None => {
                     let endpoints = self.platform.endpoints(&rev.key);
+                    let slot =
+                        self.collector
+                            .watch(&rev.key, &rev.autoscaling, clock::second_of(now));
                     let state = RevisionState::new(
                         &rev.key,
                         rev.autoscaling.clone(),
+                        slot,
                         endpoints,
                         &self.metrics,
                         now,
                     );
-                    self.collector
-                        .watch(&rev.key, &rev.autoscaling, clock::second_of(now));
                     self.scale_states.publish(&rev.key, ScaleState::default());
                     self.revisions.insert(rev.key.clone(), state);
                     added.push(rev.key.clone());
@@ -304,7 +305,7 @@ impl Scaler {
             &self.metrics,
             &self.options,
         );
-        for (key, state) in &mut self.revisions {
+        for (key, state) in self.revisions.iter_mut() {
             state.decide(key, &env, Trigger::Tick, now).await;
         }
         self.metrics

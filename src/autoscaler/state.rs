@@ -1,6 +1,7 @@
 //! One revision inside the scaler: its decider, lifecycle, endpoint watch, metric handles, and
 //! the decision step that ties them together.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::collector::{Collector, Observed};
+use super::collector::{Collector, Observed, Slot};
 use super::decider::{Decider, Observation};
 use super::lifecycle::{Facts, Lifecycle, Verdict};
 use super::scaler::{ActivatorPath, RevisionStatus, ScaleState, ScaleStates, Trigger};
@@ -19,7 +20,8 @@ use crate::platform::{EndpointSnapshot, Platform};
 use crate::revision::RevisionKey;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, RevisionLabels};
 
-/// Per-revision gauge handles, resolved once.
+/// Per-revision gauge handles, resolved once, and the values they hold: a tick over many
+/// revisions only touches the handles whose value changed.
 #[derive(Debug)]
 struct Gauges {
     labels: RevisionLabels,
@@ -27,6 +29,21 @@ struct Gauges {
     ready: Gauge,
     panic: Gauge,
     excess_burst_capacity: Gauge,
+    /// desired, ready, panic, excess burst capacity as last set (`None` before the first).
+    values: Option<[i64; 4]>,
+}
+
+impl Gauges {
+    fn set(&mut self, values: [i64; 4]) {
+        if self.values == Some(values) {
+            return;
+        }
+        self.desired.set(values[0]);
+        self.ready.set(values[1]);
+        self.panic.set(values[2]);
+        self.excess_burst_capacity.set(values[3]);
+        self.values = Some(values);
+    }
 }
 
 /// What a decision needs from the scaler besides the revision itself.
@@ -44,6 +61,8 @@ pub(super) struct RevisionState {
     /// The settings from the catalog; re-read at every decision, so a reload applies at the
     /// next one.
     pub spec: Arc<AutoscalingSpec>,
+    /// Where the collector keeps this revision's windows.
+    slot: Slot,
     endpoints: watch::Receiver<Arc<EndpointSnapshot>>,
     decider: Decider,
     lifecycle: Lifecycle,
@@ -64,6 +83,8 @@ pub(super) struct RevisionState {
     observed: Option<Observed>,
     ready: u32,
     gauges: Gauges,
+    /// The state last published, so an unchanged one costs no shared-map access.
+    published: ScaleState,
 }
 
 impl RevisionState {
@@ -71,6 +92,7 @@ impl RevisionState {
     pub fn new(
         key: &RevisionKey,
         spec: Arc<AutoscalingSpec>,
+        slot: Slot,
         endpoints: watch::Receiver<Arc<EndpointSnapshot>>,
         metrics: &AutoscalerMetrics,
         now: Instant,
@@ -86,6 +108,7 @@ impl RevisionState {
             panic: metrics.panic_mode.get_or_create_owned(&labels),
             excess_burst_capacity: metrics.excess_burst_capacity.get_or_create_owned(&labels),
             labels,
+            values: None,
         };
         Self {
             decider: Decider::new(&spec, ready, now),
@@ -93,6 +116,7 @@ impl RevisionState {
             excess_burst_capacity: Decider::initial_excess_burst_capacity(&spec),
             panicking: ready > 1,
             spec,
+            slot,
             endpoints,
             added_at: now,
             replicas: None,
@@ -103,7 +127,13 @@ impl RevisionState {
             observed: None,
             ready,
             gauges,
+            published: ScaleState::default(),
         }
+    }
+
+    /// Where the collector keeps this revision's windows.
+    pub fn slot(&self) -> Slot {
+        self.slot
     }
 
     /// Pods ready now.
@@ -177,17 +207,20 @@ impl RevisionState {
         let ready = self.ready_now();
         self.ready = ready;
 
-        let observed = env.collector.observe(key, &spec, second).or_else(|| {
-            // No stat for a whole stable window. When every request passes the activator
-            // (and it reports every revision it holds requests for), silence is zero load;
-            // otherwise it is only zero load when no pod could be serving.
-            let silent_is_idle =
-                matches!(env.activator_path, ActivatorPath::Always { .. }) || ready == 0;
-            silent_is_idle.then_some(Observed {
-                stable: 0.0,
-                panic: 0.0,
-            })
-        });
+        let observed = env
+            .collector
+            .observe_slot(self.slot, &spec, second)
+            .or_else(|| {
+                // No stat for a whole stable window. When every request passes the activator
+                // (and it reports every revision it holds requests for), silence is zero load;
+                // otherwise it is only zero load when no pod could be serving.
+                let silent_is_idle =
+                    matches!(env.activator_path, ActivatorPath::Always { .. }) || ready == 0;
+                silent_is_idle.then_some(Observed {
+                    stable: 0.0,
+                    panic: 0.0,
+                })
+            });
         self.observed = observed;
         if let Some(o) = observed {
             let obs = Observation {
@@ -246,20 +279,21 @@ impl RevisionState {
             }
         }
 
-        env.scale_states.publish(
-            key,
-            ScaleState {
-                desired: self.replicas.map_or(-1, to_i32),
-                decided_at: self.decided_at,
-                activator_in_path: self.activator_in_path,
-            },
-        );
-        self.gauges.desired.set(self.replicas.map_or(0, i64::from));
-        self.gauges.ready.set(i64::from(ready));
-        self.gauges.panic.set(i64::from(self.panicking));
-        self.gauges
-            .excess_burst_capacity
-            .set(self.excess_burst_capacity);
+        let state = ScaleState {
+            desired: self.replicas.map_or(-1, to_i32),
+            decided_at: self.decided_at,
+            activator_in_path: self.activator_in_path,
+        };
+        if state != self.published {
+            env.scale_states.publish(key, state.clone());
+            self.published = state;
+        }
+        self.gauges.set([
+            self.replicas.map_or(0, i64::from),
+            i64::from(ready),
+            i64::from(self.panicking),
+            self.excess_burst_capacity,
+        ]);
     }
 
     fn facts(&self, ready: u32, env: &Env<'_>, now: Instant) -> Facts {
@@ -293,4 +327,48 @@ fn ready_count(rx: &watch::Receiver<Arc<EndpointSnapshot>>) -> u32 {
 
 fn to_i32(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// The scaler's revisions, stored in the order of their collector slots so that a tick walks
+/// both the states and the windows sequentially (fewer cache misses over many revisions).
+#[derive(Debug, Default)]
+pub(super) struct Revisions {
+    index: HashMap<RevisionKey, usize>,
+    slots: Vec<Option<(RevisionKey, RevisionState)>>,
+}
+
+impl Revisions {
+    pub fn get(&self, key: &RevisionKey) -> Option<&RevisionState> {
+        let i = *self.index.get(key)?;
+        self.slots[i].as_ref().map(|(_, s)| s)
+    }
+
+    pub fn get_mut(&mut self, key: &RevisionKey) -> Option<&mut RevisionState> {
+        let i = *self.index.get(key)?;
+        self.slots[i].as_mut().map(|(_, s)| s)
+    }
+
+    /// Stores `state` at its collector slot.
+    pub fn insert(&mut self, key: RevisionKey, state: RevisionState) {
+        let i = state.slot().index();
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        self.index.insert(key.clone(), i);
+        self.slots[i] = Some((key, state));
+    }
+
+    pub fn remove(&mut self, key: &RevisionKey) -> Option<RevisionState> {
+        let i = self.index.remove(key)?;
+        self.slots[i].take().map(|(_, s)| s)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &RevisionKey> {
+        self.index.keys()
+    }
+
+    /// Every revision, in slot order.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&RevisionKey, &mut RevisionState)> {
+        self.slots.iter_mut().flatten().map(|(k, s)| (&*k, s))
+    }
 }
