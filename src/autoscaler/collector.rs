@@ -35,14 +35,19 @@ pub const MAX_SOURCES: usize = 256;
 /// Why a stat was not recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
+    /// The revision is not in the catalog (or not yet synced).
     #[error("revision is not being collected")]
     UnknownRevision,
+    /// Negative, NaN or infinite concurrency.
     #[error("value is negative or not finite")]
     Invalid,
+    /// Older than [`LATE_SECONDS`] by the collector's clock.
     #[error("second is more than {LATE_SECONDS}s old")]
     TooLate,
+    /// More than [`FUTURE_SECONDS`] ahead of the collector's clock.
     #[error("second is ahead of the collector's clock")]
     FromTheFuture,
+    /// [`MAX_SOURCES`] other sources reported within [`LATE_SECONDS`].
     #[error("too many sources report this revision")]
     TooManySources,
 }
@@ -63,7 +68,9 @@ impl Rejected {
 /// The window averages the decider needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observed {
+    /// The stable-window average (revision total, never negative).
     pub stable: f64,
+    /// The panic-window average (revision total, never negative).
     pub panic: f64,
 }
 
@@ -133,6 +140,7 @@ pub struct Collector {
 }
 
 impl Collector {
+    /// An empty collector.
     pub fn new() -> Self {
         Self::default()
     }

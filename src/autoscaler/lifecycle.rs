@@ -37,14 +37,21 @@ pub enum InactiveReason {
 /// entered that state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activity {
+    /// Asked to have pods, fewer ready than needed (Knative's `Active=Unknown`, Queued).
     Activating {
+        /// When it started activating.
         since: Instant,
     },
+    /// Enough pods ready (Knative's `Active=True`).
     Active {
+        /// When it became active.
         since: Instant,
     },
+    /// No traffic, or activation gave up (Knative's `Active=False`).
     Inactive {
+        /// When it became inactive.
         since: Instant,
+        /// Why.
         reason: InactiveReason,
     },
 }
@@ -59,6 +66,7 @@ pub struct Facts {
     pub reachable: bool,
     /// Since when the activator has been in the request path, if it is.
     pub activator_since: Option<Instant>,
+    /// The decision's time.
     pub now: Instant,
 }
 
@@ -99,6 +107,7 @@ pub struct Verdict {
     pub want: i32,
     /// Whether `want` is to be applied to the platform now.
     pub apply: bool,
+    /// The rule that produced the answer.
     pub why: Why,
 }
 
@@ -127,10 +136,12 @@ impl Lifecycle {
         l
     }
 
+    /// The current activity.
     pub fn activity(&self) -> Activity {
         self.activity
     }
 
+    /// Whether the revision has reached its initial scale once.
     pub fn initialized(&self) -> bool {
         self.initialized
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::collector::{Collector, Observed};
 use super::lifecycle::Activity;
@@ -39,7 +39,10 @@ pub enum ActivatorPath {
     /// Every request passes the activator (`thaw local`): it has been in the path since
     /// `since` (normally the scaler's start), or since the revision appeared if later. An
     /// inactive revision loses its last pod at once once `since` is a grace period old.
-    Always { since: Instant },
+    Always {
+        /// When the activator entered the path.
+        since: Instant,
+    },
     /// The activator is in the path exactly while this scaler publishes
     /// `activator_in_path = true` (the serving side applies it promptly); the grace period
     /// counts from the last switch into the path.
@@ -49,6 +52,7 @@ pub enum ActivatorPath {
 /// How the scaler runs.
 #[derive(Debug, Clone)]
 pub struct ScalerOptions {
+    /// Since when the activator fronts revisions (the grace period's reference).
     pub activator_path: ActivatorPath,
     /// Interval between decision rounds (Knative: 2 s).
     pub tick: Duration,
@@ -80,6 +84,7 @@ pub enum Trigger {
 }
 
 impl Trigger {
+    /// `tick` or `poke`, for logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tick => "tick",
@@ -98,9 +103,13 @@ pub struct RevisionStatus {
     pub decided: i32,
     /// Ready pods seen at the last decision.
     pub ready: u32,
+    /// Whether the decider is in panic mode.
     pub panicking: bool,
+    /// The latest excess burst capacity (negative: the activator stays in the path).
     pub excess_burst_capacity: i64,
+    /// Whether the activator must stay in the request path.
     pub activator_in_path: bool,
+    /// Knative's PodAutoscaler `Active` condition.
     pub activity: Activity,
     /// The window averages used, `None` when there was no data.
     pub observed: Option<Observed>,
@@ -305,9 +314,15 @@ impl Scaler {
             &self.metrics,
             &self.options,
         );
-        for (key, state) in self.revisions.iter_mut() {
-            state.decide(key, &env, Trigger::Tick, now).await;
+        let revisions = &mut self.revisions;
+        // One span per round, not per revision: every event inside names its revision.
+        async move {
+            for (key, state) in revisions.iter_mut() {
+                state.decide(key, &env, Trigger::Tick, now).await;
+            }
         }
+        .instrument(debug_span!("tick"))
+        .await;
         self.metrics
             .decision_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -324,7 +339,10 @@ impl Scaler {
             &self.options,
         );
         if let Some(state) = self.revisions.get_mut(key) {
-            state.decide(key, &env, trigger, now).await;
+            state
+                .decide(key, &env, trigger, now)
+                .instrument(debug_span!("decide", revision = %key, trigger = trigger.as_str()))
+                .await;
         }
         self.metrics
             .decision_seconds
@@ -388,6 +406,7 @@ pub struct ScaleStates {
 }
 
 impl ScaleStates {
+    /// An empty, shareable set.
     pub fn new() -> Arc<Self> {
         Arc::default()
     }

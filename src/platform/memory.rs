@@ -31,7 +31,9 @@ pub const MAX_CALLS: usize = 10_000;
 /// One recorded [`Platform::scale`] call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScaleCall {
+    /// The revision scaled.
     pub revision: RevisionKey,
+    /// The replicas asked for.
     pub replicas: u32,
     /// On tokio's clock.
     pub at: Instant,

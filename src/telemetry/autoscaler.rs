@@ -10,13 +10,16 @@ use prometheus_client::registry::Registry;
 /// Labels of the per-revision gauges.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RevisionLabels {
+    /// The revision's namespace.
     pub namespace: String,
+    /// The revision's name.
     pub revision: String,
 }
 
 /// Labels of rejected stats: why (see `autoscaler::collector::Rejected::label`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RejectLabels {
+    /// A `Rejected::label()`.
     pub reason: &'static str,
 }
 
@@ -59,6 +62,7 @@ impl Default for AutoscalerMetrics {
 }
 
 impl AutoscalerMetrics {
+    /// Registers every family under the registry's prefix (`thaw_autoscaler_*`).
     pub fn register(reg: &mut Registry) -> Self {
         let m = Self::default();
         reg.register(

@@ -96,14 +96,19 @@ pub struct Model {
 /// One simulated second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
+    /// Seconds from the trace's start.
     pub second: u64,
+    /// The trace's offered concurrency this second.
     pub offered: f64,
     /// Pods asked of the platform after this second's decisions.
     pub desired: u32,
     /// Pods ready during this second.
     pub ready: u32,
+    /// Whether the decider was in panic mode.
     pub panic: bool,
+    /// The decider's latest excess burst capacity.
     pub excess_burst_capacity: i64,
+    /// Whether the activator had to stay in the request path.
     pub activator_in_path: bool,
     /// Concurrency that could not be served this second (see the model).
     pub waiting: f64,
@@ -112,6 +117,7 @@ pub struct Row {
 /// The figures an operator compares between settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Summary {
+    /// Seconds simulated (the trace's length).
     pub seconds: u64,
     /// Σ over seconds of pods existing (starting or ready).
     pub pod_seconds: u64,
@@ -136,7 +142,9 @@ impl fmt::Display for Summary {
 /// A finished simulation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulation {
+    /// One row per trace second.
     pub rows: Vec<Row>,
+    /// The totals over the rows.
     pub summary: Summary,
 }
 
