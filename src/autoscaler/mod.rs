@@ -11,6 +11,7 @@ pub mod collector;
 pub mod decider;
 pub mod delay;
 pub mod lifecycle;
+mod options;
 pub mod scaler;
 pub mod simulate;
 mod state;
