@@ -10,6 +10,8 @@ pub mod activator;
 pub mod autoscaler;
 pub mod clock;
 pub mod config;
+pub mod local;
 pub mod platform;
 pub mod revision;
+pub mod sample_app;
 pub mod telemetry;

@@ -18,6 +18,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// A tiny HTTP/1.1 + h2c server to run as a replica (hello, /stream, /healthz).
+    SampleApp(thaw::sample_app::SampleAppArgs),
     /// Replay a traffic trace through the autoscaler on a virtual clock.
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
 }
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),
+        Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
     }
 }

@@ -82,7 +82,7 @@ fn the_checked_in_example_runs() {
     let (out, plot) = (dir.path().join("o.csv"), dir.path().join("p.svg"));
     let run = thaw()
         .args(["simulate", "--container-concurrency", "10", "--config"])
-        .arg(repo("loadtests/traces/config-autoscaler.yaml"))
+        .arg(repo("config/config-autoscaler.yaml"))
         .arg("--trace")
         .arg(repo("loadtests/traces/bursty.csv"))
         .arg("--out")

@@ -72,3 +72,259 @@ pub struct ActivatorOverrides {
     /// `activator.thaw.dev/initial-burst`.
     pub initial_burst: Option<u32>,
 }
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::autoscaler::duration_in;
+use super::keys::{self, Key, Parsed, Shown};
+use super::parse::{Problem, Problems, duration_json, format_duration, parse_i64};
+
+/// Name of the ConfigMap.
+pub const NAME: &str = "config-activator";
+/// The prefix of thaw's per-revision activator annotations.
+pub const PREFIX: &str = "activator.thaw.dev/";
+
+fn int_in(s: &str, lo: i64, hi: i64) -> Result<u32, String> {
+    let v = parse_i64(s)?;
+    if v < lo || v > hi {
+        return Err(format!("must be in [{lo}, {hi}]"));
+    }
+    Ok(v as u32)
+}
+
+fn u_show(v: u32) -> (String, Value) {
+    (v.to_string(), Value::from(v))
+}
+
+fn d_show(d: Duration) -> (String, Value) {
+    (format_duration(d), duration_json(d))
+}
+
+const MS: Duration = Duration::from_millis(1);
+const HOUR: Option<Duration> = Some(Duration::from_secs(3600));
+
+/// Every key of `config-activator`.
+pub static KEYS: &[Key<ActivatorConfig>] = &[
+    Key {
+        name: "queue-depth",
+        unit: "requests per revision",
+        help: "Requests one revision may hold while it has no free capacity; more get 503.",
+        parse: |c, s| {
+            c.queue_depth = int_in(s, 1, 1_000_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.queue_depth),
+    },
+    Key {
+        name: "max-held-requests",
+        unit: "requests, all revisions",
+        help: "Requests held across all revisions; must exceed queue-depth so that no single \
+               revision can fill it alone.",
+        parse: |c, s| {
+            c.max_held_requests = int_in(s, 2, 10_000_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.max_held_requests),
+    },
+    Key {
+        name: "max-header-count",
+        unit: "headers",
+        help: "Request headers allowed; more get 431.",
+        parse: |c, s| {
+            c.max_header_count = int_in(s, 1, 10_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.max_header_count),
+    },
+    Key {
+        name: "max-header-bytes",
+        unit: "bytes",
+        help: "Total size of request header names and values; more get 431.",
+        parse: |c, s| {
+            c.max_header_bytes = int_in(s, 1024, 1024 * 1024)?;
+            Ok(())
+        },
+        show: |c| u_show(c.max_header_bytes),
+    },
+    Key {
+        name: "header-read-timeout",
+        unit: "duration",
+        help: "A client must send its request headers within this (slow-client protection).",
+        parse: |c, s| {
+            c.header_read_timeout = duration_in(s, MS, HOUR, false)?;
+            Ok(())
+        },
+        show: |c| d_show(c.header_read_timeout),
+    },
+    Key {
+        name: "keep-alive-timeout",
+        unit: "duration",
+        help: "Idle client connections are closed after this.",
+        parse: |c, s| {
+            c.keep_alive_timeout = duration_in(s, MS, HOUR, false)?;
+            Ok(())
+        },
+        show: |c| d_show(c.keep_alive_timeout),
+    },
+    Key {
+        name: "max-connections",
+        unit: "connections",
+        help: "Client connections served at once; more wait in the listen backlog.",
+        parse: |c, s| {
+            c.max_connections = int_in(s, 1, 10_000_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.max_connections),
+    },
+    Key {
+        name: "h2-max-concurrent-streams",
+        unit: "streams per connection",
+        help: "Concurrent HTTP/2 streams one client connection may open.",
+        parse: |c, s| {
+            c.h2_max_concurrent_streams = int_in(s, 1, 100_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.h2_max_concurrent_streams),
+    },
+    Key {
+        name: "drain-delay",
+        unit: "duration",
+        help: "After SIGTERM, readiness fails at once but connections are accepted this long, \
+               so load balancers stop sending before the listener closes.",
+        parse: |c, s| {
+            c.drain_delay = duration_in(s, Duration::ZERO, HOUR, false)?;
+            Ok(())
+        },
+        show: |c| d_show(c.drain_delay),
+    },
+    Key {
+        name: "drain-timeout",
+        unit: "duration",
+        help: "After the drain delay, the longest to wait for in-flight and held requests.",
+        parse: |c, s| {
+            c.drain_timeout = duration_in(s, Duration::ZERO, HOUR, false)?;
+            Ok(())
+        },
+        show: |c| d_show(c.drain_timeout),
+    },
+    Key {
+        name: "connect-retries",
+        unit: "attempts",
+        help: "Other endpoints tried after a connect failure (before any byte was sent).",
+        parse: |c, s| {
+            c.connect_retries = int_in(s, 0, 10)?;
+            Ok(())
+        },
+        show: |c| u_show(c.connect_retries),
+    },
+    Key {
+        name: "connect-timeout",
+        unit: "duration",
+        help: "One TCP connect attempt to an endpoint.",
+        parse: |c, s| {
+            c.connect_timeout = duration_in(s, MS, Some(Duration::from_secs(60)), false)?;
+            Ok(())
+        },
+        show: |c| d_show(c.connect_timeout),
+    },
+    Key {
+        name: "initial-burst",
+        unit: "requests per new endpoint",
+        help: "With containerConcurrency 0, held requests released to a new endpoint at once; \
+               then one more per finished request.",
+        parse: |c, s| {
+            c.initial_burst = int_in(s, 1, 1_000_000)?;
+            Ok(())
+        },
+        show: |c| u_show(c.initial_burst),
+    },
+    Key {
+        name: "retry-after",
+        unit: "duration, whole seconds",
+        help: "The Retry-After value sent with 503 answers.",
+        parse: |c, s| {
+            c.retry_after = duration_in(s, Duration::from_secs(1), HOUR, true)?;
+            Ok(())
+        },
+        show: |c| d_show(c.retry_after),
+    },
+];
+
+fn validate(c: &ActivatorConfig, data: &BTreeMap<String, String>) -> Vec<Problem> {
+    let mut p = Vec::new();
+    if c.queue_depth >= c.max_held_requests {
+        let key = if data.contains_key("queue-depth") {
+            "queue-depth"
+        } else {
+            "max-held-requests"
+        };
+        p.push(Problem::new(
+            key,
+            keys::written(KEYS, data, c, key),
+            format!(
+                "queue-depth ({}) must be below max-held-requests ({}) so one revision cannot \
+                 fill the activator alone",
+                c.queue_depth, c.max_held_requests
+            ),
+        ));
+    }
+    p
+}
+
+impl ActivatorConfig {
+    /// Parses a `config-activator` data map, reporting every bad key.
+    pub fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        keys::parse_data(KEYS, &[], data, validate)
+    }
+
+    /// Unknown-key warnings for a data map (valid or not).
+    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        keys::warnings(KEYS, &[], data)
+    }
+
+    /// Every key with its effective value, for `thaw config check`.
+    pub fn show(&self) -> Vec<Shown> {
+        keys::show_all(KEYS, self)
+    }
+}
+
+impl ActivatorOverrides {
+    /// Reads `activator.thaw.dev/*` annotations. `queue-depth` must stay below the ConfigMap's
+    /// `max-held-requests`; `cold-wait` must be positive and at most `total_timeout`. Unknown
+    /// names under the prefix are problems (a typo would otherwise silently do nothing).
+    pub fn parse(
+        annotations: &BTreeMap<String, String>,
+        config: &ActivatorConfig,
+        total_timeout: Duration,
+    ) -> Result<Self, Problems> {
+        let mut o = Self::default();
+        let mut p = Vec::new();
+        for (k, raw) in annotations {
+            let Some(name) = k.strip_prefix(PREFIX) else {
+                continue;
+            };
+            let v = raw.trim();
+            let r = match name {
+                "queue-depth" => int_in(v, 1, i64::from(config.max_held_requests) - 1)
+                    .map(|d| o.queue_depth = Some(d)),
+                "initial-burst" => int_in(v, 1, 1_000_000).map(|b| o.initial_burst = Some(b)),
+                "cold-wait" => duration_in(v, MS, Some(total_timeout), false)
+                    .map_err(|e| format!("{e} (the revision's timeout)"))
+                    .map(|d| o.cold_wait = Some(d)),
+                _ => {
+                    Err("unknown annotation (known: queue-depth, cold-wait, initial-burst)".into())
+                }
+            };
+            if let Err(reason) = r {
+                p.push(Problem::new(k, raw, reason));
+            }
+        }
+        if p.is_empty() {
+            Ok(o)
+        } else {
+            Err(Problems(p))
+        }
+    }
+}

@@ -1,1 +1,210 @@
+//! Loading ConfigMaps: from a manifest file (YAML, its `data:` map) or from a plain key/value map
+//! (what a live ConfigMap watch hands over).
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::keys::Parsed;
+use super::parse::{Problem, Problems};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
+
+/// A ConfigMap as read from a manifest: its name and its `data:` map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapData {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub data: BTreeMap<String, String>,
+}
+
+/// A `data:` value. Kubernetes requires strings; numbers and booleans written without quotes
+/// are accepted and read as their text, so nothing an operator wrote is lost.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Str(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    fn into_text(self) -> String {
+        match self {
+            Scalar::Str(s) => s,
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Meta {
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Manifest {
+    kind: Option<String>,
+    metadata: Option<Meta>,
+    data: Option<BTreeMap<String, Scalar>>,
+}
+
+/// Parses a ConfigMap manifest. A YAML error names the line and column; a manifest that is not
+/// a ConfigMap, or has no `metadata.name`, is a problem too. `origin` names the input in errors.
+pub fn parse_manifest(text: &str, origin: &str) -> Result<ConfigMapData, Problems> {
+    let m: Manifest = serde_saphyr::from_str(text).map_err(|e| {
+        let at = e
+            .location()
+            .map(|l| format!("line {} column {}", l.line(), l.column()))
+            .unwrap_or_else(|| "(no position)".into());
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or("invalid YAML").to_string();
+        Problems(vec![Problem::new(
+            origin,
+            at,
+            format!("invalid YAML: {first}"),
+        )])
+    })?;
+    if let Some(kind) = &m.kind
+        && kind != "ConfigMap"
+    {
+        return Err(Problems(vec![Problem::new(
+            origin,
+            kind,
+            "kind must be ConfigMap",
+        )]));
+    }
+    let Some(name) = m.metadata.as_ref().and_then(|md| md.name.clone()) else {
+        return Err(Problems(vec![Problem::new(
+            origin,
+            "metadata.name",
+            "missing: the ConfigMap's name says which configuration it holds",
+        )]));
+    };
+    Ok(ConfigMapData {
+        name,
+        namespace: m.metadata.and_then(|md| md.namespace),
+        data: m
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_text()))
+            .collect(),
+    })
+}
+
+/// Reads and parses a ConfigMap manifest file.
+pub fn read_manifest(path: &Path) -> Result<ConfigMapData, Problems> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Problems(vec![Problem::new(&origin, "", format!("cannot read: {e}"))]))?;
+    parse_manifest(&text, &origin)
+}
+
+/// Reads `path` as a `config-autoscaler` manifest.
+pub fn autoscaler_from_manifest(path: &Path) -> Result<AutoscalerConfig, Problems> {
+    let cm = expect_name(read_manifest(path)?, super::autoscaler::NAME, path)?;
+    AutoscalerConfig::parse(&cm.data).map(|p| p.config)
+}
+
+/// Reads `path` as a `config-defaults` manifest.
+pub fn defaults_from_manifest(path: &Path) -> Result<DefaultsConfig, Problems> {
+    let cm = expect_name(read_manifest(path)?, super::defaults::NAME, path)?;
+    DefaultsConfig::parse(&cm.data).map(|p| p.config)
+}
+
+/// Reads `path` as a `config-activator` manifest.
+pub fn activator_from_manifest(path: &Path) -> Result<ActivatorConfig, Problems> {
+    let cm = expect_name(read_manifest(path)?, super::activator::NAME, path)?;
+    ActivatorConfig::parse(&cm.data).map(|p| p.config)
+}
+
+fn expect_name(cm: ConfigMapData, want: &str, path: &Path) -> Result<ConfigMapData, Problems> {
+    if cm.name == want {
+        Ok(cm)
+    } else {
+        Err(Problems(vec![Problem::new(
+            path.display().to_string(),
+            format!("metadata.name: {}", cm.name),
+            format!("expected the {want} ConfigMap"),
+        )]))
+    }
+}
+
+/// Any of the ConfigMaps thaw understands, parsed.
+#[derive(Debug, Clone)]
+pub enum AnyConfig {
+    Autoscaler(Parsed<AutoscalerConfig>),
+    Defaults(Parsed<DefaultsConfig>),
+    Activator(Parsed<ActivatorConfig>),
+}
+
+/// Warnings (unknown keys) for a ConfigMap's data according to its name, whether or not it is
+/// valid.
+pub fn warnings_named(cm: &ConfigMapData) -> Vec<String> {
+    match cm.name.as_str() {
+        super::autoscaler::NAME => AutoscalerConfig::warnings(&cm.data),
+        super::defaults::NAME => DefaultsConfig::warnings(&cm.data),
+        super::activator::NAME => ActivatorConfig::warnings(&cm.data),
+        _ => Vec::new(),
+    }
+}
+
+/// Parses a ConfigMap's data according to its name.
+pub fn parse_named(cm: &ConfigMapData) -> Result<AnyConfig, Problems> {
+    match cm.name.as_str() {
+        super::autoscaler::NAME => AutoscalerConfig::parse(&cm.data).map(AnyConfig::Autoscaler),
+        super::defaults::NAME => DefaultsConfig::parse(&cm.data).map(AnyConfig::Defaults),
+        super::activator::NAME => ActivatorConfig::parse(&cm.data).map(AnyConfig::Activator),
+        other => Err(Problems(vec![Problem::new(
+            "metadata.name",
+            other,
+            "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator)",
+        )])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_data_scalars_as_text() {
+        let cm = parse_manifest(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-autoscaler\n  namespace: knative-serving\ndata:\n  stable-window: 60s\n  max-scale-up-rate: 1000\n  enable-scale-to-zero: true\n  container-concurrency-target-percentage: 0.7\n  _example: |\n    anything\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cm.name, "config-autoscaler");
+        assert_eq!(cm.data["stable-window"], "60s");
+        assert_eq!(cm.data["max-scale-up-rate"], "1000");
+        assert_eq!(cm.data["enable-scale-to-zero"], "true");
+        assert_eq!(cm.data["container-concurrency-target-percentage"], "0.7");
+    }
+
+    #[test]
+    fn malformed_yaml_names_the_line() {
+        let err = parse_manifest(
+            "kind: ConfigMap\nmetadata:\n  name: config-autoscaler\ndata:\n  a: b\n   c: d\n",
+            "f.yaml",
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert!(err.0[0].value.starts_with("line "), "{err}");
+        assert!(
+            err.0[0].value.contains("line 6") || err.0[0].value.contains("line 5"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_kind_and_missing_name_are_problems() {
+        assert!(parse_manifest("kind: Secret\nmetadata: {name: x}\n", "f").is_err());
+        let e = parse_manifest("kind: ConfigMap\ndata: {a: b}\n", "f").unwrap_err();
+        assert_eq!(e.0[0].value, "metadata.name");
+    }
+}

@@ -18,9 +18,14 @@ pub mod annotations;
 pub mod autoscaler;
 pub mod check;
 pub mod defaults;
+pub mod keys;
 pub mod load;
 pub mod parse;
 pub mod reload;
+pub mod revision;
+
+#[cfg(test)]
+mod tests;
 
 pub use activator::{ActivatorConfig, ActivatorOverrides};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};

@@ -5,6 +5,8 @@
 //! `terminating`) before its replica is signalled; the replica is stopped once the activator
 //! reports it has nothing in flight ([`EndpointSource::drained`]) or after a bounded grace.
 
+pub mod local;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;

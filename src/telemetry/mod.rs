@@ -7,6 +7,7 @@
 
 pub mod autoscaler;
 pub mod config;
+pub mod platform;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -17,6 +18,7 @@ use tracing_subscriber::EnvFilter;
 pub struct Telemetry {
     registry: Registry,
     pub config: config::ConfigMetrics,
+    pub platform: platform::PlatformMetrics,
     pub autoscaler: autoscaler::AutoscalerMetrics,
 }
 
@@ -25,10 +27,12 @@ impl Telemetry {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("thaw");
         let config = config::ConfigMetrics::register(&mut registry);
+        let platform = platform::PlatformMetrics::register(&mut registry);
         let autoscaler = autoscaler::AutoscalerMetrics::register(&mut registry);
         Self {
             registry,
             config,
+            platform,
             autoscaler,
         }
     }

@@ -56,13 +56,15 @@ events (desired going from 0 to more), seconds with requests waiting, peak pods.
     after_long_help = MODEL
 )]
 pub struct SimulateArgs {
-    /// A config-autoscaler ConfigMap manifest (Knative's defaults when omitted).
+    /// A config-autoscaler ConfigMap manifest, e.g. config/config-autoscaler.yaml (Knative's
+    /// defaults when omitted).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The trace: CSV with header `second,concurrency`, the offered concurrency each second.
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
-    /// A revision annotation, e.g. autoscaling.knative.dev/window=30s (repeatable).
+    /// A revision annotation, e.g. autoscaling.knative.dev/window=30s (repeatable; a key
+    /// without a `/` gets the autoscaling.knative.dev/ prefix).
     #[arg(long = "annotation", value_name = "KEY=VALUE")]
     pub annotations: Vec<String>,
     /// Seconds from asking for a pod to the pod being ready.
@@ -170,11 +172,14 @@ fn run_inner(args: &SimulateArgs) -> Result<Summary, String> {
             .ok_or_else(|| format!("--annotation {a}: expected KEY=VALUE"))?;
         annotations.insert(k.trim().to_owned(), v.trim().to_owned());
     }
-    let spec = load_spec(
+    let (spec, warnings) = load_spec(
         args.config.as_deref(),
         &annotations,
         args.container_concurrency,
     )?;
+    for w in warnings {
+        eprintln!("thaw simulate: warning: {w}");
+    }
     let text = std::fs::read_to_string(&args.trace)
         .map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let offered = trace::parse(&text).map_err(|e| format!("{}: {e}", args.trace.display()))?;

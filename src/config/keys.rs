@@ -1,0 +1,167 @@
+//! The key-table machinery shared by every ConfigMap: one [`Key`] per Knative key, beside its
+//! parser, its unit and what it does; [`parse_data`] applies a table to a ConfigMap's `data:` map
+//! and reports every problem, not only the first.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::parse::{Problem, Problems};
+
+/// One ConfigMap key: its name, unit and help text, how to parse it into `T`, and how to show
+/// the value `T` holds (text for humans, JSON in Knative's units for machines).
+pub struct Key<T> {
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub help: &'static str,
+    /// Parses and range-checks one value, storing it into `T`. The error is the reason only;
+    /// the caller adds the key and value.
+    pub parse: fn(&mut T, &str) -> Result<(), String>,
+    /// The effective value as (text as Knative would write it, JSON value).
+    pub show: fn(&T) -> (String, Value),
+}
+
+/// A parsed ConfigMap: the config, the keys that were given, and warnings (unknown keys).
+#[derive(Debug, Clone)]
+pub struct Parsed<T> {
+    pub config: T,
+    /// Keys present in the input (after `_example` and unknown keys are dropped).
+    pub given: BTreeSet<String>,
+    /// Human-readable warnings: unknown keys, keys that have no effect in thaw.
+    pub warnings: Vec<String>,
+}
+
+/// One line of `thaw config check`: a key, its effective value, and whether that is the default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shown {
+    pub key: &'static str,
+    pub text: String,
+    pub json: Value,
+    pub unit: &'static str,
+    pub is_default: bool,
+}
+
+/// Applies `keys` to `data`: every key is parsed (all problems collected), then `validate`
+/// checks rules across keys. `_example` is ignored as Knative does; keys in `inert` are known
+/// Knative keys that thaw does not use (warned about); anything else is an unknown key (warned
+/// about, not rejected).
+pub fn parse_data<T: Default>(
+    keys: &[Key<T>],
+    inert: &[&str],
+    data: &BTreeMap<String, String>,
+    validate: fn(&T, &BTreeMap<String, String>) -> Vec<Problem>,
+) -> Result<Parsed<T>, Problems> {
+    let mut config = T::default();
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let mut given = BTreeSet::new();
+    for (k, v) in data {
+        if k == "_example" {
+            continue;
+        }
+        match keys.iter().find(|key| key.name == k) {
+            Some(key) => {
+                given.insert(k.clone());
+                if let Err(reason) = (key.parse)(&mut config, v.trim()) {
+                    problems.push(Problem::new(k, v, reason));
+                }
+            }
+            None if inert.contains(&k.as_str()) => warnings.push(format!(
+                "{k}: known Knative key with no effect in thaw, ignored"
+            )),
+            None => warnings.push(format!("{k}: unknown key, ignored")),
+        }
+    }
+    if problems.is_empty() {
+        problems.extend(validate(&config, data));
+    } else {
+        // Cross-key rules only make sense between values that parsed; still run them so that a
+        // file's independent problems are all reported, but skip rules naming a bad key.
+        let bad: BTreeSet<String> = problems.iter().map(|p| p.key.clone()).collect();
+        problems.extend(
+            validate(&config, data)
+                .into_iter()
+                .filter(|p| !bad.contains(&p.key)),
+        );
+    }
+    if problems.is_empty() {
+        Ok(Parsed {
+            config,
+            given,
+            warnings,
+        })
+    } else {
+        Err(Problems(problems))
+    }
+}
+
+/// Warnings for `data`: unknown keys, and known Knative keys thaw does not use. `_example` is
+/// ignored silently, as Knative does.
+pub fn warnings<T>(
+    keys: &[Key<T>],
+    inert: &[&str],
+    data: &BTreeMap<String, String>,
+) -> Vec<String> {
+    data.keys()
+        .filter(|k| *k != "_example" && !keys.iter().any(|key| key.name == k.as_str()))
+        .map(|k| {
+            if inert.contains(&k.as_str()) {
+                format!("{k}: known Knative key with no effect in thaw, ignored")
+            } else {
+                format!("{k}: unknown key, ignored")
+            }
+        })
+        .collect()
+}
+
+/// Every key of a table with its effective value and whether it equals the default.
+pub fn show_all<T: Default>(keys: &[Key<T>], config: &T) -> Vec<Shown> {
+    let defaults = T::default();
+    keys.iter()
+        .map(|k| {
+            let (text, json) = (k.show)(config);
+            let (_, default_json) = (k.show)(&defaults);
+            Shown {
+                key: k.name,
+                is_default: json == default_json,
+                text,
+                json,
+                unit: k.unit,
+            }
+        })
+        .collect()
+}
+
+/// The value as written in the input, or the effective value when the key was not given (for
+/// naming it in a cross-key problem).
+pub fn written<T>(
+    keys: &[Key<T>],
+    data: &BTreeMap<String, String>,
+    config: &T,
+    key: &str,
+) -> String {
+    data.get(key).cloned().unwrap_or_else(|| {
+        keys.iter()
+            .find(|k| k.name == key)
+            .map(|k| (k.show)(config).0)
+            .unwrap_or_default()
+    })
+}
+
+/// JSON for a float the way Knative writes it: integral values as integers.
+pub fn num(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        Value::from(v as i64)
+    } else {
+        Value::from(v)
+    }
+}
+
+/// Text for a float: integral values without a decimal point.
+pub fn num_text(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}

@@ -1,0 +1,244 @@
+//! The local controller: Knative's Service -> Configuration -> Revision -> Route chain, in
+//! process. It turns a [`LocalModel`] into revisions on the [`LocalPlatform`] and a
+//! [`CatalogSnapshot`] with routes.
+//!
+//! - A service starts at generation 1 (`hello-00001`). A changed revision template creates the
+//!   next generation; earlier revisions stay (reachable by their own host) and scale to zero
+//!   when idle, as Knative's do.
+//! - The route `{service}.{namespace}.{domain}` points at the newest revision that became ready
+//!   (Knative's latestReadyRevision), or at the newest revision while none has been ready yet,
+//!   so the first request is held for it. A revision is ready once it has had a ready endpoint,
+//!   or at once when its initial scale is 0 (as Knative marks it).
+//! - A removed service's revisions are removed from the platform first (held requests get 503
+//!   with the reason), then from the catalog.
+//! - ConfigMap changes re-resolve every revision's effective spec; a revision whose spec no
+//!   longer resolves keeps its last good spec (and the problem is logged).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tracing::{info, warn};
+
+use super::config::RevisionTemplate;
+use super::model::{LocalModel, ServiceModel};
+use crate::platform::EndpointSource;
+use crate::platform::local::{LocalPlatform, LocalRevision};
+use crate::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+
+/// Identity of a service: (namespace, name).
+type ServiceId = (String, String);
+
+#[derive(Debug)]
+struct ServiceState {
+    /// The newest generation (the latest created revision).
+    generation: u64,
+    /// Every generation's template, to re-resolve its spec when ConfigMaps change.
+    templates: BTreeMap<u64, RevisionTemplate>,
+    /// Every generation's last good effective spec.
+    specs: BTreeMap<u64, RevisionSpec>,
+    /// The newest generation that has been ready (latestReadyRevision).
+    ready: Option<u64>,
+}
+
+#[derive(Debug)]
+struct State {
+    model: Arc<LocalModel>,
+    services: BTreeMap<ServiceId, ServiceState>,
+}
+
+/// Applies local.yaml models to the platform and the catalog. Cheap to share (`Arc`).
+pub struct LocalController {
+    platform: LocalPlatform,
+    catalog: Arc<RevisionCatalog>,
+    state: Mutex<State>,
+}
+
+impl LocalController {
+    /// A controller serving `model`: registers its revisions and publishes the catalog.
+    pub fn start(
+        platform: LocalPlatform,
+        catalog: Arc<RevisionCatalog>,
+        model: Arc<LocalModel>,
+    ) -> Arc<Self> {
+        let c = Arc::new(Self {
+            platform,
+            catalog,
+            state: Mutex::new(State {
+                model: model.clone(),
+                services: BTreeMap::new(),
+            }),
+        });
+        c.apply(model);
+        c
+    }
+
+    /// The model in force.
+    pub fn model(&self) -> Arc<LocalModel> {
+        self.lock().model.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a new (validated) model: new services and changed templates create revisions,
+    /// removed services are removed, every spec is re-resolved, and the catalog is replaced.
+    pub fn apply(self: &Arc<Self>, model: Arc<LocalModel>) {
+        let mut new_revisions = Vec::new();
+        let mut st = self.lock();
+        st.model = model.clone();
+        let wanted: BTreeMap<ServiceId, &ServiceModel> = model
+            .services
+            .iter()
+            .map(|s| ((s.namespace.clone(), s.name.clone()), s))
+            .collect();
+        // Removed services.
+        let gone: Vec<ServiceId> = st
+            .services
+            .keys()
+            .filter(|id| !wanted.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(svc) = st.services.remove(&id) {
+                for g in svc.templates.keys() {
+                    let key = RevisionKey::new(&id.0, super::model::revision_name(&id.1, *g));
+                    self.platform.remove(
+                        &key,
+                        &format!("service {}/{} was removed from local.yaml", id.0, id.1),
+                    );
+                }
+                info!(service = %format!("{}/{}", id.0, id.1), "service removed");
+            }
+        }
+        // New services and new generations.
+        for (id, s) in &wanted {
+            let svc = st
+                .services
+                .entry(id.clone())
+                .or_insert_with(|| ServiceState {
+                    generation: 0,
+                    templates: BTreeMap::new(),
+                    specs: BTreeMap::new(),
+                    ready: None,
+                });
+            if svc.templates.get(&svc.generation) != Some(&s.template) {
+                svc.generation += 1;
+                svc.templates.insert(svc.generation, s.template.clone());
+                let key = s.key(svc.generation);
+                info!(revision = %key, "revision created");
+                new_revisions.push(key);
+            }
+        }
+        // Specs and platform definitions for every revision under the current ConfigMaps.
+        for (id, svc) in st.services.iter_mut() {
+            let Some(s) = wanted.get(id) else { continue };
+            for (g, template) in &svc.templates {
+                let as_of = ServiceModel {
+                    template: template.clone(),
+                    ..(*s).clone()
+                };
+                match as_of.revision_spec(*g, &model.domain, &model.configs) {
+                    Ok(spec) => {
+                        self.platform.upsert(local_revision(&spec, template));
+                        svc.specs.insert(*g, spec);
+                    }
+                    Err(e) => warn!(revision = %as_of.key(*g), problems = %e,
+                        "revision no longer valid under the new configuration; keeping its last \
+                         good settings"),
+                }
+            }
+        }
+        self.publish(&st);
+        drop(st);
+        for key in new_revisions {
+            self.watch_ready(key);
+        }
+    }
+
+    /// Replaces the catalog from the state: every revision, and each service's route.
+    fn publish(&self, st: &State) {
+        let mut revisions = Vec::new();
+        let mut routes = Vec::new();
+        for ((ns, name), svc) in &st.services {
+            revisions.extend(svc.specs.values().cloned());
+            let target = svc.ready.unwrap_or(svc.generation);
+            let host = format!("{name}.{ns}.{}", st.model.domain);
+            routes.push((
+                host,
+                RevisionKey::new(ns, super::model::revision_name(name, target)),
+            ));
+        }
+        self.catalog.store(CatalogSnapshot::new(revisions, routes));
+    }
+
+    /// Marks `key` ready once it has a ready endpoint (or at once with initial scale 0) and
+    /// moves its service's route to it if it is the newest ready generation.
+    fn watch_ready(self: &Arc<Self>, key: RevisionKey) {
+        let zero_initial = {
+            let st = self.lock();
+            st.services
+                .values()
+                .flat_map(|s| s.specs.values())
+                .any(|spec| spec.key == key && spec.autoscaling.initial_scale == 0)
+        };
+        if zero_initial {
+            self.mark_ready(&key);
+            return;
+        }
+        let mut rx = self.platform.endpoints(&key);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                if !rx.borrow_and_update().ready.is_empty() {
+                    this.mark_ready(&key);
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    fn mark_ready(&self, key: &RevisionKey) {
+        let mut st = self.lock();
+        let Some((id, generation)) = st.services.iter().find_map(|(id, svc)| {
+            svc.specs
+                .iter()
+                .find(|(_, s)| s.key == *key)
+                .map(|(g, _)| (id.clone(), *g))
+        }) else {
+            return;
+        };
+        let Some(svc) = st.services.get_mut(&id) else {
+            return;
+        };
+        if svc.ready.is_some_and(|r| r >= generation) {
+            return;
+        }
+        let from = svc.ready;
+        svc.ready = Some(generation);
+        info!(revision = %key, previous = ?from, "revision ready; route now points at it");
+        self.publish(&st);
+    }
+}
+
+/// How the platform runs a revision: its container's command, args, env and readiness probe.
+fn local_revision(spec: &RevisionSpec, template: &RevisionTemplate) -> LocalRevision {
+    let c = &template.spec.containers[0];
+    let mut def = LocalRevision::new(spec.key.clone(), c.command.iter().chain(&c.args).cloned());
+    def.env = c
+        .env
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    def.readiness_path = c
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .map(|h| h.path.clone());
+    def.protocol = spec.protocol;
+    def.drain_timeout = Some(spec.timeouts.total);
+    def
+}

@@ -1,0 +1,252 @@
+//! From `local.yaml` (and the ConfigMaps it names) to what `thaw local` serves: the configs,
+//! and per service the revision it would create for a given generation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::config::{LocalFile, RevisionTemplate};
+use crate::config::load::{
+    activator_from_manifest, autoscaler_from_manifest, defaults_from_manifest,
+};
+use crate::config::parse::{Problem, Problems};
+use crate::config::revision::{RevisionInput, resolve_revision};
+use crate::config::{ConfigSet, annotations};
+use crate::revision::{RevisionKey, RevisionSpec};
+
+/// Where a local.yaml came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file; ConfigMap paths are relative to its folder.
+    File(PathBuf),
+    /// The built-in default (no ConfigMap files: every key at its default).
+    Builtin,
+}
+
+/// A validated local.yaml with its ConfigMaps loaded.
+#[derive(Debug, Clone)]
+pub struct LocalModel {
+    pub domain: String,
+    pub configs: ConfigSet,
+    /// The ConfigMap files in use, as (ConfigMap name, absolute path), for live reload.
+    pub config_files: Vec<(&'static str, PathBuf)>,
+    pub services: Vec<ServiceModel>,
+    /// Warnings (unknown annotations, global-only keys as annotations).
+    pub warnings: Vec<String>,
+}
+
+/// One service of local.yaml.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceModel {
+    pub namespace: String,
+    pub name: String,
+    /// The revision template; a different template means a new revision.
+    pub template: RevisionTemplate,
+}
+
+/// Knative's revision name: `{service}-{generation:05}`.
+pub fn revision_name(service: &str, generation: u64) -> String {
+    format!("{service}-{generation:05}")
+}
+
+impl ServiceModel {
+    pub fn key(&self, generation: u64) -> RevisionKey {
+        RevisionKey::new(&self.namespace, revision_name(&self.name, generation))
+    }
+
+    /// The route host `{service}.{namespace}.{domain}`.
+    pub fn route_host(&self, domain: &str) -> String {
+        format!("{}.{}.{}", self.name, self.namespace, domain)
+    }
+
+    /// The revision this template makes at `generation`, as Knative's Revision spec says it.
+    pub fn revision_input(&self, generation: u64, domain: &str) -> RevisionInput {
+        let rev = revision_name(&self.name, generation);
+        let spec = &self.template.spec;
+        let port_name = spec
+            .containers
+            .first()
+            .and_then(|c| c.ports.first())
+            .and_then(|p| p.name.clone());
+        RevisionInput {
+            namespace: self.namespace.clone(),
+            name: rev.clone(),
+            service: Some(self.name.clone()),
+            container_concurrency: spec.container_concurrency,
+            timeout_seconds: spec.timeout_seconds,
+            response_start_timeout_seconds: spec.response_start_timeout_seconds,
+            idle_timeout_seconds: spec.idle_timeout_seconds,
+            port_name,
+            annotations: self.template.metadata.annotations.clone(),
+            hosts: vec![
+                format!("{rev}.{}.{domain}", self.namespace),
+                format!("{rev}.{}.svc.cluster.local", self.namespace),
+                format!("{rev}.{}.svc", self.namespace),
+            ],
+        }
+    }
+
+    /// The effective revision spec at `generation` under `configs`.
+    pub fn revision_spec(
+        &self,
+        generation: u64,
+        domain: &str,
+        configs: &ConfigSet,
+    ) -> Result<RevisionSpec, Problems> {
+        resolve_revision(&self.revision_input(generation, domain), configs)
+    }
+}
+
+/// Loads local.yaml and its ConfigMaps and validates every service's revision against them.
+/// Every problem of every file is reported; problem keys of a service are prefixed with its
+/// path in local.yaml (`services[0].spec.template...`).
+pub fn load(source: &Source) -> Result<LocalModel, Problems> {
+    let (file, base) = match source {
+        Source::File(path) => {
+            let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (super::config::read(path)?, Some(base))
+        }
+        Source::Builtin => (
+            super::config::parse(super::config::BUILTIN, "built-in local.yaml")?,
+            None,
+        ),
+    };
+    from_file(file, base.as_deref())
+}
+
+/// Validates a parsed local.yaml; `base` is its folder (`None` for the built-in copy, which
+/// uses default ConfigMaps).
+pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Problems> {
+    let mut problems = Vec::new();
+    let mut configs = ConfigSet::default();
+    let mut config_files = Vec::new();
+    if let Some(base) = base {
+        let abs = |p: &Path| {
+            let p = file.resolve_path(base, p);
+            if p.is_absolute() {
+                p
+            } else {
+                std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+            }
+        };
+        if let Some(p) = &file.config_maps.autoscaler {
+            let p = abs(p);
+            match autoscaler_from_manifest(&p) {
+                Ok(c) => configs.autoscaler = Arc::new(c),
+                Err(e) => problems.extend(e.0),
+            }
+            config_files.push((crate::config::autoscaler::NAME, p));
+        }
+        if let Some(p) = &file.config_maps.defaults {
+            let p = abs(p);
+            match defaults_from_manifest(&p) {
+                Ok(c) => configs.defaults = Arc::new(c),
+                Err(e) => problems.extend(e.0),
+            }
+            config_files.push((crate::config::defaults::NAME, p));
+        }
+        if let Some(p) = &file.config_maps.activator {
+            let p = abs(p);
+            match activator_from_manifest(&p) {
+                Ok(c) => configs.activator = Arc::new(c),
+                Err(e) => problems.extend(e.0),
+            }
+            config_files.push((crate::config::activator::NAME, p));
+        }
+    }
+    let mut warnings = Vec::new();
+    let services: Vec<ServiceModel> = file
+        .services
+        .iter()
+        .map(|s| ServiceModel {
+            namespace: s.metadata.namespace.clone(),
+            name: s.metadata.name.clone(),
+            template: s.spec.template.clone(),
+        })
+        .collect();
+    if problems.is_empty() {
+        for (i, s) in services.iter().enumerate() {
+            warnings.extend(
+                annotations::warnings(&s.template.metadata.annotations)
+                    .into_iter()
+                    .map(|w| format!("services[{i}]: {w}")),
+            );
+            if let Err(e) = s.revision_spec(1, &file.domain, &configs) {
+                problems.extend(e.0.into_iter().map(|p| Problem {
+                    key: format!("services[{i}]: {}", field_path(&p.key)),
+                    ..p
+                }));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Problems(problems));
+    }
+    Ok(LocalModel {
+        domain: file.domain,
+        configs,
+        config_files,
+        services,
+        warnings,
+    })
+}
+
+/// Where a revision-level key lives in a Service manifest.
+fn field_path(key: &str) -> String {
+    match key.strip_prefix("spec.") {
+        Some(field) => format!("spec.template.spec.{field}"),
+        None => format!("spec.template.metadata.annotations[{key}]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_model_routes_hello() {
+        let m = load(&Source::Builtin).unwrap();
+        let s = &m.services[0];
+        assert_eq!(s.route_host(&m.domain), "hello.default.example.com");
+        let spec = s.revision_spec(1, &m.domain, &m.configs).unwrap();
+        assert_eq!(&*spec.key.name, "hello-00001");
+        assert_eq!(
+            spec.autoscaling.stable_window,
+            std::time::Duration::from_secs(10)
+        );
+        assert!(
+            spec.hosts
+                .contains(&"hello-00001.default.example.com".to_string())
+        );
+        assert_eq!(revision_name("hello", 12), "hello-00012");
+    }
+
+    #[test]
+    fn shipped_local_yaml_loads_with_its_configmaps() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.yaml");
+        let m = load(&Source::File(path)).unwrap();
+        assert_eq!(m.config_files.len(), 3);
+        assert!(
+            m.config_files
+                .iter()
+                .all(|(_, p)| p.is_absolute() && p.exists())
+        );
+    }
+
+    #[test]
+    fn bad_annotation_names_service_and_field() {
+        let f = super::super::config::parse(
+            "services:\n  - metadata: {name: a}\n    spec:\n      template:\n        metadata:\n          annotations: {autoscaling.knative.dev/window: 1s}\n        spec:\n          containerConcurrency: 5000\n          containers: [{command: [x]}]\n",
+            "f",
+        )
+        .unwrap();
+        let e = from_file(f, None).unwrap_err();
+        let keys: Vec<_> = e.0.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "services[0]: spec.template.spec.containerConcurrency",
+                "services[0]: spec.template.metadata.annotations[autoscaling.knative.dev/window]",
+            ]
+        );
+    }
+}

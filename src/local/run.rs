@@ -1,0 +1,231 @@
+//! `thaw local`: wires the activator, the autoscaler, the local process platform and the local
+//! controller together in one process, and follows local.yaml and its ConfigMaps live.
+//!
+//! Shutdown (SIGINT or SIGTERM): the activator drains first (readiness fails, listeners close
+//! after `drain-delay`, held and in-flight requests finish within `drain-timeout`) while the
+//! autoscaler and the platform keep serving them; then the autoscaler stops and every replica
+//! is stopped (SIGTERM, SIGKILL after the kill grace). No replica outlives thaw.
+//!
+//! If thaw itself is SIGKILLed it cannot stop its replicas: they run in their own process
+//! groups (so a terminal's Ctrl-C reaches thaw, not them) and are re-parented to init. The
+//! shipped `thaw sample-app` exits within a second when its parent dies; other commands should
+//! do the same or be cleaned up by hand (`pgrep -f` on their command line).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use super::controller::LocalController;
+use super::model::{self, LocalModel, Source};
+use crate::activator::report::stat_channel;
+use crate::activator::{Activator, ActivatorDeps, raise_nofile_limit};
+use crate::autoscaler::scaler::{Scaler, ScalerOptions, ScaleStates};
+use crate::config::reload::{FileWatch, Outcome, watch_file};
+use crate::platform::Platform;
+use crate::platform::local::{LocalOptions, LocalPlatform};
+use crate::revision::RevisionCatalog;
+use crate::telemetry::{Telemetry, init_tracing};
+
+/// Bound of the in-process stats channel (activator -> autoscaler): a few seconds of reports
+/// for thousands of revisions; beyond it stats are dropped and counted, never queued.
+const STATS_CHANNEL: usize = 16 * 1024;
+
+/// Arguments of `thaw local`.
+#[derive(Debug, clap::Args)]
+pub struct LocalArgs {
+    /// Data port: where clients send requests (Host: {service}.{namespace}.{domain}).
+    #[arg(long, default_value = "127.0.0.1:8080", env = "THAW_LISTEN")]
+    pub listen: SocketAddr,
+    /// Admin port: /metrics, /healthz, /readyz, /revisions.
+    #[arg(long, default_value = "127.0.0.1:9090", env = "THAW_ADMIN_LISTEN")]
+    pub admin_listen: SocketAddr,
+    /// The services file. Default: config/local.yaml in the current folder, else a built-in
+    /// copy of it.
+    #[arg(long, env = "THAW_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// Runs `thaw local` to completion (a signal); the exit code says whether it started.
+pub fn main(args: LocalArgs) -> ExitCode {
+    init_tracing(args.log_json);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("thaw local: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("{msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn source(args: &LocalArgs) -> Source {
+    match &args.config {
+        Some(p) => Source::File(p.clone()),
+        None => {
+            let default = PathBuf::from("config/local.yaml");
+            if default.exists() { Source::File(default) } else { Source::Builtin }
+        }
+    }
+}
+
+async fn run(args: LocalArgs) -> Result<(), String> {
+    raise_nofile_limit();
+    let source = source(&args);
+    let model = model::load(&source).map_err(|p| {
+        let what = match &source {
+            Source::File(p) => p.display().to_string(),
+            Source::Builtin => "the built-in local.yaml".into(),
+        };
+        format!("thaw local: invalid configuration in {what}:\n{p}")
+    })?;
+    for w in &model.warnings {
+        warn!("{w}");
+    }
+    match &source {
+        Source::File(p) => info!(config = %p.display(), "services file"),
+        Source::Builtin => info!("no config/local.yaml here: serving the built-in copy"),
+    }
+    let model = Arc::new(model);
+
+    let telemetry = Arc::new(Telemetry::new());
+    let platform = LocalPlatform::new(LocalOptions::default(), telemetry.platform.clone());
+    let catalog = Arc::new(RevisionCatalog::default());
+    let controller = LocalController::start(platform.clone(), catalog.clone(), model.clone());
+    let scale_states = ScaleStates::new();
+    let (sink, stats_rx) = stat_channel(STATS_CHANNEL);
+    let activator_config = Arc::new(ArcSwap::new(model.configs.activator.clone()));
+
+    let data = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("thaw local: cannot listen on {} (--listen): {e}", args.listen))?;
+    let admin = TcpListener::bind(args.admin_listen).await.map_err(|e| {
+        format!("thaw local: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+    })?;
+    let (data_addr, admin_addr) = (
+        data.local_addr().map_err(|e| format!("thaw local: {e}"))?,
+        admin.local_addr().map_err(|e| format!("thaw local: {e}"))?,
+    );
+    info!(data = %data_addr, admin = %admin_addr, "thaw local listening");
+    for s in &model.services {
+        info!(
+            service = %format!("{}/{}", s.namespace, s.name),
+            "try: curl -H 'Host: {}' http://{}/",
+            s.route_host(&model.domain),
+            data_addr
+        );
+    }
+    info!("admin: curl http://{admin_addr}/revisions (also /metrics /healthz /readyz)");
+
+    let activator = Activator::new(ActivatorDeps {
+        catalog: catalog.clone(),
+        endpoints: Arc::new(platform.clone()),
+        stats: Arc::new(sink),
+        scale_states: Some(scale_states.clone()),
+        config: activator_config.clone(),
+        telemetry: telemetry.clone(),
+        source_name: "activator".into(),
+    });
+    let scaler = Scaler::new(
+        catalog.clone(),
+        Arc::new(platform.clone()) as Arc<dyn Platform>,
+        scale_states,
+        &telemetry,
+        ScalerOptions::default(),
+    );
+    let (stop_scaler, scaler_stopped) = watch::channel(false);
+    let scaler_task = tokio::spawn(scaler.run(stats_rx, async move {
+        let mut rx = scaler_stopped;
+        let _ = rx.wait_for(|stop| *stop).await;
+    }));
+
+    let _watches = watch_files(&source, &model, controller, activator_config, &telemetry);
+
+    let served = activator.serve(data, admin, shutdown_signal()).await;
+    info!("activator drained; stopping the autoscaler and every replica");
+    let _ = stop_scaler.send(true);
+    let _ = scaler_task.await;
+    platform.shutdown().await;
+    info!("thaw local stopped");
+    served.map_err(|e| format!("thaw local: serving failed: {e}"))
+}
+
+/// Watches local.yaml and every ConfigMap file it names. Any change reloads the whole model;
+/// a valid one is applied (services, revisions, effective settings, activator limits), an
+/// invalid one is logged key by key and counted, and the last good model keeps serving.
+///
+/// The set of watched files is the one at start-up: a `configMaps` path changed in local.yaml
+/// is read on every later reload, but its own edits are only followed after a restart.
+fn watch_files(
+    source: &Source,
+    model: &Arc<LocalModel>,
+    controller: Arc<LocalController>,
+    activator_config: Arc<ArcSwap<crate::config::ActivatorConfig>>,
+    telemetry: &Telemetry,
+) -> Vec<FileWatch> {
+    let Source::File(local_yaml) = source else { return Vec::new() };
+    let live: Arc<ArcSwap<LocalModel>> = Arc::new(ArcSwap::new(model.clone()));
+    let mut files = vec![("local.yaml", local_yaml.clone())];
+    files.extend(model.config_files.iter().map(|(name, p)| (*name, p.clone())));
+    let mut watches = Vec::new();
+    for (name, path) in files {
+        let src = source.clone();
+        let w = watch_file(&path, name, move |_| model::load(&src), live.clone(), telemetry.config.clone());
+        match w {
+            Ok(w) => watches.push(w),
+            Err(e) => error!(file = %path.display(), error = %e, "cannot watch; edits need a restart"),
+        }
+    }
+    for w in &watches {
+        let mut events = w.events();
+        let (controller, live, activator_config) =
+            (controller.clone(), live.clone(), activator_config.clone());
+        tokio::spawn(async move {
+            while events.changed().await.is_ok() {
+                let applied = matches!(events.borrow_and_update().outcome, Some(Outcome::Applied));
+                if applied {
+                    let model: Arc<LocalModel> = live.load_full();
+                    for w in &model.warnings {
+                        warn!("{w}");
+                    }
+                    activator_config.store(model.configs.activator.clone());
+                    controller.apply(model);
+                }
+            }
+        });
+    }
+    watches
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops thaw");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: draining"),
+        () = term => info!("SIGTERM: draining"),
+    }
+}

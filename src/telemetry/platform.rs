@@ -1,0 +1,174 @@
+//! Metrics of the process platform (`platform::local`): replicas by state, spawn-to-ready time,
+//! exits and restarts.
+
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Labels: one revision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RevisionLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name (`hello-00001`).
+    pub revision: String,
+}
+
+/// Where a replica is in its life (label values: `starting`, `ready`, `backoff`,
+/// `terminating`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplicaStateLabel {
+    /// Spawned, not yet answering its readiness probe.
+    Starting,
+    /// Answering; its endpoint is in the snapshot's `ready` list.
+    Ready,
+    /// Waiting to be restarted after an exit it was not asked for.
+    Backoff,
+    /// Being stopped (draining, then SIGTERM, then SIGKILL).
+    Terminating,
+}
+
+/// Labels: one revision and one replica state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReplicaStateLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name.
+    pub revision: String,
+    /// The replicas' state.
+    pub state: ReplicaStateLabel,
+}
+
+/// Why a replica process ended (label values in snake case: `stopped`, `port_taken`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExitReason {
+    /// Stopped because thaw asked it to (scale down, removal, shutdown).
+    Stopped,
+    /// Exited on its own before it ever became ready.
+    Crashed,
+    /// Exited on its own after it had been ready.
+    Exited,
+    /// Did not become ready within the startup timeout, so thaw killed it.
+    StartupTimeout,
+    /// Could not be spawned at all (program missing, not executable, ...).
+    SpawnFailed,
+    /// Exited before ready because its port was taken meanwhile; retried on a new port.
+    PortTaken,
+}
+
+impl ReplicaStateLabel {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Ready => "ready",
+            Self::Backoff => "backoff",
+            Self::Terminating => "terminating",
+        }
+    }
+}
+
+impl EncodeLabelValue for ReplicaStateLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+impl ExitReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Crashed => "crashed",
+            Self::Exited => "exited",
+            Self::StartupTimeout => "startup_timeout",
+            Self::SpawnFailed => "spawn_failed",
+            Self::PortTaken => "port_taken",
+        }
+    }
+}
+
+impl EncodeLabelValue for ExitReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// Labels: one revision and one exit reason.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ExitLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name.
+    pub revision: String,
+    /// Why the process ended.
+    pub reason: ExitReason,
+}
+
+type HistogramFamily = Family<RevisionLabels, Histogram, fn() -> Histogram>;
+
+fn startup_histogram() -> Histogram {
+    // 1 ms .. ~65 s: sample apps start in milliseconds, JVMs in tens of seconds.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every family of the process platform. Cheap to clone (handles share their series).
+#[derive(Debug, Clone)]
+pub struct PlatformMetrics {
+    /// `thaw_platform_replicas{namespace,revision,state}`: replicas per state, set on every
+    /// change of the revision's replica set.
+    pub replicas: Family<ReplicaStateLabels, Gauge>,
+    /// `thaw_platform_replica_startup_seconds{namespace,revision}`: spawn to first successful
+    /// readiness probe.
+    pub startup: HistogramFamily,
+    /// `thaw_platform_replica_exits_total{namespace,revision,reason}`.
+    pub exits: Family<ExitLabels, Counter>,
+    /// `thaw_platform_replica_restarts_total{namespace,revision}`: replacements started after an
+    /// exit thaw did not ask for.
+    pub restarts: Family<RevisionLabels, Counter>,
+}
+
+impl Default for PlatformMetrics {
+    fn default() -> Self {
+        Self {
+            replicas: Family::default(),
+            startup: Family::new_with_constructor(startup_histogram),
+            exits: Family::default(),
+            restarts: Family::default(),
+        }
+    }
+}
+
+impl PlatformMetrics {
+    /// Registers every family in `reg` (unprefixed names; the registry adds `thaw_`).
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self::default();
+        reg.register(
+            "platform_replicas",
+            "Replica processes per revision and state",
+            m.replicas.clone(),
+        );
+        reg.register_with_unit(
+            "platform_replica_startup",
+            "Time from spawning a replica to its first successful readiness probe",
+            Unit::Seconds,
+            m.startup.clone(),
+        );
+        reg.register(
+            "platform_replica_exits",
+            "Replica processes that ended, by reason",
+            m.exits.clone(),
+        );
+        reg.register(
+            "platform_replica_restarts",
+            "Replicas started to replace one that exited on its own",
+            m.restarts.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,136 @@
+//! `thaw config check` as operators run it: the real binary on real files.
+
+use std::path::Path;
+use std::process::Command;
+
+fn thaw(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run thaw");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn shipped_autoscaler_config_is_valid_and_all_default() {
+    let (code, out, err) = thaw(&["config", "check", "config/config-autoscaler.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<_> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 20, "every config-autoscaler key:\n{out}");
+    for l in &lines {
+        assert!(l.contains(" default "), "not a default: {l}");
+    }
+    assert!(out.contains("stable-window") && out.contains("60s"));
+}
+
+#[test]
+fn json_output_uses_knative_names_and_units() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-autoscaler.yaml",
+        "config/config-defaults.yaml",
+        "config/config-activator.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stable-window"], 60);
+    assert_eq!(v["container-concurrency-target-percentage"], 70);
+    assert_eq!(v["scale-to-zero-grace-period"], 30);
+    assert_eq!(v["revision-timeout-seconds"], 300);
+    assert_eq!(v["queue-depth"], 10000);
+    assert_eq!(v["_non_default"], serde_json::json!([]));
+}
+
+#[test]
+fn three_bad_keys_exit_1_and_are_all_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "bad.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-autoscaler\ndata:\n  \
+         stable-window: \"60\"\n  max-scale-up-rate: \"0.5\"\n  panic-threshold-percentage: \"50\"\n  \
+         min-scale: \"2\"\n  unknown-thing: \"1\"\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &f]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty(), "{out}");
+    let problems: Vec<_> = err.lines().filter(|l| !l.starts_with("warning:")).collect();
+    assert_eq!(
+        problems,
+        [
+            "max-scale-up-rate: 0.5: must be greater than 1.0",
+            "panic-threshold-percentage: 50: must be in [110, 1000]",
+            "stable-window: 60: not a duration (a number with a unit: ns, us, ms, s, m or h, e.g. \
+             60s); missing unit",
+        ]
+    );
+    assert!(err.contains("warning: ") && err.contains("unknown-thing: unknown key, ignored"));
+}
+
+#[test]
+fn set_values_are_marked_and_files_recognised_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "whatever-name.yaml",
+        "kind: ConfigMap\nmetadata:\n  name: config-defaults\ndata:\n  revision-timeout-seconds: \"120\"\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &f]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("revision-timeout-seconds"))
+        .unwrap();
+    assert!(line.contains("120") && line.contains(" set "), "{line}");
+}
+
+#[test]
+fn malformed_yaml_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "broken.yaml",
+        "kind: ConfigMap\nmetadata:\n  name: config-autoscaler\ndata:\n  stable-window: [60s\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &f]);
+    assert_eq!(code, 1);
+    assert!(err.contains(&f) && err.contains("line "), "{err}");
+}
+
+#[test]
+fn checks_local_yaml_too() {
+    let (code, out, err) = thaw(&["config", "check", "config/local.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("default/hello host=hello.default.example.com revision=hello-00001"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "local.yaml",
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containers: [{command: [thaw, sample-app], ports: [{name: grpc}]}]\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &f]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("services[0].spec.template.spec.containers[0].ports[0].name: grpc: must be"),
+        "{err}"
+    );
+}
