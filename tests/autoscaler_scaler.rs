@@ -258,3 +258,21 @@ async fn a_restarted_scaler_adopts_running_pods_and_holds_them_for_a_stable_wind
     assert!(replicas[..61].iter().all(|&r| r == 3), "{replicas:?}");
     assert!(replicas[62] < 3, "{replicas:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_initial_scale_is_retried() {
+    let mut h = harness(vec![revision("r", |_| {})], MemoryPlatform::new(), local());
+    // The platform does not know the revision yet when the scaler first sees it.
+    h.platform.fail_scale(&key("r"), Some("unknown revision"));
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    assert_eq!(h.platform.replicas(&key("r")), None);
+    h.scaler.tick(clock::instant_of(1000)).await;
+    assert_eq!(h.platform.replicas(&key("r")), None);
+    h.platform.fail_scale(&key("r"), None);
+    h.scaler.tick(clock::instant_of(1002)).await;
+    assert_eq!(
+        h.platform.replicas(&key("r")),
+        Some(1),
+        "no traffic, yet the initial pod"
+    );
+}

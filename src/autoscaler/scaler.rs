@@ -156,7 +156,8 @@ impl Scaler {
     }
 
     /// A new revision gets its initial scale, as a new Deployment does, unless that many
-    /// pods are ready already (a restarted autoscaler adopting a running revision).
+    /// pods are ready already (a restarted autoscaler adopting a running revision). If the
+    /// platform refuses (e.g. it does not know the revision yet), the next decisions retry.
     async fn start(&mut self, key: &RevisionKey, now: Instant) {
         let Some(state) = self.revisions.get_mut(key) else {
             return;
@@ -172,6 +173,7 @@ impl Scaler {
                 &self.metrics,
                 &self.options,
             );
+            state.initial = Some(initial);
             if state.apply(key, initial, &env, now).await {
                 info!(revision = %key, "scale {} - -> {initial}: initial scale", key.name);
             }

@@ -71,6 +71,9 @@ pub(super) struct RevisionState {
     added_at: Instant,
     /// Replicas last accepted by the platform; `None` before the first scale call.
     pub replicas: Option<u32>,
+    /// The initial scale still to be applied: set when the revision appears, cleared by the
+    /// first scale call the platform accepts.
+    pub initial: Option<u32>,
     /// The decider's latest answer; −1 before its first.
     pub decided: i32,
     excess_burst_capacity: i64,
@@ -120,6 +123,7 @@ impl RevisionState {
             endpoints,
             added_at: now,
             replicas: None,
+            initial: None,
             decided: -1,
             activator_in_path: true,
             in_path_since: Some(now),
@@ -174,6 +178,7 @@ impl RevisionState {
     ) -> bool {
         match tokio::time::timeout(env.scale_timeout, env.platform.scale(key, replicas)).await {
             Ok(Ok(())) => {
+                self.initial = None;
                 if self.replicas != Some(replicas) {
                     self.decided_at = Some(now);
                 }
@@ -261,6 +266,13 @@ impl RevisionState {
             self.update_path(verdict, ready, now);
         }
 
+        if !verdict.apply
+            && let Some(initial) = self.initial
+            && self.replicas.is_none()
+            && self.apply(key, initial, env, now).await
+        {
+            info!(revision = %key, "scale {} - -> {initial}: initial scale (retried)", key.name);
+        }
         if verdict.apply {
             let to = u32::try_from(verdict.want).unwrap_or(0);
             if self.replicas != Some(to) {
