@@ -13,6 +13,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the activator, the autoscaler and local replicas in one process (no cluster).
+    Local(thaw::local::run::LocalArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -20,6 +22,8 @@ enum Command {
     },
     /// A tiny HTTP/1.1 + h2c server to run as a replica (hello, /stream, /healthz).
     SampleApp(thaw::sample_app::SampleAppArgs),
+    /// Replay a traffic trace through the autoscaler on a virtual clock.
+    Simulate(thaw::autoscaler::simulate::SimulateArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -31,9 +35,11 @@ enum ConfigCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Local(args) => thaw::local::run::main(args),
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
+        Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
     }
 }

@@ -1,12 +1,299 @@
 //! The scaler loop, and the [`ScaleState`] it publishes per revision.
+//!
+//! [`Scaler::run`] owns every revision's decider and windows on one task: it drains the stats
+//! channel into the [`Collector`], decides every revision each tick (2 s, as Knative) and at
+//! once when a stat with load arrives for a revision whose answer is 0 (a poke from a cold
+//! request), applies min/max/initial-scale and the scale-to-zero rules
+//! ([`super::lifecycle`]), calls [`Platform::scale`] only when the answer changes, and
+//! publishes a [`ScaleState`] per revision. It follows the [`RevisionCatalog`]: revisions are
+//! added and dropped when the catalog changes, and changed settings (window sizes included)
+//! apply at the next decision.
+//!
+//! The same steps are public ([`Scaler::sync_catalog`], [`Scaler::ingest`], [`Scaler::tick`],
+//! [`Scaler::decide`]) with the time passed in, so `thaw simulate` and tests drive the real
+//! scaler on a virtual clock.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
-use crate::revision::RevisionKey;
+use super::collector::Collector;
+pub use super::options::{ActivatorPath, RevisionStatus, ScalerOptions, Trigger};
+use super::state::{Env, RevisionState, Revisions};
+use crate::activator::report::StatMessage;
+use crate::clock;
+use crate::platform::{Platform, PlatformError};
+use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::telemetry::Telemetry;
+use crate::telemetry::autoscaler::{AutoscalerMetrics, RejectLabels};
+
+/// The autoscaler's decision loop over every revision in the catalog. See the module docs.
+pub struct Scaler {
+    catalog: Arc<RevisionCatalog>,
+    platform: Arc<dyn Platform>,
+    scale_states: Arc<ScaleStates>,
+    metrics: AutoscalerMetrics,
+    options: ScalerOptions,
+    collector: Collector,
+    revisions: Revisions,
+}
+
+impl Scaler {
+    /// A scaler over `catalog`'s revisions. Nothing happens until [`Scaler::run`] (or the
+    /// step methods) are called.
+    pub fn new(
+        catalog: Arc<RevisionCatalog>,
+        platform: Arc<dyn Platform>,
+        scale_states: Arc<ScaleStates>,
+        telemetry: &Telemetry,
+        options: ScalerOptions,
+    ) -> Self {
+        Self {
+            catalog,
+            platform,
+            scale_states,
+            metrics: telemetry.autoscaler.clone(),
+            options,
+            collector: Collector::new(),
+            revisions: Revisions::default(),
+        }
+    }
+
+    /// Runs until `shutdown` completes: syncs the catalog, then ticks every
+    /// [`ScalerOptions::tick`], ingests stats as they come (deciding at once on a poke), and
+    /// follows catalog changes. If the stats channel closes it keeps ticking. On shutdown it
+    /// stops deciding and leaves every revision's replicas as they are.
+    pub async fn run(
+        mut self,
+        mut stats: mpsc::Receiver<StatMessage>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        async move {
+            let mut catalog_changed = self.catalog.subscribe();
+            catalog_changed.mark_unchanged();
+            self.sync_catalog(Instant::now()).await;
+            let mut ticker = tokio::time::interval(self.options.tick);
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut stats_open = true;
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    _ = ticker.tick() => self.tick(Instant::now()).await,
+                    Ok(()) = catalog_changed.changed() => self.sync_catalog(Instant::now()).await,
+                    msg = stats.recv(), if stats_open => match msg {
+                        Some(msg) => {
+                            let now = Instant::now();
+                            if let Some(key) = self.ingest(msg, now) {
+                                self.decide(&key, Trigger::Poke, now).await;
+                            }
+                        }
+                        None => {
+                            warn!("stats channel closed; deciding on what was collected");
+                            stats_open = false;
+                        }
+                    },
+                }
+            }
+            info!("autoscaler stopped; replicas left as they are");
+        }
+        .instrument(info_span!("autoscaler"))
+        .await
+    }
+
+    /// Follows the catalog: starts tracking new revisions (asking the platform for their
+    /// initial scale when fewer pods are ready), takes changed settings for the next
+    /// decision, and forgets removed revisions (scaling them to 0 if they had replicas).
+    pub async fn sync_catalog(&mut self, now: Instant) {
+        let snapshot = self.catalog.load();
+        let removed: Vec<RevisionKey> = self
+            .revisions
+            .keys()
+            .filter(|k| snapshot.get(k).is_none())
+            .cloned()
+            .collect();
+        for key in removed {
+            self.forget(&key).await;
+        }
+        let mut added = Vec::new();
+        for rev in snapshot.revisions() {
+            match self.revisions.get_mut(&rev.key) {
+                Some(state) => {
+                    if !Arc::ptr_eq(&state.spec, &rev.autoscaling) {
+                        // New window sizes take effect at the next decision.
+                        self.collector
+                            .watch(&rev.key, &rev.autoscaling, clock::second_of(now));
+                        state.spec = rev.autoscaling.clone();
+                    }
+                }
+                None => {
+                    let endpoints = self.platform.endpoints(&rev.key);
+                    let slot =
+                        self.collector
+                            .watch(&rev.key, &rev.autoscaling, clock::second_of(now));
+                    let state = RevisionState::new(
+                        &rev.key,
+                        rev.autoscaling.clone(),
+                        slot,
+                        endpoints,
+                        &self.metrics,
+                        now,
+                    );
+                    self.scale_states.publish(&rev.key, ScaleState::default());
+                    self.revisions.insert(rev.key.clone(), state);
+                    added.push(rev.key.clone());
+                }
+            }
+        }
+        for key in added {
+            self.start(&key, now).await;
+        }
+    }
+
+    /// A new revision gets its initial scale, as a new Deployment does, unless that many
+    /// pods are ready already (a restarted autoscaler adopting a running revision). If the
+    /// platform refuses (e.g. it does not know the revision yet), the next decisions retry.
+    async fn start(&mut self, key: &RevisionKey, now: Instant) {
+        let Some(state) = self.revisions.get_mut(key) else {
+            return;
+        };
+        let initial = state.spec.initial_scale;
+        let ready = state.ready_now();
+        info!(revision = %key, initial_scale = initial, ready, "tracking revision");
+        if initial > 0 && ready < initial {
+            let env = env(
+                &self.collector,
+                &*self.platform,
+                &self.scale_states,
+                &self.metrics,
+                &self.options,
+            );
+            state.initial = Some(initial);
+            if state.apply(key, initial, &env, now).await {
+                info!(revision = %key, "scale {} - -> {initial}: initial scale", key.name);
+            }
+        }
+    }
+
+    async fn forget(&mut self, key: &RevisionKey) {
+        let Some(state) = self.revisions.remove(key) else {
+            return;
+        };
+        self.collector.forget(key);
+        self.scale_states.remove(key);
+        state.remove_gauges(&self.metrics);
+        info!(revision = %key, "revision removed from the catalog; forgetting it");
+        if state.replicas.is_some_and(|r| r > 0) {
+            let call = self.platform.scale(key, 0);
+            match tokio::time::timeout(self.options.scale_timeout, call).await {
+                Ok(Ok(())) | Ok(Err(PlatformError::UnknownRevision(_))) => {}
+                Ok(Err(e)) => {
+                    warn!(revision = %key, error = %e, "scaling a removed revision to 0 failed")
+                }
+                Err(_) => warn!(revision = %key, "scaling a removed revision to 0 timed out"),
+            }
+        }
+    }
+
+    /// Records one stat at `now`. Returns the revision when it must be decided at once: the
+    /// stat carries load and the revision's latest answer is 0 (or none yet). Rejected stats
+    /// are counted in `thaw_autoscaler_stats_rejected_total`.
+    pub fn ingest(&mut self, msg: StatMessage, now: Instant) -> Option<RevisionKey> {
+        let (stat, kind) = match msg {
+            StatMessage::Record(s) => (s, "record"),
+            StatMessage::Poke(s) => (s, "poke"),
+        };
+        if let Err(reason) = self.collector.record(&stat, clock::second_of(now)) {
+            self.metrics
+                .stats_rejected
+                .get_or_create(&RejectLabels {
+                    reason: reason.label(),
+                })
+                .inc();
+            debug!(revision = %stat.revision, source = %stat.source, kind, %reason, "stat rejected");
+            return None;
+        }
+        let state = self.revisions.get(&stat.revision)?;
+        (stat.average_concurrency > 0.0 && state.decided <= 0).then_some(stat.revision)
+    }
+
+    /// Decides every revision at `now`.
+    pub async fn tick(&mut self, now: Instant) {
+        let started = Instant::now();
+        let env = env(
+            &self.collector,
+            &*self.platform,
+            &self.scale_states,
+            &self.metrics,
+            &self.options,
+        );
+        let revisions = &mut self.revisions;
+        // One span per round, not per revision: every event inside names its revision.
+        async move {
+            for (key, state) in revisions.iter_mut() {
+                state.decide(key, &env, Trigger::Tick, now).await;
+            }
+        }
+        .instrument(debug_span!("tick"))
+        .await;
+        self.metrics
+            .decision_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Decides one revision at `now` (no-op for an unknown one).
+    pub async fn decide(&mut self, key: &RevisionKey, trigger: Trigger, now: Instant) {
+        let started = Instant::now();
+        let env = env(
+            &self.collector,
+            &*self.platform,
+            &self.scale_states,
+            &self.metrics,
+            &self.options,
+        );
+        if let Some(state) = self.revisions.get_mut(key) {
+            state
+                .decide(key, &env, trigger, now)
+                .instrument(debug_span!("decide", revision = %key, trigger = trigger.as_str()))
+                .await;
+        }
+        self.metrics
+            .decision_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// `revision`'s state as of its last decision.
+    pub fn status(&self, revision: &RevisionKey) -> Option<RevisionStatus> {
+        self.revisions.get(revision).map(RevisionState::status)
+    }
+
+    /// The revisions being scaled.
+    pub fn revisions(&self) -> impl Iterator<Item = &RevisionKey> {
+        self.revisions.keys()
+    }
+}
+
+fn env<'a>(
+    collector: &'a Collector,
+    platform: &'a dyn Platform,
+    scale_states: &'a ScaleStates,
+    metrics: &'a AutoscalerMetrics,
+    options: &ScalerOptions,
+) -> Env<'a> {
+    Env {
+        collector,
+        platform,
+        scale_states,
+        metrics,
+        activator_path: options.activator_path,
+        scale_timeout: options.scale_timeout,
+    }
+}
 
 /// The scaler's latest answer for one revision.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +324,7 @@ pub struct ScaleStates {
 }
 
 impl ScaleStates {
+    /// An empty, shareable set.
     pub fn new() -> Arc<Self> {
         Arc::default()
     }

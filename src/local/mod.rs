@@ -4,3 +4,4 @@
 pub mod config;
 pub mod controller;
 pub mod model;
+pub mod run;

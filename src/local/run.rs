@@ -84,7 +84,9 @@ fn source(args: &LocalArgs) -> Source {
 }
 
 async fn run(args: LocalArgs) -> Result<(), String> {
-    raise_nofile_limit();
+    if let Err(e) = raise_nofile_limit() {
+        warn!(error = %e, "cannot raise the open-files limit; keeping the current one");
+    }
     let source = source(&args);
     let model = model::load(&source).map_err(|p| {
         let what = match &source {

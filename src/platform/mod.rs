@@ -16,6 +16,8 @@ use tokio::sync::watch;
 
 use crate::revision::RevisionKey;
 
+pub mod memory;
+
 /// A boxed, sendable future (trait methods that must stay object-safe return this).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -6,6 +6,7 @@
 //! handles, it never looks labels up.
 
 pub mod activator;
+pub mod autoscaler;
 pub mod config;
 pub mod platform;
 
@@ -20,6 +21,7 @@ pub struct Telemetry {
     pub config: config::ConfigMetrics,
     pub platform: platform::PlatformMetrics,
     pub activator: activator::ActivatorMetrics,
+    pub autoscaler: autoscaler::AutoscalerMetrics,
 }
 
 impl Telemetry {
@@ -29,11 +31,13 @@ impl Telemetry {
         let config = config::ConfigMetrics::register(&mut registry);
         let platform = platform::PlatformMetrics::register(&mut registry);
         let activator = activator::ActivatorMetrics::register(&mut registry);
+        let autoscaler = autoscaler::AutoscalerMetrics::register(&mut registry);
         Self {
             registry,
             config,
             platform,
             activator,
+            autoscaler,
         }
     }
 

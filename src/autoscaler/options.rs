@@ -1,0 +1,93 @@
+//! The scaler's inputs and outputs besides the seam types: how it runs
+//! ([`ScalerOptions`], [`ActivatorPath`]), why a decision ran ([`Trigger`]), and what it
+//! knows about a revision ([`RevisionStatus`]). Re-exported from [`super::scaler`].
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::collector::Observed;
+use super::lifecycle::Activity;
+
+/// Since when the activator fronts a revision: the "activator in the path" input of the
+/// scale-to-zero grace period (knative-dataplane.md §2.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivatorPath {
+    /// Every request passes the activator (`thaw local`): it has been in the path since
+    /// `since` (normally the scaler's start), or since the revision appeared if later. An
+    /// inactive revision loses its last pod at once once `since` is a grace period old.
+    Always {
+        /// When the activator entered the path.
+        since: Instant,
+    },
+    /// The activator is in the path exactly while this scaler publishes
+    /// `activator_in_path = true` (the serving side applies it promptly); the grace period
+    /// counts from the last switch into the path.
+    FollowsDecision,
+}
+
+/// How the scaler runs.
+#[derive(Debug, Clone)]
+pub struct ScalerOptions {
+    /// Since when the activator fronts revisions (the grace period's reference).
+    pub activator_path: ActivatorPath,
+    /// Interval between decision rounds (Knative: 2 s).
+    pub tick: Duration,
+    /// The longest one [`crate::platform::Platform::scale`] call may take; a call that takes longer is
+    /// abandoned, counted, and retried at the next decision.
+    pub scale_timeout: Duration,
+}
+
+impl Default for ScalerOptions {
+    /// Local mode: the activator always in the path since now, 2 s ticks, 5 s scale timeout.
+    fn default() -> Self {
+        Self {
+            activator_path: ActivatorPath::Always {
+                since: Instant::now(),
+            },
+            tick: Duration::from_secs(2),
+            scale_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why a decision ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The periodic round.
+    Tick,
+    /// A stat with load for a revision whose answer was 0.
+    Poke,
+}
+
+impl Trigger {
+    /// `tick` or `poke`, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tick => "tick",
+            Self::Poke => "poke",
+        }
+    }
+}
+
+/// A revision as of its last decision (for `thaw simulate`, tests and admin views).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevisionStatus {
+    /// Replicas asked of the platform; −1 before the first scale call.
+    pub desired: i32,
+    /// The decider's latest answer (before bounds and scale-to-zero rules); −1 before its
+    /// first.
+    pub decided: i32,
+    /// Ready pods seen at the last decision.
+    pub ready: u32,
+    /// Whether the decider is in panic mode.
+    pub panicking: bool,
+    /// The latest excess burst capacity (negative: the activator stays in the path).
+    pub excess_burst_capacity: i64,
+    /// Whether the activator must stay in the request path.
+    pub activator_in_path: bool,
+    /// Knative's PodAutoscaler `Active` condition.
+    pub activity: Activity,
+    /// The window averages used, `None` when there was no data.
+    pub observed: Option<Observed>,
+}

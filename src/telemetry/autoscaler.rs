@@ -1,0 +1,105 @@
+//! Metrics of the autoscaler: per-revision gauges of its decisions, and the cost of deciding.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of the per-revision gauges.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RevisionLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name.
+    pub revision: String,
+}
+
+/// Labels of rejected stats: why (see `autoscaler::collector::Rejected::label`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// A `Rejected::label()`.
+    pub reason: &'static str,
+}
+
+/// The autoscaler's metric families. Per-revision children are resolved once when the scaler
+/// starts tracking a revision and removed when it forgets it.
+#[derive(Debug, Clone)]
+pub struct AutoscalerMetrics {
+    /// `thaw_autoscaler_desired_pods{namespace,revision}`: replicas asked of the platform.
+    pub desired_pods: Family<RevisionLabels, Gauge>,
+    /// `thaw_autoscaler_ready_pods{namespace,revision}`: ready endpoints at the last decision.
+    pub ready_pods: Family<RevisionLabels, Gauge>,
+    /// `thaw_autoscaler_panic_mode{namespace,revision}`: 1 while the decider panics.
+    pub panic_mode: Family<RevisionLabels, Gauge>,
+    /// `thaw_autoscaler_excess_burst_capacity{namespace,revision}`: negative keeps the
+    /// activator in the path.
+    pub excess_burst_capacity: Family<RevisionLabels, Gauge>,
+    /// `thaw_autoscaler_decision_seconds`: time to decide one round (a tick over every
+    /// revision, or one poked revision), platform calls included.
+    pub decision_seconds: Histogram,
+    /// `thaw_autoscaler_stats_rejected_total{reason}`: stats not recorded.
+    pub stats_rejected: Family<RejectLabels, Counter>,
+    /// `thaw_autoscaler_scale_errors_total`: platform scale calls that failed or timed out
+    /// (retried at the next decision).
+    pub scale_errors: Counter,
+}
+
+impl Default for AutoscalerMetrics {
+    fn default() -> Self {
+        Self {
+            desired_pods: Family::default(),
+            ready_pods: Family::default(),
+            panic_mode: Family::default(),
+            excess_burst_capacity: Family::default(),
+            // 1µs .. ~4s
+            decision_seconds: Histogram::new(exponential_buckets(1e-6, 4.0, 12)),
+            stats_rejected: Family::default(),
+            scale_errors: Counter::default(),
+        }
+    }
+}
+
+impl AutoscalerMetrics {
+    /// Registers every family under the registry's prefix (`thaw_autoscaler_*`).
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self::default();
+        reg.register(
+            "autoscaler_desired_pods",
+            "Replicas the autoscaler asked the platform for",
+            m.desired_pods.clone(),
+        );
+        reg.register(
+            "autoscaler_ready_pods",
+            "Ready endpoints seen at the last decision",
+            m.ready_pods.clone(),
+        );
+        reg.register(
+            "autoscaler_panic_mode",
+            "1 while the revision's decider is in panic mode",
+            m.panic_mode.clone(),
+        );
+        reg.register(
+            "autoscaler_excess_burst_capacity",
+            "Spare capacity beyond the target burst capacity; negative keeps the activator in the path",
+            m.excess_burst_capacity.clone(),
+        );
+        reg.register(
+            "autoscaler_decision_seconds",
+            "Time to decide one round (all revisions at a tick, or one poked revision)",
+            m.decision_seconds.clone(),
+        );
+        reg.register(
+            "autoscaler_stats_rejected",
+            "Stats the collector did not record, by reason",
+            m.stats_rejected.clone(),
+        );
+        reg.register(
+            "autoscaler_scale_errors",
+            "Platform scale calls that failed or timed out",
+            m.scale_errors.clone(),
+        );
+        m
+    }
+}
