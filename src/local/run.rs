@@ -155,9 +155,9 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         let _ = rx.wait_for(|stop| *stop).await;
     }));
 
-    let _watches = watch_files(&source, &model, controller, activator_config, &telemetry);
+    let _watches = watch_files(&source, &model, controller, activator_config.clone(), &telemetry);
 
-    let served = activator.serve(data, admin, shutdown_signal()).await;
+    let served = activator.serve(data, admin, shutdown_signal(activator_config)).await;
     info!("activator drained; stopping the autoscaler and every replica");
     let _ = stop_scaler.send(true);
     let _ = scaler_task.await;
@@ -213,8 +213,10 @@ fn watch_files(
     watches
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+/// Completes on SIGINT (Ctrl-C) or SIGTERM. Ctrl-C comes from a person at a terminal, with no
+/// load balancer to wait for, so it skips `drain-delay` (requests still finish, bounded by
+/// `drain-timeout`); SIGTERM honours it as in a cluster.
+async fn shutdown_signal(config: Arc<ArcSwap<crate::config::ActivatorConfig>>) {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -227,7 +229,13 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT: draining"),
+        _ = tokio::signal::ctrl_c() => {
+            info!("SIGINT: draining now (no drain delay)");
+            config.rcu(|c| crate::config::ActivatorConfig {
+                drain_delay: std::time::Duration::ZERO,
+                ..(**c).clone()
+            });
+        }
         () = term => info!("SIGTERM: draining"),
     }
 }
