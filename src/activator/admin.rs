@@ -85,6 +85,22 @@ fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
     }
 }
 
+/// The revision's effective autoscaler settings that operators tune, with Knative's key names
+/// (durations in seconds), so a live ConfigMap or annotation change can be checked here.
+fn autoscaling_json(a: &crate::config::AutoscalingSpec) -> Value {
+    json!({
+        "target": a.target_value,
+        "target-burst-capacity": a.target_burst_capacity,
+        "stable-window": a.stable_window.as_secs_f64(),
+        "panic-window": a.panic_window.as_secs_f64(),
+        "min-scale": a.min_scale,
+        "max-scale": a.max_scale,
+        "initial-scale": a.initial_scale,
+        "scale-down-delay": a.scale_down_delay.as_secs_f64(),
+        "scale-to-zero-grace-period": a.scale_to_zero_grace_period.as_secs_f64(),
+    })
+}
+
 /// `{"draining": bool, "held": n, "revisions": [...]}`, revisions sorted by namespace and name.
 pub(crate) fn revisions(act: &Activator) -> Value {
     let mut states = act.states();
@@ -134,6 +150,8 @@ pub(crate) fn revisions(act: &Activator) -> Value {
                 "status": status,
                 "reason": reason,
                 "state": state,
+                "service": spec.service.as_deref(),
+                "autoscaling": autoscaling_json(&spec.autoscaling),
             })
         })
         .collect();

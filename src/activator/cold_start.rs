@@ -176,10 +176,10 @@ mod tests {
         assert!(!c.awaiting_first_byte());
         let text = tel.encode();
         for phase in [
-            "PokeToDecision",
-            "DecisionToReady",
-            "PokeToReady",
-            "ReadyToFirstByte",
+            "poke_to_decision",
+            "decision_to_ready",
+            "poke_to_ready",
+            "ready_to_first_byte",
         ] {
             let line =
                 format!("thaw_activator_cold_start_phase_seconds_count{{phase=\"{phase}\"}} 1");

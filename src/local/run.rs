@@ -25,7 +25,7 @@ use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
 use crate::activator::report::stat_channel;
 use crate::activator::{Activator, ActivatorDeps, raise_nofile_limit};
-use crate::autoscaler::scaler::{Scaler, ScalerOptions, ScaleStates};
+use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
 use crate::config::reload::{FileWatch, Outcome, watch_file};
 use crate::platform::Platform;
 use crate::platform::local::{LocalOptions, LocalPlatform};
@@ -57,7 +57,10 @@ pub struct LocalArgs {
 /// Runs `thaw local` to completion (a signal); the exit code says whether it started.
 pub fn main(args: LocalArgs) -> ExitCode {
     init_tracing(args.log_json);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("thaw local: cannot start the runtime: {e}");
@@ -78,7 +81,11 @@ fn source(args: &LocalArgs) -> Source {
         Some(p) => Source::File(p.clone()),
         None => {
             let default = PathBuf::from("config/local.yaml");
-            if default.exists() { Source::File(default) } else { Source::Builtin }
+            if default.exists() {
+                Source::File(default)
+            } else {
+                Source::Builtin
+            }
         }
     }
 }
@@ -112,11 +119,17 @@ async fn run(args: LocalArgs) -> Result<(), String> {
     let (sink, stats_rx) = stat_channel(STATS_CHANNEL);
     let activator_config = Arc::new(ArcSwap::new(model.configs.activator.clone()));
 
-    let data = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("thaw local: cannot listen on {} (--listen): {e}", args.listen))?;
+    let data = TcpListener::bind(args.listen).await.map_err(|e| {
+        format!(
+            "thaw local: cannot listen on {} (--listen): {e}",
+            args.listen
+        )
+    })?;
     let admin = TcpListener::bind(args.admin_listen).await.map_err(|e| {
-        format!("thaw local: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+        format!(
+            "thaw local: cannot listen on {} (--admin-listen): {e}",
+            args.admin_listen
+        )
     })?;
     let (data_addr, admin_addr) = (
         data.local_addr().map_err(|e| format!("thaw local: {e}"))?,
@@ -155,9 +168,17 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         let _ = rx.wait_for(|stop| *stop).await;
     }));
 
-    let _watches = watch_files(&source, &model, controller, activator_config.clone(), &telemetry);
+    let _watches = watch_files(
+        &source,
+        &model,
+        controller,
+        activator_config.clone(),
+        &telemetry,
+    );
 
-    let served = activator.serve(data, admin, shutdown_signal(activator_config)).await;
+    let served = activator
+        .serve(data, admin, shutdown_signal(activator_config))
+        .await;
     info!("activator drained; stopping the autoscaler and every replica");
     let _ = stop_scaler.send(true);
     let _ = scaler_task.await;
@@ -179,17 +200,32 @@ fn watch_files(
     activator_config: Arc<ArcSwap<crate::config::ActivatorConfig>>,
     telemetry: &Telemetry,
 ) -> Vec<FileWatch> {
-    let Source::File(local_yaml) = source else { return Vec::new() };
+    let Source::File(local_yaml) = source else {
+        return Vec::new();
+    };
     let live: Arc<ArcSwap<LocalModel>> = Arc::new(ArcSwap::new(model.clone()));
     let mut files = vec![("local.yaml", local_yaml.clone())];
-    files.extend(model.config_files.iter().map(|(name, p)| (*name, p.clone())));
+    files.extend(
+        model
+            .config_files
+            .iter()
+            .map(|(name, p)| (*name, p.clone())),
+    );
     let mut watches = Vec::new();
     for (name, path) in files {
         let src = source.clone();
-        let w = watch_file(&path, name, move |_| model::load(&src), live.clone(), telemetry.config.clone());
+        let w = watch_file(
+            &path,
+            name,
+            move |_| model::load(&src),
+            live.clone(),
+            telemetry.config.clone(),
+        );
         match w {
             Ok(w) => watches.push(w),
-            Err(e) => error!(file = %path.display(), error = %e, "cannot watch; edits need a restart"),
+            Err(e) => {
+                error!(file = %path.display(), error = %e, "cannot watch; edits need a restart")
+            }
         }
     }
     for w in &watches {

@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -30,8 +30,9 @@ pub struct CodeLabels {
     pub code: u16,
 }
 
-/// The phases of a cold start, from the activator's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+/// The phases of a cold start, from the activator's point of view. Label values are
+/// snake_case (`poke_to_decision`, ...), as Prometheus label values conventionally are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ColdStartPhase {
     /// First held request (the poke) -> the scaler's decision (`ScaleState::decided_at`).
     PokeToDecision,
@@ -41,6 +42,24 @@ pub enum ColdStartPhase {
     PokeToReady,
     /// The first ready endpoint -> the first response forwarded to a client.
     ReadyToFirstByte,
+}
+
+impl ColdStartPhase {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PokeToDecision => "poke_to_decision",
+            Self::DecisionToReady => "decision_to_ready",
+            Self::PokeToReady => "poke_to_ready",
+            Self::ReadyToFirstByte => "ready_to_first_byte",
+        }
+    }
+}
+
+impl EncodeLabelValue for ColdStartPhase {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 /// Labels of `thaw_activator_cold_start_phase_seconds`.

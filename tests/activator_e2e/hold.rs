@@ -65,8 +65,8 @@ async fn cold_request_is_held_poked_and_answered_once_an_endpoint_appears() {
     for needle in [
         "thaw_activator_requests_total{namespace=\"default\",revision=\"cold\",code=\"200\"} 1",
         "thaw_activator_hold_seconds_count{namespace=\"default\",revision=\"cold\"} 1",
-        "thaw_activator_cold_start_phase_seconds_count{phase=\"PokeToReady\"} 1",
-        "thaw_activator_cold_start_phase_seconds_count{phase=\"ReadyToFirstByte\"} 1",
+        "thaw_activator_cold_start_phase_seconds_count{phase=\"poke_to_ready\"} 1",
+        "thaw_activator_cold_start_phase_seconds_count{phase=\"ready_to_first_byte\"} 1",
     ] {
         assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");
     }
@@ -247,10 +247,10 @@ async fn cold_start_phases_include_the_scaler_decision() {
     assert_eq!(h.revision(&rev).await["desired"], 1);
     let metrics = h.metrics().await;
     for phase in [
-        "PokeToDecision",
-        "DecisionToReady",
-        "PokeToReady",
-        "ReadyToFirstByte",
+        "poke_to_decision",
+        "decision_to_ready",
+        "poke_to_ready",
+        "ready_to_first_byte",
     ] {
         let line = format!("thaw_activator_cold_start_phase_seconds_count{{phase=\"{phase}\"}} 1");
         assert!(metrics.contains(&line), "{line} missing:\n{metrics}");

@@ -28,7 +28,11 @@ pub const FAST_ACTIVATOR: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  
 
 /// One service, `hello` unless named otherwise, running `thaw sample-app` with `args`.
 pub fn service(name: &str, args: &[&str], env_target: &str, extra_annotations: &str) -> String {
-    let args = args.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+    let args = args
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "  - metadata: {{name: {name}, namespace: default}}\n    spec:\n      template:\n        metadata:\n          annotations: {{{extra_annotations}}}\n        spec:\n          containers:\n            - command: [thaw, sample-app]\n              args: [{args}]\n              env: [{{name: TARGET, value: \"{env_target}\"}}]\n"
     )
@@ -59,7 +63,14 @@ impl Thaw {
         write(dir.path(), "config-autoscaler.yaml", autoscaler);
         write(dir.path(), "config-activator.yaml", activator);
         let mut child = Command::new(env!("CARGO_BIN_EXE_thaw"))
-            .args(["local", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--config"])
+            .args([
+                "local",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--config",
+            ])
             .arg(dir.path().join("local.yaml"))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -77,7 +88,14 @@ impl Thaw {
         });
         let (data, admin) = wait_ports(&logs, &mut child);
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Thaw { child, dir, data, admin, logs, client }
+        Thaw {
+            child,
+            dir,
+            data,
+            admin,
+            logs,
+            client,
+        }
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -104,6 +122,18 @@ impl Thaw {
         get(&self.client, self.data, host, path).await
     }
 
+    /// A client of its own (for requests made from other tasks).
+    pub fn client(&self) -> Client<HttpConnector, Empty<Bytes>> {
+        self.client.clone()
+    }
+
+    /// GET on the admin port, as text.
+    pub async fn get_admin_text(&self, path: &str) -> String {
+        let (status, _, body) = get(&self.client, self.admin, "admin", path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        body
+    }
+
     /// GET on the admin port, parsed as JSON.
     pub async fn admin_json(&self, path: &str) -> serde_json::Value {
         let (status, _, body) = get(&self.client, self.admin, "admin", path).await;
@@ -128,7 +158,11 @@ impl Thaw {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code().unwrap_or(-1);
             }
-            assert!(tokio::time::Instant::now() < deadline, "thaw did not exit:\n{}", self.dump_logs());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "thaw did not exit:\n{}",
+                self.dump_logs()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -171,7 +205,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 /// Reads the bound addresses from thaw's start-up log line.
 fn wait_ports(logs: &Mutex<Vec<String>>, child: &mut Child) -> (SocketAddr, SocketAddr) {
-    let deadline = std::time::Instant::now() + DEADLINE;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         {
             let logs = logs.lock().unwrap();
@@ -184,9 +218,15 @@ fn wait_ports(logs: &Mutex<Vec<String>>, child: &mut Child) -> (SocketAddr, Sock
             }
         }
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("thaw exited ({status}) before listening:\n{}", logs.lock().unwrap().join("\n"));
+            panic!(
+                "thaw exited ({status}) before listening:\n{}",
+                logs.lock().unwrap().join("\n")
+            );
         }
-        assert!(std::time::Instant::now() < deadline, "thaw did not start listening");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "thaw did not start listening"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -194,14 +234,20 @@ fn wait_ports(logs: &Mutex<Vec<String>>, child: &mut Child) -> (SocketAddr, Sock
 /// Live (non-zombie) child processes of `pid`, from /proc.
 pub fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for e in dir.flatten() {
         let Some(child) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
         // Fields after the command (which may hold spaces) start after the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
         let mut f = rest.split_whitespace();
         let state = f.next();
         let ppid = f.next().and_then(|p| p.parse::<u32>().ok());

@@ -1,0 +1,219 @@
+//! End-to-end tests of `thaw local`: the real binary, the real sample app as replicas, real
+//! sockets, the real clock with shortened windows; every wait polls with a deadline.
+
+mod local_e2e_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use local_e2e_support::*;
+use nix::sys::signal::Signal;
+
+const HOST: &str = "hello.default.example.com";
+
+fn revision<'a>(v: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    v["revisions"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_wakes_from_zero_and_idle_revision_returns_to_zero_processes() {
+    let local = local_yaml(&[service("hello", &[], "one", "")]);
+    let thaw = Thaw::start(&local, FAST_AUTOSCALER, FAST_ACTIVATOR);
+    assert!(
+        thaw.replicas().is_empty(),
+        "initial-scale 0: nothing runs before a request"
+    );
+
+    let (status, headers, body) = thaw.get(HOST, "/").await;
+    assert_eq!(status, 200, "{headers}{body}\n{}", thaw.dump_logs());
+    assert_eq!(body, "Hello from one!\n");
+    assert!(
+        headers.contains("server-timing: cold-start;dur="),
+        "{headers}"
+    );
+    assert_eq!(thaw.replicas().len(), 1);
+    let metrics = thaw.get_admin_text("/metrics").await;
+    for phase in [
+        "poke_to_decision",
+        "decision_to_ready",
+        "ready_to_first_byte",
+    ] {
+        assert!(
+            metrics.contains(phase),
+            "cold-start phase {phase} missing from /metrics"
+        );
+    }
+
+    // Stable window 6s, grace 1s: the revision goes back to zero processes on its own.
+    until(&thaw, "scale to zero processes", || async {
+        thaw.replicas().is_empty()
+    })
+    .await;
+    let v = thaw.admin_json("/revisions").await;
+    let r = revision(&v, "hello-00001").unwrap();
+    assert_eq!(r["desired"], 0);
+    assert_eq!(r["ready"]["count"], 0);
+    assert!(
+        thaw.log_contains("scale hello-00001 1 -> 0"),
+        "{}",
+        thaw.dump_logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_requests_at_zero_all_answer_200() {
+    // A replica that takes 300 ms to start, so every request is held.
+    let local = local_yaml(&[service("hello", &["--startup-delay", "300ms"], "burst", "")]);
+    let thaw = Arc::new(Thaw::start(&local, FAST_AUTOSCALER, FAST_ACTIVATOR));
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let thaw = thaw.clone();
+        tasks.push(tokio::spawn(async move { thaw.get(HOST, "/").await }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let (status, _, body) = t.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "Hello from burst!\n"));
+        ok += 1;
+    }
+    assert_eq!(ok, 200, "none lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashing_command_answers_503_with_the_reason() {
+    let local = local_yaml(&[service("hello", &["--crash"], "x", "")]);
+    let thaw = Thaw::start(&local, FAST_AUTOSCALER, FAST_ACTIVATOR);
+    let (status, headers, body) = thaw.get(HOST, "/").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("replicas keep crashing"), "{body}");
+    assert!(
+        body.contains("crashing on purpose"),
+        "the last output line is in the reason: {body}"
+    );
+    assert!(headers.contains("retry-after: "), "{headers}");
+    let v = thaw.admin_json("/revisions").await;
+    assert_eq!(revision(&v, "hello-00001").unwrap()["status"], "failing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_edit_of_the_autoscaler_file_changes_the_stable_window() {
+    let local = local_yaml(&[service("hello", &[], "x", "")]);
+    let thaw = Thaw::start(&local, FAST_AUTOSCALER, FAST_ACTIVATOR);
+    let window = |v: serde_json::Value| {
+        revision(&v, "hello-00001").unwrap()["autoscaling"]["stable-window"].clone()
+    };
+    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+
+    // An invalid edit is rejected and the last good configuration stays.
+    thaw.edit(
+        "config-autoscaler.yaml",
+        &FAST_AUTOSCALER.replace("\"6s\"", "\"6\""),
+    );
+    until(&thaw, "the rejection in the log", || async {
+        thaw.log_contains("configuration update rejected")
+    })
+    .await;
+    assert!(
+        thaw.log_contains("stable-window"),
+        "the rejected key is named"
+    );
+    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+
+    thaw.edit(
+        "config-autoscaler.yaml",
+        &FAST_AUTOSCALER.replace("\"6s\"", "\"20s\""),
+    );
+    until(&thaw, "stable-window 20s in force", || async {
+        window(thaw.admin_json("/revisions").await) == 20.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_edit_rolls_to_the_next_revision_with_no_request_lost() {
+    let thaw = Arc::new(Thaw::start(
+        &local_yaml(&[service("hello", &[], "one", "")]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    ));
+    assert_eq!(thaw.get(HOST, "/").await.2, "Hello from one!\n");
+
+    // Four clients send requests back to back through the whole roll-out.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (thaw, stop) = (thaw.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                seen.push(thaw.get(HOST, "/").await);
+            }
+            seen
+        }));
+    }
+    thaw.edit(
+        "local.yaml",
+        &local_yaml(&[service("hello", &[], "two", "")]),
+    );
+    until(&thaw, "traffic on hello-00002", || async {
+        thaw.get(HOST, "/").await.2 == "Hello from two!\n"
+    })
+    .await;
+    // A bad edit afterwards is rejected; hello-00002 keeps serving.
+    thaw.edit("local.yaml", "services:\n  - metadata: {name: Bad_Name}\n");
+    until(&thaw, "the rejected local.yaml", || async {
+        thaw.log_contains("configuration update rejected")
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        for (status, _, body) in c.await.unwrap() {
+            assert_eq!(
+                status, 200,
+                "a request was lost during the roll-out: {body}"
+            );
+            assert!(
+                body == "Hello from one!\n" || body == "Hello from two!\n",
+                "{body}"
+            );
+            total += 1;
+        }
+    }
+    assert!(total > 0);
+    assert_eq!(thaw.get(HOST, "/").await.2, "Hello from two!\n");
+    let v = thaw.admin_json("/revisions").await;
+    assert!(revision(&v, "hello-00002").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_held_requests_finishes_them_and_stops_every_replica() {
+    let local = local_yaml(&[service("hello", &["--startup-delay", "1s"], "late", "")]);
+    let mut thaw = Thaw::start(&local, FAST_AUTOSCALER, FAST_ACTIVATOR);
+    let client = thaw.client();
+    let (data, mut tasks) = (thaw.data, Vec::new());
+    for _ in 0..20 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(
+            async move { get(&client, data, HOST, "/").await },
+        ));
+    }
+    until(&thaw, "20 held requests", || async {
+        thaw.admin_json("/revisions").await["held"] == 20
+    })
+    .await;
+    thaw.signal(Signal::SIGTERM);
+    for t in tasks {
+        let (status, _, body) = t.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "Hello from late!\n"));
+    }
+    assert_eq!(thaw.wait_exit().await, 0, "{}", thaw.dump_logs());
+    assert!(
+        thaw.log_contains("every replica stopped"),
+        "{}",
+        thaw.dump_logs()
+    );
+}
