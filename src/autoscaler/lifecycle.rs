@@ -99,6 +99,27 @@ pub enum Why {
     GracePending,
 }
 
+impl Why {
+    /// The rule in plain words, for the scale-decision log line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Why::Decided => "the KPA's answer for the observed load",
+            Why::NoDecisionYet => "no decision yet",
+            Why::ScaleToZeroDisabled => "idle, but enable-scale-to-zero is false: keep one",
+            Why::Activating => "activating: holding replicas until the activation timeout",
+            Why::ActivationTimedOut => "activation timed out: giving up",
+            Why::StableWindowNotOver => "idle, but active for less than a stable window",
+            Why::Deactivating => "idle for a stable window: revision inactive",
+            Why::ActivatorNotInPath => "inactive, waiting for the activator to be in the path",
+            Why::InactiveLongEnough => "inactive for the grace and pod retention periods",
+            Why::PodRetention => "inactive, keeping the last replica for the retention period",
+            Why::GraceElapsed => "idle for a stable window; activator in the path for the grace \
+                                  period: the last replica goes",
+            Why::GracePending => "inactive, waiting out the scale-to-zero grace period",
+        }
+    }
+}
+
 /// The scaler's answer for one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {

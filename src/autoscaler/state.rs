@@ -283,8 +283,8 @@ impl RevisionState {
                     let (stable, panic) = observed.map_or((0.0, 0.0), |o| (o.stable, o.panic));
                     info!(
                         revision = %key, from = %from, to, trigger = trigger.as_str(), why = ?verdict.why,
-                        "scale {} {} -> {}: {} ({:?}), observed stable {:.1} panic {:.1}, target {}, ready {}{}",
-                        key.name, from, to, trigger.as_str(), verdict.why, stable, panic,
+                        "scale {} {} -> {}: {} ({}), observed stable {:.1} panic {:.1}, target {}, ready {}{}",
+                        key.name, from, to, verdict.why.describe(), trigger.as_str(), stable, panic,
                         spec.target_value, ready, if self.panicking { ", panicking" } else { "" },
                     );
                 }
