@@ -113,8 +113,10 @@ impl Why {
             Why::ActivatorNotInPath => "inactive, waiting for the activator to be in the path",
             Why::InactiveLongEnough => "inactive for the grace and pod retention periods",
             Why::PodRetention => "inactive, keeping the last replica for the retention period",
-            Why::GraceElapsed => "idle for a stable window; activator in the path for the grace \
-                                  period: the last replica goes",
+            Why::GraceElapsed => {
+                "idle for a stable window; activator in the path for the grace \
+                                  period: the last replica goes"
+            }
             Why::GracePending => "inactive, waiting out the scale-to-zero grace period",
         }
     }
