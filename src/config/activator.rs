@@ -75,11 +75,9 @@ pub struct ActivatorOverrides {
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use super::autoscaler::duration_in;
-use super::keys::{self, Key, Parsed, Shown};
-use super::parse::{Problem, Problems, duration_json, format_duration, parse_i64};
+use super::keys::{self, ConfigMap, Key};
+use super::parse::{Problem, Problems, parse_i64};
 
 /// Name of the ConfigMap.
 pub const NAME: &str = "config-activator";
@@ -92,14 +90,6 @@ fn int_in(s: &str, lo: i64, hi: i64) -> Result<u32, String> {
         return Err(format!("must be in [{lo}, {hi}]"));
     }
     Ok(v as u32)
-}
-
-fn u_show(v: u32) -> (String, Value) {
-    (v.to_string(), Value::from(v))
-}
-
-fn d_show(d: Duration) -> (String, Value) {
-    (format_duration(d), duration_json(d))
 }
 
 const MS: Duration = Duration::from_millis(1);
@@ -115,7 +105,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.queue_depth = int_in(s, 1, 1_000_000)?;
             Ok(())
         },
-        show: |c| u_show(c.queue_depth),
+        show: |c| keys::show_u32(c.queue_depth),
     },
     Key {
         name: "max-held-requests",
@@ -126,7 +116,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.max_held_requests = int_in(s, 2, 10_000_000)?;
             Ok(())
         },
-        show: |c| u_show(c.max_held_requests),
+        show: |c| keys::show_u32(c.max_held_requests),
     },
     Key {
         name: "max-header-count",
@@ -136,7 +126,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.max_header_count = int_in(s, 1, 10_000)?;
             Ok(())
         },
-        show: |c| u_show(c.max_header_count),
+        show: |c| keys::show_u32(c.max_header_count),
     },
     Key {
         name: "max-header-bytes",
@@ -146,7 +136,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.max_header_bytes = int_in(s, 1024, 1024 * 1024)?;
             Ok(())
         },
-        show: |c| u_show(c.max_header_bytes),
+        show: |c| keys::show_u32(c.max_header_bytes),
     },
     Key {
         name: "header-read-timeout",
@@ -156,7 +146,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.header_read_timeout = duration_in(s, MS, HOUR, false)?;
             Ok(())
         },
-        show: |c| d_show(c.header_read_timeout),
+        show: |c| keys::show_duration(c.header_read_timeout),
     },
     Key {
         name: "keep-alive-timeout",
@@ -166,7 +156,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.keep_alive_timeout = duration_in(s, MS, HOUR, false)?;
             Ok(())
         },
-        show: |c| d_show(c.keep_alive_timeout),
+        show: |c| keys::show_duration(c.keep_alive_timeout),
     },
     Key {
         name: "max-connections",
@@ -176,7 +166,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.max_connections = int_in(s, 1, 10_000_000)?;
             Ok(())
         },
-        show: |c| u_show(c.max_connections),
+        show: |c| keys::show_u32(c.max_connections),
     },
     Key {
         name: "h2-max-concurrent-streams",
@@ -186,7 +176,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.h2_max_concurrent_streams = int_in(s, 1, 100_000)?;
             Ok(())
         },
-        show: |c| u_show(c.h2_max_concurrent_streams),
+        show: |c| keys::show_u32(c.h2_max_concurrent_streams),
     },
     Key {
         name: "drain-delay",
@@ -197,7 +187,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.drain_delay = duration_in(s, Duration::ZERO, HOUR, false)?;
             Ok(())
         },
-        show: |c| d_show(c.drain_delay),
+        show: |c| keys::show_duration(c.drain_delay),
     },
     Key {
         name: "drain-timeout",
@@ -207,7 +197,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.drain_timeout = duration_in(s, Duration::ZERO, HOUR, false)?;
             Ok(())
         },
-        show: |c| d_show(c.drain_timeout),
+        show: |c| keys::show_duration(c.drain_timeout),
     },
     Key {
         name: "connect-retries",
@@ -217,7 +207,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.connect_retries = int_in(s, 0, 10)?;
             Ok(())
         },
-        show: |c| u_show(c.connect_retries),
+        show: |c| keys::show_u32(c.connect_retries),
     },
     Key {
         name: "connect-timeout",
@@ -227,7 +217,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.connect_timeout = duration_in(s, MS, Some(Duration::from_secs(60)), false)?;
             Ok(())
         },
-        show: |c| d_show(c.connect_timeout),
+        show: |c| keys::show_duration(c.connect_timeout),
     },
     Key {
         name: "initial-burst",
@@ -238,7 +228,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.initial_burst = int_in(s, 1, 1_000_000)?;
             Ok(())
         },
-        show: |c| u_show(c.initial_burst),
+        show: |c| keys::show_u32(c.initial_burst),
     },
     Key {
         name: "retry-after",
@@ -248,7 +238,7 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             c.retry_after = duration_in(s, Duration::from_secs(1), HOUR, true)?;
             Ok(())
         },
-        show: |c| d_show(c.retry_after),
+        show: |c| keys::show_duration(c.retry_after),
     },
 ];
 
@@ -273,20 +263,15 @@ fn validate(c: &ActivatorConfig, data: &BTreeMap<String, String>) -> Vec<Problem
     p
 }
 
-impl ActivatorConfig {
-    /// Parses a `config-activator` data map, reporting every bad key.
-    pub fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
-        keys::parse_data(KEYS, &[], data, validate)
+impl ConfigMap for ActivatorConfig {
+    const NAME: &'static str = NAME;
+
+    fn keys() -> &'static [Key<Self>] {
+        KEYS
     }
 
-    /// Unknown-key warnings for a data map (valid or not).
-    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
-        keys::warnings(KEYS, &[], data)
-    }
-
-    /// Every key with its effective value, for `thaw config check`.
-    pub fn show(&self) -> Vec<Shown> {
-        keys::show_all(KEYS, self)
+    fn validate(&self, data: &BTreeMap<String, String>) -> Vec<Problem> {
+        validate(self, data)
     }
 }
 

@@ -86,10 +86,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::keys::{self, Key, Parsed, Shown};
+use super::keys::{self, ConfigMap, Key};
 use super::parse::{
-    Problem, Problems, duration_json, format_duration, parse_bool, parse_f64,
-    parse_go_duration_nanos, parse_i32,
+    Problem, format_duration, parse_bool, parse_f64, parse_go_duration_nanos, parse_i32,
 };
 
 /// Name of the ConfigMap.
@@ -135,22 +134,6 @@ pub(crate) fn duration_in(
     Ok(d)
 }
 
-fn dur_show(d: Duration) -> (String, Value) {
-    (format_duration(d), duration_json(d))
-}
-
-fn f_show(v: f64) -> (String, Value) {
-    (keys::num_text(v), keys::num(v))
-}
-
-fn u_show(v: u32) -> (String, Value) {
-    (v.to_string(), Value::from(v))
-}
-
-fn b_show(v: bool) -> (String, Value) {
-    (v.to_string(), Value::from(v))
-}
-
 fn non_negative_i32(s: &str) -> Result<u32, String> {
     let v = parse_i32(s)?;
     u32::try_from(v).map_err(|_| "must not be negative".to_string())
@@ -181,7 +164,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.enable_scale_to_zero = parse_bool(s)?;
             Ok(())
         },
-        show: |c| b_show(c.enable_scale_to_zero),
+        show: |c| keys::show_bool(c.enable_scale_to_zero),
     },
     Key {
         name: "allow-zero-initial-scale",
@@ -191,7 +174,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.allow_zero_initial_scale = parse_bool(s)?;
             Ok(())
         },
-        show: |c| b_show(c.allow_zero_initial_scale),
+        show: |c| keys::show_bool(c.allow_zero_initial_scale),
     },
     Key {
         name: "max-scale-up-rate",
@@ -205,7 +188,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.max_scale_up_rate = v;
             Ok(())
         },
-        show: |c| f_show(c.max_scale_up_rate),
+        show: |c| keys::show_f64(c.max_scale_up_rate),
     },
     Key {
         name: "max-scale-down-rate",
@@ -219,7 +202,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.max_scale_down_rate = v;
             Ok(())
         },
-        show: |c| f_show(c.max_scale_down_rate),
+        show: |c| keys::show_f64(c.max_scale_down_rate),
     },
     Key {
         name: "container-concurrency-target-percentage",
@@ -236,7 +219,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.container_concurrency_target_fraction = v;
             Ok(())
         },
-        show: |c| f_show(round9(c.container_concurrency_target_fraction * 100.0)),
+        show: |c| keys::show_f64(round9(c.container_concurrency_target_fraction * 100.0)),
     },
     Key {
         name: "container-concurrency-target-default",
@@ -246,7 +229,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.container_concurrency_target_default = parse_f64(s)?;
             Ok(())
         },
-        show: |c| f_show(c.container_concurrency_target_default),
+        show: |c| keys::show_f64(c.container_concurrency_target_default),
     },
     Key {
         name: "requests-per-second-target-default",
@@ -260,7 +243,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.requests_per_second_target_default = v;
             Ok(())
         },
-        show: |c| f_show(c.requests_per_second_target_default),
+        show: |c| keys::show_f64(c.requests_per_second_target_default),
     },
     Key {
         name: "target-burst-capacity",
@@ -274,7 +257,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.target_burst_capacity = v;
             Ok(())
         },
-        show: |c| f_show(c.target_burst_capacity),
+        show: |c| keys::show_f64(c.target_burst_capacity),
     },
     Key {
         name: "stable-window",
@@ -284,7 +267,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.stable_window = duration_in(s, WINDOW_MIN, Some(WINDOW_MAX), true)?;
             Ok(())
         },
-        show: |c| dur_show(c.stable_window),
+        show: |c| keys::show_duration(c.stable_window),
     },
     Key {
         name: "panic-window-percentage",
@@ -298,7 +281,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.panic_window_percentage = v;
             Ok(())
         },
-        show: |c| f_show(c.panic_window_percentage),
+        show: |c| keys::show_f64(c.panic_window_percentage),
     },
     Key {
         name: "panic-threshold-percentage",
@@ -314,7 +297,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.panic_threshold_percentage = v;
             Ok(())
         },
-        show: |c| f_show(c.panic_threshold_percentage),
+        show: |c| keys::show_f64(c.panic_threshold_percentage),
     },
     Key {
         name: "activator-capacity",
@@ -328,7 +311,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.activator_capacity = v;
             Ok(())
         },
-        show: |c| f_show(c.activator_capacity),
+        show: |c| keys::show_f64(c.activator_capacity),
     },
     Key {
         name: "initial-scale",
@@ -338,7 +321,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.initial_scale = non_negative_i32(s)?;
             Ok(())
         },
-        show: |c| u_show(c.initial_scale),
+        show: |c| keys::show_u32(c.initial_scale),
     },
     Key {
         name: "min-scale",
@@ -348,7 +331,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.min_scale = non_negative_i32(s)?;
             Ok(())
         },
-        show: |c| u_show(c.min_scale),
+        show: |c| keys::show_u32(c.min_scale),
     },
     Key {
         name: "max-scale",
@@ -358,7 +341,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.max_scale = non_negative_i32(s)?;
             Ok(())
         },
-        show: |c| u_show(c.max_scale),
+        show: |c| keys::show_u32(c.max_scale),
     },
     Key {
         name: "max-scale-limit",
@@ -368,7 +351,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.max_scale_limit = non_negative_i32(s)?;
             Ok(())
         },
-        show: |c| u_show(c.max_scale_limit),
+        show: |c| keys::show_u32(c.max_scale_limit),
     },
     Key {
         name: "scale-down-delay",
@@ -378,7 +361,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.scale_down_delay = duration_in(s, Duration::ZERO, None, true)?;
             Ok(())
         },
-        show: |c| dur_show(c.scale_down_delay),
+        show: |c| keys::show_duration(c.scale_down_delay),
     },
     Key {
         name: "scale-to-zero-grace-period",
@@ -392,7 +375,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.scale_to_zero_grace_period = d;
             Ok(())
         },
-        show: |c| dur_show(c.scale_to_zero_grace_period),
+        show: |c| keys::show_duration(c.scale_to_zero_grace_period),
     },
     Key {
         name: "scale-to-zero-pod-retention-period",
@@ -402,7 +385,7 @@ pub static KEYS: &[Key<AutoscalerConfig>] = &[
             c.scale_to_zero_pod_retention_period = duration_in(s, Duration::ZERO, None, false)?;
             Ok(())
         },
-        show: |c| dur_show(c.scale_to_zero_pod_retention_period),
+        show: |c| keys::show_duration(c.scale_to_zero_pod_retention_period),
     },
 ];
 
@@ -456,23 +439,20 @@ fn validate(c: &AutoscalerConfig, data: &BTreeMap<String, String>) -> Vec<Proble
     p
 }
 
+impl ConfigMap for AutoscalerConfig {
+    const NAME: &'static str = NAME;
+    const INERT: &'static [&'static str] = INERT;
+
+    fn keys() -> &'static [Key<Self>] {
+        KEYS
+    }
+
+    fn validate(&self, data: &BTreeMap<String, String>) -> Vec<Problem> {
+        validate(self, data)
+    }
+}
+
 impl AutoscalerConfig {
-    /// Parses a `config-autoscaler` data map. Every bad key is reported; unknown keys and
-    /// `_example` are not errors.
-    pub fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
-        keys::parse_data(KEYS, INERT, data, validate)
-    }
-
-    /// Unknown-key warnings for a data map (valid or not).
-    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
-        keys::warnings(KEYS, INERT, data)
-    }
-
-    /// Every key with its effective value, for `thaw config check`.
-    pub fn show(&self) -> Vec<Shown> {
-        keys::show_all(KEYS, self)
-    }
-
     /// round(stable-window × panic-window-percentage / 100) to whole seconds, at least 1s.
     pub fn panic_window(&self) -> Duration {
         panic_window(self.stable_window, self.panic_window_percentage)

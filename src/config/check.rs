@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use serde_json::{Map, Value};
 
 use super::keys::Shown;
-use super::load::{AnyConfig, parse_named, read_manifest, warnings_named};
+use super::load::{check_named, read_manifest};
 use super::parse::Problem;
 
 /// Output format of `thaw config check`.
@@ -77,21 +77,14 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
                 continue;
             }
         };
-        let w = warnings_named(&cm);
+        let (result, w) = check_named(&cm);
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
-        match parse_named(&cm) {
-            Ok(parsed) => {
-                let keys = match parsed {
-                    AnyConfig::Autoscaler(p) => p.config.show(),
-                    AnyConfig::Defaults(p) => p.config.show(),
-                    AnyConfig::Activator(p) => p.config.show(),
-                };
-                ok.push(Checked {
-                    name: cm.name,
-                    path: path.clone(),
-                    keys,
-                });
-            }
+        match result {
+            Ok(keys) => ok.push(Checked {
+                name: cm.name,
+                path: path.clone(),
+                keys,
+            }),
             Err(p) => problems.extend(p.0),
         }
     }

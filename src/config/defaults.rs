@@ -40,8 +40,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::keys::{self, Key, Parsed, Shown};
-use super::parse::{Problem, Problems, parse_bool, parse_i64};
+use super::keys::{self, ConfigMap, Key};
+use super::parse::{Problem, parse_bool, parse_i64};
 
 /// Name of the ConfigMap.
 pub const NAME: &str = "config-defaults";
@@ -54,7 +54,7 @@ fn seconds(s: &str, min: i64) -> Result<Duration, String> {
     Ok(Duration::from_secs(v as u64))
 }
 
-fn secs_show(d: Duration) -> (String, Value) {
+fn show_seconds(d: Duration) -> (String, Value) {
     (d.as_secs().to_string(), Value::from(d.as_secs()))
 }
 
@@ -68,7 +68,7 @@ pub static KEYS: &[Key<DefaultsConfig>] = &[
             c.revision_timeout = seconds(s, 1)?;
             Ok(())
         },
-        show: |c| secs_show(c.revision_timeout),
+        show: |c| show_seconds(c.revision_timeout),
     },
     Key {
         name: "max-revision-timeout-seconds",
@@ -78,7 +78,7 @@ pub static KEYS: &[Key<DefaultsConfig>] = &[
             c.max_revision_timeout = seconds(s, 1)?;
             Ok(())
         },
-        show: |c| secs_show(c.max_revision_timeout),
+        show: |c| show_seconds(c.max_revision_timeout),
     },
     Key {
         name: "revision-response-start-timeout-seconds",
@@ -89,7 +89,7 @@ pub static KEYS: &[Key<DefaultsConfig>] = &[
             Ok(())
         },
         show: |c| {
-            secs_show(
+            show_seconds(
                 c.revision_response_start_timeout
                     .unwrap_or(c.revision_timeout),
             )
@@ -103,7 +103,7 @@ pub static KEYS: &[Key<DefaultsConfig>] = &[
             c.revision_idle_timeout = seconds(s, 0)?;
             Ok(())
         },
-        show: |c| secs_show(c.revision_idle_timeout),
+        show: |c| show_seconds(c.revision_idle_timeout),
     },
     Key {
         name: "container-concurrency",
@@ -217,22 +217,20 @@ fn validate(c: &DefaultsConfig, data: &BTreeMap<String, String>) -> Vec<Problem>
     p
 }
 
+impl ConfigMap for DefaultsConfig {
+    const NAME: &'static str = NAME;
+    const INERT: &'static [&'static str] = INERT;
+
+    fn keys() -> &'static [Key<Self>] {
+        KEYS
+    }
+
+    fn validate(&self, data: &BTreeMap<String, String>) -> Vec<Problem> {
+        validate(self, data)
+    }
+}
+
 impl DefaultsConfig {
-    /// Parses a `config-defaults` data map, reporting every bad key.
-    pub fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
-        keys::parse_data(KEYS, INERT, data, validate)
-    }
-
-    /// Unknown-key warnings for a data map (valid or not).
-    pub fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
-        keys::warnings(KEYS, INERT, data)
-    }
-
-    /// Every key with its effective value, for `thaw config check`.
-    pub fn show(&self) -> Vec<Shown> {
-        keys::show_all(KEYS, self)
-    }
-
     /// The response-start timeout in force (the revision timeout when unset).
     pub fn response_start_timeout(&self) -> Duration {
         self.revision_response_start_timeout

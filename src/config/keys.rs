@@ -21,6 +21,37 @@ pub struct Key<T> {
     pub show: fn(&T) -> (String, Value),
 }
 
+/// A ConfigMap thaw reads: its name, its key table and its rules across keys. Parsing,
+/// warnings and `thaw config check`'s view come with it.
+pub trait ConfigMap: Default + Sized + 'static {
+    /// The ConfigMap's `metadata.name`, by which files and live ConfigMaps are recognised.
+    const NAME: &'static str;
+    /// Knative keys of this ConfigMap that thaw accepts but does not use (warned about).
+    const INERT: &'static [&'static str] = &[];
+
+    /// Every key, in the order `thaw config check` prints them.
+    fn keys() -> &'static [Key<Self>];
+
+    /// Rules across keys, run after every key parsed; each problem names one key.
+    fn validate(&self, data: &BTreeMap<String, String>) -> Vec<Problem>;
+
+    /// Parses a `data:` map. Every bad key is reported; unknown keys and `_example` are not
+    /// errors.
+    fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        parse_data(Self::keys(), Self::INERT, data, Self::validate)
+    }
+
+    /// Unknown-key warnings for a `data:` map, valid or not.
+    fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        warnings(Self::keys(), Self::INERT, data)
+    }
+
+    /// Every key with its effective value and whether it is the default.
+    fn show(&self) -> Vec<Shown> {
+        show_all(Self::keys(), self)
+    }
+}
+
 /// A parsed ConfigMap: the config, the keys that were given, and warnings (unknown keys).
 #[derive(Debug, Clone)]
 pub struct Parsed<T> {
@@ -164,4 +195,27 @@ pub fn num_text(v: f64) -> String {
     } else {
         format!("{v}")
     }
+}
+
+/// A duration key's value: Go-style text (`60s`) and seconds in JSON.
+pub fn show_duration(d: std::time::Duration) -> (String, Value) {
+    (
+        super::parse::format_duration(d),
+        super::parse::duration_json(d),
+    )
+}
+
+/// A float key's value (integral values without a decimal point).
+pub fn show_f64(v: f64) -> (String, Value) {
+    (num_text(v), num(v))
+}
+
+/// An integer key's value.
+pub fn show_u32(v: u32) -> (String, Value) {
+    (v.to_string(), Value::from(v))
+}
+
+/// A boolean key's value.
+pub fn show_bool(v: bool) -> (String, Value) {
+    (v.to_string(), Value::from(v))
 }

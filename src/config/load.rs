@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::keys::Parsed;
+use super::keys::{ConfigMap, Shown};
 use super::parse::{Problem, Problems};
 use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
 
@@ -105,66 +105,40 @@ pub fn read_manifest(path: &Path) -> Result<ConfigMapData, Problems> {
     parse_manifest(&text, &origin)
 }
 
-/// Reads `path` as a `config-autoscaler` manifest.
-pub fn autoscaler_from_manifest(path: &Path) -> Result<AutoscalerConfig, Problems> {
-    let cm = expect_name(read_manifest(path)?, super::autoscaler::NAME, path)?;
-    AutoscalerConfig::parse(&cm.data).map(|p| p.config)
-}
-
-/// Reads `path` as a `config-defaults` manifest.
-pub fn defaults_from_manifest(path: &Path) -> Result<DefaultsConfig, Problems> {
-    let cm = expect_name(read_manifest(path)?, super::defaults::NAME, path)?;
-    DefaultsConfig::parse(&cm.data).map(|p| p.config)
-}
-
-/// Reads `path` as a `config-activator` manifest.
-pub fn activator_from_manifest(path: &Path) -> Result<ActivatorConfig, Problems> {
-    let cm = expect_name(read_manifest(path)?, super::activator::NAME, path)?;
-    ActivatorConfig::parse(&cm.data).map(|p| p.config)
-}
-
-fn expect_name(cm: ConfigMapData, want: &str, path: &Path) -> Result<ConfigMapData, Problems> {
-    if cm.name == want {
-        Ok(cm)
-    } else {
-        Err(Problems(vec![Problem::new(
+/// Reads `path` as the ConfigMap `T` (its `metadata.name` must be `T::NAME`).
+pub fn from_manifest<T: ConfigMap>(path: &Path) -> Result<T, Problems> {
+    let cm = read_manifest(path)?;
+    if cm.name != T::NAME {
+        return Err(Problems(vec![Problem::new(
             path.display().to_string(),
             format!("metadata.name: {}", cm.name),
-            format!("expected the {want} ConfigMap"),
-        )]))
+            format!("expected the {} ConfigMap", T::NAME),
+        )]));
     }
+    T::parse(&cm.data).map(|p| p.config)
 }
 
-/// Any of the ConfigMaps thaw understands, parsed.
-#[derive(Debug, Clone)]
-pub enum AnyConfig {
-    Autoscaler(Parsed<AutoscalerConfig>),
-    Defaults(Parsed<DefaultsConfig>),
-    Activator(Parsed<ActivatorConfig>),
-}
-
-/// Warnings (unknown keys) for a ConfigMap's data according to its name, whether or not it is
-/// valid.
-pub fn warnings_named(cm: &ConfigMapData) -> Vec<String> {
-    match cm.name.as_str() {
-        super::autoscaler::NAME => AutoscalerConfig::warnings(&cm.data),
-        super::defaults::NAME => DefaultsConfig::warnings(&cm.data),
-        super::activator::NAME => ActivatorConfig::warnings(&cm.data),
-        _ => Vec::new(),
+/// A ConfigMap recognised by its name and checked: every key shown, or every problem; plus
+/// its unknown-key warnings either way.
+pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<String>) {
+    fn check<T: ConfigMap>(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<String>) {
+        (
+            T::parse(&cm.data).map(|p| p.config.show()),
+            T::warnings(&cm.data),
+        )
     }
-}
-
-/// Parses a ConfigMap's data according to its name.
-pub fn parse_named(cm: &ConfigMapData) -> Result<AnyConfig, Problems> {
     match cm.name.as_str() {
-        super::autoscaler::NAME => AutoscalerConfig::parse(&cm.data).map(AnyConfig::Autoscaler),
-        super::defaults::NAME => DefaultsConfig::parse(&cm.data).map(AnyConfig::Defaults),
-        super::activator::NAME => ActivatorConfig::parse(&cm.data).map(AnyConfig::Activator),
-        other => Err(Problems(vec![Problem::new(
-            "metadata.name",
-            other,
-            "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator)",
-        )])),
+        super::autoscaler::NAME => check::<AutoscalerConfig>(cm),
+        super::defaults::NAME => check::<DefaultsConfig>(cm),
+        super::activator::NAME => check::<ActivatorConfig>(cm),
+        other => (
+            Err(Problems(vec![Problem::new(
+                "metadata.name",
+                other,
+                "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator)",
+            )])),
+            Vec::new(),
+        ),
     }
 }
 

@@ -31,6 +31,7 @@ pub use activator::{ActivatorConfig, ActivatorOverrides};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
+pub use keys::ConfigMap;
 pub use parse::{Problem, Problems};
 
 use std::sync::Arc;

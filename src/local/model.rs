@@ -5,9 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::config::{LocalFile, RevisionTemplate};
-use crate::config::load::{
-    activator_from_manifest, autoscaler_from_manifest, defaults_from_manifest,
-};
+use crate::config::keys::ConfigMap;
+use crate::config::load::from_manifest;
 use crate::config::parse::{Problem, Problems};
 use crate::config::revision::{RevisionInput, resolve_revision};
 use crate::config::{ConfigSet, annotations};
@@ -128,30 +127,27 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
                 std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
             }
         };
-        if let Some(p) = &file.config_maps.autoscaler {
-            let p = abs(p);
-            match autoscaler_from_manifest(&p) {
-                Ok(c) => configs.autoscaler = Arc::new(c),
-                Err(e) => problems.extend(e.0),
-            }
-            config_files.push((crate::config::autoscaler::NAME, p));
-        }
-        if let Some(p) = &file.config_maps.defaults {
-            let p = abs(p);
-            match defaults_from_manifest(&p) {
-                Ok(c) => configs.defaults = Arc::new(c),
-                Err(e) => problems.extend(e.0),
-            }
-            config_files.push((crate::config::defaults::NAME, p));
-        }
-        if let Some(p) = &file.config_maps.activator {
-            let p = abs(p);
-            match activator_from_manifest(&p) {
-                Ok(c) => configs.activator = Arc::new(c),
-                Err(e) => problems.extend(e.0),
-            }
-            config_files.push((crate::config::activator::NAME, p));
-        }
+        load_into(
+            &mut configs.autoscaler,
+            &file.config_maps.autoscaler,
+            &abs,
+            &mut problems,
+            &mut config_files,
+        );
+        load_into(
+            &mut configs.defaults,
+            &file.config_maps.defaults,
+            &abs,
+            &mut problems,
+            &mut config_files,
+        );
+        load_into(
+            &mut configs.activator,
+            &file.config_maps.activator,
+            &abs,
+            &mut problems,
+            &mut config_files,
+        );
     }
     let mut warnings = Vec::new();
     let services: Vec<ServiceModel> = file
@@ -188,6 +184,24 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
         services,
         warnings,
     })
+}
+
+/// Loads the ConfigMap `T` from `path` (made absolute by `abs`) into `slot`, recording the file
+/// for live reload and any problem.
+fn load_into<T: ConfigMap>(
+    slot: &mut Arc<T>,
+    path: &Option<PathBuf>,
+    abs: &dyn Fn(&Path) -> PathBuf,
+    problems: &mut Vec<Problem>,
+    files: &mut Vec<(&'static str, PathBuf)>,
+) {
+    let Some(path) = path else { return };
+    let path = abs(path);
+    match from_manifest::<T>(&path) {
+        Ok(c) => *slot = Arc::new(c),
+        Err(e) => problems.extend(e.0),
+    }
+    files.push((T::NAME, path));
 }
 
 /// Where a revision-level key lives in a Service manifest.

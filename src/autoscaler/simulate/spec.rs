@@ -19,7 +19,7 @@ pub fn load_spec(
     container_concurrency: u32,
 ) -> Result<(AutoscalingSpec, Vec<String>), String> {
     let config = match config_path {
-        Some(path) => load::autoscaler_from_manifest(path).map_err(|e| e.to_string())?,
+        Some(path) => load::from_manifest::<AutoscalerConfig>(path).map_err(|e| e.to_string())?,
         None => AutoscalerConfig::default(),
     };
     let annotations: BTreeMap<String, String> = annotations

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::AutoscalerConfig;
-use crate::config::load::autoscaler_from_manifest;
+use crate::config::load::from_manifest;
 
 fn manifest(data: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-autoscaler\ndata:\n{data}")
@@ -19,12 +19,12 @@ async fn next(rx: &mut watch::Receiver<ReloadEvent>) -> Outcome {
 }
 
 fn start(path: &Path) -> (Arc<ArcSwap<AutoscalerConfig>>, FileWatch) {
-    let initial = autoscaler_from_manifest(path).unwrap();
+    let initial = from_manifest::<AutoscalerConfig>(path).unwrap();
     let live = Arc::new(ArcSwap::from_pointee(initial));
     let w = watch_file(
         path,
         "config-autoscaler",
-        autoscaler_from_manifest,
+        from_manifest::<AutoscalerConfig>,
         Arc::clone(&live),
         ConfigMetrics::default(),
     )

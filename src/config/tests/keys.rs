@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use crate::config::keys::Shown;
 use crate::config::load::read_manifest;
 use crate::config::parse::Problems;
-use crate::config::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
+use crate::config::{ActivatorConfig, AutoscalerConfig, ConfigMap, DefaultsConfig};
 
 /// key, default (JSON as `config check` prints it), accepted value -> JSON, rejected value and
 /// a fragment of the reason.
