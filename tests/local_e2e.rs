@@ -217,3 +217,61 @@ async fn sigterm_with_held_requests_finishes_them_and_stops_every_replica() {
         thaw.dump_logs()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_service_answers_its_held_requests_503_with_the_reason() {
+    let slow = service("slow", &["--startup-delay", "20s"], "slow", "");
+    let keep = service("hello", &[], "kept", "");
+    let thaw = Thaw::start(
+        &local_yaml(&[slow, keep.clone()]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    );
+    let (client, data) = (thaw.client(), thaw.data);
+    let held =
+        tokio::spawn(async move { get(&client, data, "slow.default.example.com", "/").await });
+    until(&thaw, "a held request", || async {
+        thaw.admin_json("/revisions").await["held"] == 1
+    })
+    .await;
+    thaw.edit("local.yaml", &local_yaml(&[keep]));
+    let (status, headers, body) = held.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("service default/slow was removed"), "{body}");
+    assert!(headers.contains("retry-after: "), "{headers}");
+    assert_eq!(
+        thaw.get(HOST, "/").await.0,
+        200,
+        "the other service still serves"
+    );
+}
+
+#[test]
+fn invalid_local_yaml_is_refused_at_start_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    std::fs::write(
+        &path,
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containers: [{command: [thaw, sample-app], ports: [{name: grpc}]}]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args([
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("services[0].spec.template.spec.containers[0].ports[0].name: grpc: must be"),
+        "{err}"
+    );
+}

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::cold_start::ColdStart;
 use super::concurrency::ConcurrencyWindow;
-use super::throttler::{HeldBudget, Throttler};
+use super::throttler::{HeldBudget, Rejection, Throttler};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
 use crate::revision::{RevisionKey, RevisionSpec};
@@ -130,10 +130,16 @@ impl RevisionState {
         }
     }
 
-    /// The revision left the catalog: held requests get 503, the endpoint task stops.
+    /// The revision left the catalog: held requests get 503, the endpoint task stops. If the
+    /// platform already failed the revision (a removed service, say), the latest snapshot holds
+    /// its reason even when this task has not seen it yet, and held requests get that reason.
     pub fn remove(&self) {
         self.removed.store(true, SeqCst);
-        self.throttler.remove();
+        let why = match &self.endpoints.borrow().status {
+            EndpointStatus::Failing { reason } => Rejection::Failing(reason.clone()),
+            EndpointStatus::Ok => Rejection::Removed,
+        };
+        self.throttler.remove(why);
         if let Some(task) = self.watcher_lock().take() {
             task.abort();
         }

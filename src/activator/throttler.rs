@@ -337,11 +337,11 @@ impl Throttler {
         }
     }
 
-    /// The revision left the catalog: held requests are answered `Removed` and nothing is
-    /// admitted any more.
-    pub fn remove(&self) {
+    /// The revision left the catalog: held requests are answered `why` (`Removed`, or the
+    /// platform's failure reason) and nothing is admitted any more.
+    pub fn remove(&self, why: Rejection) {
         self.shared.lock().removed = true;
-        self.reject_all(Rejection::Removed);
+        self.reject_all(why);
     }
 
     fn reject_all(&self, why: Rejection) {

@@ -168,7 +168,7 @@ async fn removed_revision_answers_held_requests() {
     let t2 = t.clone();
     let waiter = tokio::spawn(async move { t2.acquire(LIMITS, far()).await });
     tokio::task::yield_now().await;
-    t.remove();
+    t.remove(Rejection::Removed);
     assert_eq!(waiter.await.unwrap().unwrap_err(), Rejection::Removed);
     assert_eq!(
         t.acquire(LIMITS, far()).await.unwrap_err(),
