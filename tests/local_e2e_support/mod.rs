@@ -62,16 +62,29 @@ impl Thaw {
         write(dir.path(), "local.yaml", local);
         write(dir.path(), "config-autoscaler.yaml", autoscaler);
         write(dir.path(), "config-activator.yaml", activator);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_thaw"))
-            .args([
-                "local",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--config",
-            ])
-            .arg(dir.path().join("local.yaml"))
+        let config = dir.path().join("local.yaml");
+        Self::spawn(dir, Some(config))
+    }
+
+    /// Starts `thaw local` without `--config` in an empty folder: the built-in local.yaml.
+    pub fn start_builtin() -> Self {
+        Self::spawn(tempfile::tempdir().unwrap(), None)
+    }
+
+    fn spawn(dir: tempfile::TempDir, config: Option<PathBuf>) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
+        cmd.args([
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ]);
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        let mut child = cmd
+            .current_dir(dir.path())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
