@@ -227,3 +227,15 @@ hey_summary() {
         e && /\[[0-9]+\]/ { n = $1; gsub(/[\[\]]/, "", n); err += n }
         END { printf "%s %.3f %.3f %d\n", rps, p50, p99, err }' "$f"
 }
+
+# cpu_ms PID...: user + system CPU time of the given processes so far, in ms (from /proc/PID/stat).
+cpu_ms() {
+    local tck total=0 p t
+    tck=$(getconf CLK_TCK)
+    for p in "$@"; do
+        # fields after the ")" of the command name: utime is the 12th, stime the 13th
+        t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo $((total * 1000 / tck))
+}

@@ -9,7 +9,8 @@
 # both and thaw/nginx ratios.
 #
 # Knobs (environment): DURATION (10s per run), CONNS ("32 64"), HEY_CONNS (64),
-# RESPONSE_DELAY (0s: the replica answers at once, so the proxies' cost shows),
+# RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
+# even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
 # WRK_THREADS (nproc). Total run time ~ (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -18,6 +19,7 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-32 64}
 HEY_CONNS=${HEY_CONNS:-64}
 RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
+REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
 HOST=warm.default.example.com
 
@@ -77,6 +79,7 @@ http {
 }
 EOF
 lt_bg nginx -p "$NGX" -c "$NGX/nginx.conf" -g 'daemon off;'
+NGINX_PID=$LAST_PID
 wait_until 10 "nginx" curl -sf -H "Host: $HOST" "http://127.0.0.1:$NGINX_PORT/"
 log "nginx ($WORKERS workers) on 127.0.0.1:$NGINX_PORT -> $UPSTREAM"
 
@@ -86,25 +89,42 @@ for url in "http://$DATA/" "http://127.0.0.1:$NGINX_PORT/"; do
     [ "$body" = "Hello from warm!" ] || die "$url answered: $body"
 done
 
-declare -A TARGET=([thaw]="http://$DATA/" [nginx]="http://127.0.0.1:$NGINX_PORT/")
+declare -A TARGET=([thaw]="http://$DATA$REQ_PATH" [nginx]="http://127.0.0.1:$NGINX_PORT$REQ_PATH")
+NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
+# shellcheck disable=SC2086
+declare -A PIDS=([thaw]="$THAW_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
+[ -n "$NGINX_WORKERS" ] || die "no nginx workers found"
+
+# proxy_cpu NAME MS_BEFORE REQUESTS: the proxy's CPU microseconds per request over one run.
+proxy_cpu() {
+    # shellcheck disable=SC2086
+    awk -v a="$2" -v b="$(cpu_ms ${PIDS[$1]})" -v n="$3" 'BEGIN { printf "%.1f", (n > 0) ? (b - a) * 1000 / n : 0 }'
+}
 ROWS=()
 
 run_wrk() {  # name conns
-    local f="$OUT/wrk-$1-c$2.txt"
+    local f="$OUT/wrk-$1-c$2.txt" cpu0 n
     log "wrk -t$WRK_THREADS -c$2 -d$DURATION -> $1"
+    # shellcheck disable=SC2086
+    cpu0=$(cpu_ms ${PIDS[$1]})
     wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" "${TARGET[$1]}" >"$f"
-    ROWS+=("wrk c$2 $1 $(wrk_summary "$f")")
+    n=$(awk '/requests in/ { print $1 }' "$f")
+    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
 }
 
 run_second() {  # name conns
-    local f="$OUT/$SECOND-$1-c$2.txt"
+    local f="$OUT/$SECOND-$1-c$2.txt" cpu0 n
     log "$SECOND -c$2 ($DURATION) -> $1"
+    # shellcheck disable=SC2086
+    cpu0=$(cpu_ms ${PIDS[$1]})
     if [ "$SECOND" = hey ]; then
         hey -z "$DURATION" -c "$2" -host "$HOST" "${TARGET[$1]}" >"$f"
-        ROWS+=("hey c$2 $1 $(hey_summary "$f")")
+        n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
+        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
     else
         ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" "${TARGET[$1]}" >"$f" 2>&1 || true
-        ROWS+=("ab c$2 $1 $(ab_summary "$f")")
+        n=$(awk '/^Complete requests:/ { print $3 }' "$f")
+        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
     fi
 }
 
@@ -132,20 +152,20 @@ run_second nginx "$HEY_CONNS"
 {
     echo
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
-    echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM; $DURATION per run"
+    echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
     echo
-    printf '| tool | conns | proxy | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|\n'
+    printf '| tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req |\n|---|---|---|---|---|---|---|---|\n'
     for r in "${ROWS[@]}"; do
         # shellcheck disable=SC2086
         set -- $r
-        printf '| %s | %s | %s | %.0f | %.3f | %.3f | %s |\n' "$1" "${2#c}" "$3" "$4" "$5" "$6" "$7"
+        printf '| %s | %s | %s | %.0f | %.3f | %.3f | %s | %s |\n' "$1" "${2#c}" "$3" "$4" "$5" "$6" "$7" "$8"
     done
     echo
     printf '| tool | conns | thaw/nginx req/s | thaw/nginx p99 | target met (req/s >= 1, p99 <= 1) |\n|---|---|---|---|---|\n'
     for ((i = 0; i < ${#ROWS[@]}; i += 2)); do
         # shellcheck disable=SC2086
         set -- ${ROWS[$i]} ${ROWS[$((i + 1))]}
-        awk -v tool="$1" -v c="${2#c}" -v tr="$4" -v tp="$6" -v nr="${11}" -v np="${13}" 'BEGIN {
+        awk -v tool="$1" -v c="${2#c}" -v tr="$4" -v tp="$6" -v nr="${12}" -v np="${14}" 'BEGIN {
             rr = tr / nr; pr = tp / np
             printf "| %s | %s | %.2f | %.2f | %s |\n", tool, c, rr, pr, (rr >= 1 && pr <= 1) ? "yes" : "NO" }'
     done
