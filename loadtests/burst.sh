@@ -64,8 +64,12 @@ PY
 log "hey -n $N -c $N -t $TIMEOUT -> burst (at zero)"
 lt_bg hey -n "$N" -c "$N" -t "$TIMEOUT" -host burst.default.example.com "http://$DATA/" >"$OUT/hey.txt" 2>&1
 HEY_PID=$LAST_PID
-sample "$HEY_PID" >"$OUT/samples.txt"
+# In the background so a signal to this script is handled at once (bash defers traps while a
+# foreground child runs).
+lt_bg sample "$HEY_PID" >"$OUT/samples.txt"
+SAMPLER_PID=$LAST_PID
 wait "$HEY_PID" || true
+wait "$SAMPLER_PID" || true
 
 # Baseline: the same burst at a warm replica (what 1000 connections at once cost on this box
 # without any cold start), after the cold burst so it cannot warm anything for it.
