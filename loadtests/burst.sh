@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `test && test || die` is meant: die when the check fails
 # burst.sh: N concurrent requests (one connection each) at a revision at zero.
 #
 # One service `burst` starts at zero (initial-scale 0). hey sends N requests at once on N

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `test && test || die` is meant: die when the check fails
 # cold.sh: N sequential true cold starts, and how much of each thaw adds.
 #
 # Why N distinct services: each service c01..cN starts at zero (initial-scale 0), so its first

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `test && test || die` is meant: die when the check fails
 # held-memory.sh: thaw's RSS growth with HELD (10,000) requests held on a slow-to-start revision.
 #
 # One service `slow` starts at zero (max-scale 1: the autoscaler would otherwise ask for

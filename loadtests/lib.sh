@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2015
 # Shared helpers of the load-test scripts. Source it: `. "$(dirname "$0")/lib.sh"`.
 #
 # Contract:

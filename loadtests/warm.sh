@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `test && test || die` is meant: die when the check fails
 # warm.sh: thaw vs nginx in front of the SAME warm replica, side by side in one run.
 #
 # One service `warm` (min-scale 1, max-scale 1: exactly one replica that stays) runs
