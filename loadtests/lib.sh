@@ -215,18 +215,21 @@ wrk_summary() {
     printf '%s %s %s %s\n' "$rps" "$(to_ms $p50)" "$(to_ms $p99)" "$errs"
 }
 
-# hey_summary FILE: "req/s p50_ms p99_ms errors" from hey's text output (errors: non-2xx + failures).
+# hey_summary FILE: "req/s p50_ms p99_ms errors" from hey's text output (errors: non-2xx +
+# failures). A percentile hey did not print is "n/a" (hey 0.1.4 prints a bogus "0% in 0" line
+# instead of 99% when there are fewer than 100 answers).
 hey_summary() {
     local f=$1
     awk '
+        BEGIN { p50 = "n/a"; p99 = "n/a" }
         /Requests\/sec:/ { rps = $2 }
-        /^ +50% in / { p50 = $3 * 1000 }
-        /^ +99% in / { p99 = $3 * 1000 }
+        /^ +50% in / { p50 = sprintf("%.3f", $3 * 1000) }
+        /^ +99% in / { p99 = sprintf("%.3f", $3 * 1000) }
         /^Status code distribution:/ { s = 1; next }
         /^Error distribution:/ { s = 0; e = 1; next }
         s && /\[[0-9]+\]/ { code = $1; gsub(/[\[\]]/, "", code); if (code !~ /^2/) err += $2 }
         e && /\[[0-9]+\]/ { n = $1; gsub(/[\[\]]/, "", n); err += n }
-        END { printf "%s %.3f %.3f %d\n", rps, p50, p99, err }' "$f"
+        END { printf "%s %s %s %d\n", rps, p50, p99, err }' "$f"
 }
 
 # cpu_ms PID...: user + system CPU time of the given processes so far, in ms (from /proc/PID/stat).
