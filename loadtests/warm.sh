@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2015  # `test && test || die` is meant: die when the check fails
+# warm.sh: thaw vs nginx in front of the SAME warm replica, side by side in one run.
+#
+# One service `warm` (min-scale 1, max-scale 1: exactly one replica that stays) runs
+# `thaw sample-app`. Its replica's address comes from /revisions; nginx (as many workers as thaw
+# has runtime worker threads = nproc, upstream keepalive, access_log off) proxies to that same
+# address. For each connection count, wrk runs against thaw then nginx (fixed duration), then
+# hey (or ab if hey is unavailable) does the same as a second opinion. Prints req/s, p50, p99 of
+# both and thaw/nginx ratios.
+#
+# Knobs (environment): DURATION (10s per run), CONNS ("32 64"), HEY_CONNS (64),
+# RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
+# even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
+# WRK_THREADS (nproc). Total run time ~ (2*len(CONNS) + 2) * DURATION + 10 s.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-32 64}
+HEY_CONNS=${HEY_CONNS:-64}
+RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
+REQ_PATH=${REQ_PATH:-/}
+WRK_THREADS=${WRK_THREADS:-$(nproc)}
+HOST=warm.default.example.com
+
+lt_init warm
+need wrk
+need nginx nginx-light
+SECOND=$(second_opinion_tool)
+
+write_configmaps "$OUT"
+local_yaml "$OUT" "$(service_yaml warm \
+    '{autoscaling.knative.dev/min-scale: "1", autoscaling.knative.dev/max-scale: "1"}' \
+    "[\"--response-delay\", \"$RESPONSE_DELAY\"]")"
+start_thaw "$OUT"
+
+# The one replica, once ready.
+replica_addr() {
+    revisions | python3 -c '
+import json, sys
+for r in json.load(sys.stdin)["revisions"]:
+    if r["name"] == "warm-00001" and r["ready"]["count"] == 1:
+        print(r["ready"]["addresses"][0])'
+}
+wait_until 30 "the warm replica" test -n "$(replica_addr)"
+UPSTREAM=$(replica_addr)
+log "replica at $UPSTREAM"
+
+# nginx: same replica, nproc workers, upstream keepalive, no access log.
+NGX="$OUT/nginx"
+mkdir -p "$NGX/tmp"
+NGINX_PORT=$(free_port)
+WORKERS=$(nproc)
+cat >"$NGX/nginx.conf" <<EOF
+worker_processes $WORKERS;
+pid $NGX/nginx.pid;
+error_log $NGX/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $NGX/tmp/body;
+    proxy_temp_path $NGX/tmp/proxy;
+    fastcgi_temp_path $NGX/tmp/fastcgi;
+    uwsgi_temp_path $NGX/tmp/uwsgi;
+    scgi_temp_path $NGX/tmp/scgi;
+    upstream replica {
+        server $UPSTREAM;
+        keepalive 128;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / {
+            proxy_pass http://replica;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+        }
+    }
+}
+EOF
+lt_bg nginx -p "$NGX" -c "$NGX/nginx.conf" -g 'daemon off;'
+NGINX_PID=$LAST_PID
+wait_until 10 "nginx" curl -sf -H "Host: $HOST" "http://127.0.0.1:$NGINX_PORT/"
+log "nginx ($WORKERS workers) on 127.0.0.1:$NGINX_PORT -> $UPSTREAM"
+
+# Both answer from the replica.
+for url in "http://$DATA/" "http://127.0.0.1:$NGINX_PORT/"; do
+    body=$(curl -sf -H "Host: $HOST" "$url") || die "$url failed"
+    [ "$body" = "Hello from warm!" ] || die "$url answered: $body"
+done
+
+declare -A TARGET=([thaw]="http://$DATA$REQ_PATH" [nginx]="http://127.0.0.1:$NGINX_PORT$REQ_PATH")
+NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
+# shellcheck disable=SC2086
+declare -A PIDS=([thaw]="$THAW_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
+[ -n "$NGINX_WORKERS" ] || die "no nginx workers found"
+
+# proxy_cpu NAME MS_BEFORE REQUESTS: the proxy's CPU microseconds per request over one run.
+proxy_cpu() {
+    # shellcheck disable=SC2086
+    awk -v a="$2" -v b="$(cpu_ms ${PIDS[$1]})" -v n="$3" 'BEGIN { printf "%.1f", (n > 0) ? (b - a) * 1000 / n : 0 }'
+}
+ROWS=()
+
+run_wrk() {  # name conns
+    local f="$OUT/wrk-$1-c$2.txt" cpu0 n
+    log "wrk -t$WRK_THREADS -c$2 -d$DURATION -> $1"
+    # shellcheck disable=SC2086
+    cpu0=$(cpu_ms ${PIDS[$1]})
+    wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" "${TARGET[$1]}" >"$f"
+    n=$(awk '/requests in/ { print $1 }' "$f")
+    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+}
+
+run_second() {  # name conns
+    local f="$OUT/$SECOND-$1-c$2.txt" cpu0 n
+    log "$SECOND -c$2 ($DURATION) -> $1"
+    # shellcheck disable=SC2086
+    cpu0=$(cpu_ms ${PIDS[$1]})
+    if [ "$SECOND" = hey ]; then
+        hey -z "$DURATION" -c "$2" -host "$HOST" "${TARGET[$1]}" >"$f"
+        n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
+        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+    else
+        ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" "${TARGET[$1]}" >"$f" 2>&1 || true
+        n=$(awk '/^Complete requests:/ { print $3 }' "$f")
+        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+    fi
+}
+
+ab_summary() {
+    awk '/^Requests per second:/ { rps = $4 }
+         /^  50%/ { p50 = $2 } /^  99%/ { p99 = $2 }
+         /^Failed requests:/ { e += $3 } /^Non-2xx responses:/ { e += $3 }
+         END { printf "%s %.3f %.3f %d\n", rps, p50, p99, e }' "$1"
+}
+
+# Warm-up both paths (connection pools, replica), not measured.
+wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[thaw]}" >/dev/null
+wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[nginx]}" >/dev/null
+
+for c in $CONNS; do
+    run_wrk thaw "$c"
+    run_wrk nginx "$c"
+done
+run_second thaw "$HEY_CONNS"
+run_second nginx "$HEY_CONNS"
+
+# Still one replica, the same one nginx used (the comparison is only fair if so).
+[ "$(replica_addr)" = "$UPSTREAM" ] || log "WARNING: the replica changed during the run"
+
+{
+    echo
+    echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
+    echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
+    echo
+    printf '| tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req |\n|---|---|---|---|---|---|---|---|\n'
+    for r in "${ROWS[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $r
+        printf '| %s | %s | %s | %.0f | %.3f | %.3f | %s | %s |\n' "$1" "${2#c}" "$3" "$4" "$5" "$6" "$7" "$8"
+    done
+    echo
+    printf '| tool | conns | thaw/nginx req/s | thaw/nginx p99 | target met (req/s >= 1, p99 <= 1) |\n|---|---|---|---|---|\n'
+    for ((i = 0; i < ${#ROWS[@]}; i += 2)); do
+        # shellcheck disable=SC2086
+        set -- ${ROWS[$i]} ${ROWS[$((i + 1))]}
+        awk -v tool="$1" -v c="${2#c}" -v tr="$4" -v tp="$6" -v nr="${12}" -v np="${14}" 'BEGIN {
+            rr = tr / nr; pr = tp / np
+            printf "| %s | %s | %.2f | %.2f | %s |\n", tool, c, rr, pr, (rr >= 1 && pr <= 1) ? "yes" : "NO" }'
+    done
+} | tee "$OUT/summary.md"
