@@ -90,7 +90,15 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
         // Handlers first: a SIGTERM right after the port opens must not find the default
         // action (terminate) still in place.
         let stop = stop_signal(StopSignals::install(), parent, args.ignore_sigterm);
-        tokio::time::sleep(args.startup_delay).await;
+        tokio::pin!(stop);
+        // A stop during the start-up delay ends the app at once, as a real app's would.
+        tokio::select! {
+            () = tokio::time::sleep(args.startup_delay) => {}
+            () = &mut stop => {
+                println!("sample-app: stopped before listening");
+                return ExitCode::SUCCESS;
+            }
+        }
         let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
             Ok(l) => l,
             Err(e) => {
@@ -182,7 +190,7 @@ async fn handle(req: Request<Incoming>, s: Arc<Settings>) -> Result<Response<Res
     let res = match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/" => {
-            tokio::time::sleep(s.response_delay).await;
+            delay(s.response_delay).await;
             text(StatusCode::OK, format!("Hello from {}!\n", s.name))
         }
         "/stream" => {
@@ -200,7 +208,7 @@ async fn handle(req: Request<Incoming>, s: Arc<Settings>) -> Result<Response<Res
                     _ => {}
                 }
             }
-            tokio::time::sleep(s.response_delay).await;
+            self::delay(s.response_delay).await;
             Response::new(Chunks::new(chunks, delay).boxed_unsync())
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
@@ -274,6 +282,14 @@ impl StopSignals {
 }
 
 /// Resolves on SIGTERM (unless ignored), SIGINT, or when the parent process changes.
+/// Sleeps for `d`, or not at all when it is zero (a zero-length tokio sleep still waits for the
+/// next millisecond tick, which would put a 1 ms floor under every response).
+async fn delay(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 async fn stop_signal(signals: StopSignals, parent: nix::unistd::Pid, ignore_sigterm: bool) {
     let StopSignals { mut term, mut int } = signals;
     let mut tick = tokio::time::interval(Duration::from_secs(1));

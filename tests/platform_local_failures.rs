@@ -300,3 +300,26 @@ async fn the_sample_app_exits_when_its_parent_is_sigkilled() {
     parent.wait().await.unwrap();
     poll_until("the orphaned app to exit", || !alive(app)).await;
 }
+
+/// A replica told to stop during its start-up delay stops at once, not after the kill grace.
+#[test]
+fn sample_app_stops_on_sigterm_during_its_startup_delay() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["sample-app", "--port", "0", "--startup-delay", "60s"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Give it time to install its handlers (it does so before the delay starts).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still sleeping out its start-up delay");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

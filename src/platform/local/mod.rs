@@ -91,6 +91,8 @@ pub struct LocalRevision {
     pub working_dir: Option<PathBuf>,
     /// Overrides [`LocalOptions::drain_timeout`] (e.g. the revision's request timeout).
     pub drain_timeout: Option<Duration>,
+    /// Overrides [`LocalOptions::startup_timeout`] (e.g. the revision's progress deadline).
+    pub startup_timeout: Option<Duration>,
 }
 
 impl LocalRevision {
@@ -104,6 +106,7 @@ impl LocalRevision {
             protocol: Protocol::Http1,
             working_dir: None,
             drain_timeout: None,
+            startup_timeout: None,
         }
     }
 

@@ -113,7 +113,8 @@ async fn run_process(
         };
         tracing::debug!(pid = p.pid, addr = %p.addr, "replica spawned");
         entry.slot_spawned(index, p.pid, p.addr, p.started_at);
-        let deadline = p.started_at + opts.startup_timeout;
+        let startup_timeout = def.startup_timeout.unwrap_or(opts.startup_timeout);
+        let deadline = p.started_at + startup_timeout;
         let outcome = tokio::select! {
             _ = stopped(stop) => Startup::Stop,
             status = p.child.wait() => Startup::Exited(status),
@@ -134,7 +135,7 @@ async fn run_process(
             Startup::TimedOut => {
                 p.terminate(opts.kill_grace).await;
                 let what = policy::describe_exit(
-                    &format!("not ready within {:?}", opts.startup_timeout),
+                    &format!("not ready within {startup_timeout:?}"),
                     p.last_output().await.as_deref(),
                 );
                 tracing::warn!(pid = p.pid, "replica {what}");
