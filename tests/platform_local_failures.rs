@@ -319,7 +319,10 @@ fn sample_app_stops_on_sigterm_during_its_startup_delay() {
             assert!(status.success(), "{status}");
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "still sleeping out its start-up delay");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still sleeping out its start-up delay"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

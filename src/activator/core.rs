@@ -72,6 +72,8 @@ pub struct Activator {
     catalog_version: watch::Receiver<u64>,
     budget: Arc<HeldBudget>,
     pub(crate) upstream: Upstream,
+    /// Per-core data-plane runtimes, when [`Activator::use_workers`] was called.
+    pub(crate) workers: std::sync::OnceLock<Arc<super::workers::Workers>>,
     draining: AtomicBool,
     /// Upgraded (websocket) tunnels: tracked so drain can wait for them, cancelled after the
     /// drain timeout.
@@ -94,6 +96,7 @@ impl Activator {
             sync_lock: Mutex::new(()),
             budget: Arc::new(HeldBudget::default()),
             upstream: Upstream::new(connect_timeout),
+            workers: std::sync::OnceLock::new(),
             draining: AtomicBool::new(false),
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
@@ -101,6 +104,23 @@ impl Activator {
         });
         act.sync();
         act
+    }
+
+    /// Serves data-port connections on `workers` (one single-threaded runtime per core)
+    /// instead of the runtime that calls [`Activator::serve`]. Call before `serve`; a second
+    /// call is ignored. Stop the workers only after `serve` has returned.
+    pub fn use_workers(&self, workers: Arc<super::workers::Workers>) {
+        let _ = self.workers.set(workers);
+    }
+
+    /// The upstream clients for the current thread: a worker's own pool when workers are in
+    /// use (so pooled connections stay on the thread that uses them), else the shared one.
+    pub(crate) fn upstream(&self) -> Upstream {
+        if self.workers.get().is_some() {
+            self.upstream.for_this_thread()
+        } else {
+            self.upstream.clone()
+        }
     }
 
     /// Brings the state table in line with the catalog: new revisions get a state, changed

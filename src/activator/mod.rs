@@ -24,6 +24,8 @@ pub mod server;
 pub mod testing;
 pub mod throttler;
 pub mod ticket;
+pub mod workers;
 
 pub use self::core::{Activator, ActivatorDeps};
 pub use limits::raise_nofile_limit;
+pub use workers::Workers;

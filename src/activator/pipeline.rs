@@ -208,7 +208,8 @@ async fn proxy_request(
         deadline,
         started,
     };
-    let (mut resp, addr) = proxy::forward(&act.upstream, &mut ticket, out, attempt_limits).await?;
+    let (mut resp, addr) =
+        proxy::forward(&act.upstream(), &mut ticket, out, attempt_limits).await?;
     if state.cold.awaiting_first_byte() {
         let m = &act.deps.telemetry.activator;
         state.cold.on_first_byte(Instant::now(), m, &state.key);

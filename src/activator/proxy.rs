@@ -36,6 +36,12 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct Upstream {
     h1: Client<HttpConnector, ReqBody>,
     h2: Client<HttpConnector, ReqBody>,
+    connect_timeout: Duration,
+}
+
+thread_local! {
+    /// This thread's own clients (see [`Upstream::for_this_thread`]).
+    static THREAD_UPSTREAM: std::cell::OnceCell<Upstream> = const { std::cell::OnceCell::new() };
 }
 
 impl Upstream {
@@ -53,7 +59,19 @@ impl Upstream {
         let h1 = b.build(connector.clone());
         b.http2_only(true).timer(TokioTimer::new());
         let h2 = b.build(connector);
-        Self { h1, h2 }
+        Self {
+            h1,
+            h2,
+            connect_timeout,
+        }
+    }
+
+    /// Clients with the same settings whose pool belongs to the calling thread: a client
+    /// spawns its connections' tasks on the runtime that opens them, so on a single-threaded
+    /// worker runtime the pooled connections and the requests using them share one thread.
+    /// Built on first use per thread (the connect timeout is the one at construction).
+    pub fn for_this_thread(&self) -> Self {
+        THREAD_UPSTREAM.with(|u| u.get_or_init(|| Self::new(self.connect_timeout)).clone())
     }
 
     fn client(&self, protocol: Protocol) -> &Client<HttpConnector, ReqBody> {

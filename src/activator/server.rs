@@ -147,34 +147,71 @@ impl Activator {
             async move { Ok::<_, std::convert::Infallible>(fut.await) }
         });
         let drain = drain.clone();
-        conns.spawn(
-            async move {
-                let builder = data_builder(&cfg);
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                tokio::pin!(conn);
-                let mut closing = false;
-                loop {
-                    tokio::select! {
-                        res = conn.as_mut() => {
-                            if let Err(e) = res {
-                                tracing::debug!(error = %e, "connection ended with an error");
-                            }
-                            return;
+        // With workers, the socket moves to the next worker's reactor (registered there, so its
+        // readiness wakes that thread and no other).
+        let (stream, worker) = match self.workers.get() {
+            Some(w) => match stream.into_std() {
+                Ok(std) => (Accepted::Std(std), Some(w.next().clone())),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot hand the connection to a worker");
+                    return;
+                }
+            },
+            None => (Accepted::Tokio(stream), None),
+        };
+        let task = async move {
+            let stream = match stream.into_tokio() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot register the connection");
+                    return;
+                }
+            };
+            let builder = data_builder(&cfg);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    res = conn.as_mut() => {
+                        if let Err(e) = res {
+                            tracing::debug!(error = %e, "connection ended with an error");
                         }
-                        _ = drain.cancelled(), if !closing => {
-                            conn.as_mut().graceful_shutdown();
-                            closing = true;
-                        }
-                        _ = idle(&activity, cfg.keep_alive_timeout), if !closing => {
-                            tracing::debug!("keep-alive idle timeout");
-                            conn.as_mut().graceful_shutdown();
-                            closing = true;
-                        }
+                        return;
+                    }
+                    _ = drain.cancelled(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = idle(&activity, cfg.keep_alive_timeout), if !closing => {
+                        tracing::debug!("keep-alive idle timeout");
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
                     }
                 }
             }
-            .instrument(tracing::debug_span!("conn", %peer)),
-        );
+        }
+        .instrument(tracing::debug_span!("conn", %peer));
+        match worker {
+            Some(handle) => conns.spawn_on(task, &handle),
+            None => conns.spawn(task),
+        };
+    }
+}
+
+/// An accepted connection: registered with this runtime, or detached for a worker's.
+enum Accepted {
+    Tokio(TcpStream),
+    Std(std::net::TcpStream),
+}
+
+impl Accepted {
+    /// The stream registered with the current runtime's reactor.
+    fn into_tokio(self) -> io::Result<TcpStream> {
+        match self {
+            Accepted::Tokio(s) => Ok(s),
+            Accepted::Std(s) => TcpStream::from_std(s),
+        }
     }
 }
 

@@ -176,6 +176,18 @@ impl RevisionState {
         env: &Env<'_>,
         now: Instant,
     ) -> bool {
+        // Announce the decision before the platform acts on it: a replica can become ready
+        // (and the activator time the cold start's "decision" phase) before this task runs
+        // again after the call. A failed call is corrected by the publish after it.
+        if self.replicas != Some(replicas) {
+            let announced = ScaleState {
+                desired: to_i32(replicas),
+                decided_at: Some(now),
+                activator_in_path: self.activator_in_path,
+            };
+            env.scale_states.publish(key, announced.clone());
+            self.published = announced;
+        }
         match tokio::time::timeout(env.scale_timeout, env.platform.scale(key, replicas)).await {
             Ok(Ok(())) => {
                 self.initial = None;

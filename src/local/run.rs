@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
 use crate::activator::report::stat_channel;
-use crate::activator::{Activator, ActivatorDeps, raise_nofile_limit};
+use crate::activator::{Activator, ActivatorDeps, Workers, raise_nofile_limit};
 use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
 use crate::config::reload::{FileWatch, Outcome, watch_file};
 use crate::platform::Platform;
@@ -155,6 +155,14 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         telemetry: telemetry.clone(),
         source_name: "activator".into(),
     });
+    // The data plane runs nginx-style: one single-threaded runtime per core, each owning its
+    // connections and its upstream pool, so a request never hops between threads.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = Arc::new(
+        Workers::start(cores).map_err(|e| format!("thaw local: cannot start data workers: {e}"))?,
+    );
+    activator.use_workers(workers.clone());
+    info!(workers = workers.len(), "data-plane workers (one per core)");
     let scaler = Scaler::new(
         catalog.clone(),
         Arc::new(platform.clone()) as Arc<dyn Platform>,
@@ -180,6 +188,7 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         .serve(data, admin, shutdown_signal(activator_config))
         .await;
     info!("activator drained; stopping the autoscaler and every replica");
+    workers.stop();
     let _ = stop_scaler.send(true);
     let _ = scaler_task.await;
     platform.shutdown().await;
