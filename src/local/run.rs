@@ -57,7 +57,11 @@ pub struct LocalArgs {
 /// Runs `thaw local` to completion (a signal); the exit code says whether it started.
 pub fn main(args: LocalArgs) -> ExitCode {
     init_tracing(args.log_json);
+    // The control runtime: accept loop, admin port, autoscaler, platform, reloads. Requests are
+    // served on the per-core data workers, so one thread is plenty here.
     let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("thaw-control")
         .enable_all()
         .build()
     {
