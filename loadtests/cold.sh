@@ -59,8 +59,8 @@ startup_of() {
 # series: their deltas around one request are that request's, as requests are sequential.
 phases() {
     curl -sf "http://$ADMIN/metrics" | awk '
-        /^thaw_activator_cold_start_phase_seconds_sum\{phase="PokeToDecision"\}/ { a = $NF }
-        /^thaw_activator_cold_start_phase_seconds_sum\{phase="ReadyToFirstByte"\}/ { b = $NF }
+        /^thaw_activator_cold_start_phase_seconds_sum\{phase="poke_to_decision"\}/ { a = $NF }
+        /^thaw_activator_cold_start_phase_seconds_sum\{phase="ready_to_first_byte"\}/ { b = $NF }
         END { printf "%s %s\n", a + 0, b + 0 }'
 }
 

@@ -208,8 +208,11 @@ async fn proxy_request(
         deadline,
         started,
     };
+    // Boxed: the upstream call's state is the largest part of this future, and a held request
+    // (thousands at a cold start) should carry only the small holding state.
+    let upstream = act.upstream();
     let (mut resp, addr) =
-        proxy::forward(&act.upstream(), &mut ticket, out, attempt_limits).await?;
+        Box::pin(proxy::forward(&upstream, &mut ticket, out, attempt_limits)).await?;
     if state.cold.awaiting_first_byte() {
         let m = &act.deps.telemetry.activator;
         state.cold.on_first_byte(Instant::now(), m, &state.key);
@@ -303,4 +306,30 @@ fn spawn_tunnel(
         }
         .instrument(span),
     );
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// Every held request keeps its future alive, so its size is memory per held request. The
+    /// upstream call is boxed to keep the holding state small; this guards that (debug build
+    /// sizes; 2,728 bytes when written, 3,808 before the box).
+    #[test]
+    fn a_held_request_future_stays_small() {
+        fn size<F: std::future::Future>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let f = async {
+            let act: Option<std::sync::Arc<super::Activator>> = None;
+            let (Some(act), Some(req)) = (act, None::<http::Request<hyper::body::Incoming>>) else {
+                return;
+            };
+            let conn = std::sync::Arc::new(super::ConnActivity::default());
+            let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req).await;
+        };
+        assert!(
+            size(&f) <= 3 * 1024,
+            "request future grew to {} bytes",
+            size(&f)
+        );
+    }
 }
