@@ -134,21 +134,25 @@ pub fn set_target_host(headers: &mut HeaderMap, target: &HeaderValue, protocol: 
     }
 }
 
-/// A fresh request id: a random (version 4) UUID in its usual text form.
+/// A fresh request id: a random (version 4) UUID in its usual text form, formatted on the
+/// stack (one allocation, for the header value itself).
 pub fn new_request_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut b: [u8; 16] = rand::rng().random();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let hex = |x: &[u8]| x.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let s = format!(
-        "{}-{}-{}-{}-{}",
-        hex(&b[0..4]),
-        hex(&b[4..6]),
-        hex(&b[6..8]),
-        hex(&b[8..10]),
-        hex(&b[10..16])
-    );
-    HeaderValue::from_str(&s).expect("hex is a valid header value")
+    let mut out = [0u8; 36];
+    let mut o = 0;
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out[o] = b'-';
+            o += 1;
+        }
+        out[o] = HEX[usize::from(byte >> 4)];
+        out[o + 1] = HEX[usize::from(byte & 0x0f)];
+        o += 2;
+    }
+    HeaderValue::from_bytes(&out).expect("hex and '-' are a valid header value")
 }
 
 /// Checks the configured header limits: count and total bytes (names + values). Returns
@@ -247,6 +251,17 @@ mod tests {
         let s = a.to_str().unwrap();
         assert_eq!(s.len(), 36);
         assert_eq!(&s[14..15], "4");
+        // 8-4-4-4-12 lower-case hex groups, RFC 4122 variant (8, 9, a or b).
+        let groups: Vec<&str> = s.split('-').collect();
+        assert_eq!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(
+            s.bytes()
+                .all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        );
+        assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"), "{s}");
     }
 
     #[test]
