@@ -13,6 +13,7 @@ pub mod concurrency;
 mod core;
 pub mod endpoint;
 pub mod error;
+pub mod head_clock;
 pub mod headers;
 pub mod limits;
 pub mod pipeline;

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::core::Activator;
+use super::head_clock::{HeadClock, HeadIo};
 use super::pipeline;
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -142,9 +143,19 @@ impl Activator {
         let activity = Arc::new(ConnActivity::holding(slot));
         let act = self.clone();
         let conn_activity = activity.clone();
+        let clock = HeadClock::new();
+        let service_clock = clock.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
+            // The head is complete; until this request's answer starts, the connection counts
+            // as busy, so its body bytes do not start the next head's clock.
+            service_clock.head_received();
+            let busy = conn_activity.begin();
             let fut = pipeline::handle(act.clone(), peer, conn_activity.clone(), req);
-            async move { Ok::<_, std::convert::Infallible>(fut.await) }
+            async move {
+                let resp = fut.await;
+                drop(busy);
+                Ok::<_, std::convert::Infallible>(resp)
+            }
         });
         let drain = drain.clone();
         // With workers, the socket moves to the next worker's reactor (registered there, so its
@@ -168,7 +179,8 @@ impl Activator {
                 }
             };
             let builder = data_builder(&cfg);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let io = HeadIo::new(stream, clock.clone(), activity.clone());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
             tokio::pin!(conn);
             let mut closing = false;
             loop {
@@ -182,6 +194,10 @@ impl Activator {
                     _ = drain.cancelled(), if !closing => {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
+                    }
+                    _ = clock.expired(cfg.header_read_timeout), if !closing => {
+                        tracing::debug!("header read timeout: closing the connection");
+                        return;
                     }
                     _ = idle(&activity, cfg.keep_alive_timeout), if !closing => {
                         tracing::debug!("keep-alive idle timeout");
@@ -258,9 +274,8 @@ fn is_transient(e: &io::Error) -> bool {
 
 /// Resolves once the connection has had no request in progress and no new request for a whole
 /// `keep_alive` period (checked every `keep_alive`, so an idle connection closes after one to
-/// two periods). Never resolves when `keep_alive` is zero. Note that hyper's HTTP/1 header-read
-/// timer also runs while an HTTP/1 connection waits for its next request, so an idle HTTP/1
-/// connection closes after min(header-read-timeout, keep-alive-timeout).
+/// two periods). Never resolves when `keep_alive` is zero. The header-read timeout does not
+/// shorten it: that clock only runs while a request head is arriving (`head_clock`).
 async fn idle(activity: &ConnActivity, keep_alive: Duration) {
     if keep_alive.is_zero() {
         // 0 disables the idle timeout rather than spinning.
@@ -285,11 +300,11 @@ fn data_builder(cfg: &ActivatorConfig) -> auto::Builder<TokioExecutor> {
         .max(16 * 1024)
         + 8192;
     let mut b = auto::Builder::new(TokioExecutor::new());
+    // hyper's header-read timer also runs while a keep-alive connection waits for its next
+    // request; thaw measures header reads itself (`head_clock`), so hyper's is off.
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(
-            (!cfg.header_read_timeout.is_zero()).then_some(cfg.header_read_timeout),
-        )
+        .header_read_timeout(None)
         .keep_alive(true)
         .max_buf_size(header_bytes.max(8192))
         .max_headers((cfg.max_header_count as usize).saturating_mul(2) + 16);

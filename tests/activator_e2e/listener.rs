@@ -106,3 +106,34 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     );
     h.shutdown();
 }
+
+/// The header-read timeout protects against slow clients; it must not close an idle keep-alive
+/// connection (hyper's own timer would, after the header-read timeout instead of the
+/// keep-alive timeout, racing load balancers' idle timeouts).
+#[tokio::test]
+async fn idle_keep_alive_outlives_the_header_read_timeout() {
+    let up = Upstream::start().await;
+    let cfg = ActivatorConfig {
+        header_read_timeout: Duration::from_millis(100),
+        keep_alive_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(REQUEST).await.unwrap();
+    assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    // Idle for many header-read timeouts, well within the keep-alive timeout.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    tcp.write_all(REQUEST).await.unwrap();
+    assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    // A second head that never completes is still cut by the header-read timeout.
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("the server closed the slow head");
+    h.shutdown();
+}

@@ -1,0 +1,198 @@
+//! The header-read timeout, measured from when a request head starts arriving.
+//!
+//! hyper's own HTTP/1 `header_read_timeout` starts whenever the connection waits for the next
+//! request, so an idle keep-alive connection would be closed after the header-read timeout
+//! (10 s) instead of the keep-alive timeout (75 s) — below common load balancer idle timeouts,
+//! which then race the close and answer 502. thaw turns hyper's timer off and keeps its own:
+//!
+//! - a new connection must send a complete request head within the timeout (slow-client
+//!   protection from the first byte on);
+//! - afterwards the clock starts at the first byte that arrives while no request is in
+//!   progress, and stops when hyper hands over the parsed head;
+//! - idle time between requests is governed by the keep-alive timeout alone;
+//! - an HTTP/2 connection (prior-knowledge preface) has no head clock, as with hyper.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
+
+use super::ticket::ConnActivity;
+
+/// The HTTP/2 connection preface's first bytes.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// One connection's head clock.
+#[derive(Debug)]
+pub struct HeadClock {
+    base: Instant,
+    /// Milliseconds since `base` + 1 when the current head started arriving; 0 = no head
+    /// pending.
+    since: AtomicU64,
+    /// Set once the connection turned out to be HTTP/2.
+    h2: AtomicBool,
+    /// Whether any byte was read yet (the preface check looks at the first read only).
+    seen: AtomicBool,
+    armed: Notify,
+}
+
+impl HeadClock {
+    /// A clock for a connection accepted now: the first head is pending from the start.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            since: AtomicU64::new(1),
+            h2: AtomicBool::new(false),
+            seen: AtomicBool::new(false),
+            armed: Notify::new(),
+        })
+    }
+
+    /// hyper parsed a request head: nothing is pending any more.
+    pub fn head_received(&self) {
+        self.since.store(0, SeqCst);
+    }
+
+    fn bytes_arrived(&self, first: &[u8], request_in_progress: bool) {
+        if !self.seen.swap(true, SeqCst) && first.starts_with(H2_PREFACE) {
+            self.h2.store(true, SeqCst);
+            self.since.store(0, SeqCst);
+            return;
+        }
+        if request_in_progress || self.h2.load(SeqCst) || self.since.load(SeqCst) != 0 {
+            return;
+        }
+        let ms = self.base.elapsed().as_millis() as u64 + 1;
+        if self.since.compare_exchange(0, ms, SeqCst, SeqCst).is_ok() {
+            self.armed.notify_one();
+        }
+    }
+
+    /// Resolves when a request head has been pending for `timeout`. Never resolves for a zero
+    /// timeout or an HTTP/2 connection.
+    pub async fn expired(&self, timeout: Duration) {
+        if timeout.is_zero() {
+            return std::future::pending().await;
+        }
+        loop {
+            let since = self.since.load(SeqCst);
+            if since == 0 {
+                // `notify_one` keeps a permit, so an arm between the load and here is not lost.
+                self.armed.notified().await;
+                continue;
+            }
+            let deadline = self.base + Duration::from_millis(since - 1) + timeout;
+            tokio::time::sleep_until(deadline).await;
+            if self.since.load(SeqCst) == since {
+                return;
+            }
+        }
+    }
+}
+
+/// The client socket, reporting arriving bytes to the connection's [`HeadClock`]. Reads and
+/// writes pass straight through (vectored writes included).
+#[derive(Debug)]
+pub struct HeadIo<T> {
+    inner: T,
+    clock: Arc<HeadClock>,
+    activity: Arc<ConnActivity>,
+}
+
+impl<T> HeadIo<T> {
+    pub fn new(inner: T, clock: Arc<HeadClock>, activity: Arc<ConnActivity>) -> Self {
+        Self {
+            inner,
+            clock,
+            activity,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for HeadIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let in_progress = this.activity.load().0 > 0;
+            this.clock
+                .bytes_arrived(&buf.filled()[before..], in_progress);
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for HeadIo<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn first_head_times_out_from_accept_then_only_from_first_byte() {
+        let clock = HeadClock::new();
+        let t = Duration::from_secs(10);
+        // A new connection: pending from the start.
+        assert!(
+            tokio::time::timeout(t + Duration::from_millis(1), clock.expired(t))
+                .await
+                .is_ok()
+        );
+        // Head received, then idle for much longer than the timeout: nothing expires.
+        clock.head_received();
+        assert!(tokio::time::timeout(t * 5, clock.expired(t)).await.is_err());
+        // The next head starts arriving: its clock runs from that first byte.
+        clock.bytes_arrived(b"GET / HT", false);
+        let start = Instant::now();
+        clock.expired(t).await;
+        assert_eq!(Instant::now() - start, t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn body_bytes_and_http2_do_not_start_the_clock() {
+        let clock = HeadClock::new();
+        clock.head_received();
+        clock.bytes_arrived(b"body", true);
+        let t = Duration::from_secs(1);
+        assert!(tokio::time::timeout(t * 3, clock.expired(t)).await.is_err());
+
+        let h2 = HeadClock::new();
+        h2.bytes_arrived(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false);
+        h2.bytes_arrived(b"ping frame", false);
+        assert!(tokio::time::timeout(t * 3, h2.expired(t)).await.is_err());
+    }
+}
