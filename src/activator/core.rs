@@ -71,7 +71,7 @@ pub struct Activator {
     sync_lock: Mutex<()>,
     catalog_version: watch::Receiver<u64>,
     budget: Arc<HeldBudget>,
-    pub(crate) upstream: Upstream,
+    pub(crate) upstream: Arc<Upstream>,
     /// Per-core data-plane runtimes, when [`Activator::use_workers`] was called.
     pub(crate) workers: std::sync::OnceLock<Arc<super::workers::Workers>>,
     draining: AtomicBool,
@@ -95,7 +95,7 @@ impl Activator {
             table: ArcSwap::from_pointee(RevisionTable::default()),
             sync_lock: Mutex::new(()),
             budget: Arc::new(HeldBudget::default()),
-            upstream: Upstream::new(connect_timeout),
+            upstream: Arc::new(Upstream::new(connect_timeout)),
             workers: std::sync::OnceLock::new(),
             draining: AtomicBool::new(false),
             tunnels: TaskTracker::new(),
@@ -115,7 +115,7 @@ impl Activator {
 
     /// The upstream clients for the current thread: a worker's own pool when workers are in
     /// use (so pooled connections stay on the thread that uses them), else the shared one.
-    pub(crate) fn upstream(&self) -> Upstream {
+    pub(crate) fn upstream(&self) -> Arc<Upstream> {
         if self.workers.get().is_some() {
             self.upstream.for_this_thread()
         } else {

@@ -37,7 +37,7 @@ use super::report::Stat;
 use super::rev_state::RevisionState;
 use super::routing::{self, Probe};
 use super::throttler::{HoldLimits, Rejection};
-use super::ticket::{ConnActivity, Ticket};
+use super::ticket::{ConnActive, Ticket};
 use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::revision::Protocol;
@@ -46,7 +46,7 @@ use crate::revision::Protocol;
 pub async fn handle(
     act: Arc<Activator>,
     peer: SocketAddr,
-    conn: Arc<ConnActivity>,
+    conn: ConnActive,
     req: Request<Incoming>,
 ) -> Response<ActivatorBody> {
     let started = Instant::now();
@@ -126,7 +126,7 @@ async fn proxy_request(
     act: &Arc<Activator>,
     state: &Arc<RevisionState>,
     peer: SocketAddr,
-    conn: Arc<ConnActivity>,
+    conn: ConnActive,
     mut req: Request<Incoming>,
     started: Instant,
     cfg: &ActivatorConfig,
@@ -134,7 +134,7 @@ async fn proxy_request(
     let spec = state.spec.load_full();
     let timeouts = spec.timeouts;
     let deadline = started + timeouts.total;
-    let mut ticket = Ticket::arrive(state.clone(), Some(conn.begin()));
+    let mut ticket = Ticket::arrive(state.clone(), Some(conn));
 
     let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
     if cold {
@@ -323,7 +323,7 @@ mod size_tests {
             let (Some(act), Some(req)) = (act, None::<http::Request<hyper::body::Incoming>>) else {
                 return;
             };
-            let conn = std::sync::Arc::new(super::ConnActivity::default());
+            let conn = std::sync::Arc::new(super::super::ticket::ConnActivity::default()).begin();
             let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req).await;
         };
         assert!(

@@ -41,7 +41,7 @@ pub struct Upstream {
 
 thread_local! {
     /// This thread's own clients (see [`Upstream::for_this_thread`]).
-    static THREAD_UPSTREAM: std::cell::OnceCell<Upstream> = const { std::cell::OnceCell::new() };
+    static THREAD_UPSTREAM: std::cell::OnceCell<Arc<Upstream>> = const { std::cell::OnceCell::new() };
 }
 
 impl Upstream {
@@ -70,8 +70,11 @@ impl Upstream {
     /// spawns its connections' tasks on the runtime that opens them, so on a single-threaded
     /// worker runtime the pooled connections and the requests using them share one thread.
     /// Built on first use per thread (the connect timeout is the one at construction).
-    pub fn for_this_thread(&self) -> Self {
-        THREAD_UPSTREAM.with(|u| u.get_or_init(|| Self::new(self.connect_timeout)).clone())
+    pub fn for_this_thread(&self) -> Arc<Self> {
+        THREAD_UPSTREAM.with(|u| {
+            u.get_or_init(|| Arc::new(Self::new(self.connect_timeout)))
+                .clone()
+        })
     }
 
     fn client(&self, protocol: Protocol) -> &Client<HttpConnector, ReqBody> {

@@ -146,16 +146,12 @@ impl Activator {
         let clock = HeadClock::new();
         let service_clock = clock.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
-            // The head is complete; until this request's answer starts, the connection counts
-            // as busy, so its body bytes do not start the next head's clock.
+            // The head is complete. The connection counts as busy from here (so its body bytes
+            // do not start the next head's clock) until the request's answer has been sent: the
+            // pipeline keeps the guard in the request's ticket, through the response body.
             service_clock.head_received();
-            let busy = conn_activity.begin();
-            let fut = pipeline::handle(act.clone(), peer, conn_activity.clone(), req);
-            async move {
-                let resp = fut.await;
-                drop(busy);
-                Ok::<_, std::convert::Infallible>(resp)
-            }
+            let fut = pipeline::handle(act.clone(), peer, conn_activity.begin(), req);
+            async move { Ok::<_, std::convert::Infallible>(fut.await) }
         });
         let drain = drain.clone();
         // With workers, the socket moves to the next worker's reactor (registered there, so its
