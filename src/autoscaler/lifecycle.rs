@@ -214,7 +214,7 @@ impl Lifecycle {
         let now = facts.now;
         match self.activity {
             Activity::Activating { since } => {
-                if now.saturating_duration_since(since) > spec.activation_timeout {
+                if now.saturating_duration_since(since) > spec.activation_timeout() {
                     verdict(0, true, Why::ActivationTimedOut)
                 } else {
                     verdict(-1, false, Why::Activating)

@@ -61,8 +61,17 @@ pub struct AutoscalingSpec {
     pub scale_to_zero_pod_retention_period: Duration,
     pub enable_scale_to_zero: bool,
     pub activator_capacity: f64,
-    /// How long a revision may stay activating before it is given up (progress deadline + 30s).
-    pub activation_timeout: Duration,
+    /// How long a replica may take to become ready (`serving.knative.dev/progress-deadline`,
+    /// config-deployment's 600s by default).
+    pub progress_deadline: Duration,
+}
+
+impl AutoscalingSpec {
+    /// How long a revision may stay activating before it is given up: the progress deadline
+    /// plus Knative's 30 s buffer (knative-dataplane.md §2.6).
+    pub fn activation_timeout(&self) -> Duration {
+        self.progress_deadline + Duration::from_secs(30)
+    }
 }
 
 impl Default for AutoscalingSpec {
@@ -91,7 +100,7 @@ impl Default for AutoscalingSpec {
             scale_to_zero_pod_retention_period: Duration::ZERO,
             enable_scale_to_zero: true,
             activator_capacity: 100.0,
-            activation_timeout: Duration::from_secs(630),
+            progress_deadline: DEFAULT_PROGRESS_DEADLINE,
         }
     }
 }
@@ -426,7 +435,6 @@ pub fn resolve(
             .map_or(config.scale_to_zero_pod_retention_period, |(_, v)| v),
         enable_scale_to_zero: config.enable_scale_to_zero,
         activator_capacity: config.activator_capacity,
-        activation_timeout: progress_deadline.unwrap_or(DEFAULT_PROGRESS_DEADLINE)
-            + Duration::from_secs(30),
+        progress_deadline: progress_deadline.unwrap_or(DEFAULT_PROGRESS_DEADLINE),
     })
 }

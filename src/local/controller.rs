@@ -240,12 +240,7 @@ fn local_revision(spec: &RevisionSpec, template: &RevisionTemplate) -> LocalRevi
         .map(|h| h.path.clone());
     def.protocol = spec.protocol;
     def.drain_timeout = Some(spec.timeouts.total);
-    // Knative's progress deadline: how long a replica may take to become ready (the
-    // activation timeout is that plus 30 s).
-    def.startup_timeout = Some(
-        spec.autoscaling
-            .activation_timeout
-            .saturating_sub(std::time::Duration::from_secs(30)),
-    );
+    // Knative's progress deadline: how long a replica may take to become ready.
+    def.startup_timeout = Some(spec.autoscaling.progress_deadline);
     def
 }

@@ -143,7 +143,10 @@ fn every_annotation_accepted_and_rejected() {
         (
             "serving.knative.dev/progress-deadline",
             "60s",
-            |s| s.activation_timeout == Duration::from_secs(90),
+            |s| {
+                s.progress_deadline == Duration::from_secs(60)
+                    && s.activation_timeout() == Duration::from_secs(90)
+            },
             "0s",
             "at least 1s",
         ),
