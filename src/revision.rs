@@ -144,13 +144,6 @@ impl CatalogSnapshot {
         self.revisions.get(key)
     }
 
-    /// Looks up by namespace and name without building a key.
-    pub fn get_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<RevisionSpec>> {
-        // RevisionKey hashes as (Arc<str>, Arc<str>); str and Arc<str> hash alike, but the
-        // tuple key cannot be borrowed, so build a key only on this (cold) path.
-        self.revisions.get(&RevisionKey::new(namespace, name))
-    }
-
     /// The revision a `Host` header routes to. The port, if any, is ignored; case-insensitive.
     pub fn route_host(&self, host: &str) -> Option<&Arc<RevisionSpec>> {
         let host = host.rsplit_once(':').map_or(host, |(h, port)| {
@@ -247,6 +240,9 @@ mod tests {
             "hello-00001"
         );
         assert!(snap.route_host("nope.default.example.com").is_none());
-        assert!(snap.get_by_name("default", "hello-00001").is_some());
+        assert!(
+            snap.get(&RevisionKey::new("default", "hello-00001"))
+                .is_some()
+        );
     }
 }

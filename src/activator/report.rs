@@ -2,8 +2,8 @@
 //! activator's 1 s reporter (`run`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
 use crate::revision::RevisionKey;
@@ -44,18 +44,26 @@ pub enum StatMessage {
 #[derive(Debug, Clone)]
 pub struct ChannelStatSink {
     tx: mpsc::Sender<StatMessage>,
-    dropped: Arc<AtomicU64>,
+    /// Stats that could not be sent (a prometheus counter, so it can be exported as
+    /// `thaw_activator_stats_dropped_total`; see [`ChannelStatSink::count_drops_in`]).
+    dropped: Counter,
 }
 
 impl ChannelStatSink {
     /// Stats that could not be sent because the channel was full or closed.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
+    }
+
+    /// Counts drops in `counter` (e.g. `Telemetry::activator.stats_dropped`) from now on.
+    pub fn count_drops_in(mut self, counter: Counter) -> Self {
+        self.dropped = counter;
+        self
     }
 
     fn send(&self, msg: StatMessage) {
         if self.tx.try_send(msg).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 }
@@ -76,7 +84,7 @@ pub fn stat_channel(capacity: usize) -> (ChannelStatSink, mpsc::Receiver<StatMes
     (
         ChannelStatSink {
             tx,
-            dropped: Arc::default(),
+            dropped: Counter::default(),
         },
         rx,
     )
@@ -118,7 +126,9 @@ mod tests {
 
     #[tokio::test]
     async fn channel_is_bounded_and_counts_drops() {
+        let exported = Counter::default();
         let (sink, mut rx) = stat_channel(1);
+        let sink = sink.count_drops_in(exported.clone());
         let stat = Stat {
             revision: RevisionKey::new("ns", "r"),
             source: "a".into(),
@@ -129,6 +139,7 @@ mod tests {
         sink.poke(stat.clone());
         sink.record(stat.clone());
         assert_eq!(sink.dropped(), 1);
+        assert_eq!(exported.get(), 1, "the exported counter sees the drop");
         assert_eq!(rx.recv().await, Some(StatMessage::Poke(stat)));
     }
 }

@@ -452,13 +452,6 @@ impl ConfigMap for AutoscalerConfig {
     }
 }
 
-impl AutoscalerConfig {
-    /// round(stable-window × panic-window-percentage / 100) to whole seconds, at least 1s.
-    pub fn panic_window(&self) -> Duration {
-        panic_window(self.stable_window, self.panic_window_percentage)
-    }
-}
-
 /// The panic window Knative derives from a stable window and a percentage: rounded to whole
 /// seconds, at least one second (one bucket).
 pub fn panic_window(stable: Duration, percentage: f64) -> Duration {

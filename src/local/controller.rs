@@ -72,11 +72,6 @@ impl LocalController {
         c
     }
 
-    /// The model in force.
-    pub fn model(&self) -> Arc<LocalModel> {
-        self.lock().model.clone()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -121,6 +121,7 @@ async fn run(args: LocalArgs) -> Result<(), String> {
     let controller = LocalController::start(platform.clone(), catalog.clone(), model.clone());
     let scale_states = ScaleStates::new();
     let (sink, stats_rx) = stat_channel(STATS_CHANNEL);
+    let sink = sink.count_drops_in(telemetry.activator.stats_dropped.clone());
     let activator_config = Arc::new(ArcSwap::new(model.configs.activator.clone()));
 
     let data = TcpListener::bind(args.listen).await.map_err(|e| {

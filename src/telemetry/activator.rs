@@ -106,6 +106,9 @@ pub struct ActivatorMetrics {
     pub cold_start_phase: HistogramFamily<PhaseLabels>,
     /// `thaw_activator_connections`: open client connections on the data port.
     pub connections: Gauge,
+    /// `thaw_activator_stats_dropped_total`: stats and pokes dropped because the channel to
+    /// the autoscaler was full or closed.
+    pub stats_dropped: Counter,
 }
 
 impl ActivatorMetrics {
@@ -124,6 +127,7 @@ impl ActivatorMetrics {
             cold_starts: Family::default(),
             cold_start_phase: Family::new_with_constructor(hold_histogram),
             connections: Gauge::default(),
+            stats_dropped: Counter::default(),
         };
         let r = reg;
         r.register(
@@ -181,6 +185,11 @@ impl ActivatorMetrics {
             "activator_connections",
             "Open client connections",
             m.connections.clone(),
+        );
+        r.register(
+            "activator_stats_dropped",
+            "Stats and pokes dropped because the channel to the autoscaler was full or closed",
+            m.stats_dropped.clone(),
         );
         m
     }
