@@ -46,6 +46,10 @@ async fn first_request_wakes_from_zero_and_idle_revision_returns_to_zero_process
             "cold-start phase {phase} missing from /metrics"
         );
     }
+    assert!(
+        metrics.contains("thaw_activator_stats_dropped_total 0"),
+        "stats drops are exported"
+    );
 
     // Stable window 6s, grace 1s: the revision goes back to zero processes on its own.
     until(&thaw, "scale to zero processes", || async {
