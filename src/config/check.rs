@@ -95,13 +95,17 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
     }
 }
 
-/// A local.yaml is recognised by its top-level fields (a ConfigMap has `kind: ConfigMap`).
+/// A local.yaml is recognised by its top level: a Kubernetes manifest has `kind` or
+/// `metadata`, local.yaml has neither. Unreadable or invalid YAML goes the manifest way, whose
+/// errors name the file and the line.
 fn is_local_yaml(path: &std::path::Path) -> bool {
-    std::fs::read_to_string(path).is_ok_and(|t| {
-        t.lines()
-            .any(|l| l.starts_with("services:") || l.starts_with("configMaps:"))
-            && !t.lines().any(|l| l.trim() == "kind: ConfigMap")
-    })
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    match serde_saphyr::from_str::<serde_json::Value>(&text) {
+        Ok(Value::Object(top)) => !top.contains_key("kind") && !top.contains_key("metadata"),
+        _ => false,
+    }
 }
 
 /// local.yaml's effective content: the domain, and per service its route, first revision and
