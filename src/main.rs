@@ -4,6 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc: less CPU per request than glibc's malloc on the proxy path, and memory a held
+/// connection reserves but never writes (hyper's buffers) stays unbacked (docs/decisions.md).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "thaw", version, about = "A scale-to-zero serving data plane")]
 struct Cli {

@@ -42,17 +42,19 @@ use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::revision::Protocol;
 
-/// Handles one data-port request end to end. Never fails: every error becomes a response.
+/// Handles one data-port request end to end. Never fails: every error becomes a response (the
+/// `Result` is the shape hyper's service wants; returning it from here, rather than wrapping
+/// this future in another, keeps one copy of the request's state per held request).
 pub async fn handle(
     act: Arc<Activator>,
     peer: SocketAddr,
     conn: ConnActive,
     req: Request<Incoming>,
-) -> Response<ActivatorBody> {
+) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
     let started = Instant::now();
     let cfg = act.deps.config.load_full();
     if let Some(p) = routing::probe(req.headers()) {
-        return answer_probe(p, act.is_draining());
+        return Ok(answer_probe(p, act.is_draining()));
     }
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     if let Err((what, actual, limit)) =
@@ -64,7 +66,7 @@ pub async fn handle(
             actual,
             limit,
         };
-        return err.into_response(cfg.retry_after);
+        return Ok(err.into_response(cfg.retry_after));
     }
     let routed = routing::target(req.headers(), req.uri())
         .map_err(ActivatorError::NotFound)
@@ -74,7 +76,7 @@ pub async fn handle(
         Err(e) => {
             act.unrouted.answered(e.status().as_u16());
             tracing::debug!(%method, %path, error = %e, "not routed");
-            return e.into_response(cfg.retry_after);
+            return Ok(e.into_response(cfg.retry_after));
         }
     };
     let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
@@ -102,7 +104,7 @@ pub async fn handle(
         ms = started.elapsed().as_millis() as u64,
         "access"
     );
-    resp
+    Ok(resp)
 }
 
 fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -150,8 +149,7 @@ impl Activator {
             // do not start the next head's clock) until the request's answer has been sent: the
             // pipeline keeps the guard in the request's ticket, through the response body.
             service_clock.head_received();
-            let fut = pipeline::handle(act.clone(), peer, conn_activity.begin(), req);
-            async move { Ok::<_, std::convert::Infallible>(fut.await) }
+            pipeline::handle(act.clone(), peer, conn_activity.begin(), req)
         });
         let drain = drain.clone();
         // With workers, the socket moves to the next worker's reactor (registered there, so its
@@ -174,33 +172,34 @@ impl Activator {
                     return;
                 }
             };
-            let builder = data_builder(&cfg);
-            let io = HeadIo::new(stream, clock.clone(), activity.clone());
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            tokio::pin!(conn);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    res = conn.as_mut() => {
-                        if let Err(e) = res {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                        return;
-                    }
-                    _ = drain.cancelled(), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = clock.expired(cfg.header_read_timeout), if !closing => {
-                        tracing::debug!("header read timeout: closing the connection");
-                        return;
-                    }
-                    _ = idle(&activity, cfg.keep_alive_timeout), if !closing => {
-                        tracing::debug!("keep-alive idle timeout");
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
+            // Until its first bytes, a connection is idle: the keep-alive timeout and drain
+            // close it.
+            let speaks = tokio::select! {
+                speaks = sniff(&stream) => speaks,
+                _ = drain.cancelled() => return,
+                _ = idle(&activity, cfg.keep_alive_timeout) => return,
+            };
+            let io = TokioIo::new(HeadIo::new(stream, clock.clone(), activity.clone()));
+            let watch = ConnWatch {
+                drain,
+                clock,
+                activity,
+                cfg,
+            };
+            // Boxed once the protocol is known: the task holds only what its protocol needs.
+            match speaks {
+                Ok(Speaks::Http1) => {
+                    let conn = http1_builder(&watch.cfg)
+                        .serve_connection(io, service)
+                        .with_upgrades();
+                    Box::pin(watch.run(conn)).await;
                 }
+                Ok(Speaks::H2c) => {
+                    let conn = http2_builder(&watch.cfg).serve_connection(io, service);
+                    Box::pin(watch.run(conn)).await;
+                }
+                Ok(Speaks::Nothing) => {}
+                Err(e) => tracing::debug!(error = %e, "connection failed before its first byte"),
             }
         }
         .instrument(tracing::debug_span!("conn", %peer));
@@ -287,26 +286,151 @@ async fn idle(activity: &ConnActivity, keep_alive: Duration) {
     }
 }
 
-/// The data-port protocol settings from the live config. hyper's own caps sit above the
-/// configured header limits, so the client gets our 431 with a reason rather than hyper's bare
-/// one; hyper's cap still bounds the bytes buffered per connection.
-fn data_builder(cfg: &ActivatorConfig) -> auto::Builder<TokioExecutor> {
-    let header_bytes = (cfg.max_header_bytes as usize)
+/// What a new connection speaks, from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    /// Anything but the HTTP/2 preface (hyper answers garbage with 400).
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c).
+    H2c,
+    /// Closed before sending a byte.
+    Nothing,
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Tells HTTP/1 from h2c by peeking at the first bytes, which stay in the socket for hyper.
+/// (hyper-util's auto server reads them into a prefix instead, which makes hyper grow its
+/// 8 KiB read buffer to 16 KiB on every connection, copying it: held requests paid for that.)
+async fn sniff(stream: &TcpStream) -> io::Result<Speaks> {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        stream.readable().await?;
+        // `try_io` clears readiness on WouldBlock, so a partial preface waits for more bytes
+        // rather than spinning.
+        let seen = stream.try_io(tokio::io::Interest::READABLE, || {
+            let n = nix::sys::socket::recv(fd, &mut buf, nix::sys::socket::MsgFlags::MSG_PEEK)
+                .map_err(io::Error::from)?;
+            if n == 0 {
+                Ok(Speaks::Nothing)
+            } else if buf[..n] != H2_PREFACE[..n] {
+                Ok(Speaks::Http1)
+            } else if n == H2_PREFACE.len() {
+                Ok(Speaks::H2c)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+        });
+        match seen {
+            Ok(speaks) => return Ok(speaks),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A served connection that can be asked to finish gracefully.
+trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    fn finish(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    Self: Future<Output = Result<(), hyper::Error>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn finish(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, E> Graceful for hyper::server::conn::http2::Connection<I, S, E>
+where
+    Self: Future<Output = Result<(), hyper::Error>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn finish(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// What ends or winds down a served connection: drain, the header-read timeout, the keep-alive
+/// idle timeout.
+struct ConnWatch {
+    drain: CancellationToken,
+    clock: Arc<HeadClock>,
+    activity: Arc<ConnActivity>,
+    cfg: Arc<ActivatorConfig>,
+}
+
+impl ConnWatch {
+    async fn run(self, conn: impl Graceful) {
+        tokio::pin!(conn);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = self.drain.cancelled(), if !closing => {
+                    conn.as_mut().finish();
+                    closing = true;
+                }
+                _ = self.clock.expired(self.cfg.header_read_timeout), if !closing => {
+                    tracing::debug!("header read timeout: closing the connection");
+                    return;
+                }
+                _ = idle(&self.activity, self.cfg.keep_alive_timeout), if !closing => {
+                    tracing::debug!("keep-alive idle timeout");
+                    conn.as_mut().finish();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// hyper's own header caps sit above the configured header limits, so the client gets our 431
+/// with a reason rather than hyper's bare one; hyper's cap still bounds the bytes buffered per
+/// connection.
+fn header_cap(cfg: &ActivatorConfig) -> usize {
+    (cfg.max_header_bytes as usize)
         .saturating_mul(2)
         .max(16 * 1024)
-        + 8192;
-    let mut b = auto::Builder::new(TokioExecutor::new());
+        + 8192
+}
+
+/// The data port's HTTP/1.1 settings from the live config.
+fn http1_builder(cfg: &ActivatorConfig) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
     // hyper's header-read timer also runs while a keep-alive connection waits for its next
     // request; thaw measures header reads itself (`head_clock`), so hyper's is off.
-    b.http1()
-        .timer(TokioTimer::new())
+    b.timer(TokioTimer::new())
         .header_read_timeout(None)
         .keep_alive(true)
-        .max_buf_size(header_bytes.max(8192))
+        .max_buf_size(header_cap(cfg).max(8192))
         .max_headers((cfg.max_header_count as usize).saturating_mul(2) + 16);
-    b.http2()
-        .timer(TokioTimer::new())
+    b
+}
+
+/// The data port's h2c settings from the live config.
+fn http2_builder(cfg: &ActivatorConfig) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
         .max_concurrent_streams(cfg.h2_max_concurrent_streams)
-        .max_header_list_size(u32::try_from(header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(header_cap(cfg)).unwrap_or(u32::MAX));
     b
 }

@@ -137,3 +137,66 @@ async fn idle_keep_alive_outlives_the_header_read_timeout() {
         .expect("the server closed the slow head");
     h.shutdown();
 }
+
+/// The protocol is told from the first bytes without consuming them: a first segment that could
+/// still be the HTTP/2 preface ("P") waits for more, and the bytes then reach HTTP/1 intact.
+#[tokio::test]
+async fn a_first_segment_that_looks_like_the_h2_preface_is_still_http1() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("r", 0)], ActivatorConfig::default()).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let post = b"POST / HTTP/1.1\r\nHost: x\r\nKnative-Serving-Namespace: default\r\n\
+Knative-Serving-Revision: r\r\nContent-Length: 2\r\n\r\nhi";
+    tcp.write_all(&post[..1]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tcp.write_all(&post[1..]).await.unwrap();
+    let head = read_head(&mut tcp).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    h.shutdown();
+}
+
+/// An h2c client whose preface arrives in two segments is served as HTTP/2: the server's first
+/// frame is its SETTINGS.
+#[tokio::test]
+async fn an_h2c_preface_split_in_two_segments_is_http2() {
+    let mut h = Harness::start(vec![spec("r", 0)], ActivatorConfig::default()).await;
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    tcp.write_all(&preface[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tcp.write_all(&preface[10..]).await.unwrap();
+    // An empty client SETTINGS frame: length 0, type 4, flags 0, stream 0.
+    tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let mut frame = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut frame))
+        .await
+        .expect("the server answered in time")
+        .unwrap();
+    assert_eq!(frame[3], 4, "first frame is SETTINGS: {frame:?}");
+    h.shutdown();
+}
+
+/// A connection closed before its first byte ends quietly and frees its slot.
+#[tokio::test]
+async fn a_connection_closed_before_any_byte_frees_its_slot() {
+    let up = Upstream::start().await;
+    let cfg = ActivatorConfig {
+        max_connections: 1,
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    drop(TcpStream::connect(h.data).await.unwrap());
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(REQUEST).await.unwrap();
+    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut tcp))
+        .await
+        .expect("the second connection got a slot");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    h.shutdown();
+}
