@@ -9,8 +9,10 @@ pub mod admin;
 pub mod balancer;
 pub mod body;
 pub mod cold_start;
+
 pub mod concurrency;
 mod core;
+pub mod early;
 pub mod endpoint;
 pub mod error;
 pub mod head_clock;

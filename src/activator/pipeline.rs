@@ -36,22 +36,26 @@ use super::proxy::{self, AttemptLimits, BodySlot, Outbound};
 use super::report::Stat;
 use super::rev_state::RevisionState;
 use super::routing::{self, Probe};
-use super::throttler::{HoldLimits, Rejection};
+use super::throttler::{Admission, HoldLimits, Rejection};
 use super::ticket::{ConnActive, Ticket};
 use crate::clock;
 use crate::config::ActivatorConfig;
-use crate::revision::Protocol;
+use crate::revision::{Protocol, RevisionSpec};
 
 /// Handles one data-port request end to end. Never fails: every error becomes a response (the
 /// `Result` is the shape hyper's service wants; returning it from here, rather than wrapping
 /// this future in another, keeps one copy of the request's state per held request).
+///
+/// `early` is the outcome of holding this request before hyper read it (`super::early`): the
+/// hold is then not repeated, and the request's clock starts when the hold did.
 pub async fn handle(
     act: Arc<Activator>,
     peer: SocketAddr,
     conn: ConnActive,
     req: Request<Incoming>,
+    early: Option<EarlyHold>,
 ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
-    let started = Instant::now();
+    let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
     let cfg = act.deps.config.load_full();
     if let Some(p) = routing::probe(req.headers()) {
         return Ok(answer_probe(p, act.is_draining()));
@@ -68,9 +72,14 @@ pub async fn handle(
         };
         return Ok(err.into_response(cfg.retry_after));
     }
-    let routed = routing::target(req.headers(), req.uri())
-        .map_err(ActivatorError::NotFound)
-        .and_then(|t| act.resolve(t));
+    // An early hold routed this request already: it stays with the revision it was held for,
+    // as a request held here would, even if the catalog changed meanwhile.
+    let routed = match &early {
+        Some(e) => Ok(e.state.clone()),
+        None => routing::target(req.headers(), req.uri())
+            .map_err(ActivatorError::NotFound)
+            .and_then(|t| act.resolve(t)),
+    };
     let state = match routed {
         Ok(state) => state,
         Err(e) => {
@@ -80,7 +89,7 @@ pub async fn handle(
         }
     };
     let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-    let result = proxy_request(&act, &state, peer, conn, req, started, &cfg)
+    let result = proxy_request(&act, &state, peer, conn, req, started, &cfg, early)
         .instrument(span)
         .await;
     let resp = result.unwrap_or_else(|e| {
@@ -124,20 +133,31 @@ fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
     }
 }
 
-async fn proxy_request(
-    act: &Arc<Activator>,
-    state: &Arc<RevisionState>,
-    peer: SocketAddr,
-    conn: ConnActive,
-    mut req: Request<Incoming>,
+/// A request held before hyper read it (`super::early`): its revision, its accounting since it
+/// arrived, and what the throttler answered.
+#[derive(Debug)]
+pub struct EarlyHold {
+    /// The revision it was held for.
+    pub state: Arc<RevisionState>,
+    /// Counted as present since `started` (no connection guard yet: [`Ticket::attach_conn`]).
+    pub ticket: Ticket,
+    /// When the hold began.
+    pub started: Instant,
+    /// Whether the revision was cold when it arrived (`Server-Timing: cold-start`).
+    pub cold: bool,
+    /// The throttler's answer.
+    pub outcome: Result<Admission, Rejection>,
+}
+
+/// Steps 5 and 6: poke the scaler if the revision is cold, then wait for a slot. Returns whether
+/// it was cold, and the throttler's answer.
+pub(crate) async fn hold(
+    act: &Activator,
+    state: &RevisionState,
+    spec: &RevisionSpec,
     started: Instant,
     cfg: &ActivatorConfig,
-) -> Result<Response<ActivatorBody>, ActivatorError> {
-    let spec = state.spec.load_full();
-    let timeouts = spec.timeouts;
-    let deadline = started + timeouts.total;
-    let mut ticket = Ticket::arrive(state.clone(), Some(conn));
-
+) -> (bool, Result<Admission, Rejection>) {
     let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
     if cold {
         poke_if_needed(act, state, started);
@@ -146,26 +166,55 @@ async fn proxy_request(
         queue_depth: spec.queue_depth,
         max_held: cfg.max_held_requests,
     };
-    let hold_deadline = started + timeouts.cold_wait.min(timeouts.total);
-    let admission = match state.throttler.acquire(limits, hold_deadline).await {
-        Ok(a) => a,
-        Err(rejection) => {
-            match &rejection {
-                Rejection::QueueFull { .. } | Rejection::HeldCapReached { .. } => {
-                    state.metrics.overflow.inc();
-                }
-                Rejection::HoldTimeout { waited } => {
-                    state.metrics.hold_timeouts.inc();
-                    state.metrics.hold_seconds.observe(waited.as_secs_f64());
-                }
-                Rejection::Failing(_) | Rejection::Removed => {}
-            };
-            return Err(ActivatorError::Rejected {
-                revision: state.key.clone(),
-                rejection,
-            });
+    let hold_deadline = started + spec.timeouts.cold_wait.min(spec.timeouts.total);
+    (cold, state.throttler.acquire(limits, hold_deadline).await)
+}
+
+/// Counts a rejection and turns it into the request's error.
+fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
+    match &rejection {
+        Rejection::QueueFull { .. } | Rejection::HeldCapReached { .. } => {
+            state.metrics.overflow.inc();
+        }
+        Rejection::HoldTimeout { waited } => {
+            state.metrics.hold_timeouts.inc();
+            state.metrics.hold_seconds.observe(waited.as_secs_f64());
+        }
+        Rejection::Failing(_) | Rejection::Removed => {}
+    };
+    ActivatorError::Rejected {
+        revision: state.key.clone(),
+        rejection,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn proxy_request(
+    act: &Arc<Activator>,
+    state: &Arc<RevisionState>,
+    peer: SocketAddr,
+    conn: ConnActive,
+    mut req: Request<Incoming>,
+    started: Instant,
+    cfg: &ActivatorConfig,
+    early: Option<EarlyHold>,
+) -> Result<Response<ActivatorBody>, ActivatorError> {
+    let spec = state.spec.load_full();
+    let timeouts = spec.timeouts;
+    let deadline = started + timeouts.total;
+    let (mut ticket, cold, outcome) = match early {
+        Some(e) => {
+            let mut ticket = e.ticket;
+            ticket.attach_conn(conn);
+            (ticket, e.cold, e.outcome)
+        }
+        None => {
+            let ticket = Ticket::arrive(state.clone(), Some(conn));
+            let (cold, outcome) = hold(act, state, &spec, started, cfg).await;
+            (ticket, cold, outcome)
         }
     };
+    let admission = outcome.map_err(|r| rejected(state, r))?;
     if let Some(held) = admission.held_for {
         state.metrics.hold_seconds.observe(held.as_secs_f64());
     }
@@ -326,7 +375,7 @@ mod size_tests {
                 return;
             };
             let conn = std::sync::Arc::new(super::super::ticket::ConnActivity::default()).begin();
-            let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req).await;
+            let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req, None).await;
         };
         assert!(
             size(&f) <= 3 * 1024,

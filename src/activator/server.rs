@@ -10,8 +10,8 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::core::Activator;
+use super::early::{self, Early};
 use super::head_clock::{HeadClock, HeadIo};
-use super::pipeline;
+use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
 
@@ -141,7 +142,11 @@ impl Activator {
         // The slot lives as long as the connection and any tunnel it was upgraded into.
         let activity = Arc::new(ConnActivity::holding(slot));
         let act = self.clone();
+        let task_act = self.clone();
         let conn_activity = activity.clone();
+        // The connection's first request, if it was held before hyper read it (`early`).
+        let early_slot: Arc<Mutex<Option<EarlyHold>>> = Arc::default();
+        let service_early = early_slot.clone();
         let clock = HeadClock::new();
         let service_clock = clock.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
@@ -149,7 +154,11 @@ impl Activator {
             // do not start the next head's clock) until the request's answer has been sent: the
             // pipeline keeps the guard in the request's ticket, through the response body.
             service_clock.head_received();
-            pipeline::handle(act.clone(), peer, conn_activity.begin(), req)
+            let early = service_early
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            pipeline::handle(act.clone(), peer, conn_activity.begin(), req, early)
         });
         let drain = drain.clone();
         // With workers, the socket moves to the next worker's reactor (registered there, so its
@@ -179,6 +188,15 @@ impl Activator {
                 _ = drain.cancelled() => return,
                 _ = idle(&activity, cfg.keep_alive_timeout) => return,
             };
+            if let Ok(Speaks::Http1) = speaks {
+                match early::first_request(&task_act, &stream).await {
+                    Early::Pass => {}
+                    Early::Held(hold) => {
+                        *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
+                    }
+                    Early::ClientGone => return,
+                }
+            }
             let io = TokioIo::new(HeadIo::new(stream, clock.clone(), activity.clone()));
             let watch = ConnWatch {
                 drain,
@@ -378,7 +396,10 @@ impl ConnWatch {
         tokio::pin!(conn);
         let mut closing = false;
         loop {
+            // Biased, the connection first: after an early hold its first head is waiting in
+            // the socket, and hyper must read it before a drain may close an idle connection.
             tokio::select! {
+                biased;
                 res = conn.as_mut() => {
                     if let Err(e) = res {
                         tracing::debug!(error = %e, "connection ended with an error");

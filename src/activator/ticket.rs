@@ -83,6 +83,12 @@ impl Ticket {
         }
     }
 
+    /// Ties a ticket that arrived before its connection had a request (an early hold) to that
+    /// request's connection guard.
+    pub fn attach_conn(&mut self, conn: ConnActive) {
+        self._conn = Some(conn);
+    }
+
     /// The revision this request was routed to.
     pub fn state(&self) -> &Arc<RevisionState> {
         &self.state

@@ -2,6 +2,7 @@
 //! loopback ports, real hyper upstreams and clients, endpoint snapshots fed by hand.
 
 mod drain;
+mod early;
 mod harness;
 mod hold;
 mod listener;
