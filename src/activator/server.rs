@@ -434,6 +434,9 @@ fn header_cap(cfg: &ActivatorConfig) -> usize {
         + 8192
 }
 
+/// hyper's HTTP/1 header slots when no cap is set (`DEFAULT_MAX_HEADERS`).
+const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
+
 /// The data port's HTTP/1.1 settings from the live config.
 fn http1_builder(cfg: &ActivatorConfig) -> hyper::server::conn::http1::Builder {
     let mut b = hyper::server::conn::http1::Builder::new();
@@ -442,8 +445,17 @@ fn http1_builder(cfg: &ActivatorConfig) -> hyper::server::conn::http1::Builder {
     b.timer(TokioTimer::new())
         .header_read_timeout(None)
         .keep_alive(true)
-        .max_buf_size(header_cap(cfg).max(8192))
-        .max_headers((cfg.max_header_count as usize).saturating_mul(2) + 16);
+        .max_buf_size(header_cap(cfg).max(8192));
+    // hyper parses into a stack array of 100 header slots unless told a cap, in which case it
+    // allocates and fills `cap` slots on every request (7 KiB at 216). So the cap is set only
+    // when the configured count needs more than 100: one above it, so that thaw's check (431
+    // with the reason) sees the request first. With a count of 100 or less, a request over
+    // hyper's 100 gets hyper's own 431, without a reason.
+    if let Some(count) = (cfg.max_header_count as usize).checked_add(1)
+        && count > HYPER_DEFAULT_MAX_HEADERS
+    {
+        b.max_headers(count);
+    }
     b
 }
 
