@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tokio::time::Duration;
+use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -184,7 +184,7 @@ impl Activator {
             // Until its first bytes, a connection is idle: the keep-alive timeout and drain
             // close it.
             let speaks = tokio::select! {
-                speaks = sniff(&stream) => speaks,
+                speaks = sniff(&stream, cfg.header_read_timeout) => speaks,
                 _ = drain.cancelled() => return,
                 _ = idle(&activity, cfg.keep_alive_timeout) => return,
             };
@@ -321,12 +321,25 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Tells HTTP/1 from h2c by peeking at the first bytes, which stay in the socket for hyper.
 /// (hyper-util's auto server reads them into a prefix instead, which makes hyper grow its
 /// 8 KiB read buffer to 16 KiB on every connection, copying it: held requests paid for that.)
-async fn sniff(stream: &TcpStream) -> io::Result<Speaks> {
+///
+/// A client that sends part of the preface has `head_timeout` (the header-read timeout) to send
+/// the rest, as any request head; after that the connection is closed (`Speaks::Nothing`).
+async fn sniff(stream: &TcpStream, head_timeout: Duration) -> io::Result<Speaks> {
     use std::os::fd::AsRawFd;
     let fd = stream.as_raw_fd();
     let mut buf = [0u8; H2_PREFACE.len()];
+    let mut partial_deadline = None;
     loop {
-        stream.readable().await?;
+        match partial_deadline {
+            None => stream.readable().await?,
+            Some(at) => match tokio::time::timeout_at(at, stream.readable()).await {
+                Ok(ready) => ready?,
+                Err(_) => {
+                    tracing::debug!("partial HTTP/2 preface: header read timeout");
+                    return Ok(Speaks::Nothing);
+                }
+            },
+        }
         // `try_io` clears readiness on WouldBlock, so a partial preface waits for more bytes
         // rather than spinning.
         let seen = stream.try_io(tokio::io::Interest::READABLE, || {
@@ -344,7 +357,9 @@ async fn sniff(stream: &TcpStream) -> io::Result<Speaks> {
         });
         match seen {
             Ok(speaks) => return Ok(speaks),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                partial_deadline.get_or_insert_with(|| Instant::now() + head_timeout);
+            }
             Err(e) => return Err(e),
         }
     }

@@ -200,3 +200,21 @@ async fn a_connection_closed_before_any_byte_frees_its_slot() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     h.shutdown();
 }
+
+/// A client that starts what could be the HTTP/2 preface and stops is cut by the header-read
+/// timeout, like any slow head.
+#[tokio::test]
+async fn a_stalled_partial_preface_is_cut_by_the_header_read_timeout() {
+    let cfg = ActivatorConfig {
+        header_read_timeout: Duration::from_millis(200),
+        keep_alive_timeout: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(b"PRI * HT").await.unwrap();
+    read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("the server closed the stalled connection");
+    h.shutdown();
+}
