@@ -8,7 +8,8 @@
 //! - a new connection must send a complete request head within the timeout (slow-client
 //!   protection from the first byte on);
 //! - afterwards the clock starts at the first byte that arrives while no request is in
-//!   progress, and stops when hyper hands over the parsed head;
+//!   progress, and stops when hyper hands over the parsed head; such a head is cut between one
+//!   and two timeouts after its first byte (see [`HeadClock::expired`]);
 //! - idle time between requests is governed by the keep-alive timeout alone;
 //! - an HTTP/2 connection (prior-knowledge preface) has no head clock, as with hyper.
 
@@ -19,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::{Duration, Instant};
 
 use super::ticket::ConnActivity;
@@ -38,7 +38,6 @@ pub struct HeadClock {
     h2: AtomicBool,
     /// Whether any byte was read yet (the preface check looks at the first read only).
     seen: AtomicBool,
-    armed: Notify,
 }
 
 impl HeadClock {
@@ -49,7 +48,6 @@ impl HeadClock {
             since: AtomicU64::new(1),
             h2: AtomicBool::new(false),
             seen: AtomicBool::new(false),
-            armed: Notify::new(),
         })
     }
 
@@ -68,13 +66,22 @@ impl HeadClock {
             return;
         }
         let ms = self.base.elapsed().as_millis() as u64 + 1;
-        if self.since.compare_exchange(0, ms, SeqCst, SeqCst).is_ok() {
-            self.armed.notify_one();
-        }
+        let _ = self.since.compare_exchange(0, ms, SeqCst, SeqCst);
+    }
+
+    /// A head is arriving from now on (the first request of a connection, held before hyper
+    /// read it: its clock starts when hyper can read it).
+    pub fn head_started_now(&self) {
+        self.since
+            .store(self.base.elapsed().as_millis() as u64 + 1, SeqCst);
     }
 
     /// Resolves when a request head has been pending for `timeout`. Never resolves for a zero
     /// timeout or an HTTP/2 connection.
+    ///
+    /// Nothing wakes it when a head starts: while no head is pending it looks again every
+    /// `timeout`, so a head is cut between one and two timeouts after its first byte. That keeps
+    /// the per-request path free of wake-ups (the connection task polls this on every wake).
     pub async fn expired(&self, timeout: Duration) {
         if timeout.is_zero() {
             return std::future::pending().await;
@@ -82,8 +89,7 @@ impl HeadClock {
         loop {
             let since = self.since.load(SeqCst);
             if since == 0 {
-                // `notify_one` keeps a permit, so an arm between the load and here is not lost.
-                self.armed.notified().await;
+                tokio::time::sleep(timeout).await;
                 continue;
             }
             let deadline = self.base + Duration::from_millis(since - 1) + timeout;
@@ -175,11 +181,17 @@ mod tests {
         // Head received, then idle for much longer than the timeout: nothing expires.
         clock.head_received();
         assert!(tokio::time::timeout(t * 5, clock.expired(t)).await.is_err());
-        // The next head starts arriving: its clock runs from that first byte.
+        // The next head starts arriving: it is cut between one and two timeouts later.
+        let waiting = tokio::spawn({
+            let clock = clock.clone();
+            async move { clock.expired(t).await }
+        });
+        tokio::time::sleep(t / 3).await;
         clock.bytes_arrived(b"GET / HT", false);
         let start = Instant::now();
-        clock.expired(t).await;
-        assert_eq!(Instant::now() - start, t);
+        waiting.await.unwrap();
+        let took = Instant::now() - start;
+        assert!(took >= t && took <= t * 2, "{took:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -160,7 +160,10 @@ impl Activator {
                 .take();
             pipeline::handle(act.clone(), peer, conn_activity.begin(), req, early)
         });
-        let drain = drain.clone();
+        // A child token per connection: waiting on it polls this connection's own notifier, not
+        // one shared by every connection on every worker (the connection task polls it on each
+        // wake).
+        let drain = drain.child_token();
         // With workers, the socket moves to the next worker's reactor (registered there, so its
         // readiness wakes that thread and no other).
         let (stream, worker) = match self.workers.get() {
@@ -183,16 +186,22 @@ impl Activator {
             };
             // Until its first bytes, a connection is idle: the keep-alive timeout and drain
             // close it.
+            // A new connection must start its first head within the header-read timeout (the
+            // clock runs from accept).
             let speaks = tokio::select! {
                 speaks = sniff(&stream, cfg.header_read_timeout) => speaks,
                 _ = drain.cancelled() => return,
-                _ = idle(&activity, cfg.keep_alive_timeout) => return,
+                _ = clock.expired(cfg.header_read_timeout) => {
+                    tracing::debug!("header read timeout before the first byte");
+                    return;
+                }
             };
             if let Ok(Speaks::Http1) = speaks {
                 match early::first_request(&task_act, &stream).await {
                     Early::Pass => {}
                     Early::Held(hold) => {
                         *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
+                        clock.head_started_now();
                     }
                     Early::ClientGone => return,
                 }
