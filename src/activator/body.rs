@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Duration, Instant, Sleep};
 
+use super::pool::Reusable;
 use super::ticket::Ticket;
 
 /// The error type of response bodies.
@@ -84,7 +85,9 @@ pub enum BodyError {
 /// Guarantees: each frame is passed on as soon as it arrives (no buffering); the stream is cut
 /// with an error when the upstream is silent for the revision's idle timeout or the request's
 /// total deadline passes; the request's [`Ticket`] (its endpoint slot and concurrency count) is
-/// released the moment the body ends, fails or is dropped — whichever comes first.
+/// released the moment the body ends, fails or is dropped — whichever comes first. The upstream
+/// HTTP/1.1 connection goes back to its pool only when the body has ended (seen by a poll, or
+/// `is_end_stream` at drop); a body cut or dropped early closes it instead.
 #[derive(Debug)]
 pub struct ProxiedBody {
     inner: Incoming,
@@ -94,17 +97,20 @@ pub struct ProxiedBody {
     deadline: Instant,
     ticket: Option<Ticket>,
     upstream_errors: Counter,
+    conn: Option<Reusable>,
 }
 
 impl ProxiedBody {
     /// Wraps `inner`; the idle timer starts now, the stream is cut at `deadline`, and `ticket`
-    /// is released when the body ends. `upstream_errors` counts cut or failed bodies.
+    /// is released when the body ends. `upstream_errors` counts cut or failed bodies. `conn`,
+    /// the HTTP/1.1 connection the body arrives on, is given back to its pool when it ends.
     pub fn new(
         inner: Incoming,
         idle: Option<Duration>,
         deadline: Instant,
         ticket: Ticket,
         upstream_errors: Counter,
+        conn: Option<Reusable>,
     ) -> Self {
         let first = idle.map_or(deadline, |d| deadline.min(Instant::now() + d));
         Self {
@@ -114,13 +120,32 @@ impl ProxiedBody {
             deadline,
             ticket: Some(ticket),
             upstream_errors,
+            conn,
         }
     }
 
     fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.upstream_errors.inc();
         self.ticket = None;
+        self.conn = None;
         Poll::Ready(Some(Err(err)))
+    }
+
+    /// The body ended: the slot is free and the connection can serve another request.
+    fn ended(&mut self) {
+        self.ticket = None;
+        if let Some(conn) = self.conn.take() {
+            conn.give_back();
+        }
+    }
+}
+
+impl Drop for ProxiedBody {
+    fn drop(&mut self) {
+        // hyper drops a body as soon as `is_end_stream` says it is done, without a last poll.
+        if self.conn.is_some() && self.inner.is_end_stream() {
+            self.ended();
+        }
     }
 }
 
@@ -146,7 +171,7 @@ impl Body for ProxiedBody {
             }
             Poll::Ready(Some(Err(e))) => this.fail(Box::new(e)),
             Poll::Ready(None) => {
-                this.ticket = None;
+                this.ended();
                 Poll::Ready(None)
             }
             Poll::Pending => {

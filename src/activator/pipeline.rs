@@ -32,7 +32,7 @@ use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
 use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
-use super::proxy::{self, AttemptLimits, BodySlot, Outbound};
+use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
 use super::rev_state::RevisionState;
 use super::routing::{self, Probe};
@@ -197,7 +197,7 @@ async fn proxy_request(
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
         headers,
-        body: BodySlot::new(body),
+        body: ReqBody::new(body),
         protocol: if upgrade {
             Protocol::Http1
         } else {
@@ -213,7 +213,7 @@ async fn proxy_request(
     // Boxed: the upstream call's state is the largest part of this future, and a held request
     // (thousands at a cold start) should carry only the small holding state.
     let upstream = act.upstream();
-    let (mut resp, addr) =
+    let (mut resp, addr, conn) =
         Box::pin(proxy::forward(&upstream, &mut ticket, out, attempt_limits)).await?;
     if state.cold.awaiting_first_byte() {
         let m = &act.deps.telemetry.activator;
@@ -249,6 +249,7 @@ async fn proxy_request(
         deadline,
         ticket,
         state.metrics.upstream_errors.clone(),
+        conn,
     );
     Ok(Response::from_parts(
         head,
