@@ -268,7 +268,7 @@ fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
         state.metrics.cold_starts.inc();
         tracing::info!(revision = %state.key, "cold request: poking the autoscaler");
     }
-    let current = state.window(|w| w.current());
+    let current = state.window().current();
     act.deps.stats.poke(Stat {
         revision: state.key.clone(),
         source: act.deps.source_name.clone(),
