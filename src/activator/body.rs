@@ -91,10 +91,14 @@ pub enum BodyError {
 #[derive(Debug)]
 pub struct ProxiedBody {
     inner: Incoming,
-    /// Fires at the earlier of the total deadline and the idle deadline.
-    timer: Pin<Box<Sleep>>,
+    /// Fires at the earlier of the total deadline and the idle deadline. Armed only when the
+    /// upstream first makes the body wait: a body that is already complete when forwarded (most
+    /// small answers) never registers a timer.
+    timer: Option<Pin<Box<Sleep>>>,
     idle: Option<Duration>,
     deadline: Instant,
+    /// When the idle clock last started: creation, then each frame.
+    last_frame: Instant,
     ticket: Option<Ticket>,
     upstream_errors: Counter,
     conn: Option<Reusable>,
@@ -112,16 +116,22 @@ impl ProxiedBody {
         upstream_errors: Counter,
         conn: Option<Reusable>,
     ) -> Self {
-        let first = idle.map_or(deadline, |d| deadline.min(Instant::now() + d));
         Self {
             inner,
-            timer: Box::pin(tokio::time::sleep_until(first)),
+            timer: None,
             idle,
             deadline,
+            last_frame: Instant::now(),
             ticket: Some(ticket),
             upstream_errors,
             conn,
         }
+    }
+
+    /// The earlier of the total deadline and the idle deadline.
+    fn wake_at(&self) -> Instant {
+        self.idle
+            .map_or(self.deadline, |d| self.deadline.min(self.last_frame + d))
     }
 
     fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -163,9 +173,12 @@ impl Body for ProxiedBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(idle) = this.idle {
-                    let next = this.deadline.min(Instant::now() + idle);
-                    this.timer.as_mut().reset(next);
+                if this.idle.is_some() {
+                    this.last_frame = Instant::now();
+                    let next = this.wake_at();
+                    if let Some(timer) = this.timer.as_mut() {
+                        timer.as_mut().reset(next);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -175,7 +188,11 @@ impl Body for ProxiedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.timer.as_mut().poll(cx));
+                let at = this.wake_at();
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                ready!(timer.as_mut().poll(cx));
                 let err: BoxError = if Instant::now() >= this.deadline {
                     Box::new(BodyError::Total)
                 } else {

@@ -52,11 +52,15 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
     let started = Instant::now();
-    let cfg = act.deps.config.load_full();
+    // The few live-config values a request needs, copied out: no `Arc` clone of the config
+    // (its refcount would bounce between the workers' cores on every request).
+    let cfg = RequestConfig::from(&**act.deps.config.load());
     if let Some(p) = routing::probe(req.headers()) {
         return Ok(answer_probe(p, act.is_draining()));
     }
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let path = uri.path();
     if let Err((what, actual, limit)) =
         hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
     {
@@ -124,6 +128,28 @@ fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
     }
 }
 
+/// The live-config values one request reads, copied once at its start.
+#[derive(Debug, Clone, Copy)]
+struct RequestConfig {
+    retry_after: std::time::Duration,
+    max_header_count: u32,
+    max_header_bytes: u32,
+    max_held_requests: u32,
+    connect_retries: u32,
+}
+
+impl From<&ActivatorConfig> for RequestConfig {
+    fn from(c: &ActivatorConfig) -> Self {
+        Self {
+            retry_after: c.retry_after,
+            max_header_count: c.max_header_count,
+            max_header_bytes: c.max_header_bytes,
+            max_held_requests: c.max_held_requests,
+            connect_retries: c.connect_retries,
+        }
+    }
+}
+
 async fn proxy_request(
     act: &Arc<Activator>,
     state: &Arc<RevisionState>,
@@ -131,10 +157,13 @@ async fn proxy_request(
     conn: ConnActive,
     mut req: Request<Incoming>,
     started: Instant,
-    cfg: &ActivatorConfig,
+    cfg: &RequestConfig,
 ) -> Result<Response<ActivatorBody>, ActivatorError> {
-    let spec = state.spec.load_full();
-    let timeouts = spec.timeouts;
+    // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
+    let (timeouts, queue_depth, protocol) = {
+        let spec = state.spec.load();
+        (spec.timeouts, spec.queue_depth, spec.protocol)
+    };
     let deadline = started + timeouts.total;
     let mut ticket = Ticket::arrive(state.clone(), Some(conn));
 
@@ -143,7 +172,7 @@ async fn proxy_request(
         poke_if_needed(act, state, started);
     }
     let limits = HoldLimits {
-        queue_depth: spec.queue_depth,
+        queue_depth,
         max_held: cfg.max_held_requests,
     };
     let hold_deadline = started + timeouts.cold_wait.min(timeouts.total);
@@ -198,11 +227,7 @@ async fn proxy_request(
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
         headers,
         body: ReqBody::new(body),
-        protocol: if upgrade {
-            Protocol::Http1
-        } else {
-            spec.protocol
-        },
+        protocol: if upgrade { Protocol::Http1 } else { protocol },
     };
     let attempt_limits = AttemptLimits {
         connect_retries: cfg.connect_retries,

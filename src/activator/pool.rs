@@ -286,14 +286,21 @@ impl Upstream {
         if let Some(kind) = self.checkout(addr, protocol) {
             return Ok(self.conn(kind, addr, true));
         }
+        // Boxed: opening a connection is the rare path, and its state (TCP connect, handshake)
+        // would otherwise make every request's future several times larger.
+        let kind = Box::pin(self.open(addr, protocol)).await?;
+        Ok(self.conn(kind, addr, false))
+    }
+
+    /// Opens a new connection and spawns its task on the current runtime.
+    async fn open(&self, addr: SocketAddr, protocol: Protocol) -> Result<ConnKind, ConnectError> {
         self.start_sweeper();
-        let stream =
-            match tokio::time::timeout(self.shared.connect_timeout, TcpStream::connect(addr)).await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(ConnectError::Io(e)),
-                Err(_) => return Err(ConnectError::Timeout(self.shared.connect_timeout)),
-            };
+        let timeout = self.shared.connect_timeout;
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(ConnectError::Io(e)),
+            Err(_) => return Err(ConnectError::Timeout(timeout)),
+        };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(stream);
         let span = tracing::debug_span!("upstream_conn", %addr);
@@ -333,7 +340,7 @@ impl Upstream {
             }
         };
         tracing::debug!(%addr, ?protocol, "upstream connection opened");
-        Ok(self.conn(kind, addr, false))
+        Ok(kind)
     }
 
     fn conn(&self, kind: ConnKind, addr: SocketAddr, reused: bool) -> Conn {
