@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Duration, Instant, Sleep};
 
+use super::pool::Reusable;
 use super::ticket::Ticket;
 
 /// The error type of response bodies.
@@ -84,43 +85,77 @@ pub enum BodyError {
 /// Guarantees: each frame is passed on as soon as it arrives (no buffering); the stream is cut
 /// with an error when the upstream is silent for the revision's idle timeout or the request's
 /// total deadline passes; the request's [`Ticket`] (its endpoint slot and concurrency count) is
-/// released the moment the body ends, fails or is dropped — whichever comes first.
+/// released the moment the body ends, fails or is dropped — whichever comes first. The upstream
+/// HTTP/1.1 connection goes back to its pool only when the body has ended (seen by a poll, or
+/// `is_end_stream` at drop); a body cut or dropped early closes it instead.
 #[derive(Debug)]
 pub struct ProxiedBody {
     inner: Incoming,
-    /// Fires at the earlier of the total deadline and the idle deadline.
-    timer: Pin<Box<Sleep>>,
+    /// Fires at the earlier of the total deadline and the idle deadline. Armed only when the
+    /// upstream first makes the body wait: a body that is already complete when forwarded (most
+    /// small answers) never registers a timer.
+    timer: Option<Pin<Box<Sleep>>>,
     idle: Option<Duration>,
     deadline: Instant,
+    /// When the idle clock last started: creation, then each frame.
+    last_frame: Instant,
     ticket: Option<Ticket>,
     upstream_errors: Counter,
+    conn: Option<Reusable>,
 }
 
 impl ProxiedBody {
     /// Wraps `inner`; the idle timer starts now, the stream is cut at `deadline`, and `ticket`
-    /// is released when the body ends. `upstream_errors` counts cut or failed bodies.
+    /// is released when the body ends. `upstream_errors` counts cut or failed bodies. `conn`,
+    /// the HTTP/1.1 connection the body arrives on, is given back to its pool when it ends.
     pub fn new(
         inner: Incoming,
         idle: Option<Duration>,
         deadline: Instant,
         ticket: Ticket,
         upstream_errors: Counter,
+        conn: Option<Reusable>,
     ) -> Self {
-        let first = idle.map_or(deadline, |d| deadline.min(Instant::now() + d));
         Self {
             inner,
-            timer: Box::pin(tokio::time::sleep_until(first)),
+            timer: None,
             idle,
             deadline,
+            last_frame: Instant::now(),
             ticket: Some(ticket),
             upstream_errors,
+            conn,
         }
+    }
+
+    /// The earlier of the total deadline and the idle deadline.
+    fn wake_at(&self) -> Instant {
+        self.idle
+            .map_or(self.deadline, |d| self.deadline.min(self.last_frame + d))
     }
 
     fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.upstream_errors.inc();
         self.ticket = None;
+        self.conn = None;
         Poll::Ready(Some(Err(err)))
+    }
+
+    /// The body ended: the slot is free and the connection can serve another request.
+    fn ended(&mut self) {
+        self.ticket = None;
+        if let Some(conn) = self.conn.take() {
+            conn.give_back();
+        }
+    }
+}
+
+impl Drop for ProxiedBody {
+    fn drop(&mut self) {
+        // hyper drops a body as soon as `is_end_stream` says it is done, without a last poll.
+        if self.conn.is_some() && self.inner.is_end_stream() {
+            self.ended();
+        }
     }
 }
 
@@ -138,19 +173,26 @@ impl Body for ProxiedBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(idle) = this.idle {
-                    let next = this.deadline.min(Instant::now() + idle);
-                    this.timer.as_mut().reset(next);
+                if this.idle.is_some() {
+                    this.last_frame = Instant::now();
+                    let next = this.wake_at();
+                    if let Some(timer) = this.timer.as_mut() {
+                        timer.as_mut().reset(next);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail(Box::new(e)),
             Poll::Ready(None) => {
-                this.ticket = None;
+                this.ended();
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.timer.as_mut().poll(cx));
+                let at = this.wake_at();
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                ready!(timer.as_mut().poll(cx));
                 let err: BoxError = if Instant::now() >= this.deadline {
                     Box::new(BodyError::Total)
                 } else {

@@ -1,6 +1,12 @@
 //! Time-weighted average concurrency (knative-dataplane.md §1.7): Σ(concurrency × dt) / Σdt over
 //! each report interval, from arrival and departure events. A pure accumulator: the caller passes
 //! `now`, so tests drive it with plain instants.
+//!
+//! [`ShardedWindow`] keeps one window per data worker so the workers never share a lock or a
+//! cache line per request; the reporter sums the shards (time-weighted averages over the same
+//! interval add up, as do counts).
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tokio::time::{Duration, Instant};
 
@@ -96,6 +102,102 @@ impl ConcurrencyWindow {
     }
 }
 
+/// Pads its content to its own cache line pair (adjacent-line prefetch included), so shards
+/// written by different cores do not share one.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// How many shards a [`ShardedWindow`] has: one per core, plus shard 0 for threads that are not
+/// data workers (the control runtime, tests' multi-thread runtimes).
+fn shard_count() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(64)
+            + 1
+    })
+}
+
+/// A revision's concurrency window, split into per-worker shards. Each request arrives and
+/// departs on one shard (the one [`ShardedWindow::arrive`] returns), so a shard's count never
+/// goes negative even if a request were to finish on another thread; reading sums every shard.
+#[derive(Debug)]
+pub struct ShardedWindow {
+    shards: Box<[Padded<Mutex<ConcurrencyWindow>>]>,
+}
+
+impl ShardedWindow {
+    /// Empty shards (one per core plus one) whose first interval starts at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self::with_shards(now, shard_count())
+    }
+
+    /// Empty window with `n` (at least 1) shards.
+    pub fn with_shards(now: Instant, n: usize) -> Self {
+        let shards = (0..n.max(1))
+            .map(|_| Padded(Mutex::new(ConcurrencyWindow::new(now))))
+            .collect();
+        Self { shards }
+    }
+
+    fn shard(&self, i: usize) -> MutexGuard<'_, ConcurrencyWindow> {
+        self.shards[i].0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The calling thread's shard: its data worker's, or 0 off the workers.
+    fn local(&self) -> usize {
+        match super::workers::current_worker() {
+            Some(w) if self.shards.len() > 1 => 1 + w % (self.shards.len() - 1),
+            _ => 0,
+        }
+    }
+
+    /// A request arrived at `now`; returns the shard to pass to [`ShardedWindow::depart`].
+    pub fn arrive(&self, now: Instant) -> usize {
+        let i = self.local();
+        self.arrive_on(i, now);
+        i
+    }
+
+    /// A request arrived at `now` on shard `i` (modulo the shard count).
+    pub fn arrive_on(&self, i: usize, now: Instant) -> usize {
+        let i = i % self.shards.len();
+        self.shard(i).arrive(now);
+        i
+    }
+
+    /// The request that arrived on `shard` finished at `now`.
+    pub fn depart(&self, shard: usize, now: Instant) {
+        self.shard(shard % self.shards.len()).depart(now);
+    }
+
+    /// Requests present now, over all shards.
+    pub fn current(&self) -> u32 {
+        (0..self.shards.len())
+            .map(|i| self.shard(i).current())
+            .sum()
+    }
+
+    /// Closes every shard's interval at `now` and sums them: averages over the same interval
+    /// add up, as do arrivals and requests present.
+    pub fn take(&self, now: Instant) -> WindowReport {
+        let mut sum = WindowReport {
+            average: 0.0,
+            requests: 0,
+            current: 0,
+        };
+        for i in 0..self.shards.len() {
+            let r = self.shard(i).take(now);
+            sum.average += r.average;
+            sum.requests += r.requests;
+            sum.current += r.current;
+        }
+        sum
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +256,71 @@ mod tests {
         let r = w.take(t0 + ms(1000));
         assert!((r.average - 0.1).abs() < 1e-9, "{r:?}");
         assert_eq!(r.requests, 10);
+    }
+
+    #[test]
+    fn shards_sum_to_one_window_over_the_same_events() {
+        let t0 = Instant::now();
+        let sharded = ShardedWindow::with_shards(t0, 3);
+        let mut whole = ConcurrencyWindow::new(t0);
+        // Requests spread over the shards, overlapping, one crossing the interval end:
+        // (shard, arrival ms, departure ms), fed in time order.
+        let requests = [
+            (0, 0, 300),
+            (1, 100, 700),
+            (2, 250, 1400),
+            (1, 800, 950),
+            (0, 900, 990),
+        ];
+        let mut events: Vec<(u64, Option<usize>)> = Vec::new();
+        for (i, &(_, from, to)) in requests.iter().enumerate() {
+            events.push((from, None));
+            if to < 1000 {
+                events.push((to, Some(i)));
+            }
+        }
+        events.sort_by_key(|&(t, depart)| (t, depart.is_none()));
+        let mut arrived = vec![usize::MAX; requests.len()];
+        let mut next = 0;
+        for (t, depart) in events {
+            match depart {
+                Some(i) => {
+                    sharded.depart(arrived[i], t0 + ms(t));
+                    whole.depart(t0 + ms(t));
+                }
+                None => {
+                    arrived[next] = sharded.arrive_on(requests[next].0, t0 + ms(t));
+                    whole.arrive(t0 + ms(t));
+                    next += 1;
+                }
+            }
+        }
+        assert_eq!(sharded.current(), 1);
+        let shards = arrived;
+        let (s, w) = (sharded.take(t0 + ms(1000)), whole.take(t0 + ms(1000)));
+        assert!((s.average - w.average).abs() < 1e-9, "{s:?} vs {w:?}");
+        assert!((s.average - 1.89).abs() < 1e-9, "{s:?}");
+        assert_eq!((s.requests, s.current), (5, 1));
+        // The open request carries into the next interval, on its own shard.
+        sharded.depart(shards[2], t0 + ms(1400));
+        let next = sharded.take(t0 + ms(2000));
+        assert!((next.average - 0.4).abs() < 1e-9, "{next:?}");
+        assert_eq!((next.requests, next.current), (0, 0));
+    }
+
+    #[test]
+    fn a_departure_lands_on_its_arrival_shard() {
+        let t0 = Instant::now();
+        let w = ShardedWindow::with_shards(t0, 2);
+        let a = w.arrive_on(1, t0);
+        let b = w.arrive_on(0, t0);
+        w.depart(a, t0 + ms(10));
+        assert_eq!(w.current(), 1);
+        assert_eq!(
+            w.shard(b).current(),
+            1,
+            "the other shard still counts its request"
+        );
+        assert_eq!(w.shard(a).current(), 0);
     }
 }

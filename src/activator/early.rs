@@ -32,7 +32,7 @@ use tracing::Instrument;
 
 use super::core::Activator;
 use super::headers::{check_limits, is_upgrade};
-use super::pipeline::{self, EarlyHold};
+use super::pipeline::{self, EarlyHold, HoldTerms};
 use super::routing;
 use super::ticket::Ticket;
 
@@ -64,10 +64,10 @@ pub async fn first_request(act: &Activator, stream: &TcpStream) -> Early {
         async move {
             let started = Instant::now();
             let ticket = Ticket::arrive(state.clone(), None);
-            let spec = state.spec.load_full();
-            let cfg = act.deps.config.load_full();
+            let max_held = act.deps.config.load().max_held_requests;
+            let terms = HoldTerms::new(&state.spec.load(), max_held);
             tokio::select! {
-                (cold, outcome) = pipeline::hold(act, &state, &spec, started, &cfg) => {
+                (cold, outcome) = pipeline::hold(act, &state, terms, started) => {
                     Early::Held(EarlyHold { state: state.clone(), ticket, started, cold, outcome })
                 }
                 _ = client_gone(stream) => {

@@ -58,10 +58,34 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// Bit `i` set when `names[i]` is present: one pass over the map's keys instead of a hashed
+/// lookup per name (most requests carry none of the names looked for).
+fn present(headers: &HeaderMap, names: &[HeaderName]) -> u32 {
+    debug_assert!(names.len() <= 32);
+    let mut found = 0;
+    for key in headers.keys() {
+        if let Some(i) = names.iter().position(|n| n == key) {
+            found |= 1 << i;
+        }
+    }
+    found
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` header names. With
 /// `keep_upgrade` the `Upgrade` header stays and `Connection: upgrade` is re-added (a websocket
 /// passes through). `TE: trailers` is kept: gRPC over h2c needs it.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let found = present(headers, &HOP_BY_HOP);
+    if found != 0 {
+        strip_present(headers, keep_upgrade, found);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// The slow path of [`strip_hop_by_hop`]: `found` marks the [`HOP_BY_HOP`] names present.
+fn strip_present(headers: &mut HeaderMap, keep_upgrade: bool, found: u32) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -77,18 +101,25 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let te_trailers = headers
         .get(header::TE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    for name in &HOP_BY_HOP {
-        if !(keep_upgrade && *name == header::UPGRADE) {
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if found & (1 << i) != 0 && !(keep_upgrade && *name == header::UPGRADE) {
             headers.remove(name);
         }
     }
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    if keep_upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
 }
+
+/// Request headers [`prepare_upstream`] removes or reads, looked for in one pass.
+const ROUTING: [HeaderName; 6] = [
+    KNATIVE_SERVING_NAMESPACE,
+    KNATIVE_SERVING_REVISION,
+    K_NETWORK_HASH,
+    header::HOST,
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+];
 
 /// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): Knative's
 /// routing headers and the probe hash removed; `K-Proxy-Request: activator`; the original host
@@ -103,27 +134,42 @@ pub fn prepare_upstream(
     upgrade: bool,
 ) {
     strip_hop_by_hop(headers, upgrade);
-    headers.remove(KNATIVE_SERVING_NAMESPACE);
-    headers.remove(KNATIVE_SERVING_REVISION);
-    headers.remove(K_NETWORK_HASH);
+    let found = present(headers, &ROUTING);
+    for (i, name) in ROUTING[..4].iter().enumerate() {
+        if found & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
     headers.insert(K_PROXY_REQUEST, HeaderValue::from_static("activator"));
     if let Some(host) = original_host {
         headers.insert(K_ORIGINAL_HOST, host);
     }
-    headers.remove(header::HOST);
     if let Some(ip) = client {
-        let ip = ip.to_string();
-        let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
-            _ => ip,
+        let prev = if found & (1 << 4) != 0 {
+            headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
+        } else {
+            None
         };
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        if let Some(v) = forwarded_for(prev, ip) {
             headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    if !headers.contains_key(X_FORWARDED_PROTO) {
+    if found & (1 << 5) == 0 {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
+}
+
+/// `prev, ip` (or `ip` alone), built in one buffer that becomes the header value without a copy.
+fn forwarded_for(prev: Option<&str>, ip: IpAddr) -> Option<HeaderValue> {
+    use std::io::Write;
+    let prev = prev.filter(|p| !p.is_empty());
+    let mut buf = Vec::with_capacity(prev.map_or(0, |p| p.len() + 2) + 39);
+    if let Some(p) = prev {
+        buf.extend_from_slice(p.as_bytes());
+        buf.extend_from_slice(b", ");
+    }
+    write!(buf, "{ip}").ok()?;
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(buf)).ok()
 }
 
 /// Sets `Host` to the endpoint an attempt goes to (HTTP/1). On h2c the endpoint travels as the
@@ -200,6 +246,31 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         assert_eq!(h[header::TE], "trailers");
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn plain_requests_pass_the_fast_paths_unchanged_but_for_the_forwarding_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("a.example.com"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        prepare_upstream(&mut h, None, Some([10, 1, 2, 3].into()), false);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "accept",
+                "k-proxy-request",
+                "x-forwarded-for",
+                "x-forwarded-proto"
+            ]
+        );
+        assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
+        let mut v6 = HeaderMap::new();
+        v6.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        prepare_upstream(&mut v6, None, Some("2001:db8::1".parse().unwrap()), false);
+        assert_eq!(v6[X_FORWARDED_FOR], "2001:db8::1");
+        assert_eq!(v6[X_FORWARDED_PROTO], "https", "kept when set");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod head_clock;
 pub mod headers;
 pub mod limits;
 pub mod pipeline;
+pub mod pool;
 pub mod proxy;
 pub mod report;
 pub mod rev_state;

@@ -32,7 +32,7 @@ use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
 use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
-use super::proxy::{self, AttemptLimits, BodySlot, Outbound};
+use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
 use super::rev_state::RevisionState;
 use super::routing::{self, Probe};
@@ -56,11 +56,15 @@ pub async fn handle(
     early: Option<EarlyHold>,
 ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
     let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
-    let cfg = act.deps.config.load_full();
+    // The few live-config values a request needs, copied out: no `Arc` clone of the config
+    // (its refcount would bounce between the workers' cores on every request).
+    let cfg = RequestConfig::from(&**act.deps.config.load());
     if let Some(p) = routing::probe(req.headers()) {
         return Ok(answer_probe(p, act.is_draining()));
     }
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let path = uri.path();
     if let Err((what, actual, limit)) =
         hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
     {
@@ -154,20 +158,64 @@ pub struct EarlyHold {
 pub(crate) async fn hold(
     act: &Activator,
     state: &RevisionState,
-    spec: &RevisionSpec,
+    terms: HoldTerms,
     started: Instant,
-    cfg: &ActivatorConfig,
 ) -> (bool, Result<Admission, Rejection>) {
     let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
     if cold {
         poke_if_needed(act, state, started);
     }
     let limits = HoldLimits {
-        queue_depth: spec.queue_depth,
-        max_held: cfg.max_held_requests,
+        queue_depth: terms.queue_depth,
+        max_held: terms.max_held,
     };
-    let hold_deadline = started + spec.timeouts.cold_wait.min(spec.timeouts.total);
+    let hold_deadline = started + terms.timeouts.cold_wait.min(terms.timeouts.total);
     (cold, state.throttler.acquire(limits, hold_deadline).await)
+}
+
+/// What bounds one request's hold: the revision's queue depth and timeouts, and the
+/// activator's cap on held requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HoldTerms {
+    /// The revision's queue depth.
+    pub queue_depth: u32,
+    /// The revision's timeouts (`cold_wait`, `total`).
+    pub timeouts: crate::revision::Timeouts,
+    /// `max-held-requests`.
+    pub max_held: u32,
+}
+
+impl HoldTerms {
+    /// The terms from the revision's spec and the live config.
+    pub(crate) fn new(spec: &RevisionSpec, max_held: u32) -> Self {
+        Self {
+            queue_depth: spec.queue_depth,
+            timeouts: spec.timeouts,
+            max_held,
+        }
+    }
+}
+
+/// The live-config values one request reads, copied once at its start.
+#[derive(Debug, Clone, Copy)]
+struct RequestConfig {
+    retry_after: std::time::Duration,
+    max_header_count: u32,
+    max_header_bytes: u32,
+    max_held_requests: u32,
+    connect_retries: u32,
+}
+
+impl From<&ActivatorConfig> for RequestConfig {
+    fn from(c: &ActivatorConfig) -> Self {
+        Self {
+            retry_after: c.retry_after,
+            max_header_count: c.max_header_count,
+            max_header_bytes: c.max_header_bytes,
+            max_held_requests: c.max_held_requests,
+            connect_retries: c.connect_retries,
+        }
+    }
 }
 
 /// Counts a rejection and turns it into the request's error.
@@ -196,11 +244,15 @@ async fn proxy_request(
     conn: ConnActive,
     mut req: Request<Incoming>,
     started: Instant,
-    cfg: &ActivatorConfig,
+    cfg: &RequestConfig,
     early: Option<EarlyHold>,
 ) -> Result<Response<ActivatorBody>, ActivatorError> {
-    let spec = state.spec.load_full();
-    let timeouts = spec.timeouts;
+    // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
+    let (terms, protocol) = {
+        let spec = state.spec.load();
+        (HoldTerms::new(&spec, cfg.max_held_requests), spec.protocol)
+    };
+    let timeouts = terms.timeouts;
     let deadline = started + timeouts.total;
     let (mut ticket, cold, outcome) = match early {
         Some(e) => {
@@ -210,7 +262,7 @@ async fn proxy_request(
         }
         None => {
             let ticket = Ticket::arrive(state.clone(), Some(conn));
-            let (cold, outcome) = hold(act, state, &spec, started, cfg).await;
+            let (cold, outcome) = hold(act, state, terms, started).await;
             (ticket, cold, outcome)
         }
     };
@@ -246,12 +298,8 @@ async fn proxy_request(
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
         headers,
-        body: BodySlot::new(body),
-        protocol: if upgrade {
-            Protocol::Http1
-        } else {
-            spec.protocol
-        },
+        body: ReqBody::new(body),
+        protocol: if upgrade { Protocol::Http1 } else { protocol },
     };
     let attempt_limits = AttemptLimits {
         connect_retries: cfg.connect_retries,
@@ -262,7 +310,7 @@ async fn proxy_request(
     // Boxed: the upstream call's state is the largest part of this future, and a held request
     // (thousands at a cold start) should carry only the small holding state.
     let upstream = act.upstream();
-    let (mut resp, addr) =
+    let (mut resp, addr, conn) =
         Box::pin(proxy::forward(&upstream, &mut ticket, out, attempt_limits)).await?;
     if state.cold.awaiting_first_byte() {
         let m = &act.deps.telemetry.activator;
@@ -298,6 +346,7 @@ async fn proxy_request(
         deadline,
         ticket,
         state.metrics.upstream_errors.clone(),
+        conn,
     );
     Ok(Response::from_parts(
         head,
@@ -316,7 +365,7 @@ fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
         state.metrics.cold_starts.inc();
         tracing::info!(revision = %state.key, "cold request: poking the autoscaler");
     }
-    let current = state.window(|w| w.current());
+    let current = state.window().current();
     act.deps.stats.poke(Stat {
         revision: state.key.clone(),
         source: act.deps.source_name.clone(),

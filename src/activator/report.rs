@@ -105,7 +105,7 @@ pub(crate) async fn run(act: Arc<super::core::Activator>) {
         let at = crate::clock::second_of(now).saturating_sub(1);
         let _span = tracing::trace_span!("report", at).entered();
         for state in act.states() {
-            let r = state.window(|w| w.take(now));
+            let r = state.window().take(now);
             let has_endpoints = state.throttler.ready_count() > 0;
             if r.average > 0.0 || r.requests > 0 || r.current > 0 || has_endpoints {
                 act.deps.stats.record(Stat {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::cold_start::ColdStart;
-use super::concurrency::ConcurrencyWindow;
+use super::concurrency::ShardedWindow;
 use super::throttler::{HeldBudget, Rejection, Throttler};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
@@ -31,8 +31,9 @@ pub struct RevisionState {
     pub spec: ArcSwap<RevisionSpec>,
     /// Capacity and the hold queue.
     pub throttler: Throttler,
-    /// Requests present (held or in flight) over the current report interval.
-    window: Mutex<ConcurrencyWindow>,
+    /// Requests present (held or in flight) over the current report interval, one shard per
+    /// data worker.
+    window: ShardedWindow,
     /// Handles resolved once; the request path only increments them.
     pub metrics: RevisionMetrics,
     /// Cold-start phase tracking.
@@ -76,7 +77,7 @@ impl RevisionState {
             key: key.clone(),
             spec: ArcSwap::new(spec),
             throttler,
-            window: Mutex::new(ConcurrencyWindow::new(Instant::now())),
+            window: ShardedWindow::new(Instant::now()),
             metrics: rev_metrics,
             cold: ColdStart::default(),
             endpoints: rx.clone(),
@@ -155,9 +156,9 @@ impl RevisionState {
         self.endpoints.borrow().clone()
     }
 
-    /// Runs `f` on the concurrency window (arrivals, departures, reports).
-    pub fn window<R>(&self, f: impl FnOnce(&mut ConcurrencyWindow) -> R) -> R {
-        f(&mut self.window.lock().unwrap_or_else(|p| p.into_inner()))
+    /// The concurrency window (arrivals, departures, reports).
+    pub fn window(&self) -> &ShardedWindow {
+        &self.window
     }
 }
 

@@ -68,17 +68,19 @@ impl Drop for ConnActive {
 pub struct Ticket {
     state: Arc<RevisionState>,
     slot: Option<InFlight>,
+    /// The concurrency-window shard the request arrived on (and departs from).
+    shard: usize,
     _conn: Option<ConnActive>,
 }
 
 impl Ticket {
     /// Counts the request as present in its revision from now on.
     pub fn arrive(state: Arc<RevisionState>, conn: Option<ConnActive>) -> Self {
-        let now = Instant::now();
-        state.window(|w| w.arrive(now));
+        let shard = state.window().arrive(Instant::now());
         Self {
             state,
             slot: None,
+            shard,
             _conn: conn,
         }
     }
@@ -117,7 +119,6 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.release_slot();
-        let now = Instant::now();
-        self.state.window(|w| w.depart(now));
+        self.state.window().depart(self.shard, Instant::now());
     }
 }

@@ -11,6 +11,7 @@
 //! Without workers (tests, or `Activator::serve` on its own) connections run on the runtime
 //! that calls `serve`, as before.
 
+use std::cell::Cell;
 use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -18,6 +19,17 @@ use std::thread::JoinHandle;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
+
+thread_local! {
+    /// The index of the worker running on this thread (`None` off the workers).
+    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The index (0..n) of the data worker the calling thread is, or `None` on any other thread.
+/// Per-worker shards of shared state (the concurrency window) are picked with it.
+pub fn current_worker() -> Option<usize> {
+    WORKER.with(Cell::get)
+}
 
 /// Running worker runtimes. [`Workers::stop`] stops them and waits for their threads; dropping
 /// the last handle only tells them to stop. Stop them after `serve` has returned, so no
@@ -47,6 +59,7 @@ impl Workers {
                 std::thread::Builder::new()
                     .name(format!("thaw-data-{i}"))
                     .spawn(move || {
+                        WORKER.with(|w| w.set(Some(i)));
                         rt.block_on(async move {
                             let _ = stopped.wait_for(|s| *s).await;
                         });

@@ -24,6 +24,24 @@ use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 /// kubelet write in several steps).
 const SETTLE: Duration = Duration::from_millis(50);
 
+/// Whether a directory event may have changed a watched file. Any event may be ours (renames,
+/// symlink swaps), and content dedup keeps unrelated ones cheap; errors are re-checked the same
+/// way. Read accesses are not: inotify reports opens and closes-without-write, so counting them
+/// would make every re-read (this watch's or another watch's on the same directory) trigger the
+/// next one — a loop re-reading the files ~20 times a second forever. A close after writing
+/// still counts.
+fn may_change_content(res: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match res {
+        Ok(e) => match e.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+        Err(_) => true,
+    }
+}
+
 /// The result of one reload attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -84,10 +102,9 @@ where
     let changed = Arc::new(Notify::new());
     let notify_cb = Arc::clone(&changed);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        // Any event in the directory may be ours (renames, symlink swaps); content dedup below
-        // keeps unrelated events cheap. Errors are re-checked the same way.
-        let _ = res;
-        notify_cb.notify_one();
+        if may_change_content(&res) {
+            notify_cb.notify_one();
+        }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
 

@@ -111,3 +111,29 @@ async fn configmap_volume_symlink_swap_is_seen() {
     assert_eq!(next(&mut rx).await, Outcome::Applied);
     assert_eq!(live.load().stable_window, Duration::from_secs(120));
 }
+
+#[test]
+fn accesses_do_not_trigger_a_reload_but_changes_and_errors_do() {
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind};
+    let event = |kind| Ok(notify::Event::new(kind));
+    // A re-read opens and closes the file: were those counted, each read would cause the next.
+    assert!(!may_change_content(&event(EventKind::Access(
+        AccessKind::Open(AccessMode::Any)
+    ))));
+    assert!(!may_change_content(&event(EventKind::Access(
+        AccessKind::Close(AccessMode::Read)
+    ))));
+    assert!(may_change_content(&event(EventKind::Access(
+        AccessKind::Close(AccessMode::Write)
+    ))));
+    assert!(may_change_content(&event(EventKind::Modify(
+        ModifyKind::Data(DataChange::Any)
+    ))));
+    assert!(may_change_content(&event(EventKind::Create(
+        CreateKind::File
+    ))));
+    assert!(may_change_content(&event(EventKind::Any)));
+    assert!(may_change_content(&Err(notify::Error::generic(
+        "watch failed"
+    ))));
+}

@@ -1,0 +1,450 @@
+//! thaw's upstream connection pool, over hyper's low-level `client::conn` (HTTP/1.1 and h2c with
+//! prior knowledge).
+//!
+//! Contract:
+//! - **Keyed by endpoint address.** HTTP/1.1: a stack of idle connections per endpoint, most
+//!   recently used first; a connection is checked out by one request at a time and given back
+//!   by [`Reusable::give_back`] once its response body has ended (never while a response is in
+//!   flight, so no task per request waits for it to become ready). h2c: one multiplexed
+//!   connection per endpoint, shared by every request and replaced when it closes.
+//! - **Bounds.** At most [`MAX_IDLE_PER_HOST`] idle HTTP/1.1 connections per endpoint (a
+//!   connection given back above that is closed); idle connections, and h2c connections unused
+//!   for as long, are closed after [`POOL_IDLE_TIMEOUT`] by a sweep that runs every
+//!   [`SWEEP_EVERY`] on the runtime that first connected, so a removed endpoint's connections
+//!   go within `POOL_IDLE_TIMEOUT + SWEEP_EVERY`. Closed connections are dropped when seen.
+//! - **Connect.** TCP with `TCP_NODELAY`, bounded by the connect timeout. A [`ConnectError`]
+//!   means nothing of the request was sent: the caller may retry elsewhere.
+//! - **Threads.** An [`Upstream`] works from any runtime (its map sits behind a mutex), but is
+//!   meant to be used by one thread ([`Upstream::for_this_thread`]): connection tasks are
+//!   spawned on the runtime of the request that opened them, so on a data worker a request and
+//!   its upstream connection share one thread and the mutex is never contended.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::{Duration, Instant};
+use tracing::Instrument;
+
+use crate::revision::Protocol;
+
+/// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
+pub const MAX_IDLE_PER_HOST: usize = 100;
+/// How long an idle pooled connection is kept.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often idle connections are swept.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The body of an upstream request: the client's body, or nothing.
+#[derive(Debug)]
+pub enum ReqBody {
+    /// Nothing to send.
+    Empty,
+    /// The client's body, streamed as it arrives.
+    Client(Incoming),
+}
+
+impl ReqBody {
+    /// `Empty` for a body that has already ended (no data frames to stream).
+    pub fn new(body: Incoming) -> Self {
+        if body.is_end_stream() {
+            ReqBody::Empty
+        } else {
+            ReqBody::Client(body)
+        }
+    }
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ReqBody::Empty => std::task::Poll::Ready(None),
+            ReqBody::Client(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Empty => true,
+            ReqBody::Client(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Empty => SizeHint::with_exact(0),
+            ReqBody::Client(b) => b.size_hint(),
+        }
+    }
+}
+
+/// Why no connection to an endpoint could be had. Nothing of the request was sent.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The TCP connect did not finish within the connect timeout.
+    #[error("tcp connect timed out after {0:?}")]
+    Timeout(Duration),
+    /// The TCP connect failed (refused, unreachable, ...).
+    #[error("tcp connect error: {0}")]
+    Io(#[source] io::Error),
+    /// The HTTP handshake on a new connection failed.
+    #[error("handshake failed: {0}")]
+    Handshake(#[source] hyper::Error),
+}
+
+/// Why a request on an established connection failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// The connection was found closed before any of the request was written; the request
+    /// comes back whole, so it can be sent again on another connection.
+    Unsent(Box<Request<ReqBody>>, hyper::Error),
+    /// The request was (or may have been) sent.
+    Failed(hyper::Error),
+}
+
+/// A connection checked out for one request.
+#[derive(Debug)]
+pub struct Conn {
+    kind: ConnKind,
+    /// Taken from the pool (not opened for this request).
+    reused: bool,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+enum ConnKind {
+    H1(http1::SendRequest<ReqBody>),
+    H2(http2::SendRequest<ReqBody>),
+}
+
+impl Conn {
+    /// Whether the connection came from the pool rather than being opened for this request
+    /// (only a reused connection can turn out stale).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Sends `req` (HTTP/1.1: origin-form target and a `Host` header; h2c: absolute URI) and
+    /// waits for the response head. An HTTP/1.1 connection comes back as the [`Reusable`] to
+    /// give back once the response body has ended; h2c connections stay shared in the pool.
+    pub async fn send(
+        self,
+        req: Request<ReqBody>,
+    ) -> Result<(Response<Incoming>, Option<Reusable>), SendError> {
+        let Conn {
+            kind, addr, shared, ..
+        } = self;
+        match kind {
+            ConnKind::H1(mut tx) => match tx.try_send_request(req).await {
+                Ok(resp) => Ok((resp, Some(Reusable { tx, addr, shared }))),
+                Err(mut e) => match e.take_message() {
+                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
+                    None => Err(SendError::Failed(e.into_error())),
+                },
+            },
+            ConnKind::H2(mut tx) => match tx.try_send_request(req).await {
+                Ok(resp) => Ok((resp, None)),
+                Err(mut e) => match e.take_message() {
+                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
+                    None => Err(SendError::Failed(e.into_error())),
+                },
+            },
+        }
+    }
+}
+
+/// An HTTP/1.1 connection whose response is in flight. [`Reusable::give_back`] returns it to
+/// the pool (call it only once the response body has ended); dropping it instead closes the
+/// connection once its current response is done with.
+#[derive(Debug)]
+pub struct Reusable {
+    tx: http1::SendRequest<ReqBody>,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Reusable {
+    /// Puts the connection back on its endpoint's idle stack, unless it is closed or the stack
+    /// is full (then it is closed).
+    pub fn give_back(self) {
+        if self.tx.is_closed() {
+            return;
+        }
+        let mut map = self.shared.lock();
+        let idle = &mut map.entry(self.addr).or_default().h1;
+        if idle.len() < MAX_IDLE_PER_HOST {
+            idle.push(Idle {
+                tx: self.tx,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Idle {
+    tx: http1::SendRequest<ReqBody>,
+    since: Instant,
+}
+
+/// One endpoint's pooled connections.
+#[derive(Debug, Default)]
+struct EndpointConns {
+    /// Idle HTTP/1.1 connections, most recently given back last.
+    h1: Vec<Idle>,
+    /// The shared h2c connection and when a request last used it.
+    h2: Option<(http2::SendRequest<ReqBody>, Instant)>,
+}
+
+type AddrMap = HashMap<SocketAddr, EndpointConns, BuildHasherDefault<AddrHasher>>;
+
+#[derive(Debug)]
+struct Shared {
+    map: Mutex<AddrMap>,
+    connect_timeout: Duration,
+    sweeping: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, AddrMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops closed connections and those idle for [`POOL_IDLE_TIMEOUT`]; forgets endpoints
+    /// left without any.
+    fn sweep(&self, now: Instant) {
+        let mut map = self.lock();
+        map.retain(|_, conns| {
+            conns
+                .h1
+                .retain(|c| !c.tx.is_closed() && now.duration_since(c.since) < POOL_IDLE_TIMEOUT);
+            if conns.h2.as_ref().is_some_and(|(tx, used)| {
+                tx.is_closed() || now.duration_since(*used) >= POOL_IDLE_TIMEOUT
+            }) {
+                conns.h2 = None;
+            }
+            !conns.h1.is_empty() || conns.h2.is_some()
+        });
+    }
+}
+
+/// The pooled upstream connections. Cheap to clone (clones share the pool).
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    shared: Arc<Shared>,
+}
+
+thread_local! {
+    /// This thread's own pool (see [`Upstream::for_this_thread`]).
+    static THREAD_UPSTREAM: std::cell::OnceCell<Arc<Upstream>> = const { std::cell::OnceCell::new() };
+}
+
+impl Upstream {
+    /// An empty pool whose TCP connects give up after `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                map: Mutex::new(AddrMap::default()),
+                connect_timeout,
+                sweeping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A pool with the same settings that belongs to the calling thread, built on first use per
+    /// thread (the connect timeout is the one at construction). On a single-threaded worker
+    /// runtime its connections and the requests using them share one thread.
+    pub fn for_this_thread(&self) -> Arc<Self> {
+        let timeout = self.shared.connect_timeout;
+        THREAD_UPSTREAM.with(|u| u.get_or_init(|| Arc::new(Self::new(timeout))).clone())
+    }
+
+    /// A ready connection to `addr`: an idle pooled one (HTTP/1.1), the shared one (h2c), or a
+    /// new one. Must run inside a tokio runtime (new connections' tasks are spawned on it).
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        protocol: Protocol,
+    ) -> Result<Conn, ConnectError> {
+        if let Some(kind) = self.checkout(addr, protocol) {
+            return Ok(self.conn(kind, addr, true));
+        }
+        // Boxed: opening a connection is the rare path, and its state (TCP connect, handshake)
+        // would otherwise make every request's future several times larger.
+        let kind = Box::pin(self.open(addr, protocol)).await?;
+        Ok(self.conn(kind, addr, false))
+    }
+
+    /// Opens a new connection and spawns its task on the current runtime.
+    async fn open(&self, addr: SocketAddr, protocol: Protocol) -> Result<ConnKind, ConnectError> {
+        self.start_sweeper();
+        let timeout = self.shared.connect_timeout;
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(ConnectError::Io(e)),
+            Err(_) => return Err(ConnectError::Timeout(timeout)),
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(stream);
+        let span = tracing::debug_span!("upstream_conn", %addr);
+        let kind = match protocol {
+            Protocol::Http1 => {
+                let (tx, conn) = http1::Builder::new()
+                    .handshake(io)
+                    .await
+                    .map_err(ConnectError::Handshake)?;
+                tokio::spawn(
+                    async move {
+                        if let Err(e) = conn.with_upgrades().await {
+                            tracing::debug!(error = %e, "upstream connection failed");
+                        }
+                    }
+                    .instrument(span),
+                );
+                ConnKind::H1(tx)
+            }
+            Protocol::H2c => {
+                let (tx, conn) = http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .handshake(io)
+                    .await
+                    .map_err(ConnectError::Handshake)?;
+                tokio::spawn(
+                    async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "upstream h2 connection failed");
+                        }
+                    }
+                    .instrument(span),
+                );
+                let mut map = self.shared.lock();
+                map.entry(addr).or_default().h2 = Some((tx.clone(), Instant::now()));
+                ConnKind::H2(tx)
+            }
+        };
+        tracing::debug!(%addr, ?protocol, "upstream connection opened");
+        Ok(kind)
+    }
+
+    fn conn(&self, kind: ConnKind, addr: SocketAddr, reused: bool) -> Conn {
+        Conn {
+            kind,
+            reused,
+            addr,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The most recently used ready connection; closed ones met on the way are dropped, ones
+    /// not ready yet (their connection task has not seen the last response end) stay.
+    fn checkout(&self, addr: SocketAddr, protocol: Protocol) -> Option<ConnKind> {
+        let mut map = self.shared.lock();
+        let conns = map.get_mut(&addr)?;
+        match protocol {
+            Protocol::Http1 => {
+                let mut i = conns.h1.len();
+                while i > 0 {
+                    i -= 1;
+                    let c = &conns.h1[i];
+                    if c.tx.is_ready() {
+                        return Some(ConnKind::H1(conns.h1.swap_remove(i).tx));
+                    }
+                    if c.tx.is_closed() {
+                        conns.h1.swap_remove(i);
+                    }
+                }
+                None
+            }
+            Protocol::H2c => match &mut conns.h2 {
+                Some((tx, used)) if !tx.is_closed() => {
+                    *used = Instant::now();
+                    Some(ConnKind::H2(tx.clone()))
+                }
+                _ => {
+                    conns.h2 = None;
+                    None
+                }
+            },
+        }
+    }
+
+    /// Starts the periodic sweep on the current runtime, once per pool. The task holds the pool
+    /// weakly and ends with it.
+    fn start_sweeper(&self) {
+        if self.shared.sweeping.swap(true, Relaxed) {
+            return;
+        }
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + SWEEP_EVERY, SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                shared.sweep(Instant::now());
+            }
+        });
+    }
+
+    /// Pooled connections to `addr` now: (idle HTTP/1.1, h2c open).
+    pub fn pooled(&self, addr: SocketAddr) -> (usize, bool) {
+        let map = self.shared.lock();
+        map.get(&addr)
+            .map_or((0, false), |c| (c.h1.len(), c.h2.is_some()))
+    }
+}
+
+/// FxHash-style hasher for the pool's `SocketAddr` keys: a few multiply-rotates instead of
+/// SipHash. The keys are endpoint addresses thaw itself learned, not client input.
+#[derive(Default, Clone, Copy)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;
