@@ -471,14 +471,14 @@ fn http1_builder(cfg: &ActivatorConfig) -> hyper::server::conn::http1::Builder {
         .keep_alive(true)
         .max_buf_size(header_cap(cfg).max(8192));
     // hyper parses into a stack array of 100 header slots unless told a cap, in which case it
-    // allocates and fills `cap` slots on every request (7 KiB at 216). So the cap is set only
-    // when the configured count needs more than 100: one above it, so that thaw's check (431
-    // with the reason) sees the request first. With a count of 100 or less, a request over
-    // hyper's 100 gets hyper's own 431, without a reason.
-    if let Some(count) = (cfg.max_header_count as usize).checked_add(1)
-        && count > HYPER_DEFAULT_MAX_HEADERS
-    {
-        b.max_headers(count);
+    // fills `cap` slots on every request (on the heap above 100: 7 KiB at 216). So the cap is
+    // set only when the configured count is above 100, to one more than it, so that thaw's
+    // check (431 with the reason) sees the request first. With a count of 100 or less (the
+    // default is 100), a request with more than 100 headers gets hyper's own 431, without a
+    // reason.
+    let count = cfg.max_header_count as usize;
+    if count > HYPER_DEFAULT_MAX_HEADERS {
+        b.max_headers(count + 1);
     }
     b
 }
