@@ -110,7 +110,7 @@ fn cold_target(
     }
     let target = routing::target(&head.headers, &head.uri).ok()?;
     let state = act.resolve(target).ok()?;
-    let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
+    let cold = state.throttler.is_cold();
     cold.then_some(state)
 }
 

@@ -161,7 +161,7 @@ pub(crate) async fn hold(
     terms: HoldTerms,
     started: Instant,
 ) -> (bool, Result<Admission, Rejection>) {
-    let cold = state.throttler.ready_count() == 0 && state.throttler.failing().is_none();
+    let cold = state.throttler.is_cold();
     if cold {
         poke_if_needed(act, state, started);
     }

@@ -371,6 +371,11 @@ impl Throttler {
         self.shared.failing_reason()
     }
 
+    /// Cold: no ready endpoint, and not failing (a request would wait for a cold start).
+    pub fn is_cold(&self) -> bool {
+        self.ready_count() == 0 && self.failing().is_none()
+    }
+
     /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating.
     pub fn endpoints(&self) -> Vec<EndpointView> {
         let set = self.shared.endpoints.load();
