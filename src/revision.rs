@@ -110,6 +110,23 @@ impl RevisionSpec {
     }
 }
 
+/// A `Host` header value as the host table keys it: without a numeric port, lower-case
+/// (borrowed when it already is).
+pub fn normalize_host(host: &str) -> std::borrow::Cow<'_, str> {
+    let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+        if port.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
+}
+
 /// An immutable view of every known revision (including those at zero) and the host table.
 #[derive(Debug, Clone, Default)]
 pub struct CatalogSnapshot {
@@ -146,19 +163,13 @@ impl CatalogSnapshot {
 
     /// The revision a `Host` header routes to. The port, if any, is ignored; case-insensitive.
     pub fn route_host(&self, host: &str) -> Option<&Arc<RevisionSpec>> {
-        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        });
-        let key = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-            self.hosts.get(&host.to_ascii_lowercase())
-        } else {
-            self.hosts.get(host)
-        }?;
+        let key = self.hosts.get(&*normalize_host(host))?;
         self.revisions.get(key)
+    }
+
+    /// Every routed host (lower-case, without port) and the revision it routes to.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, &RevisionKey)> {
+        self.hosts.iter().map(|(h, k)| (h.as_str(), k))
     }
 
     pub fn revisions(&self) -> impl Iterator<Item = &Arc<RevisionSpec>> {

@@ -7,11 +7,10 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Duration, Instant, Sleep};
 
-use super::pool::Reusable;
+use super::pool::{RespBody, Reusable};
 use super::ticket::Ticket;
 
 /// The error type of response bodies.
@@ -90,7 +89,7 @@ pub enum BodyError {
 /// `is_end_stream` at drop); a body cut or dropped early closes it instead.
 #[derive(Debug)]
 pub struct ProxiedBody {
-    inner: Incoming,
+    inner: RespBody,
     /// Fires at the earlier of the total deadline and the idle deadline. Armed only when the
     /// upstream first makes the body wait: a body that is already complete when forwarded (most
     /// small answers) never registers a timer.
@@ -109,7 +108,7 @@ impl ProxiedBody {
     /// is released when the body ends. `upstream_errors` counts cut or failed bodies. `conn`,
     /// the HTTP/1.1 connection the body arrives on, is given back to its pool when it ends.
     pub fn new(
-        inner: Incoming,
+        inner: RespBody,
         idle: Option<Duration>,
         deadline: Instant,
         ticket: Ticket,
@@ -182,7 +181,7 @@ impl Body for ProxiedBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => this.fail(Box::new(e)),
+            Poll::Ready(Some(Err(e))) => this.fail(e),
             Poll::Ready(None) => {
                 this.ended();
                 Poll::Ready(None)

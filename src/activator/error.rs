@@ -48,7 +48,7 @@ pub enum ActivatorError {
         revision: RevisionKey,
         endpoint: SocketAddr,
         #[source]
-        source: hyper::Error,
+        source: super::pool::BoxError,
     },
     /// The upstream sent no response head within the revision's response-start timeout.
     #[error("revision {revision}: upstream {endpoint} sent no response within {waited:?}")]

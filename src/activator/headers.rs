@@ -133,6 +133,8 @@ pub fn prepare_upstream(
     client: Option<IpAddr>,
     upgrade: bool,
 ) {
+    // Room for what is added here and per attempt (`Host`): one growth at most, not several.
+    headers.reserve(6);
     strip_hop_by_hop(headers, upgrade);
     let found = present(headers, &ROUTING);
     for (i, name) in ROUTING[..4].iter().enumerate() {
@@ -168,7 +170,24 @@ fn forwarded_for(prev: Option<&str>, ip: IpAddr) -> Option<HeaderValue> {
         buf.extend_from_slice(p.as_bytes());
         buf.extend_from_slice(b", ");
     }
-    write!(buf, "{ip}").ok()?;
+    match ip {
+        // Dotted quad written directly: the formatter costs more than the rest of this header.
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push(b'.');
+                }
+                if octet >= 100 {
+                    buf.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    buf.push(b'0' + octet / 10 % 10);
+                }
+                buf.push(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(_) => write!(buf, "{ip}").ok()?,
+    }
     HeaderValue::from_maybe_shared(bytes::Bytes::from(buf)).ok()
 }
 
@@ -180,11 +199,31 @@ pub fn set_target_host(headers: &mut HeaderMap, target: &HeaderValue, protocol: 
     }
 }
 
+thread_local! {
+    /// wyrand state for request ids, seeded once per thread from the OS-seeded thread RNG.
+    static ID_RNG: std::cell::Cell<u64> = std::cell::Cell::new(rand::rng().random());
+}
+
+/// 128 bits from this thread's wyrand stream (ids need to be distinct, not secret: a few
+/// multiplies instead of a ChaCha block per request).
+fn id_bits() -> [u8; 16] {
+    ID_RNG.with(|state| {
+        let next = || {
+            let s = state.get().wrapping_add(0xa076_1d64_78bd_642f);
+            state.set(s);
+            let t = u128::from(s) * u128::from(s ^ 0xe703_7ed1_a0b4_28db);
+            ((t >> 64) as u64) ^ (t as u64)
+        };
+        let (hi, lo) = (next(), next());
+        ((u128::from(hi) << 64) | u128::from(lo)).to_le_bytes()
+    })
+}
+
 /// A fresh request id: a random (version 4) UUID in its usual text form, formatted on the
 /// stack (one allocation, for the header value itself).
 pub fn new_request_id() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut b: [u8; 16] = rand::rng().random();
+    let mut b = id_bits();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let mut out = [0u8; 36];
@@ -270,6 +309,11 @@ mod tests {
         v6.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         prepare_upstream(&mut v6, None, Some("2001:db8::1".parse().unwrap()), false);
         assert_eq!(v6[X_FORWARDED_FOR], "2001:db8::1");
+        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "127.0.0.1", "10.200.7.45"] {
+            let mut h = HeaderMap::new();
+            prepare_upstream(&mut h, None, Some(ip.parse().unwrap()), false);
+            assert_eq!(h[X_FORWARDED_FOR], ip);
+        }
         assert_eq!(v6[X_FORWARDED_PROTO], "https", "kept when set");
     }
 
@@ -333,6 +377,8 @@ mod tests {
                 .all(|c| c == b'-' || c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
         );
         assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"), "{s}");
+        let many: std::collections::HashSet<_> = (0..10_000).map(|_| new_request_id()).collect();
+        assert_eq!(many.len(), 10_000, "ids repeat");
     }
 
     #[test]

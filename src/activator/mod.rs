@@ -12,6 +12,7 @@ pub mod cold_start;
 
 pub mod concurrency;
 mod core;
+pub mod direct;
 pub mod early;
 pub mod endpoint;
 pub mod error;

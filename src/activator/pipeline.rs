@@ -281,15 +281,14 @@ async fn proxy_request(
         let authority = parts.uri.authority()?;
         HeaderValue::from_str(authority.as_str()).ok()
     });
-    let request_id = match headers.get(X_REQUEST_ID) {
-        Some(id) => id.clone(),
-        None => {
-            let id = hdr::new_request_id();
-            headers.insert(X_REQUEST_ID, id.clone());
-            id
-        }
+    let (request_id, generated) = match headers.get(X_REQUEST_ID) {
+        Some(id) => (id.clone(), false),
+        None => (hdr::new_request_id(), true),
     };
     hdr::prepare_upstream(&mut headers, original_host, Some(peer.ip()), upgrade);
+    if generated {
+        headers.insert(X_REQUEST_ID, request_id.clone());
+    }
     let out = Outbound {
         method: parts.method,
         path_and_query: parts
@@ -300,6 +299,7 @@ async fn proxy_request(
         headers,
         body: ReqBody::new(body),
         protocol: if upgrade { Protocol::Http1 } else { protocol },
+        upgrade,
     };
     let attempt_limits = AttemptLimits {
         connect_retries: cfg.connect_retries,

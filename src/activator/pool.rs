@@ -36,6 +36,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
+use super::direct::{DirectBody, DirectConn, DirectSendError, Home};
 use crate::revision::Protocol;
 
 /// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
@@ -108,14 +109,55 @@ pub enum ConnectError {
     Handshake(#[source] hyper::Error),
 }
 
+/// The error type of upstream exchanges and bodies (hyper's client, or [`direct`]'s).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a request on an established connection failed.
 #[derive(Debug)]
 pub enum SendError {
     /// The connection was found closed before any of the request was written; the request
     /// comes back whole, so it can be sent again on another connection.
-    Unsent(Box<Request<ReqBody>>, hyper::Error),
+    Unsent(Box<Request<ReqBody>>, BoxError),
     /// The request was (or may have been) sent.
-    Failed(hyper::Error),
+    Failed(BoxError),
+}
+
+/// An upstream response body: from hyper's client, or read directly ([`direct`]).
+#[derive(Debug)]
+pub enum RespBody {
+    /// Through hyper's client (requests with a body, upgrades, h2c).
+    Hyper(Incoming),
+    /// Read by the request's own task off a direct connection.
+    Direct(DirectBody),
+}
+
+impl Body for RespBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RespBody::Hyper(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RespBody::Direct(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RespBody::Hyper(b) => b.is_end_stream(),
+            RespBody::Direct(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RespBody::Hyper(b) => b.size_hint(),
+            RespBody::Direct(b) => b.size_hint(),
+        }
+    }
 }
 
 /// A connection checked out for one request.
@@ -132,6 +174,7 @@ pub struct Conn {
 enum ConnKind {
     H1(http1::SendRequest<ReqBody>),
     H2(http2::SendRequest<ReqBody>),
+    Direct(DirectConn),
 }
 
 impl Conn {
@@ -144,27 +187,37 @@ impl Conn {
     /// Sends `req` (HTTP/1.1: origin-form target and a `Host` header; h2c: absolute URI) and
     /// waits for the response head. An HTTP/1.1 connection comes back as the [`Reusable`] to
     /// give back once the response body has ended; h2c connections stay shared in the pool.
+    ///
+    /// A direct connection (see [`direct`]) needs no [`Reusable`]: its body takes it home.
     pub async fn send(
         self,
         req: Request<ReqBody>,
-    ) -> Result<(Response<Incoming>, Option<Reusable>), SendError> {
+    ) -> Result<(Response<RespBody>, Option<Reusable>), SendError> {
         let Conn {
             kind, addr, shared, ..
         } = self;
+        let hyper_err = |mut e: hyper::client::conn::TrySendError<Request<ReqBody>>| match e
+            .take_message()
+        {
+            Some(req) => SendError::Unsent(Box::new(req), e.into_error().into()),
+            None => SendError::Failed(e.into_error().into()),
+        };
         match kind {
             ConnKind::H1(mut tx) => match tx.try_send_request(req).await {
-                Ok(resp) => Ok((resp, Some(Reusable { tx, addr, shared }))),
-                Err(mut e) => match e.take_message() {
-                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
-                    None => Err(SendError::Failed(e.into_error())),
-                },
+                Ok(resp) => Ok((
+                    resp.map(RespBody::Hyper),
+                    Some(Reusable { tx, addr, shared }),
+                )),
+                Err(e) => Err(hyper_err(e)),
             },
             ConnKind::H2(mut tx) => match tx.try_send_request(req).await {
-                Ok(resp) => Ok((resp, None)),
-                Err(mut e) => match e.take_message() {
-                    Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
-                    None => Err(SendError::Failed(e.into_error())),
-                },
+                Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
+                Err(e) => Err(hyper_err(e)),
+            },
+            ConnKind::Direct(conn) => match conn.send(req, Home { shared, addr }).await {
+                Ok(resp) => Ok((resp.map(RespBody::Direct), None)),
+                Err(DirectSendError::Unsent(req, e)) => Err(SendError::Unsent(req, e.into())),
+                Err(DirectSendError::Failed(e)) => Err(SendError::Failed(e.into())),
             },
         }
     }
@@ -204,11 +257,19 @@ struct Idle {
     since: Instant,
 }
 
+#[derive(Debug)]
+struct DirectIdle {
+    conn: DirectConn,
+    since: Instant,
+}
+
 /// One endpoint's pooled connections.
 #[derive(Debug, Default)]
 struct EndpointConns {
     /// Idle HTTP/1.1 connections, most recently given back last.
     h1: Vec<Idle>,
+    /// Idle direct HTTP/1.1 connections (for bodiless requests), most recently given back last.
+    direct: Vec<DirectIdle>,
     /// The shared h2c connection and when a request last used it.
     h2: Option<(http2::SendRequest<ReqBody>, Instant)>,
 }
@@ -216,7 +277,7 @@ struct EndpointConns {
 type AddrMap = HashMap<SocketAddr, EndpointConns, BuildHasherDefault<AddrHasher>>;
 
 #[derive(Debug)]
-struct Shared {
+pub(super) struct Shared {
     map: Mutex<AddrMap>,
     connect_timeout: Duration,
     sweeping: AtomicBool,
@@ -227,6 +288,19 @@ impl Shared {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Puts a direct connection whose response has ended on its endpoint's idle stack, unless
+    /// the stack is full (then it is closed).
+    pub(super) fn give_back_direct(&self, addr: SocketAddr, conn: DirectConn) {
+        let mut map = self.lock();
+        let idle = &mut map.entry(addr).or_default().direct;
+        if idle.len() < MAX_IDLE_PER_HOST {
+            idle.push(DirectIdle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
     /// Drops closed connections and those idle for [`POOL_IDLE_TIMEOUT`]; forgets endpoints
     /// left without any.
     fn sweep(&self, now: Instant) {
@@ -235,12 +309,15 @@ impl Shared {
             conns
                 .h1
                 .retain(|c| !c.tx.is_closed() && now.duration_since(c.since) < POOL_IDLE_TIMEOUT);
+            conns.direct.retain(|c| {
+                now.duration_since(c.since) < POOL_IDLE_TIMEOUT && c.conn.is_usable()
+            });
             if conns.h2.as_ref().is_some_and(|(tx, used)| {
                 tx.is_closed() || now.duration_since(*used) >= POOL_IDLE_TIMEOUT
             }) {
                 conns.h2 = None;
             }
-            !conns.h1.is_empty() || conns.h2.is_some()
+            !conns.h1.is_empty() || !conns.direct.is_empty() || conns.h2.is_some()
         });
     }
 }
@@ -292,8 +369,32 @@ impl Upstream {
         Ok(self.conn(kind, addr, false))
     }
 
-    /// Opens a new connection and spawns its task on the current runtime.
-    async fn open(&self, addr: SocketAddr, protocol: Protocol) -> Result<ConnKind, ConnectError> {
+    /// A direct connection to `addr` for one bodiless HTTP/1.1 request (see [`direct`]): an
+    /// idle pooled one that is still usable, or a new one.
+    pub async fn connect_direct(&self, addr: SocketAddr) -> Result<Conn, ConnectError> {
+        if let Some(conn) = self.checkout_direct(addr) {
+            return Ok(self.conn(ConnKind::Direct(conn), addr, true));
+        }
+        let stream = Box::pin(self.tcp(addr)).await?;
+        tracing::debug!(%addr, "direct upstream connection opened");
+        Ok(self.conn(ConnKind::Direct(DirectConn::new(stream)), addr, false))
+    }
+
+    /// The most recently given back direct connection that is still usable; unusable ones met
+    /// on the way are dropped.
+    fn checkout_direct(&self, addr: SocketAddr) -> Option<DirectConn> {
+        let mut map = self.shared.lock();
+        let idle = &mut map.get_mut(&addr)?.direct;
+        while let Some(c) = idle.pop() {
+            if c.conn.is_usable() {
+                return Some(c.conn);
+            }
+        }
+        None
+    }
+
+    /// A TCP connection to `addr` with `TCP_NODELAY`, within the connect timeout.
+    async fn tcp(&self, addr: SocketAddr) -> Result<TcpStream, ConnectError> {
         self.start_sweeper();
         let timeout = self.shared.connect_timeout;
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
@@ -302,6 +403,12 @@ impl Upstream {
             Err(_) => return Err(ConnectError::Timeout(timeout)),
         };
         let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    /// Opens a new connection and spawns its task on the current runtime.
+    async fn open(&self, addr: SocketAddr, protocol: Protocol) -> Result<ConnKind, ConnectError> {
+        let stream = self.tcp(addr).await?;
         let io = TokioIo::new(stream);
         let span = tracing::debug_span!("upstream_conn", %addr);
         let kind = match protocol {
@@ -402,11 +509,13 @@ impl Upstream {
         });
     }
 
-    /// Pooled connections to `addr` now: (idle HTTP/1.1, h2c open).
+    /// Pooled connections to `addr` now: (idle HTTP/1.1, h2c open). Idle HTTP/1.1 counts both
+    /// kinds (hyper's and direct).
     pub fn pooled(&self, addr: SocketAddr) -> (usize, bool) {
         let map = self.shared.lock();
-        map.get(&addr)
-            .map_or((0, false), |c| (c.h1.len(), c.h2.is_some()))
+        map.get(&addr).map_or((0, false), |c| {
+            (c.h1.len() + c.direct.len(), c.h2.is_some())
+        })
     }
 }
 

@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
-use hyper::body::Incoming;
 use tokio::time::{Duration, Instant};
 
 use super::endpoint::Endpoint;
@@ -23,7 +22,7 @@ use super::ticket::Ticket;
 use crate::revision::Protocol;
 
 use super::pool::SendError;
-pub use super::pool::{ReqBody, Reusable, Upstream};
+pub use super::pool::{ReqBody, RespBody, Reusable, Upstream};
 
 /// A request prepared for forwarding.
 #[derive(Debug)]
@@ -38,6 +37,9 @@ pub struct Outbound {
     pub body: ReqBody,
     /// How it is sent (h2c revisions; upgrades always HTTP/1.1).
     pub protocol: Protocol,
+    /// A protocol upgrade (websocket): goes through hyper's client, which hands over the
+    /// upgraded connection.
+    pub upgrade: bool,
 }
 
 impl Outbound {
@@ -89,7 +91,7 @@ pub struct AttemptLimits {
 
 /// What [`forward`] returns: the response head, the endpoint that answered, and the HTTP/1.1
 /// connection to give back to the pool once the response body has ended.
-pub type Forwarded = (Response<Incoming>, SocketAddr, Option<Reusable>);
+pub type Forwarded = (Response<RespBody>, SocketAddr, Option<Reusable>);
 
 /// Sends `out` to the endpoint of `ticket`'s slot; on a connect failure moves the ticket to
 /// another endpoint and tries again (see the module doc). The request's headers are moved into
@@ -101,6 +103,9 @@ pub async fn forward(
     limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
+    // Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`).
+    let direct =
+        protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty);
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {
@@ -108,9 +113,14 @@ pub async fn forward(
         let endpoint = slot.endpoint();
         let addr = endpoint.addr();
         let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
-        let conn = match tokio::time::timeout_at(start_deadline, upstream.connect(addr, protocol))
-            .await
-        {
+        let connecting = async {
+            if direct {
+                upstream.connect_direct(addr).await
+            } else {
+                upstream.connect(addr, protocol).await
+            }
+        };
+        let conn = match tokio::time::timeout_at(start_deadline, connecting).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
                 tried.push(addr);

@@ -1,0 +1,609 @@
+//! A direct HTTP/1.1 upstream connection for bodiless requests: the request's own task writes
+//! the head and reads the response, with no connection task in between.
+//!
+//! Why: hyper's client runs each connection as a task of its own, so every forwarded request
+//! crossed two channels and two task wake-ups (request → connection task → response), and its
+//! body a third. On the warm path that was about a tenth of the proxy's CPU per request
+//! (docs/decisions.md, "A direct upstream connection for bodiless requests").
+//!
+//! Contract:
+//! - **Scope.** Used by [`super::pool`] for HTTP/1.1 requests without a body and without an
+//!   upgrade (GET, HEAD, DELETE, ...: most warm traffic). Requests with a body, upgrades and
+//!   h2c still go through hyper's client, which writes a body while it reads an early answer.
+//! - **Request.** `METHOD target HTTP/1.1`, then the headers exactly as prepared (the caller has
+//!   set `Host` and removed hop-by-hop headers), nothing added.
+//! - **Response.** Interim 1xx answers are skipped (as hyper's client does); a `101` is an error
+//!   here (upgrades never come this way). The head is limited to [`MAX_HEAD_BYTES`] and
+//!   [`MAX_HEADERS`] headers. Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and
+//!   304; `Transfer-Encoding` ending in `chunked` is decoded (trailers become a trailers frame;
+//!   `Content-Length` is then dropped, as the RFC requires); other transfer codings and
+//!   responses without a length are read until the upstream closes; conflicting or malformed
+//!   `Content-Length` values are an error. Body data is handed on as it is read, never
+//!   buffered whole.
+//! - **Reuse.** The connection goes back to its pool the moment the last byte of the body has
+//!   been read, unless the upstream said `Connection: close`, answered HTTP/1.0, framed the
+//!   body by closing, or sent bytes past the response. A body dropped before its end closes
+//!   the connection.
+//! - **Staleness.** [`DirectConn::is_usable`] checks an idle connection without a system call
+//!   when the reactor has seen nothing on it, and with one non-blocking read otherwise (the
+//!   upstream closed it, or sent something unasked: either way it is not reused).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::pool::{ReqBody, Shared};
+
+/// Largest response head accepted (status line and headers), and largest trailer section.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most response headers accepted.
+pub const MAX_HEADERS: usize = 128;
+/// Longest chunk-size line (size and extensions) accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+/// How much room a read asks for.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Why a direct exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    /// Writing the request or reading the response failed.
+    #[error("upstream i/o: {0}")]
+    Io(#[from] io::Error),
+    /// The upstream closed the connection before a complete response head.
+    #[error("upstream closed the connection before a complete response head")]
+    ClosedBeforeHead,
+    /// The upstream closed the connection in the middle of the body.
+    #[error("upstream closed the connection mid-body")]
+    ClosedMidBody,
+    /// The response was not valid HTTP/1.1.
+    #[error("invalid upstream response: {0}")]
+    Invalid(&'static str),
+}
+
+/// One upstream HTTP/1.1 connection, used by one request at a time.
+#[derive(Debug)]
+pub struct DirectConn {
+    io: TcpStream,
+    /// Bytes read but not yet used. Empty between responses.
+    buf: BytesMut,
+}
+
+/// Why [`DirectConn::send`] failed, and whether the request may go elsewhere.
+#[derive(Debug)]
+pub enum DirectSendError {
+    /// Nothing of the request was written: it comes back whole.
+    Unsent(Box<Request<ReqBody>>, DirectError),
+    /// The request was (or may have been) sent.
+    Failed(DirectError),
+}
+
+impl DirectConn {
+    /// Wraps a connected socket.
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Whether an idle connection can carry another request: the upstream has neither closed
+    /// it nor sent anything unasked. No system call unless the reactor saw it readable.
+    pub fn is_usable(&self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Writes `req` (bodiless; its target is the path and query) and reads the response head.
+    /// The body streams from the returned response; `home` is where the connection goes back
+    /// when the body has ended and the connection is reusable.
+    pub async fn send(
+        mut self,
+        req: Request<ReqBody>,
+        home: Home,
+    ) -> Result<Response<DirectBody>, DirectSendError> {
+        debug_assert!(req.body().is_end_stream());
+        let head = encode_head(&req);
+        if let Err(e) = self.io.write_all(&head).await {
+            // A write error means the kernel took none of it, or part of it: only a connection
+            // refused outright (reset or closed before this request) leaves the request unsent.
+            // `write_all` does not say how much went out, so be conservative: only an error on
+            // the first write of a head that fits a socket buffer counts as unsent.
+            return Err(if unsent_kind(&e) && head.len() <= 16 * 1024 {
+                DirectSendError::Unsent(Box::new(req), e.into())
+            } else {
+                DirectSendError::Failed(e.into())
+            });
+        }
+        let head_only = req.method() == Method::HEAD;
+        drop(req);
+        self.read_response(head_only, home)
+            .await
+            .map_err(DirectSendError::Failed)
+    }
+
+    /// Reads until a complete non-1xx head, then frames the body.
+    async fn read_response(
+        mut self,
+        head_only: bool,
+        home: Home,
+    ) -> Result<Response<DirectBody>, DirectError> {
+        loop {
+            match parse_head(&mut self.buf)? {
+                Some(Parsed::Interim) => continue,
+                Some(Parsed::Final(mut resp, keep_alive)) => {
+                    let framing = framing(&mut resp, head_only)?;
+                    let reusable = keep_alive && !matches!(framing, Framing::UntilClose);
+                    let body = DirectBody::new(self, framing, reusable, home);
+                    return Ok(resp.map(|()| body));
+                }
+                None => {
+                    if self.buf.len() >= MAX_HEAD_BYTES {
+                        return Err(DirectError::Invalid("response head too large"));
+                    }
+                    if self.fill().await? == 0 {
+                        return Err(DirectError::ClosedBeforeHead);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads once into the buffer; 0 at end of stream.
+    async fn fill(&mut self) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+}
+
+fn unsent_kind(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::NotConnected
+    )
+}
+
+/// The request line and headers, as one buffer.
+fn encode_head(req: &Request<ReqBody>) -> Vec<u8> {
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let method = req.method().as_str();
+    let mut len = method.len() + target.len() + 14;
+    for (name, value) in req.headers() {
+        len += name.as_str().len() + value.len() + 4;
+    }
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+enum Parsed {
+    /// A 1xx answer, consumed.
+    Interim,
+    /// The final head (body framing still to decide), and whether the connection may be kept.
+    Final(Response<()>, bool),
+}
+
+/// Parses a complete head off the front of `buf`, or `None` if more bytes are needed. Most
+/// heads have few headers: they are parsed with room for [`FEW_HEADERS`] on the stack, and only
+/// a head with more is parsed again with room for [`MAX_HEADERS`].
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Parsed>, DirectError> {
+    match parse_head_with::<FEW_HEADERS>(buf) {
+        Err(DirectError::Invalid(TOO_MANY)) => parse_head_with::<MAX_HEADERS>(buf),
+        other => other,
+    }
+}
+
+/// Headers parsed on the fast path.
+const FEW_HEADERS: usize = 24;
+const TOO_MANY: &str = "too many response headers";
+
+fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>, DirectError> {
+    let mut slots = [httparse::EMPTY_HEADER; N];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(DirectError::Invalid(TOO_MANY)),
+        Err(_) => return Err(DirectError::Invalid("malformed response head")),
+    };
+    let code = parsed.code.unwrap_or(0);
+    let status =
+        StatusCode::from_u16(code).map_err(|_| DirectError::Invalid("invalid status code"))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(DirectError::Invalid("101 Switching Protocols without an upgrade"));
+    }
+    if status.is_informational() {
+        buf.advance(len);
+        return Ok(Some(Parsed::Interim));
+    }
+    let http10 = parsed.version == Some(0);
+    // Where each name and value sits in the head, so the head can be split off the buffer and
+    // the values become slices of it: one shared buffer, no copy per header.
+    let base = buf.as_ptr() as usize;
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
+    let count = parsed.headers.len();
+    for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+        let name = h.name.as_ptr() as usize - base;
+        let value = h.value.as_ptr() as usize - base;
+        // Offsets fit: the head is at most `MAX_HEAD_BYTES` plus one read.
+        *span = (
+            name as u32,
+            (name + h.name.len()) as u32,
+            value as u32,
+            (value + h.value.len()) as u32,
+        );
+    }
+    let head = buf.split_to(len).freeze();
+    // Room for the headers the activator adds to a response (request id, Server-Timing).
+    let mut headers = HeaderMap::with_capacity(count + 2);
+    let mut close = http10;
+    for &(ns, ne, vs, ve) in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+            .map_err(|_| DirectError::Invalid("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
+            .map_err(|_| DirectError::Invalid("invalid header value"))?;
+        if name == CONNECTION {
+            let tokens = value.to_str().unwrap_or("");
+            for t in tokens.split(',').map(str::trim) {
+                if t.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if http10 && t.eq_ignore_ascii_case("keep-alive") {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let mut resp = Response::new(());
+    *resp.status_mut() = status;
+    *resp.version_mut() = if http10 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *resp.headers_mut() = headers;
+    Ok(Some(Parsed::Final(resp, !close)))
+}
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// `n` more bytes.
+    Length(u64),
+    /// Chunked coding, in this state.
+    Chunked(Chunk),
+    /// Until the upstream closes.
+    UntilClose,
+    /// Fully read.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// `n` bytes of chunk data left.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// Expecting the trailer section (after the last chunk).
+    Trailers,
+}
+
+/// Decides the body's framing from the head, removing a `Content-Length` that
+/// `Transfer-Encoding` overrides.
+fn framing(resp: &mut Response<()>, head_only: bool) -> Result<Framing, DirectError> {
+    let status = resp.status();
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Done);
+    }
+    let headers = resp.headers_mut();
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let chunked_last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        headers.remove(CONTENT_LENGTH);
+        return Ok(if chunked_last {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::UntilClose
+        });
+    }
+    let mut length: Option<u64> = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        let s = v
+            .to_str()
+            .map_err(|_| DirectError::Invalid("invalid Content-Length"))?;
+        for part in s.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(DirectError::Invalid("invalid Content-Length"));
+            }
+            let n: u64 = part
+                .parse()
+                .map_err(|_| DirectError::Invalid("invalid Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(DirectError::Invalid("conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing::Done,
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    })
+}
+
+/// Where a connection goes back to: its pool and endpoint.
+#[derive(Debug, Clone)]
+pub struct Home {
+    pub(super) shared: Arc<Shared>,
+    pub(super) addr: SocketAddr,
+}
+
+/// A response body read straight off its upstream connection.
+#[derive(Debug)]
+pub struct DirectBody {
+    /// `None` once the body has ended (the connection went home) or failed.
+    conn: Option<DirectConn>,
+    framing: Framing,
+    reusable: bool,
+    home: Home,
+}
+
+impl DirectBody {
+    fn new(conn: DirectConn, framing: Framing, reusable: bool, home: Home) -> Self {
+        let mut body = Self {
+            conn: Some(conn),
+            framing,
+            reusable,
+            home,
+        };
+        if framing == Framing::Done {
+            body.finish();
+        }
+        body
+    }
+
+    /// The body has ended: the connection goes home if it can carry another request.
+    fn finish(&mut self) {
+        self.framing = Framing::Done;
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+            && conn.buf.is_empty()
+        {
+            self.home.shared.give_back_direct(self.home.addr, conn);
+        }
+    }
+
+    fn fail(&mut self, e: DirectError) -> Poll<Option<Result<Frame<Bytes>, DirectError>>> {
+        self.conn = None;
+        self.framing = Framing::Done;
+        Poll::Ready(Some(Err(e)))
+    }
+}
+
+impl Body for DirectBody {
+    type Data = Bytes;
+    type Error = DirectError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, DirectError>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.framing {
+                Framing::Done => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Framing::Length(left) => {
+                    if !conn.buf.is_empty() {
+                        let n = left.min(conn.buf.len() as u64) as usize;
+                        let data = conn.buf.split_to(n).freeze();
+                        let left = left - n as u64;
+                        this.framing = Framing::Length(left);
+                        if left == 0 {
+                            this.finish();
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    match ready!(conn.poll_fill(cx)) {
+                        Ok(0) => return this.fail(DirectError::ClosedMidBody),
+                        Ok(_) => {}
+                        Err(e) => return this.fail(e.into()),
+                    }
+                }
+                Framing::UntilClose => {
+                    if !conn.buf.is_empty() {
+                        let data = conn.buf.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    match ready!(conn.poll_fill(cx)) {
+                        Ok(0) => {
+                            this.finish();
+                            return Poll::Ready(None);
+                        }
+                        Ok(_) => {}
+                        Err(e) => return this.fail(e.into()),
+                    }
+                }
+                Framing::Chunked(state) => match decode_chunk(&mut conn.buf, state) {
+                    Ok(Step::Frame(frame, next)) => {
+                        this.framing = next;
+                        if next == Framing::Done {
+                            this.finish();
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    Ok(Step::Next(next)) => this.framing = next,
+                    Ok(Step::NeedMore) => match ready!(conn.poll_fill(cx)) {
+                        Ok(0) => return this.fail(DirectError::ClosedMidBody),
+                        Ok(_) => {}
+                        Err(e) => return this.fail(e.into()),
+                    },
+                    Err(e) => return this.fail(e),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// One step of chunked decoding.
+enum Step {
+    /// A frame to hand on, and the state after it.
+    Frame(Frame<Bytes>, Framing),
+    /// Moved on without a frame.
+    Next(Framing),
+    /// The buffer holds too little to move on.
+    NeedMore,
+}
+
+/// Decodes what the buffer allows from `state` (RFC 9112 §7.1).
+fn decode_chunk(buf: &mut BytesMut, state: Chunk) -> Result<Step, DirectError> {
+    match state {
+        Chunk::Size => {
+            let Some(end) = find_crlf(buf) else {
+                return if buf.len() > MAX_CHUNK_LINE {
+                    Err(DirectError::Invalid("chunk-size line too long"))
+                } else {
+                    Ok(Step::NeedMore)
+                };
+            };
+            let line = &buf[..end];
+            let digits = line
+                .iter()
+                .position(|b| !b.is_ascii_hexdigit())
+                .unwrap_or(line.len());
+            let rest = &line[digits..];
+            if digits == 0 || digits > 16 || !(rest.is_empty() || matches!(rest[0], b';' | b' ' | b'\t'))
+            {
+                return Err(DirectError::Invalid("invalid chunk size"));
+            }
+            let size = std::str::from_utf8(&line[..digits])
+                .ok()
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .ok_or(DirectError::Invalid("invalid chunk size"))?;
+            buf.advance(end + 2);
+            Ok(Step::Next(Framing::Chunked(if size == 0 {
+                Chunk::Trailers
+            } else {
+                Chunk::Data(size)
+            })))
+        }
+        Chunk::Data(left) => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            let n = left.min(buf.len() as u64) as usize;
+            let data = buf.split_to(n).freeze();
+            let left = left - n as u64;
+            let next = if left == 0 {
+                Chunk::DataEnd
+            } else {
+                Chunk::Data(left)
+            };
+            Ok(Step::Frame(Frame::data(data), Framing::Chunked(next)))
+        }
+        Chunk::DataEnd => {
+            if buf.len() < 2 {
+                return Ok(Step::NeedMore);
+            }
+            if &buf[..2] != b"\r\n" {
+                return Err(DirectError::Invalid("missing CRLF after chunk data"));
+            }
+            buf.advance(2);
+            Ok(Step::Next(Framing::Chunked(Chunk::Size)))
+        }
+        Chunk::Trailers => {
+            if buf.starts_with(b"\r\n") {
+                buf.advance(2);
+                return Ok(Step::Next(Framing::Done));
+            }
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return if buf.len() > MAX_HEAD_BYTES {
+                    Err(DirectError::Invalid("trailer section too large"))
+                } else {
+                    Ok(Step::NeedMore)
+                };
+            };
+            let section = buf.split_to(end + 4).freeze();
+            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let trailers = match httparse::parse_headers(&section, &mut slots) {
+                Ok(httparse::Status::Complete((_, parsed))) => {
+                    let mut map = HeaderMap::with_capacity(parsed.len());
+                    for h in parsed {
+                        let name = HeaderName::from_bytes(h.name.as_bytes())
+                            .map_err(|_| DirectError::Invalid("invalid trailer name"))?;
+                        let value = HeaderValue::from_maybe_shared(section.slice_ref(h.value))
+                            .map_err(|_| DirectError::Invalid("invalid trailer value"))?;
+                        map.append(name, value);
+                    }
+                    map
+                }
+                _ => return Err(DirectError::Invalid("malformed trailer section")),
+            };
+            Ok(Step::Frame(Frame::trailers(trailers), Framing::Done))
+        }
+    }
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
+}
+
+#[cfg(test)]
+#[path = "direct_tests.rs"]
+mod tests;
