@@ -241,7 +241,9 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
     let status =
         StatusCode::from_u16(code).map_err(|_| DirectError::Invalid("invalid status code"))?;
     if status == StatusCode::SWITCHING_PROTOCOLS {
-        return Err(DirectError::Invalid("101 Switching Protocols without an upgrade"));
+        return Err(DirectError::Invalid(
+            "101 Switching Protocols without an upgrade",
+        ));
     }
     if status.is_informational() {
         buf.advance(len);
@@ -528,7 +530,9 @@ fn decode_chunk(buf: &mut BytesMut, state: Chunk) -> Result<Step, DirectError> {
                 .position(|b| !b.is_ascii_hexdigit())
                 .unwrap_or(line.len());
             let rest = &line[digits..];
-            if digits == 0 || digits > 16 || !(rest.is_empty() || matches!(rest[0], b';' | b' ' | b'\t'))
+            if digits == 0
+                || digits > 16
+                || !(rest.is_empty() || matches!(rest[0], b';' | b' ' | b'\t'))
             {
                 return Err(DirectError::Invalid("invalid chunk size"));
             }

@@ -309,7 +309,13 @@ mod tests {
         v6.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         prepare_upstream(&mut v6, None, Some("2001:db8::1".parse().unwrap()), false);
         assert_eq!(v6[X_FORWARDED_FOR], "2001:db8::1");
-        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "127.0.0.1", "10.200.7.45"] {
+        for ip in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "255.255.255.255",
+            "127.0.0.1",
+            "10.200.7.45",
+        ] {
             let mut h = HeaderMap::new();
             prepare_upstream(&mut h, None, Some(ip.parse().unwrap()), false);
             assert_eq!(h[X_FORWARDED_FOR], ip);

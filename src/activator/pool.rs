@@ -196,12 +196,11 @@ impl Conn {
         let Conn {
             kind, addr, shared, ..
         } = self;
-        let hyper_err = |mut e: hyper::client::conn::TrySendError<Request<ReqBody>>| match e
-            .take_message()
-        {
-            Some(req) => SendError::Unsent(Box::new(req), e.into_error().into()),
-            None => SendError::Failed(e.into_error().into()),
-        };
+        let hyper_err =
+            |mut e: hyper::client::conn::TrySendError<Request<ReqBody>>| match e.take_message() {
+                Some(req) => SendError::Unsent(Box::new(req), e.into_error().into()),
+                None => SendError::Failed(e.into_error().into()),
+            };
         match kind {
             ConnKind::H1(mut tx) => match tx.try_send_request(req).await {
                 Ok(resp) => Ok((
@@ -309,9 +308,9 @@ impl Shared {
             conns
                 .h1
                 .retain(|c| !c.tx.is_closed() && now.duration_since(c.since) < POOL_IDLE_TIMEOUT);
-            conns.direct.retain(|c| {
-                now.duration_since(c.since) < POOL_IDLE_TIMEOUT && c.conn.is_usable()
-            });
+            conns
+                .direct
+                .retain(|c| now.duration_since(c.since) < POOL_IDLE_TIMEOUT && c.conn.is_usable());
             if conns.h2.as_ref().is_some_and(|(tx, used)| {
                 tx.is_closed() || now.duration_since(*used) >= POOL_IDLE_TIMEOUT
             }) {

@@ -104,8 +104,7 @@ pub async fn forward(
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
     // Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`).
-    let direct =
-        protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty);
+    let direct = protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty);
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {
