@@ -109,16 +109,18 @@ impl DirectConn {
         }
     }
 
-    /// Writes `req` (bodiless; its target is the path and query) and reads the response head.
+    /// Writes `req` (bodiless; its target is the path and query), then the `extra` headers, and
+    /// reads the response head.
     /// The body streams from the returned response; `home` is where the connection goes back
     /// when the body has ended and the connection is reusable.
     pub async fn send(
         mut self,
         req: Request<ReqBody>,
+        extra: &[(HeaderName, HeaderValue)],
         home: Home,
     ) -> Result<Response<DirectBody>, DirectSendError> {
         debug_assert!(req.body().is_end_stream());
-        let head = encode_head(&req);
+        let head = encode_head(&req, extra);
         if let Err(e) = self.io.write_all(&head).await {
             // A write error means the kernel took none of it, or part of it: only a connection
             // refused outright (reset or closed before this request) leaves the request unsent.
@@ -184,12 +186,17 @@ fn unsent_kind(e: &io::Error) -> bool {
     )
 }
 
-/// The request line and headers, as one buffer.
-fn encode_head(req: &Request<ReqBody>) -> Vec<u8> {
+/// The request line, the request's headers, then `extra`, as one buffer.
+fn encode_head(req: &Request<ReqBody>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let method = req.method().as_str();
+    let fields = || {
+        req.headers()
+            .iter()
+            .chain(extra.iter().map(|(n, v)| (n, v)))
+    };
     let mut len = method.len() + target.len() + 14;
-    for (name, value) in req.headers() {
+    for (name, value) in fields() {
         len += name.as_str().len() + value.len() + 4;
     }
     let mut out = Vec::with_capacity(len);
@@ -197,7 +204,7 @@ fn encode_head(req: &Request<ReqBody>) -> Vec<u8> {
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
+    for (name, value) in fields() {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());

@@ -113,7 +113,7 @@ async fn exchange(
     addr: SocketAddr,
 ) -> Result<(http::response::Parts, Vec<u8>, Option<http::HeaderMap>), String> {
     let conn = up.connect_direct(addr).await.map_err(|e| e.to_string())?;
-    let (resp, reusable) = conn.send(req).await.map_err(|e| match e {
+    let (resp, reusable) = conn.send(req, &[]).await.map_err(|e| match e {
         SendError::Unsent(_, e) => format!("unsent: {e}"),
         SendError::Failed(e) => e.to_string(),
     })?;
@@ -396,7 +396,33 @@ async fn a_body_dropped_before_its_end_closes_the_connection() {
     .await;
     let up = pool();
     let conn = up.connect_direct(s.addr).await.unwrap();
-    let (resp, _) = conn.send(get("/", &s.addr)).await.unwrap();
+    let (resp, _) = conn.send(get("/", &s.addr), &[]).await.unwrap();
     drop(resp);
     assert_eq!(up.pooled(s.addr).0, 0);
+}
+
+#[tokio::test]
+async fn extra_headers_follow_the_requests_own() {
+    let s = scripted(vec![reply(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")]).await;
+    let up = pool();
+    let conn = up.connect_direct(s.addr).await.unwrap();
+    let extra = [
+        (
+            http::HeaderName::from_static("k-proxy-request"),
+            HeaderValue::from_static("activator"),
+        ),
+        (
+            http::HeaderName::from_static("x-forwarded-for"),
+            HeaderValue::from_static("10.0.0.1"),
+        ),
+    ];
+    let (resp, _) = conn.send(get("/x", &s.addr), &extra).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        s.heads.lock().unwrap()[0],
+        format!(
+            "GET /x HTTP/1.1\r\nhost: {}\r\nk-proxy-request: activator\r\nx-forwarded-for: 10.0.0.1\r\n\r\n",
+            s.addr
+        )
+    );
 }

@@ -111,54 +111,78 @@ fn strip_present(headers: &mut HeaderMap, keep_upgrade: bool, found: u32) {
     }
 }
 
-/// Request headers [`prepare_upstream`] removes or reads, looked for in one pass.
-const ROUTING: [HeaderName; 6] = [
+/// Request headers [`upstream_additions`] removes or reads, looked for in one pass. The first
+/// six are removed when present (the last three are then set by the activator).
+const ROUTING: [HeaderName; 8] = [
     KNATIVE_SERVING_NAMESPACE,
     KNATIVE_SERVING_REVISION,
     K_NETWORK_HASH,
     header::HOST,
+    K_PROXY_REQUEST,
+    K_ORIGINAL_HOST,
     X_FORWARDED_FOR,
     X_FORWARDED_PROTO,
 ];
+const XFF_BIT: u32 = 1 << 6;
+const XFP_BIT: u32 = 1 << 7;
 
-/// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): Knative's
-/// routing headers and the probe hash removed; `K-Proxy-Request: activator`; the original host
-/// moved to `K-Original-Host` and `Host` removed (each attempt sets it to its endpoint with
-/// [`set_target_host`]); the client appended to `X-Forwarded-For`;
-/// `X-Forwarded-Proto` set if absent. `traceparent`/`tracestate` and `X-Request-Id` pass as they
-/// are (the caller ensures an id exists).
+/// Headers the activator adds to a forwarded request, kept apart from the client's map: the
+/// direct upstream connection writes them after the map's own, and hyper's client gets them
+/// merged in. Adding them to the client's map instead made it grow (reallocate and rehash) on
+/// nearly every request.
+pub type Additions = Vec<(HeaderName, HeaderValue)>;
+
+/// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): hop-by-hop
+/// headers, Knative's routing headers and the probe hash removed; `Host` removed (each attempt
+/// sets it to its endpoint with [`set_target_host`]). Returns what is added:
+/// `K-Proxy-Request: activator`, the original host as `K-Original-Host`, the client appended to
+/// `X-Forwarded-For`, `X-Forwarded-Proto: http` if absent (any client-sent `K-Proxy-Request`,
+/// `K-Original-Host` or `X-Forwarded-For` is replaced). `traceparent`/`tracestate` and
+/// `X-Request-Id` pass as they are (the caller ensures an id exists).
+pub fn upstream_additions(
+    headers: &mut HeaderMap,
+    original_host: Option<HeaderValue>,
+    client: Option<IpAddr>,
+    upgrade: bool,
+) -> Additions {
+    strip_hop_by_hop(headers, upgrade);
+    let found = present(headers, &ROUTING);
+    let mut add = Vec::with_capacity(5);
+    add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
+    if let Some(host) = original_host {
+        add.push((K_ORIGINAL_HOST, host));
+    }
+    if let Some(ip) = client {
+        let prev = if found & XFF_BIT != 0 {
+            headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
+        } else {
+            None
+        };
+        if let Some(v) = forwarded_for(prev, ip) {
+            add.push((X_FORWARDED_FOR, v));
+        }
+    }
+    if found & XFP_BIT == 0 {
+        add.push((X_FORWARDED_PROTO, HeaderValue::from_static("http")));
+    }
+    let replaced = if client.is_some() { 7 } else { 6 };
+    for (i, name) in ROUTING[..replaced].iter().enumerate() {
+        if found & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    add
+}
+
+/// [`upstream_additions`], merged into the map.
 pub fn prepare_upstream(
     headers: &mut HeaderMap,
     original_host: Option<HeaderValue>,
     client: Option<IpAddr>,
     upgrade: bool,
 ) {
-    // Room for what is added here and per attempt (`Host`): one growth at most, not several.
-    headers.reserve(6);
-    strip_hop_by_hop(headers, upgrade);
-    let found = present(headers, &ROUTING);
-    for (i, name) in ROUTING[..4].iter().enumerate() {
-        if found & (1 << i) != 0 {
-            headers.remove(name);
-        }
-    }
-    headers.insert(K_PROXY_REQUEST, HeaderValue::from_static("activator"));
-    if let Some(host) = original_host {
-        headers.insert(K_ORIGINAL_HOST, host);
-    }
-    if let Some(ip) = client {
-        let prev = if found & (1 << 4) != 0 {
-            headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
-        } else {
-            None
-        };
-        if let Some(v) = forwarded_for(prev, ip) {
-            headers.insert(X_FORWARDED_FOR, v);
-        }
-    }
-    if found & (1 << 5) == 0 {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    }
+    let add = upstream_additions(headers, original_host, client, upgrade);
+    headers.extend(add);
 }
 
 /// `prev, ip` (or `ip` alone), built in one buffer that becomes the header value without a copy.

@@ -285,9 +285,10 @@ async fn proxy_request(
         Some(id) => (id.clone(), false),
         None => (hdr::new_request_id(), true),
     };
-    hdr::prepare_upstream(&mut headers, original_host, Some(peer.ip()), upgrade);
+    let mut additions =
+        hdr::upstream_additions(&mut headers, original_host, Some(peer.ip()), upgrade);
     if generated {
-        headers.insert(X_REQUEST_ID, request_id.clone());
+        additions.push((X_REQUEST_ID, request_id.clone()));
     }
     let out = Outbound {
         method: parts.method,
@@ -297,6 +298,7 @@ async fn proxy_request(
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
         headers,
+        additions,
         body: ReqBody::new(body),
         protocol: if upgrade { Protocol::Http1 } else { protocol },
         upgrade,

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -189,9 +189,13 @@ impl Conn {
     /// give back once the response body has ended; h2c connections stay shared in the pool.
     ///
     /// A direct connection (see [`direct`]) needs no [`Reusable`]: its body takes it home.
+    ///
+    /// `extra` are headers written after the request's own on a direct connection; for hyper's
+    /// connections they must already be in the request (pass none).
     pub async fn send(
         self,
         req: Request<ReqBody>,
+        extra: &[(HeaderName, HeaderValue)],
     ) -> Result<(Response<RespBody>, Option<Reusable>), SendError> {
         let Conn {
             kind, addr, shared, ..
@@ -201,6 +205,7 @@ impl Conn {
                 Some(req) => SendError::Unsent(Box::new(req), e.into_error().into()),
                 None => SendError::Failed(e.into_error().into()),
             };
+        debug_assert!(extra.is_empty() || matches!(kind, ConnKind::Direct(_)));
         match kind {
             ConnKind::H1(mut tx) => match tx.try_send_request(req).await {
                 Ok(resp) => Ok((
@@ -213,7 +218,7 @@ impl Conn {
                 Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
                 Err(e) => Err(hyper_err(e)),
             },
-            ConnKind::Direct(conn) => match conn.send(req, Home { shared, addr }).await {
+            ConnKind::Direct(conn) => match conn.send(req, extra, Home { shared, addr }).await {
                 Ok(resp) => Ok((resp.map(RespBody::Direct), None)),
                 Err(DirectSendError::Unsent(req, e)) => Err(SendError::Unsent(req, e.into())),
                 Err(DirectSendError::Failed(e)) => Err(SendError::Failed(e.into())),

@@ -17,7 +17,7 @@ use tokio::time::{Duration, Instant};
 
 use super::endpoint::Endpoint;
 use super::error::ActivatorError;
-use super::headers::set_target_host;
+use super::headers::{Additions, set_target_host};
 use super::ticket::Ticket;
 use crate::revision::Protocol;
 
@@ -31,8 +31,11 @@ pub struct Outbound {
     pub method: Method,
     /// The client's path and query (the authority becomes the endpoint's).
     pub path_and_query: PathAndQuery,
-    /// Already rewritten by [`super::headers::prepare_upstream`] (no `Host`).
+    /// The client's headers, already rewritten by [`super::headers::upstream_additions`] (no
+    /// `Host`).
     pub headers: HeaderMap,
+    /// What the activator adds (see [`super::headers::Additions`]).
+    pub additions: Additions,
     /// The client's body.
     pub body: ReqBody,
     /// How it is sent (h2c revisions; upgrades always HTTP/1.1).
@@ -99,12 +102,18 @@ pub type Forwarded = (Response<RespBody>, SocketAddr, Option<Reusable>);
 pub async fn forward(
     upstream: &Upstream,
     ticket: &mut Ticket,
-    out: Outbound,
+    mut out: Outbound,
     limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
     // Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`).
     let direct = protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty);
+    // Hyper's client takes the additions in the request's map; a direct connection writes
+    // them after the map's headers, so the map never grows for them.
+    let mut additions = std::mem::take(&mut out.additions);
+    if !direct {
+        out.headers.extend(additions.drain(..));
+    }
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {
@@ -145,7 +154,7 @@ pub async fn forward(
         };
         let reused = conn.reused();
         aim(&mut req, endpoint, protocol);
-        match tokio::time::timeout_at(start_deadline, conn.send(req)).await {
+        match tokio::time::timeout_at(start_deadline, conn.send(req, &additions)).await {
             Ok(Ok((resp, reusable))) => return Ok((resp, addr, reusable)),
             Ok(Err(SendError::Unsent(back, e))) if reused => {
                 tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
