@@ -6,17 +6,19 @@
 # `thaw sample-app`. Its replica's address comes from /revisions; nginx (as many workers as thaw
 # has runtime worker threads = nproc, upstream keepalive, access_log off) proxies to that same
 # address. For each connection count, wrk runs against thaw then nginx (fixed duration), then
-# hey (or ab if hey is unavailable) does the same as a second opinion. Prints req/s, p50, p99 of
-# both and thaw/nginx ratios.
+# hey (or ab if hey is unavailable) does the same as a second opinion. This is repeated ROUNDS
+# times, alternating the two proxies, so drift in a shared VM does not favour either; prints
+# every run, then per tool and connection count the median of the per-round thaw/nginx ratios.
 #
-# Knobs (environment): DURATION (10s per run), CONNS ("32 64"), HEY_CONNS (64),
+# Knobs (environment): ROUNDS (3), DURATION (6s per run), CONNS ("32 64"), HEY_CONNS (64),
 # RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
 # even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
-# WRK_THREADS (nproc). Total run time ~ (2*len(CONNS) + 2) * DURATION + 10 s.
+# WRK_THREADS (nproc). Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-6s}
 CONNS=${CONNS:-32 64}
 HEY_CONNS=${HEY_CONNS:-64}
 RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
@@ -104,28 +106,28 @@ proxy_cpu() {
 ROWS=()
 
 run_wrk() {  # name conns
-    local f="$OUT/wrk-$1-c$2.txt" cpu0 n
+    local f="$OUT/wrk-$1-c$2-r$ROUND.txt" cpu0 n
     log "wrk -t$WRK_THREADS -c$2 -d$DURATION -> $1"
     # shellcheck disable=SC2086
     cpu0=$(cpu_ms ${PIDS[$1]})
     wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" "${TARGET[$1]}" >"$f"
     n=$(awk '/requests in/ { print $1 }' "$f")
-    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
 }
 
 run_second() {  # name conns
-    local f="$OUT/$SECOND-$1-c$2.txt" cpu0 n
+    local f="$OUT/$SECOND-$1-c$2-r$ROUND.txt" cpu0 n
     log "$SECOND -c$2 ($DURATION) -> $1"
     # shellcheck disable=SC2086
     cpu0=$(cpu_ms ${PIDS[$1]})
     if [ "$SECOND" = hey ]; then
         hey -z "$DURATION" -c "$2" -host "$HOST" "${TARGET[$1]}" >"$f"
         n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
-        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
     else
         ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" "${TARGET[$1]}" >"$f" 2>&1 || true
         n=$(awk '/^Complete requests:/ { print $3 }' "$f")
-        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n")")
+        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
     fi
 }
 
@@ -140,12 +142,14 @@ ab_summary() {
 wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[thaw]}" >/dev/null
 wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[nginx]}" >/dev/null
 
-for c in $CONNS; do
-    run_wrk thaw "$c"
-    run_wrk nginx "$c"
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    for c in $CONNS; do
+        run_wrk thaw "$c"
+        run_wrk nginx "$c"
+    done
+    run_second thaw "$HEY_CONNS"
+    run_second nginx "$HEY_CONNS"
 done
-run_second thaw "$HEY_CONNS"
-run_second nginx "$HEY_CONNS"
 
 # Still one replica, the same one nginx used (the comparison is only fair if so).
 [ "$(replica_addr)" = "$UPSTREAM" ] || log "WARNING: the replica changed during the run"
@@ -155,19 +159,37 @@ run_second nginx "$HEY_CONNS"
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
     echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
     echo
-    printf '| tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req |\n|---|---|---|---|---|---|---|---|\n'
-    for r in "${ROWS[@]}"; do
-        # shellcheck disable=SC2086
-        set -- $r
-        printf '| %s | %s | %s | %.0f | %.3f | %.3f | %s | %s |\n' "$1" "${2#c}" "$3" "$4" "$5" "$6" "$7" "$8"
-    done
+    echo "$ROUNDS rounds, thaw and nginx alternating within each"
     echo
-    printf '| tool | conns | thaw/nginx req/s | thaw/nginx p99 | target met (req/s >= 1, p99 <= 1) |\n|---|---|---|---|---|\n'
-    for ((i = 0; i < ${#ROWS[@]}; i += 2)); do
-        # shellcheck disable=SC2086
-        set -- ${ROWS[$i]} ${ROWS[$((i + 1))]}
-        awk -v tool="$1" -v c="${2#c}" -v tr="$4" -v tp="$6" -v nr="${12}" -v np="${14}" 'BEGIN {
-            rr = tr / nr; pr = tp / np
-            printf "| %s | %s | %.2f | %.2f | %s |\n", tool, c, rr, pr, (rr >= 1 && pr <= 1) ? "yes" : "NO" }'
-    done
+    printf '%s\n' "${ROWS[@]}" | python3 -c '
+import statistics, sys
+rows = [l.split() for l in sys.stdin if l.strip()]
+print("| round | tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    tool, c, proxy, rps, p50, p99, err, cpu, rnd = r
+    print(f"| {rnd} | {tool} | {c[1:]} | {proxy} | {float(rps):.0f} | {p50} | {p99} | {err} | {cpu} |")
+print()
+print("| tool | conns | thaw/nginx req/s per round | median | thaw/nginx p99 per round | median "
+      "| CPU us/req thaw / nginx (medians) | target met (median req/s >= 1, median p99 <= 1) |")
+print("|---|---|---|---|---|---|---|---|")
+groups = {}
+for r in rows:
+    groups.setdefault((r[0], r[1]), {}).setdefault(r[8], {})[r[2]] = r
+for (tool, c), by_round in groups.items():
+    num = lambda x: x.replace(".", "", 1).isdigit()
+    pairs = [v for v in by_round.values() if "thaw" in v and "nginx" in v
+             and all(num(v[p][3]) and num(v[p][5]) for p in ("thaw", "nginx"))]
+    if not pairs:
+        continue
+    rr = [float(p["thaw"][3]) / float(p["nginx"][3]) for p in pairs]
+    pr = [float(p["thaw"][5]) / float(p["nginx"][5]) for p in pairs]
+    cpu_t = statistics.median(float(p["thaw"][7]) for p in pairs)
+    cpu_n = statistics.median(float(p["nginx"][7]) for p in pairs)
+    mr, mp = statistics.median(rr), statistics.median(pr)
+    met = "yes" if mr >= 1 and mp <= 1 else "NO"
+    fmt = lambda xs: " ".join("%.2f" % x for x in xs)
+    print(f"| {tool} | {c[1:]} | {fmt(rr)} | {mr:.2f} | {fmt(pr)} | {mp:.2f} "
+          f"| {cpu_t:.1f} / {cpu_n:.1f} | {met} |")
+'
 } | tee "$OUT/summary.md"
