@@ -112,7 +112,8 @@ fn strip_present(headers: &mut HeaderMap, keep_upgrade: bool, found: u32) {
 }
 
 /// Request headers [`upstream_additions`] removes or reads, looked for in one pass. The first
-/// six are removed when present (the last three are then set by the activator).
+/// six are always removed when present, `X-Forwarded-For` when the client's address is
+/// appended (it comes back extended), and `X-Forwarded-Proto` is only read.
 const ROUTING: [HeaderName; 8] = [
     KNATIVE_SERVING_NAMESPACE,
     KNATIVE_SERVING_REVISION,
