@@ -98,13 +98,9 @@ impl RevisionState {
     /// Applies one endpoint snapshot: throttler limits and dispatch, the ready gauge, and the
     /// cold-start phase "ready".
     fn apply(&self, snap: &EndpointSnapshot) {
-        let spec = self.spec.load();
-        self.throttler
-            .update(snap, spec.container_concurrency, spec.initial_burst);
-        self.metrics.ready_endpoints.set(snap.ready.len() as i64);
-        if let EndpointStatus::Failing { reason } = &snap.status {
-            tracing::warn!(revision = %self.key, %reason, "revision failing; held requests answered 503");
-        }
+        // The cold-start phase "ready" is recorded before the throttler releases held
+        // requests: a released request can be forwarded and answered on a data worker before
+        // this thread gets further, and its first byte must find the episode awaiting it.
         let decided_at = self
             .scale_states
             .as_ref()
@@ -117,6 +113,13 @@ impl RevisionState {
             &self.all_metrics,
             &self.key,
         );
+        let spec = self.spec.load();
+        self.throttler
+            .update(snap, spec.container_concurrency, spec.initial_burst);
+        self.metrics.ready_endpoints.set(snap.ready.len() as i64);
+        if let EndpointStatus::Failing { reason } = &snap.status {
+            tracing::warn!(revision = %self.key, %reason, "revision failing; held requests answered 503");
+        }
     }
 
     /// Swaps in a new spec; limits are re-applied when containerConcurrency or the burst
