@@ -122,10 +122,10 @@ impl DirectConn {
         debug_assert!(req.body().is_end_stream());
         let head = encode_head(&req, extra);
         if let Err(e) = self.io.write_all(&head).await {
-            // A write error means the kernel took none of it, or part of it: only a connection
-            // refused outright (reset or closed before this request) leaves the request unsent.
-            // `write_all` does not say how much went out, so be conservative: only an error on
-            // the first write of a head that fits a socket buffer counts as unsent.
+            // Only a connection the upstream had already reset or closed leaves the request
+            // unsent. `write_all` does not say how much went out, so only a reset or broken pipe
+            // on a head small enough to go out in one write (an idle connection's socket buffer
+            // is empty) counts as unsent; anything else may have reached the upstream.
             return Err(if unsent_kind(&e) && head.len() <= 16 * 1024 {
                 DirectSendError::Unsent(Box::new(req), e.into())
             } else {

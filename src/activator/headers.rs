@@ -175,7 +175,9 @@ pub fn upstream_additions(
     add
 }
 
-/// [`upstream_additions`], merged into the map.
+/// [`upstream_additions`], merged into the map (the tests' view of the forwarded headers;
+/// `proxy::forward` merges them itself for hyper's client).
+#[cfg(test)]
 pub fn prepare_upstream(
     headers: &mut HeaderMap,
     original_host: Option<HeaderValue>,
