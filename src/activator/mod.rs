@@ -18,6 +18,7 @@ pub mod endpoint;
 pub mod error;
 pub mod head_clock;
 pub mod headers;
+pub mod lane;
 pub mod limits;
 pub mod pipeline;
 pub mod pool;

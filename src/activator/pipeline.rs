@@ -55,12 +55,43 @@ pub async fn handle(
     req: Request<Incoming>,
     early: Option<EarlyHold>,
 ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
+    Ok(respond(&act, peer, conn, req, early).await)
+}
+
+/// A request body the pipeline can forward: hyper's (the connection served by hyper) or none
+/// (`()`: a bodiless request read by the HTTP/1 fast lane, `super::lane`).
+pub trait ClientBody {
+    /// The body as the upstream request's.
+    fn into_req_body(self) -> ReqBody;
+}
+
+impl ClientBody for Incoming {
+    fn into_req_body(self) -> ReqBody {
+        ReqBody::new(self)
+    }
+}
+
+impl ClientBody for () {
+    fn into_req_body(self) -> ReqBody {
+        ReqBody::Empty
+    }
+}
+
+/// [`handle`] for any [`ClientBody`], borrowing the activator (the fast lane calls this once per
+/// request without touching the shared `Arc`'s count).
+pub async fn respond<B: ClientBody>(
+    act: &Arc<Activator>,
+    peer: SocketAddr,
+    conn: ConnActive,
+    req: Request<B>,
+    early: Option<EarlyHold>,
+) -> Response<ActivatorBody> {
     let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
     // The few live-config values a request needs, copied out: no `Arc` clone of the config
     // (its refcount would bounce between the workers' cores on every request).
     let cfg = RequestConfig::from(&**act.deps.config.load());
     if let Some(p) = routing::probe(req.headers()) {
-        return Ok(answer_probe(p, act.is_draining()));
+        return answer_probe(p, act.is_draining());
     }
     // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
     let (method, uri) = (req.method().clone(), req.uri().clone());
@@ -74,7 +105,7 @@ pub async fn handle(
             actual,
             limit,
         };
-        return Ok(err.into_response(cfg.retry_after));
+        return err.into_response(cfg.retry_after);
     }
     // An early hold routed this request already: it stays with the revision it was held for,
     // as a request held here would, even if the catalog changed meanwhile.
@@ -89,11 +120,11 @@ pub async fn handle(
         Err(e) => {
             act.unrouted.answered(e.status().as_u16());
             tracing::debug!(%method, %path, error = %e, "not routed");
-            return Ok(e.into_response(cfg.retry_after));
+            return e.into_response(cfg.retry_after);
         }
     };
     let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-    let result = proxy_request(&act, &state, peer, conn, req, started, &cfg, early)
+    let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
         .instrument(span)
         .await;
     let resp = result.unwrap_or_else(|e| {
@@ -117,7 +148,7 @@ pub async fn handle(
         ms = started.elapsed().as_millis() as u64,
         "access"
     );
-    Ok(resp)
+    resp
 }
 
 fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
@@ -237,12 +268,12 @@ fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn proxy_request(
+async fn proxy_request<B: ClientBody>(
     act: &Arc<Activator>,
     state: &Arc<RevisionState>,
     peer: SocketAddr,
     conn: ConnActive,
-    mut req: Request<Incoming>,
+    mut req: Request<B>,
     started: Instant,
     cfg: &RequestConfig,
     early: Option<EarlyHold>,
@@ -299,7 +330,7 @@ async fn proxy_request(
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
         headers,
         additions,
-        body: ReqBody::new(body),
+        body: body.into_req_body(),
         protocol: if upgrade { Protocol::Http1 } else { protocol },
         upgrade,
     };

@@ -26,6 +26,7 @@ use tracing::Instrument;
 use super::core::Activator;
 use super::early::{self, Early};
 use super::head_clock::{HeadClock, HeadIo};
+use super::lane::{self, LaneEnd, Prefixed};
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -148,6 +149,7 @@ impl Activator {
         let early_slot: Arc<Mutex<Option<EarlyHold>>> = Arc::default();
         let service_early = early_slot.clone();
         let clock = HeadClock::new();
+        let accepted = Instant::now();
         let service_clock = clock.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
             // The head is complete. The connection counts as busy from here (so its body bytes
@@ -196,17 +198,45 @@ impl Activator {
                     return;
                 }
             };
+            let mut stream = stream;
+            let mut prefix = bytes::Bytes::new();
             if let Ok(Speaks::Http1) = speaks {
-                match early::first_request(&task_act, &stream).await {
-                    Early::Pass => {}
-                    Early::Held(hold) => {
-                        *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
-                        clock.head_started_now();
-                    }
+                let (early, first_head_from) = match early::first_request(&task_act, &stream).await
+                {
+                    Early::Pass => (None, accepted),
+                    Early::Held(hold) => (Some(hold), Instant::now()),
                     Early::ClientGone => return,
+                };
+                // The fast lane serves the connection until a request needs hyper (boxed: a
+                // connection waiting in an early hold carries none of its state).
+                let lane = lane::Lane {
+                    act: &task_act,
+                    peer,
+                    activity: &activity,
+                    cfg: &cfg,
+                    drain: &drain,
+                    first_head_from,
+                };
+                match Box::pin(lane::serve(lane, &mut stream, early)).await {
+                    LaneEnd::Closed => return,
+                    LaneEnd::Handoff {
+                        prefix: rest,
+                        early,
+                    } => {
+                        tracing::debug!("request handed to hyper");
+                        if let Some(hold) = early {
+                            *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
+                        }
+                        clock.head_started_now();
+                        prefix = rest;
+                    }
                 }
             }
-            let io = TokioIo::new(HeadIo::new(stream, clock.clone(), activity.clone()));
+            let io = TokioIo::new(HeadIo::new(
+                Prefixed::new(prefix, stream),
+                clock.clone(),
+                activity.clone(),
+            ));
             let watch = ConnWatch {
                 drain,
                 clock,
@@ -451,7 +481,7 @@ impl ConnWatch {
 /// hyper's own header caps sit above the configured header limits, so the client gets our 431
 /// with a reason rather than hyper's bare one; hyper's cap still bounds the bytes buffered per
 /// connection.
-fn header_cap(cfg: &ActivatorConfig) -> usize {
+pub(super) fn header_cap(cfg: &ActivatorConfig) -> usize {
     (cfg.max_header_bytes as usize)
         .saturating_mul(2)
         .max(16 * 1024)

@@ -5,6 +5,7 @@ mod drain;
 mod early;
 mod harness;
 mod hold;
+mod lane;
 mod listener;
 mod proxy;
 mod timeouts;

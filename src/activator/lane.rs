@@ -1,0 +1,810 @@
+//! The HTTP/1 fast lane: thaw's own loop for HTTP/1.1 (and 1.0) connections, serving the
+//! requests that make up nearly all warm traffic without hyper's server machinery.
+//!
+//! Why: on the warm path hyper's server (dispatcher, parser, encoder, buffered I/O, the
+//! service future moved into its slot) was about a third of the activator's instructions per
+//! request (docs/decisions.md, "An HTTP/1 fast lane"). A proxy that forwards a bodiless request
+//! needs much less: parse a head, run the pipeline, write a head and the body's bytes.
+//!
+//! Contract:
+//! - **What the lane serves.** A request whose head parses (httparse, as hyper) and that has
+//!   no body (no `Transfer-Encoding`, no `Content-Length` other than `0`), no `Upgrade`, no
+//!   `Expect`, no `Connection: upgrade`, an origin-form target (`/...`), a method other than
+//!   `CONNECT`, and header names and values the `http` crate accepts. It runs through the same
+//!   [`pipeline::respond`] as every other request: probes, limits, routing, accounting, hold,
+//!   proxy, metrics and errors are the pipeline's.
+//! - **Everything else goes to hyper.** The first request the lane does not serve — and every
+//!   request after it on that connection — is served by hyper's HTTP/1 connection, handed the
+//!   bytes the lane read but did not use ([`LaneEnd::Handoff`]). A malformed head, a head over
+//!   hyper's header-slot count or buffer cap, a body, an upgrade: hyper answers them exactly as
+//!   it did before the lane existed.
+//! - **Responses.** Status line `HTTP/1.1`, the response's headers as the pipeline left them,
+//!   `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
+//!   `Content-Length`, else the body's exact size, else chunked (HTTP/1.1 clients) or
+//!   close-delimited (HTTP/1.0). No body for `HEAD`, 1xx, 204 and 304. Trailers are sent only to
+//!   a client that asked for them (`TE: trailers`) on a chunked body. A head and a small body go
+//!   out in one write; body frames are written as they arrive, never buffered whole.
+//! - **Keep-alive.** HTTP/1.1 unless the client sent `Connection: close`; HTTP/1.0 only with
+//!   `Connection: keep-alive` (echoed back). Pipelined requests are answered in order. A body
+//!   that fails or ends short of its length closes the connection (the client sees a truncated
+//!   response, as with hyper).
+//! - **Timeouts and drain,** as for hyper's connections (`super::server`): a new connection's
+//!   first head must be complete within the header-read timeout from accept (or from the end of
+//!   its early hold); a later head that arrives in pieces, within one header-read timeout of
+//!   its first piece; an idle connection closes after one to two keep-alive periods with no
+//!   request. When drain starts an idle connection closes, and a busy one answers its current
+//!   request with `Connection: close`. No timer is touched per request: one per connection is
+//!   re-armed only when it fires.
+
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::{Duration, Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+
+use super::body::ActivatorBody;
+use super::core::Activator;
+use super::pipeline::{self, EarlyHold};
+use super::ticket::ConnActivity;
+use crate::config::ActivatorConfig;
+
+/// hyper's HTTP/1 header slots when no cap is set: a head with more goes to hyper, which
+/// answers it as before (431, or thaw's check when the configured count is higher).
+pub const MAX_HEADERS: usize = 100;
+/// Room asked for per read.
+const READ_CHUNK: usize = 8 * 1024;
+/// A body frame up to this size is copied behind the head (one write); a larger one is written
+/// from its own buffer.
+const COPY_MAX: usize = 16 * 1024;
+/// The write buffer kept between requests; a larger one (after a big head) is let go.
+const KEEP_WRITE_BUF: usize = 64 * 1024;
+
+/// How the lane left a connection.
+#[derive(Debug)]
+pub enum LaneEnd {
+    /// Finished: closed by either side, timed out, drained, or failed.
+    Closed,
+    /// hyper serves the rest of the connection, starting with `prefix` (bytes read, not used).
+    /// `early` is the connection's early hold if the lane did not get to use it.
+    Handoff {
+        prefix: Bytes,
+        early: Option<EarlyHold>,
+    },
+}
+
+/// What one connection's lane needs.
+pub struct Lane<'a> {
+    pub act: &'a Arc<Activator>,
+    pub peer: SocketAddr,
+    pub activity: &'a Arc<ConnActivity>,
+    /// The listener settings the connection was accepted under.
+    pub cfg: &'a ActivatorConfig,
+    /// The connection's drain token.
+    pub drain: &'a CancellationToken,
+    /// When the first head's clock started: accept, or the end of an early hold.
+    pub first_head_from: Instant,
+}
+
+/// Serves `stream` until it closes or a request needs hyper (see the module doc). `early` is
+/// the connection's first request's early hold, if it had one.
+pub async fn serve(
+    lane: Lane<'_>,
+    stream: &mut TcpStream,
+    mut early: Option<EarlyHold>,
+) -> LaneEnd {
+    let cap = super::server::header_cap(lane.cfg).max(READ_CHUNK);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::new();
+    let mut watchdog = Watchdog::new(lane.cfg, lane.first_head_from);
+    let drained = lane.drain.cancelled();
+    tokio::pin!(drained);
+    let mut closing = false;
+    loop {
+        // A complete head, from what is buffered and what arrives.
+        let head = loop {
+            if !buf.is_empty() {
+                match parse(&mut buf) {
+                    Parsed::Head(head) => break head,
+                    Parsed::NotForLane => return handoff(buf, early),
+                    Parsed::Partial if buf.len() >= cap => return handoff(buf, early),
+                    Parsed::Partial => watchdog.head_in_pieces(),
+                }
+            }
+            match wait_for_bytes(stream, &mut buf, &mut watchdog, drained.as_mut(), closing).await {
+                Wait::Bytes => {}
+                Wait::Closed => return LaneEnd::Closed,
+                Wait::Drained => {
+                    if buf.is_empty() {
+                        return LaneEnd::Closed;
+                    }
+                    closing = true;
+                }
+            }
+        };
+        watchdog.served += 1;
+        let keep_alive = head.keep_alive && !closing;
+        let (method_head, http10, te_trailers) = (head.method_head, head.http10, head.te_trailers);
+        let resp = pipeline::respond(
+            lane.act,
+            lane.peer,
+            lane.activity.begin(),
+            head.req,
+            early.take(),
+        )
+        .await;
+        let keep_alive = keep_alive && !lane.drain.is_cancelled();
+        let opts = HeadOpts {
+            method_head,
+            http10,
+            keep_alive,
+        };
+        let ended = write_response(stream, &mut out, resp, opts, te_trailers).await;
+        if out.capacity() > KEEP_WRITE_BUF {
+            out = Vec::new();
+        }
+        match ended {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = stream.shutdown().await;
+                return LaneEnd::Closed;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "writing the response failed");
+                return LaneEnd::Closed;
+            }
+        }
+    }
+}
+
+fn handoff(buf: BytesMut, early: Option<EarlyHold>) -> LaneEnd {
+    LaneEnd::Handoff {
+        prefix: buf.freeze(),
+        early,
+    }
+}
+
+/// The lane's one timer per connection: the header-read and keep-alive timeouts, checked when
+/// it fires rather than moved per request.
+struct Watchdog {
+    timer: Option<Pin<Box<Sleep>>>,
+    head_timeout: Duration,
+    keep_alive: Duration,
+    /// Heads parsed so far.
+    served: u64,
+    /// What the armed period watches: `served` then, and whether a head was pending.
+    armed: (u64, bool),
+}
+
+impl Watchdog {
+    fn new(cfg: &ActivatorConfig, first_head_from: Instant) -> Self {
+        let head_timeout = cfg.header_read_timeout;
+        let timer = (!head_timeout.is_zero())
+            .then(|| Box::pin(tokio::time::sleep_until(first_head_from + head_timeout)));
+        Self {
+            timer,
+            head_timeout,
+            keep_alive: cfg.keep_alive_timeout,
+            served: 0,
+            armed: (0, true),
+        }
+    }
+
+    /// A later head is arriving in pieces: it has one header-read timeout from now. (The first
+    /// head's clock already runs from accept.)
+    fn head_in_pieces(&mut self) {
+        if self.served == 0 || self.armed == (self.served, true) {
+            return;
+        }
+        self.arm(true, self.head_timeout);
+    }
+
+    /// Before a wait: the timer must not fire later than the state the connection is in now
+    /// allows. Re-armed only when the state changed to one with a shorter period (a connection
+    /// idle after its first request, whose timer still ran on the first head's header-read
+    /// timeout), or when there is no timer yet; a steady stream of requests touches nothing.
+    fn ensure(&mut self, head_pending: bool) {
+        let want = self.period(head_pending);
+        let rearm = match self.timer {
+            None => self.armed != (self.served, head_pending),
+            Some(_) => self.armed.1 != head_pending && want < self.period(self.armed.1),
+        };
+        if rearm {
+            self.arm(head_pending, want);
+        }
+    }
+
+    fn period(&self, head_pending: bool) -> Duration {
+        if head_pending {
+            self.head_timeout
+        } else {
+            self.keep_alive
+        }
+    }
+
+    fn arm(&mut self, head_pending: bool, period: Duration) {
+        self.armed = (self.served, head_pending);
+        if period.is_zero() {
+            self.timer = None;
+            return;
+        }
+        let at = Instant::now() + period;
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(at),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+    }
+
+    /// The timer fired while the connection waited for bytes: whether the connection is done
+    /// (the same state lasted a whole period), else re-armed for the state it is in now.
+    fn fired(&mut self, head_pending: bool) -> bool {
+        if self.armed == (self.served, head_pending) {
+            return true;
+        }
+        self.arm(head_pending, self.period(head_pending));
+        false
+    }
+}
+
+enum Wait {
+    Bytes,
+    Closed,
+    Drained,
+}
+
+/// Reads more bytes into `buf`, or tells why not.
+async fn wait_for_bytes(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    watchdog: &mut Watchdog,
+    mut drained: Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
+    closing: bool,
+) -> Wait {
+    if buf.capacity() - buf.len() < READ_CHUNK / 2 {
+        buf.reserve(READ_CHUNK);
+    }
+    watchdog.ensure(!buf.is_empty() || watchdog.served == 0);
+    loop {
+        let step = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
+                return Poll::Ready(Step::Read(r));
+            }
+            if !closing && drained.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Step::Drained);
+            }
+            if let Some(t) = watchdog.timer.as_mut()
+                && t.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Step::Timer);
+            }
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Read(Ok(0)) => return Wait::Closed,
+            Step::Read(Ok(_)) => return Wait::Bytes,
+            Step::Read(Err(e)) => {
+                tracing::debug!(error = %e, "reading a request head failed");
+                return Wait::Closed;
+            }
+            Step::Drained => return Wait::Drained,
+            Step::Timer => {
+                let head_pending = !buf.is_empty() || watchdog.served == 0;
+                if watchdog.fired(head_pending) {
+                    if head_pending {
+                        tracing::debug!("header read timeout: closing the connection");
+                    } else {
+                        tracing::debug!("keep-alive idle timeout");
+                    }
+                    return Wait::Closed;
+                }
+            }
+        }
+    }
+}
+
+enum Step {
+    Read(io::Result<usize>),
+    Drained,
+    Timer,
+}
+
+/// A parsed head the lane serves.
+struct Head {
+    req: Request<()>,
+    keep_alive: bool,
+    method_head: bool,
+    http10: bool,
+    te_trailers: bool,
+}
+
+// A return value taken apart at once: boxing the head would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Parsed {
+    Head(Head),
+    Partial,
+    NotForLane,
+}
+
+/// Parses the head at the front of `buf` and, if the lane serves it, takes it off the buffer.
+fn parse(buf: &mut BytesMut) -> Parsed {
+    let mut slots: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
+        [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::NotForLane,
+    };
+    let (Some(method), Some(path), Some(version)) = (req.method, req.path, req.version) else {
+        return Parsed::NotForLane;
+    };
+    if !path.starts_with('/') || method == "CONNECT" {
+        return Parsed::NotForLane;
+    }
+    // Offsets into the head, so that the head can be split off the buffer and every value
+    // becomes a slice of it (one shared buffer, no copy per header).
+    let base = buf.as_ptr() as usize;
+    // Offsets fit in u32: the head is at most the header cap plus one read.
+    let at = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        (start as u32, (start + s.len()) as u32)
+    };
+    let method_span = at(method.as_bytes());
+    let path_span = at(path.as_bytes());
+    let count = req.headers.len();
+    let mut spans = [((0u32, 0u32), (0u32, 0u32)); MAX_HEADERS];
+    for (span, h) in spans.iter_mut().zip(req.headers.iter()) {
+        *span = (at(h.name.as_bytes()), at(h.value));
+    }
+    let head = buf.split_to(len).freeze();
+    match build(&head, method_span, path_span, version, &spans[..count]) {
+        Some(h) => Parsed::Head(h),
+        None => {
+            // Not for the lane after all: hyper reads the head again from the start.
+            let mut back = BytesMut::with_capacity(head.len() + buf.len());
+            back.extend_from_slice(&head);
+            back.extend_from_slice(buf);
+            *buf = back;
+            Parsed::NotForLane
+        }
+    }
+}
+
+type Span = (u32, u32);
+
+fn build(
+    head: &Bytes,
+    method: Span,
+    path: Span,
+    version: u8,
+    fields: &[(Span, Span)],
+) -> Option<Head> {
+    let http10 = version == 0;
+    let range = |(s, e): Span| s as usize..e as usize;
+    let method = Method::from_bytes(&head[range(method)]).ok()?;
+    let uri = Uri::from_maybe_shared(head.slice(range(path))).ok()?;
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    let (mut close, mut keep_alive_token) = (false, false);
+    let mut te_trailers = false;
+    for &(name, value) in fields {
+        let name = HeaderName::from_bytes(&head[range(name)]).ok()?;
+        let value = HeaderValue::from_maybe_shared(head.slice(range(value))).ok()?;
+        if name == header::CONTENT_LENGTH {
+            if value.as_bytes() != b"0" {
+                return None;
+            }
+        } else if name == header::TRANSFER_ENCODING
+            || name == header::UPGRADE
+            || name == header::EXPECT
+        {
+            return None;
+        } else if name == header::CONNECTION {
+            for token in value.to_str().ok()?.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case("keep-alive") {
+                    keep_alive_token = true;
+                } else if token.eq_ignore_ascii_case("upgrade") {
+                    return None;
+                }
+            }
+        } else if name == header::TE {
+            te_trailers = value.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            });
+        }
+        headers.append(name, value);
+    }
+    // `close` wins over `keep-alive`, whatever their order; HTTP/1.0 needs `keep-alive`.
+    let keep_alive = !close && (!http10 || keep_alive_token);
+    let method_head = method == Method::HEAD;
+    let mut req = Request::new(());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = if http10 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *req.headers_mut() = headers;
+    Some(Head {
+        req,
+        keep_alive,
+        method_head,
+        http10,
+        te_trailers,
+    })
+}
+
+fn has_token(v: &HeaderValue, token: &str) -> bool {
+    v.to_str()
+        .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+/// What the response head depends on besides the response.
+#[derive(Debug, Clone, Copy)]
+struct HeadOpts {
+    method_head: bool,
+    http10: bool,
+    keep_alive: bool,
+}
+
+/// How the response body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body bytes at all.
+    None,
+    /// Exactly this many bytes left.
+    Length(u64),
+    Chunked,
+    /// Until the connection closes.
+    Close,
+}
+
+/// Encodes the status line and headers into `out`; returns the body's framing and whether the
+/// connection stays open afterwards.
+fn encode_head(
+    parts: &http::response::Parts,
+    exact: Option<u64>,
+    opts: HeadOpts,
+    out: &mut Vec<u8>,
+) -> (Framing, bool) {
+    let status = parts.status;
+    let mut keep_alive = opts.keep_alive
+        && !parts
+            .headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v, "close"));
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut has_date = false;
+    // None: no Content-Length; Some(None): invalid or conflicting values (never from the
+    // pipeline; the body is framed anew); Some(Some(n)): n, written once below.
+    let mut length: Option<Option<u64>> = None;
+    for (name, value) in &parts.headers {
+        if *name == header::CONNECTION || *name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        if *name == header::CONTENT_LENGTH {
+            let n = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            length = Some(match (length, n) {
+                (None, Some(n)) => Some(n),
+                (Some(Some(l)), Some(n)) if l == n => Some(n),
+                _ => None,
+            });
+            continue;
+        }
+        has_date |= *name == header::DATE;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_date {
+        out.extend_from_slice(b"date: ");
+        with_date(|d| out.extend_from_slice(d));
+        out.extend_from_slice(b"\r\n");
+    }
+    let no_body = opts.method_head
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let length = length.flatten();
+    let framing = if no_body {
+        // A HEAD answer carries the length its GET would have had; 1xx and 204 carry none
+        // (RFC 9110 §8.6).
+        let bodiless_status = status.is_informational() || status == StatusCode::NO_CONTENT;
+        let n = length.or(exact.filter(|&n| n > 0 && opts.method_head));
+        if let Some(n) = n.filter(|_| !bodiless_status) {
+            content_length(out, n);
+        }
+        Framing::None
+    } else if let Some(n) = length.or(exact) {
+        content_length(out, n);
+        Framing::Length(n)
+    } else if opts.http10 {
+        keep_alive = false;
+        Framing::Close
+    } else {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        Framing::Chunked
+    };
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if opts.http10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    (framing, keep_alive)
+}
+
+fn content_length(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the response; `Ok(true)` when the connection can carry another request.
+async fn write_response(
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+    resp: Response<ActivatorBody>,
+    opts: HeadOpts,
+    te_trailers: bool,
+) -> io::Result<bool> {
+    out.clear();
+    let (parts, body) = resp.into_parts();
+    let (framing, keep_alive) = encode_head(&parts, body.size_hint().exact(), opts, out);
+    drop(parts);
+    if framing == Framing::None {
+        drop(body);
+        stream.write_all(out).await?;
+        return Ok(keep_alive);
+    }
+    let mut body = std::pin::pin!(body);
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => u64::MAX,
+    };
+    loop {
+        // Frames that are ready join the pending bytes; the bytes go out when the body would
+        // make us wait, or when a large frame comes.
+        let next = std::future::poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Pending if !out.is_empty() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(frame) => Poll::Ready(Some(frame)),
+        })
+        .await;
+        let frame = match next {
+            None => {
+                stream.write_all(out).await?;
+                out.clear();
+                continue;
+            }
+            Some(None) => break,
+            Some(Some(Ok(frame))) => frame,
+            Some(Some(Err(e))) => {
+                // The client gets what came before the failure, then the connection closes:
+                // a truncated response, never one that looks complete.
+                tracing::debug!(error = %e, "response body failed");
+                stream.write_all(out).await?;
+                return Ok(false);
+            }
+        };
+        let frame = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let (Framing::Chunked, Ok(trailers)) = (framing, frame.into_trailers())
+                    && te_trailers
+                {
+                    write_trailers(out, &trailers);
+                    stream.write_all(out).await?;
+                    return Ok(keep_alive);
+                }
+                continue;
+            }
+        };
+        if frame.is_empty() {
+            continue;
+        }
+        let data = match framing {
+            Framing::Length(_) => {
+                if frame.len() as u64 > left {
+                    tracing::debug!("response body longer than its length");
+                    let fits = frame.slice(..left as usize);
+                    write_data(stream, out, fits).await?;
+                    return Ok(false);
+                }
+                left -= frame.len() as u64;
+                frame
+            }
+            Framing::Chunked => {
+                chunk_line(out, frame.len());
+                frame
+            }
+            _ => frame,
+        };
+        let chunked = framing == Framing::Chunked;
+        if data.len() <= COPY_MAX {
+            out.extend_from_slice(&data);
+            if chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        } else {
+            write_data(stream, out, data).await?;
+            if chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+    let complete = match framing {
+        Framing::Length(_) => left == 0,
+        Framing::Chunked => {
+            out.extend_from_slice(b"0\r\n\r\n");
+            true
+        }
+        _ => true,
+    };
+    if !out.is_empty() {
+        stream.write_all(out).await?;
+    }
+    if !complete {
+        tracing::debug!(missing = left, "response body ended short of its length");
+    }
+    Ok(keep_alive && complete && framing != Framing::Close)
+}
+
+/// A chunk-size line: `len` in hex, then CRLF.
+fn chunk_line(out: &mut Vec<u8>, len: usize) {
+    let mut digits = [0u8; 16];
+    let (mut i, mut n) = (digits.len(), len);
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789abcdef"[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the pending bytes and then `data`, in as few writes as the socket allows.
+async fn write_data(stream: &mut TcpStream, out: &mut Vec<u8>, data: Bytes) -> io::Result<()> {
+    let (mut a, mut b): (&[u8], &[u8]) = (out, &data);
+    while !a.is_empty() || !b.is_empty() {
+        let n = stream
+            .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    out.clear();
+    Ok(())
+}
+
+thread_local! {
+    /// The `Date` value of the current second, formatted once per second per thread.
+    static DATE: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
+}
+
+/// Calls `f` with the current IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+fn with_date(f: impl FnOnce(&[u8])) {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, text)| {
+        if *at != secs {
+            let s = httpdate::fmt_http_date(now);
+            if s.len() == text.len() {
+                text.copy_from_slice(s.as_bytes());
+                *at = secs;
+            }
+        }
+        f(&text[..]);
+    });
+}
+
+/// A connection handed to hyper: the bytes the lane read but did not use come first, then the
+/// socket. Writes go straight to the socket.
+#[derive(Debug)]
+pub struct Prefixed<T> {
+    prefix: Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub fn new(prefix: Bytes, inner: T) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Prefixed<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[path = "lane_tests.rs"]
+mod tests;
