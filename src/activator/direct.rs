@@ -146,6 +146,13 @@ impl DirectConn {
         home: Home,
     ) -> Result<Response<DirectBody>, DirectError> {
         loop {
+            // Nothing to parse yet (the usual case right after the request went out).
+            if self.buf.is_empty() {
+                if self.fill().await? == 0 {
+                    return Err(DirectError::ClosedBeforeHead);
+                }
+                continue;
+            }
             match parse_head(&mut self.buf)? {
                 Some(Parsed::Interim) => continue,
                 Some(Parsed::Final(mut resp, keep_alive)) => {

@@ -101,14 +101,15 @@ fn cold_target(
     let head = Head::parse(&buf[..n])?;
     drop(buf);
     let cfg = act.deps.config.load();
-    if routing::probe(&head.headers).is_some()
+    let seen = routing::Seen::scan(&head.headers);
+    if routing::probe(&seen).is_some()
         || is_upgrade(&head.headers)
         || head.method == Method::CONNECT
         || check_limits(&head.headers, cfg.max_header_count, cfg.max_header_bytes).is_err()
     {
         return None;
     }
-    let target = routing::target(&head.headers, &head.uri).ok()?;
+    let target = routing::target(&seen, &head.uri).ok()?;
     let state = act.resolve(target).ok()?;
     let cold = state.throttler.is_cold();
     cold.then_some(state)

@@ -19,7 +19,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -90,30 +90,35 @@ pub async fn respond<B: ClientBody>(
     // The few live-config values a request needs, copied out: no `Arc` clone of the config
     // (its refcount would bounce between the workers' cores on every request).
     let cfg = RequestConfig::from(&**act.deps.config.load());
-    if let Some(p) = routing::probe(req.headers()) {
-        return answer_probe(p, act.is_draining());
-    }
     // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let path = uri.path();
-    if let Err((what, actual, limit)) =
-        hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
-    {
-        act.unrouted.answered(431);
-        let err = ActivatorError::HeadersTooLarge {
-            what,
-            actual,
-            limit,
-        };
-        return err.into_response(cfg.retry_after);
-    }
-    // An early hold routed this request already: it stays with the revision it was held for,
-    // as a request held here would, even if the catalog changed meanwhile.
-    let routed = match &early {
-        Some(e) => Ok(e.state.clone()),
-        None => routing::target(req.headers(), req.uri())
-            .map_err(ActivatorError::NotFound)
-            .and_then(|t| act.resolve(t)),
+    // Probes, limits and routing read the headers found in one pass (in a block: a held
+    // request's future does not keep that pass's findings).
+    let routed = {
+        let seen = routing::Seen::scan(req.headers());
+        if let Some(p) = routing::probe(&seen) {
+            return answer_probe(p, act.is_draining());
+        }
+        if let Err((what, actual, limit)) =
+            hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
+        {
+            act.unrouted.answered(431);
+            let err = ActivatorError::HeadersTooLarge {
+                what,
+                actual,
+                limit,
+            };
+            return err.into_response(cfg.retry_after);
+        }
+        // An early hold routed this request already: it stays with the revision it was held
+        // for, as a request held here would, even if the catalog changed meanwhile.
+        match &early {
+            Some(e) => Ok(e.state.clone()),
+            None => routing::target(&seen, req.uri())
+                .map_err(ActivatorError::NotFound)
+                .and_then(|t| act.resolve(t)),
+        }
     };
     let state = match routed {
         Ok(state) => state,
@@ -308,13 +313,18 @@ async fn proxy_request<B: ClientBody>(
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
-    let original_host = headers.get(header::HOST).cloned().or_else(|| {
-        let authority = parts.uri.authority()?;
-        HeaderValue::from_str(authority.as_str()).ok()
-    });
-    let (request_id, generated) = match headers.get(X_REQUEST_ID) {
-        Some(id) => (id.clone(), false),
-        None => (hdr::new_request_id(), true),
+    // One pass over the (few) headers again rather than keeping what the first pass found in
+    // the state of every held request; scoped, so only its results outlive it.
+    let (original_host, request_id, generated) = {
+        let seen = routing::Seen::scan(&headers);
+        let original_host = seen.host.cloned().or_else(|| {
+            let authority = parts.uri.authority()?;
+            HeaderValue::from_str(authority.as_str()).ok()
+        });
+        match seen.request_id {
+            Some(id) => (original_host, id.clone(), false),
+            None => (original_host, hdr::new_request_id(), true),
+        }
     };
     let mut additions =
         hdr::upstream_additions(&mut headers, original_host, Some(peer.ip()), upgrade);

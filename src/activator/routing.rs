@@ -7,8 +7,53 @@ use http::header::{self, HeaderMap, HeaderValue};
 
 use super::headers::{
     K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
-    KNATIVE_SERVING_REVISION,
+    KNATIVE_SERVING_REVISION, X_REQUEST_ID,
 };
+
+/// The request headers the activator reads, found in one pass over the map (a request carries
+/// a handful of headers; nine hashed lookups cost more than looking at each once). For each
+/// name, the first value, as [`HeaderMap::get`] would give.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen<'a> {
+    pub host: Option<&'a HeaderValue>,
+    pub user_agent: Option<&'a HeaderValue>,
+    pub kubelet_probe: bool,
+    pub network_probe: Option<&'a HeaderValue>,
+    pub network_hash: Option<&'a HeaderValue>,
+    pub namespace: Option<&'a HeaderValue>,
+    pub revision: Option<&'a HeaderValue>,
+    pub request_id: Option<&'a HeaderValue>,
+}
+
+impl<'a> Seen<'a> {
+    /// Looks at every header once.
+    pub fn scan(headers: &'a HeaderMap) -> Self {
+        let mut s = Seen::default();
+        for (name, value) in headers {
+            // Standard names compare by tag; custom ones by their bytes.
+            let slot = if name == header::HOST {
+                &mut s.host
+            } else if name == header::USER_AGENT {
+                &mut s.user_agent
+            } else if name == KNATIVE_SERVING_NAMESPACE {
+                &mut s.namespace
+            } else if name == KNATIVE_SERVING_REVISION {
+                &mut s.revision
+            } else if name == X_REQUEST_ID {
+                &mut s.request_id
+            } else if name == K_NETWORK_PROBE {
+                &mut s.network_probe
+            } else if name == K_NETWORK_HASH {
+                &mut s.network_hash
+            } else {
+                s.kubelet_probe |= name == K_KUBELET_PROBE;
+                continue;
+            };
+            slot.get_or_insert(value);
+        }
+        s
+    }
+}
 
 /// A Knative probe, answered by the activator itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,18 +70,18 @@ pub enum Probe {
 }
 
 /// Classifies a request as a probe, or `None` for ordinary traffic.
-pub fn probe(headers: &HeaderMap) -> Option<Probe> {
-    let kube_probe = headers
-        .get(header::USER_AGENT)
+pub fn probe(seen: &Seen<'_>) -> Option<Probe> {
+    let kube_probe = seen
+        .user_agent
         .is_some_and(|ua| ua.as_bytes().starts_with(b"kube-probe/"));
-    if kube_probe || headers.contains_key(K_KUBELET_PROBE) {
+    if kube_probe || seen.kubelet_probe {
         return Some(Probe::Health);
     }
-    let value = headers.get(K_NETWORK_PROBE)?;
+    let value = seen.network_probe?;
     Some(match value.as_bytes() {
         b"" => return None,
         b"activator" => Probe::Activator,
-        b"probe" => Probe::Network(headers.get(K_NETWORK_HASH).cloned()),
+        b"probe" => Probe::Network(seen.network_hash.cloned()),
         _ => Probe::Unknown,
     })
 }
@@ -56,13 +101,9 @@ pub enum Target<'a> {
 }
 
 /// The request's target, or a one-line reason why it has none.
-pub fn target<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Result<Target<'a>, String> {
-    let ns = headers
-        .get(KNATIVE_SERVING_NAMESPACE)
-        .map(HeaderValue::to_str);
-    let rev = headers
-        .get(KNATIVE_SERVING_REVISION)
-        .map(HeaderValue::to_str);
+pub fn target<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Result<Target<'a>, String> {
+    let ns = seen.namespace.map(HeaderValue::to_str);
+    let rev = seen.revision.map(HeaderValue::to_str);
     match (ns, rev) {
         (Some(Ok(namespace)), Some(Ok(name))) if !namespace.is_empty() && !name.is_empty() => {
             return Ok(Target::Named { namespace, name });
@@ -74,8 +115,8 @@ pub fn target<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Result<Target<'a>, St
             );
         }
     }
-    let host = headers
-        .get(header::HOST)
+    let host = seen
+        .host
         .and_then(|h| h.to_str().ok())
         .or_else(|| uri.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty())
@@ -94,32 +135,45 @@ mod tests {
             .collect()
     }
 
+    fn probe_of(pairs: &[(&'static str, &'static str)]) -> Option<Probe> {
+        probe(&Seen::scan(&headers(pairs)))
+    }
+
+    fn target_of<'a>(h: &'a HeaderMap, uri: &'a Uri) -> Result<Target<'a>, String> {
+        target(&Seen::scan(h), uri)
+    }
+
+    #[test]
+    fn the_first_value_of_each_name_is_seen() {
+        let mut h = headers(&[("host", "a"), ("x-request-id", "1")]);
+        h.append("host", HeaderValue::from_static("b"));
+        h.append("k-kubelet-probe", HeaderValue::from_static(""));
+        let seen = Seen::scan(&h);
+        assert_eq!(seen.host.unwrap(), "a");
+        assert_eq!(seen.request_id.unwrap(), "1");
+        assert!(seen.kubelet_probe && seen.user_agent.is_none());
+    }
+
     #[test]
     fn probes() {
         assert_eq!(
-            probe(&headers(&[("user-agent", "kube-probe/1.30")])),
+            probe_of(&[("user-agent", "kube-probe/1.30")]),
             Some(Probe::Health)
         );
+        assert_eq!(probe_of(&[("k-kubelet-probe", "1")]), Some(Probe::Health));
         assert_eq!(
-            probe(&headers(&[("k-kubelet-probe", "1")])),
-            Some(Probe::Health)
-        );
-        assert_eq!(
-            probe(&headers(&[("k-network-probe", "activator")])),
+            probe_of(&[("k-network-probe", "activator")]),
             Some(Probe::Activator)
         );
         assert_eq!(
-            probe(&headers(&[
-                ("k-network-probe", "probe"),
-                ("k-network-hash", "h")
-            ])),
+            probe_of(&[("k-network-probe", "probe"), ("k-network-hash", "h")]),
             Some(Probe::Network(Some(HeaderValue::from_static("h"))))
         );
         assert_eq!(
-            probe(&headers(&[("k-network-probe", "queue")])),
+            probe_of(&[("k-network-probe", "queue")]),
             Some(Probe::Unknown)
         );
-        assert_eq!(probe(&headers(&[("user-agent", "curl/8")])), None);
+        assert_eq!(probe_of(&[("user-agent", "curl/8")]), None);
     }
 
     #[test]
@@ -131,7 +185,7 @@ mod tests {
             ("host", "ignored.example.com"),
         ]);
         assert_eq!(
-            target(&h, &uri),
+            target_of(&h, &uri),
             Ok(Target::Named {
                 namespace: "ns",
                 name: "r"
@@ -139,15 +193,15 @@ mod tests {
         );
         let h = headers(&[("host", "hello.default.example.com:8080")]);
         assert_eq!(
-            target(&h, &uri),
+            target_of(&h, &uri),
             Ok(Target::Host("hello.default.example.com:8080"))
         );
         let h2: Uri = "http://svc.ns.example.com/x".parse().unwrap();
         assert_eq!(
-            target(&HeaderMap::new(), &h2),
+            target_of(&HeaderMap::new(), &h2),
             Ok(Target::Host("svc.ns.example.com"))
         );
-        assert!(target(&headers(&[("knative-serving-revision", "r")]), &uri).is_err());
-        assert!(target(&HeaderMap::new(), &uri).is_err());
+        assert!(target_of(&headers(&[("knative-serving-revision", "r")]), &uri).is_err());
+        assert!(target_of(&HeaderMap::new(), &uri).is_err());
     }
 }
