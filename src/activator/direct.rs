@@ -24,6 +24,11 @@
 //!   been read, unless the upstream said `Connection: close`, answered HTTP/1.0, framed the
 //!   body by closing, or sent bytes past the response. A body dropped before its end closes
 //!   the connection.
+//! - **Response-start deadline.** Writing the head and reading the response head race the
+//!   deadline the caller gives ([`DirectError::TimedOut`]). The timer lives with the connection
+//!   and is pushed later for each request, which costs one atomic update; a timer per request
+//!   was a timer-wheel insert and removal each time. The body is not under it (its idle and
+//!   total timeouts are [`super::body::ProxiedBody`]'s).
 //! - **Staleness.** [`DirectConn::is_usable`] checks an idle connection without a system call
 //!   when the reactor has seen nothing on it, and with one non-blocking read otherwise (the
 //!   upstream closed it, or sent something unasked: either way it is not reused).
@@ -38,8 +43,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use super::pool::{ReqBody, Shared};
 
@@ -67,6 +73,9 @@ pub enum DirectError {
     /// The response was not valid HTTP/1.1.
     #[error("invalid upstream response: {0}")]
     Invalid(&'static str),
+    /// No complete response head before the response-start deadline.
+    #[error("no response head before the response-start deadline")]
+    TimedOut,
 }
 
 /// One upstream HTTP/1.1 connection, used by one request at a time.
@@ -75,6 +84,8 @@ pub struct DirectConn {
     io: TcpStream,
     /// Bytes read but not yet used. Empty between responses.
     buf: BytesMut,
+    /// The response-start timer, kept across requests (see the module doc).
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 /// Why [`DirectConn::send`] failed, and whether the request may go elsewhere.
@@ -92,6 +103,7 @@ impl DirectConn {
         Self {
             io,
             buf: BytesMut::new(),
+            timer: None,
         }
     }
 
@@ -110,7 +122,7 @@ impl DirectConn {
     }
 
     /// Writes `req` (bodiless; its target is the path and query), then the `extra` headers, and
-    /// reads the response head.
+    /// reads the response head, both before `deadline` (else [`DirectError::TimedOut`]).
     /// The body streams from the returned response; `home` is where the connection goes back
     /// when the body has ended and the connection is reusable.
     pub async fn send(
@@ -118,18 +130,24 @@ impl DirectConn {
         req: Request<ReqBody>,
         extra: &[(HeaderName, HeaderValue)],
         home: Home,
+        deadline: Instant,
     ) -> Result<Response<DirectBody>, DirectSendError> {
         debug_assert!(req.body().is_end_stream());
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
         let head = encode_head(&req, extra);
-        if let Err(e) = self.io.write_all(&head).await {
+        if let Err(e) = self.write_head(&head).await {
             // Only a connection the upstream had already reset or closed leaves the request
-            // unsent. `write_all` does not say how much went out, so only a reset or broken pipe
+            // unsent. The write does not say how much went out, so only a reset or broken pipe
             // on a head small enough to go out in one write (an idle connection's socket buffer
             // is empty) counts as unsent; anything else may have reached the upstream.
-            return Err(if unsent_kind(&e) && head.len() <= 16 * 1024 {
-                DirectSendError::Unsent(Box::new(req), e.into())
-            } else {
-                DirectSendError::Failed(e.into())
+            return Err(match e {
+                DirectError::Io(e) if unsent_kind(&e) && head.len() <= 16 * 1024 => {
+                    DirectSendError::Unsent(Box::new(req), e.into())
+                }
+                e => DirectSendError::Failed(e),
             });
         }
         let head_only = req.method() == Method::HEAD;
@@ -148,7 +166,7 @@ impl DirectConn {
         loop {
             // Nothing to parse yet (the usual case right after the request went out).
             if self.buf.is_empty() {
-                if self.fill().await? == 0 {
+                if self.fill_head().await? == 0 {
                     return Err(DirectError::ClosedBeforeHead);
                 }
                 continue;
@@ -165,7 +183,7 @@ impl DirectConn {
                     if self.buf.len() >= MAX_HEAD_BYTES {
                         return Err(DirectError::Invalid("response head too large"));
                     }
-                    if self.fill().await? == 0 {
+                    if self.fill_head().await? == 0 {
                         return Err(DirectError::ClosedBeforeHead);
                     }
                 }
@@ -173,9 +191,44 @@ impl DirectConn {
         }
     }
 
-    /// Reads once into the buffer; 0 at end of stream.
-    async fn fill(&mut self) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    /// Writes the whole head, racing the response-start timer.
+    async fn write_head(&mut self, mut head: &[u8]) -> Result<(), DirectError> {
+        std::future::poll_fn(|cx| {
+            while !head.is_empty() {
+                match Pin::new(&mut self.io).poll_write(cx, head) {
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+                    }
+                    Poll::Ready(Ok(n)) => head = &head[n..],
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => {
+                        ready!(self.poll_timer(cx));
+                        return Poll::Ready(Err(DirectError::TimedOut));
+                    }
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await
+    }
+
+    /// Reads once into the buffer (0 at end of stream), racing the response-start timer.
+    async fn fill_head(&mut self) -> Result<usize, DirectError> {
+        std::future::poll_fn(|cx| match self.poll_fill(cx) {
+            Poll::Ready(r) => Poll::Ready(r.map_err(DirectError::from)),
+            Poll::Pending => {
+                ready!(self.poll_timer(cx));
+                Poll::Ready(Err(DirectError::TimedOut))
+            }
+        })
+        .await
+    }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
     }
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {

@@ -113,9 +113,10 @@ async fn exchange(
     addr: SocketAddr,
 ) -> Result<(http::response::Parts, Vec<u8>, Option<http::HeaderMap>), String> {
     let conn = up.connect_direct(addr).await.map_err(|e| e.to_string())?;
-    let (resp, reusable) = conn.send(req, &[]).await.map_err(|e| match e {
+    let (resp, reusable) = conn.send(req, &[], far()).await.map_err(|e| match e {
         SendError::Unsent(_, e) => format!("unsent: {e}"),
         SendError::Failed(e) => e.to_string(),
+        SendError::TimedOut => "timed out".to_string(),
     })?;
     assert!(
         reusable.is_none(),
@@ -396,7 +397,7 @@ async fn a_body_dropped_before_its_end_closes_the_connection() {
     .await;
     let up = pool();
     let conn = up.connect_direct(s.addr).await.unwrap();
-    let (resp, _) = conn.send(get("/", &s.addr), &[]).await.unwrap();
+    let (resp, _) = conn.send(get("/", &s.addr), &[], far()).await.unwrap();
     drop(resp);
     assert_eq!(up.pooled(s.addr).0, 0);
 }
@@ -416,7 +417,7 @@ async fn extra_headers_follow_the_requests_own() {
             HeaderValue::from_static("10.0.0.1"),
         ),
     ];
-    let (resp, _) = conn.send(get("/x", &s.addr), &extra).await.unwrap();
+    let (resp, _) = conn.send(get("/x", &s.addr), &extra, far()).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(
         s.heads.lock().unwrap()[0],
@@ -425,4 +426,58 @@ async fn extra_headers_follow_the_requests_own() {
             s.addr
         )
     );
+}
+
+/// The response-start timer lives with the connection: pushed later for each request (no
+/// re-registration), re-registered when a request's deadline is earlier. Either way a silent
+/// upstream is cut at that request's own deadline, never at an earlier request's.
+#[tokio::test]
+async fn the_response_start_deadline_is_each_requests_own_on_a_reused_connection() {
+    let ok = reply(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let s = scripted(vec![ok.clone(), reply(b""), ok, reply(b"")]).await;
+    let up = pool();
+    let send = |deadline: Duration| {
+        let up = &up;
+        let addr = s.addr;
+        async move {
+            let conn = up.connect_direct(addr).await.unwrap();
+            let started = tokio::time::Instant::now();
+            let r = tokio::time::timeout(
+                Duration::from_secs(20),
+                conn.send(get("/", &addr), &[], started + deadline),
+            )
+            .await
+            .expect("cut by its deadline, not left hanging");
+            (r.map(|(resp, _)| resp), started.elapsed())
+        }
+    };
+    // 1: answered; the connection goes home with its timer armed 100 ms out.
+    let (r, _) = send(Duration::from_millis(100)).await;
+    let body = r
+        .ok()
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"ok");
+    // 2: a later deadline (the timer is pushed, not re-registered): the silent upstream is cut
+    // at this request's 400 ms, not the first request's 100 ms.
+    let (r, waited) = send(Duration::from_millis(400)).await;
+    assert!(matches!(r, Err(SendError::TimedOut)));
+    assert!(waited >= Duration::from_millis(390), "{waited:?}");
+    // The cut connection was not reused: a fresh one answers, then an earlier deadline than
+    // its timer had (re-registered) still cuts.
+    let (r, _) = send(Duration::from_secs(30)).await;
+    r.ok().unwrap().into_body().collect().await.unwrap();
+    let (r, waited) = send(Duration::from_millis(50)).await;
+    assert!(matches!(r, Err(SendError::TimedOut)));
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    assert_eq!(s.accepted.load(SeqCst), 2);
+}
+
+/// A response-start deadline no test reaches.
+fn far() -> tokio::time::Instant {
+    tokio::time::Instant::now() + std::time::Duration::from_secs(60)
 }

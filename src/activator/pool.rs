@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
-use super::direct::{DirectBody, DirectConn, DirectSendError, Home};
+use super::direct::{DirectBody, DirectConn, DirectError, DirectSendError, Home};
 use crate::revision::Protocol;
 
 /// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
@@ -120,6 +120,8 @@ pub enum SendError {
     Unsent(Box<Request<ReqBody>>, BoxError),
     /// The request was (or may have been) sent.
     Failed(BoxError),
+    /// No response head before the deadline (the request may have been sent).
+    TimedOut,
 }
 
 /// An upstream response body: from hyper's client, or read directly ([`direct`]).
@@ -191,11 +193,13 @@ impl Conn {
     /// A direct connection (see [`direct`]) needs no [`Reusable`]: its body takes it home.
     ///
     /// `extra` are headers written after the request's own on a direct connection; for hyper's
-    /// connections they must already be in the request (pass none).
+    /// connections they must already be in the request (pass none). No response head by
+    /// `deadline` is [`SendError::TimedOut`].
     pub async fn send(
         self,
         req: Request<ReqBody>,
         extra: &[(HeaderName, HeaderValue)],
+        deadline: Instant,
     ) -> Result<(Response<RespBody>, Option<Reusable>), SendError> {
         let Conn {
             kind, addr, shared, ..
@@ -206,23 +210,31 @@ impl Conn {
                 None => SendError::Failed(e.into_error().into()),
             };
         debug_assert!(extra.is_empty() || matches!(kind, ConnKind::Direct(_)));
+        let timed = |r: Result<_, tokio::time::error::Elapsed>| r.map_err(|_| SendError::TimedOut);
         match kind {
-            ConnKind::H1(mut tx) => match tx.try_send_request(req).await {
-                Ok(resp) => Ok((
-                    resp.map(RespBody::Hyper),
-                    Some(Reusable { tx, addr, shared }),
-                )),
-                Err(e) => Err(hyper_err(e)),
-            },
-            ConnKind::H2(mut tx) => match tx.try_send_request(req).await {
-                Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
-                Err(e) => Err(hyper_err(e)),
-            },
-            ConnKind::Direct(conn) => match conn.send(req, extra, Home { shared, addr }).await {
-                Ok(resp) => Ok((resp.map(RespBody::Direct), None)),
-                Err(DirectSendError::Unsent(req, e)) => Err(SendError::Unsent(req, e.into())),
-                Err(DirectSendError::Failed(e)) => Err(SendError::Failed(e.into())),
-            },
+            ConnKind::H1(mut tx) => {
+                match timed(tokio::time::timeout_at(deadline, tx.try_send_request(req)).await)? {
+                    Ok(resp) => Ok((
+                        resp.map(RespBody::Hyper),
+                        Some(Reusable { tx, addr, shared }),
+                    )),
+                    Err(e) => Err(hyper_err(e)),
+                }
+            }
+            ConnKind::H2(mut tx) => {
+                match timed(tokio::time::timeout_at(deadline, tx.try_send_request(req)).await)? {
+                    Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
+                    Err(e) => Err(hyper_err(e)),
+                }
+            }
+            ConnKind::Direct(conn) => {
+                match conn.send(req, extra, Home { shared, addr }, deadline).await {
+                    Ok(resp) => Ok((resp.map(RespBody::Direct), None)),
+                    Err(DirectSendError::Unsent(req, e)) => Err(SendError::Unsent(req, e.into())),
+                    Err(DirectSendError::Failed(DirectError::TimedOut)) => Err(SendError::TimedOut),
+                    Err(DirectSendError::Failed(e)) => Err(SendError::Failed(e.into())),
+                }
+            }
         }
     }
 }

@@ -99,7 +99,10 @@ fn request(addr: SocketAddr, path: &str, protocol: Protocol) -> Request<ReqBody>
 /// One request through the pool, its body read to the end, the connection given back.
 async fn roundtrip(pool: &Upstream, addr: SocketAddr, path: &str, protocol: Protocol) {
     let conn = pool.connect(addr, protocol).await.unwrap();
-    let (resp, reusable) = conn.send(request(addr, path, protocol), &[]).await.unwrap();
+    let (resp, reusable) = conn
+        .send(request(addr, path, protocol), &[], far())
+        .await
+        .unwrap();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"ok");
     if let Some(r) = reusable {
@@ -167,7 +170,7 @@ async fn idle_connections_are_capped_per_endpoint() {
     for _ in 0..n {
         let conn = pool.connect(up.addr, Protocol::Http1).await.unwrap();
         in_flight.push(
-            conn.send(request(up.addr, "/", Protocol::Http1), &[])
+            conn.send(request(up.addr, "/", Protocol::Http1), &[], far())
                 .await
                 .unwrap(),
         );
@@ -210,7 +213,7 @@ async fn h2c_requests_share_one_connection_and_a_closed_one_is_replaced() {
     }
     let sends = conns
         .into_iter()
-        .map(|c| c.send(request(up.addr, "/", Protocol::H2c), &[]));
+        .map(|c| c.send(request(up.addr, "/", Protocol::H2c), &[], far()));
     for sent in sends {
         let (resp, reusable) = sent.await.unwrap();
         assert!(reusable.is_none(), "h2c connections stay in the pool");
@@ -254,4 +257,9 @@ fn addr_hasher_spreads_ports_and_ips() {
     let (ha, hc, hd) = (b.hash_one(a), b.hash_one(c), b.hash_one(d));
     assert!(ha != hc && ha != hd && hc != hd);
     assert_eq!(ha, b.hash_one(a));
+}
+
+/// A response-start deadline no test reaches.
+fn far() -> tokio::time::Instant {
+    tokio::time::Instant::now() + std::time::Duration::from_secs(60)
 }

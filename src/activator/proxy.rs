@@ -154,20 +154,22 @@ pub async fn forward(
         };
         let reused = conn.reused();
         aim(&mut req, endpoint, protocol);
-        match tokio::time::timeout_at(start_deadline, conn.send(req, &additions)).await {
-            Ok(Ok((resp, reusable))) => return Ok((resp, addr, reusable)),
-            Ok(Err(SendError::Unsent(back, e))) if reused => {
+        // The response-start deadline is the connection's to keep (a direct connection
+        // reuses its timer across requests).
+        match conn.send(req, &additions, start_deadline).await {
+            Ok((resp, reusable)) => return Ok((resp, addr, reusable)),
+            Err(SendError::Unsent(back, e)) if reused => {
                 tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
                 req = *back;
             }
-            Ok(Err(SendError::Unsent(_, e) | SendError::Failed(e))) => {
+            Err(SendError::Unsent(_, e) | SendError::Failed(e)) => {
                 return Err(ActivatorError::Upstream {
                     revision: ticket.state().key.clone(),
                     endpoint: addr,
                     source: e,
                 });
             }
-            Err(_) => return Err(timeout_error(ticket, addr, &limits)),
+            Err(SendError::TimedOut) => return Err(timeout_error(ticket, addr, &limits)),
         }
     }
 }
