@@ -68,8 +68,11 @@ const READ_CHUNK: usize = 8 * 1024;
 /// A body frame up to this size is copied behind the head (one write); a larger one is written
 /// from its own buffer.
 const COPY_MAX: usize = 16 * 1024;
-/// The write buffer kept between requests; a larger one (after a big head) is let go.
-const KEEP_WRITE_BUF: usize = 64 * 1024;
+/// Pending response bytes are written once this much has gathered, even if more frames are
+/// ready (the write buffer stays bounded whatever the body does).
+const FLUSH_AT: usize = 64 * 1024;
+/// The write buffer kept between requests; a larger one is let go.
+const KEEP_WRITE_BUF: usize = FLUSH_AT + COPY_MAX;
 
 /// How the lane left a connection.
 #[derive(Debug)]
@@ -649,6 +652,10 @@ async fn write_response(
             out.extend_from_slice(&data);
             if chunked {
                 out.extend_from_slice(b"\r\n");
+            }
+            if out.len() >= FLUSH_AT {
+                stream.write_all(out).await?;
+                out.clear();
             }
         } else {
             write_data(stream, out, data).await?;

@@ -325,3 +325,29 @@ impl Reader {
         self.take_until(b"\r\n\r\n").await
     }
 }
+
+#[tokio::test]
+async fn a_large_streamed_body_arrives_whole_in_order() {
+    let (up, mut h, mut c) = setup().await;
+    let chunks = up.next_stream();
+    c.tcp.write_all(&get("/stream", "")).await.unwrap();
+    // 1 MiB in 256 chunks of 4 KiB, each chunk filled with its own index: the lane writes
+    // many ready frames at once, in bounded batches, and large reads as they come.
+    let sender = tokio::spawn(async move {
+        for i in 0..256u32 {
+            let chunk = Bytes::from(vec![(i % 251) as u8; 4096]);
+            chunks.send(Ok(chunk)).await.unwrap();
+        }
+    });
+    let r = c.response(false).await;
+    sender.await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.body.len(), 256 * 4096);
+    for (i, block) in r.body.chunks(4096).enumerate() {
+        assert!(
+            block.iter().all(|&b| b == (i % 251) as u8),
+            "block {i} out of order"
+        );
+    }
+    h.shutdown();
+}
