@@ -211,9 +211,12 @@ impl Conn {
             };
         debug_assert!(extra.is_empty() || matches!(kind, ConnKind::Direct(_)));
         let timed = |r: Result<_, tokio::time::error::Elapsed>| r.map_err(|_| SendError::TimedOut);
+        // hyper's sends are boxed: with their timeouts they would double the size of every
+        // request's future, direct ones included (moved on each await).
         match kind {
             ConnKind::H1(mut tx) => {
-                match timed(tokio::time::timeout_at(deadline, tx.try_send_request(req)).await)? {
+                let sent = Box::pin(tokio::time::timeout_at(deadline, tx.try_send_request(req)));
+                match timed(sent.await)? {
                     Ok(resp) => Ok((
                         resp.map(RespBody::Hyper),
                         Some(Reusable { tx, addr, shared }),
@@ -222,7 +225,8 @@ impl Conn {
                 }
             }
             ConnKind::H2(mut tx) => {
-                match timed(tokio::time::timeout_at(deadline, tx.try_send_request(req)).await)? {
+                let sent = Box::pin(tokio::time::timeout_at(deadline, tx.try_send_request(req)));
+                match timed(sent.await)? {
                     Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
                     Err(e) => Err(hyper_err(e)),
                 }
@@ -383,6 +387,18 @@ impl Upstream {
         // would otherwise make every request's future several times larger.
         let kind = Box::pin(self.open(addr, protocol)).await?;
         Ok(self.conn(kind, addr, false))
+    }
+
+    /// An idle pooled connection to `addr`, if one is ready: a direct one (`direct`, see
+    /// [`direct`]) or one of hyper's for `protocol`. No waiting, so no timeout to arm: the
+    /// usual case of [`Upstream::connect_direct`] and [`Upstream::connect`].
+    pub fn pooled_now(&self, addr: SocketAddr, direct: bool, protocol: Protocol) -> Option<Conn> {
+        let kind = if direct {
+            ConnKind::Direct(self.checkout_direct(addr)?)
+        } else {
+            self.checkout(addr, protocol)?
+        };
+        Some(self.conn(kind, addr, true))
     }
 
     /// A direct connection to `addr` for one bodiless HTTP/1.1 request (see [`direct`]): an

@@ -121,14 +121,22 @@ pub async fn forward(
         let endpoint = slot.endpoint();
         let addr = endpoint.addr();
         let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
-        let connecting = async {
-            if direct {
-                upstream.connect_direct(addr).await
-            } else {
-                upstream.connect(addr, protocol).await
+        // A pooled connection is had at once; only opening one waits (under the deadline).
+        let pooled = upstream.pooled_now(addr, direct, protocol);
+        let connected = match pooled {
+            Some(conn) => Ok(Ok(conn)),
+            None => {
+                let connecting = async {
+                    if direct {
+                        upstream.connect_direct(addr).await
+                    } else {
+                        upstream.connect(addr, protocol).await
+                    }
+                };
+                Box::pin(tokio::time::timeout_at(start_deadline, connecting)).await
             }
         };
-        let conn = match tokio::time::timeout_at(start_deadline, connecting).await {
+        let conn = match connected {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
                 tried.push(addr);
