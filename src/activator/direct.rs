@@ -173,8 +173,8 @@ impl DirectConn {
             }
             match parse_head(&mut self.buf)? {
                 Some(Parsed::Interim) => continue,
-                Some(Parsed::Final(mut resp, keep_alive)) => {
-                    let framing = framing(&mut resp, head_only)?;
+                Some(Parsed::Final(mut resp, keep_alive, seen)) => {
+                    let framing = framing(&mut resp, head_only, seen)?;
                     let reusable = keep_alive && !matches!(framing, Framing::UntilClose);
                     let body = DirectBody::new(self, framing, reusable, home);
                     return Ok(resp.map(|()| body));
@@ -277,8 +277,9 @@ fn encode_head(req: &Request<ReqBody>, extra: &[(HeaderName, HeaderValue)]) -> V
 enum Parsed {
     /// A 1xx answer, consumed.
     Interim,
-    /// The final head (body framing still to decide), and whether the connection may be kept.
-    Final(Response<()>, bool),
+    /// The final head (body framing still to decide), whether the connection may be kept, and
+    /// what the framing needs from its headers.
+    Final(Response<()>, bool, FramingHeaders),
 }
 
 /// Parses a complete head off the front of `buf`, or `None` if more bytes are needed. Most
@@ -337,12 +338,17 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
     // Room for the headers the activator adds to a response (request id, Server-Timing).
     let mut headers = HeaderMap::with_capacity(count + 2);
     let mut close = http10;
+    let mut seen = FramingHeaders::default();
     for &(ns, ne, vs, ve) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
             .map_err(|_| DirectError::Invalid("invalid header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| DirectError::Invalid("invalid header value"))?;
-        if name == CONNECTION {
+        if name == CONTENT_LENGTH {
+            seen.add_length(&value);
+        } else if name == TRANSFER_ENCODING {
+            seen.transfer_encoding = true;
+        } else if name == CONNECTION {
             let tokens = value.to_str().unwrap_or("");
             for t in tokens.split(',').map(str::trim) {
                 if t.eq_ignore_ascii_case("close") {
@@ -362,7 +368,49 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
         Version::HTTP_11
     };
     *resp.headers_mut() = headers;
-    Ok(Some(Parsed::Final(resp, !close)))
+    Ok(Some(Parsed::Final(resp, !close, seen)))
+}
+
+/// What body framing needs of a response's headers, gathered while the head is parsed (no
+/// lookups in the map afterwards).
+#[derive(Debug, Clone, Copy)]
+struct FramingHeaders {
+    transfer_encoding: bool,
+    /// The `Content-Length` values merged: `Ok(None)` when there are none, the first problem
+    /// otherwise (reported only if no `Transfer-Encoding` overrides the length).
+    length: Result<Option<u64>, &'static str>,
+}
+
+impl Default for FramingHeaders {
+    fn default() -> Self {
+        Self {
+            transfer_encoding: false,
+            length: Ok(None),
+        }
+    }
+}
+
+impl FramingHeaders {
+    fn add_length(&mut self, v: &HeaderValue) {
+        let Ok(mut length) = self.length else {
+            return;
+        };
+        self.length = (|| {
+            let s = v.to_str().map_err(|_| "invalid Content-Length")?;
+            for part in s.split(',') {
+                let part = part.trim();
+                if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("invalid Content-Length");
+                }
+                let n: u64 = part.parse().map_err(|_| "invalid Content-Length")?;
+                if length.is_some_and(|l| l != n) {
+                    return Err("conflicting Content-Length values");
+                }
+                length = Some(n);
+            }
+            Ok(length)
+        })();
+    }
 }
 
 /// How a response body is delimited.
@@ -392,13 +440,17 @@ enum Chunk {
 
 /// Decides the body's framing from the head, removing a `Content-Length` that
 /// `Transfer-Encoding` overrides.
-fn framing(resp: &mut Response<()>, head_only: bool) -> Result<Framing, DirectError> {
+fn framing(
+    resp: &mut Response<()>,
+    head_only: bool,
+    seen: FramingHeaders,
+) -> Result<Framing, DirectError> {
     let status = resp.status();
     if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Done);
     }
     let headers = resp.headers_mut();
-    if headers.contains_key(TRANSFER_ENCODING) {
+    if seen.transfer_encoding {
         let chunked_last = headers
             .get_all(TRANSFER_ENCODING)
             .iter()
@@ -413,26 +465,7 @@ fn framing(resp: &mut Response<()>, head_only: bool) -> Result<Framing, DirectEr
             Framing::UntilClose
         });
     }
-    let mut length: Option<u64> = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        let s = v
-            .to_str()
-            .map_err(|_| DirectError::Invalid("invalid Content-Length"))?;
-        for part in s.split(',') {
-            let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(DirectError::Invalid("invalid Content-Length"));
-            }
-            let n: u64 = part
-                .parse()
-                .map_err(|_| DirectError::Invalid("invalid Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(DirectError::Invalid("conflicting Content-Length values"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
+    Ok(match seen.length.map_err(DirectError::Invalid)? {
         Some(0) => Framing::Done,
         Some(n) => Framing::Length(n),
         None => Framing::UntilClose,

@@ -364,9 +364,8 @@ async fn proxy_request<B: ClientBody>(
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     hdr::strip_hop_by_hop(resp.headers_mut(), switching);
     let h = resp.headers_mut();
-    if !h.contains_key(X_REQUEST_ID) {
-        h.insert(X_REQUEST_ID, request_id);
-    }
+    // The upstream's own id stands; else the request's (one hashed lookup, not two).
+    h.entry(X_REQUEST_ID).or_insert(request_id);
     if let Some(held) = held_for {
         let name = if cold { "cold-start" } else { "queue" };
         let timing = format!("{name};dur={:.1}", held.as_secs_f64() * 1000.0);
