@@ -265,10 +265,7 @@ fn encode_head(req: &Request<ReqBody>, extra: &[(HeaderName, HeaderValue)]) -> V
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in fields() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        super::lane::put_field(&mut out, name, value);
     }
     out.extend_from_slice(b"\r\n");
     out
@@ -345,7 +342,7 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| DirectError::Invalid("invalid header value"))?;
         if name == CONTENT_LENGTH {
-            seen.add_length(&value);
+            seen.length.add(&value);
         } else if name == TRANSFER_ENCODING {
             seen.transfer_encoding = true;
         } else if name == CONNECTION {
@@ -373,29 +370,37 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
 
 /// What body framing needs of a response's headers, gathered while the head is parsed (no
 /// lookups in the map afterwards).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy)]
 struct FramingHeaders {
     transfer_encoding: bool,
-    /// The `Content-Length` values merged: `Ok(None)` when there are none, the first problem
-    /// otherwise (reported only if no `Transfer-Encoding` overrides the length).
-    length: Result<Option<u64>, &'static str>,
+    /// Reported only if no `Transfer-Encoding` overrides it.
+    length: ContentLength,
 }
 
-impl Default for FramingHeaders {
+/// `Content-Length` values merged one by one (RFC 9112 §6.3: a list of equal values is one
+/// length; anything else is invalid). Also used by the fast lane on responses it frames.
+#[derive(Debug, Clone, Copy)]
+pub struct ContentLength(Result<Option<u64>, &'static str>);
+
+impl Default for ContentLength {
     fn default() -> Self {
-        Self {
-            transfer_encoding: false,
-            length: Ok(None),
-        }
+        Self(Ok(None))
     }
 }
 
-impl FramingHeaders {
-    fn add_length(&mut self, v: &HeaderValue) {
-        let Ok(mut length) = self.length else {
+impl ContentLength {
+    /// `None` when no value was added; the first problem if any value was invalid or they
+    /// disagree.
+    pub fn get(self) -> Result<Option<u64>, &'static str> {
+        self.0
+    }
+
+    /// Merges one header value.
+    pub fn add(&mut self, v: &HeaderValue) {
+        let Ok(mut length) = self.0 else {
             return;
         };
-        self.length = (|| {
+        self.0 = (|| {
             let s = v.to_str().map_err(|_| "invalid Content-Length")?;
             for part in s.split(',') {
                 let part = part.trim();
@@ -465,7 +470,7 @@ fn framing(
             Framing::UntilClose
         });
     }
-    Ok(match seen.length.map_err(DirectError::Invalid)? {
+    Ok(match seen.length.get().map_err(DirectError::Invalid)? {
         Some(0) => Framing::Done,
         Some(n) => Framing::Length(n),
         None => Framing::UntilClose,

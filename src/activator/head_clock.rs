@@ -101,18 +101,28 @@ impl HeadClock {
     }
 }
 
-/// The client socket, reporting arriving bytes to the connection's [`HeadClock`]. Reads and
-/// writes pass straight through (vectored writes included).
+/// The client socket as hyper reads it, reporting arriving bytes to the connection's
+/// [`HeadClock`]. Bytes the fast lane read but did not use (`super::lane`, a connection handed
+/// to hyper) come first; then reads and writes pass straight through (vectored writes
+/// included).
 #[derive(Debug)]
 pub struct HeadIo<T> {
+    prefix: bytes::Bytes,
     inner: T,
     clock: Arc<HeadClock>,
     activity: Arc<ConnActivity>,
 }
 
 impl<T> HeadIo<T> {
-    pub fn new(inner: T, clock: Arc<HeadClock>, activity: Arc<ConnActivity>) -> Self {
+    /// `prefix` is read before `inner` (empty for a connection hyper serves from the start).
+    pub fn new(
+        prefix: bytes::Bytes,
+        inner: T,
+        clock: Arc<HeadClock>,
+        activity: Arc<ConnActivity>,
+    ) -> Self {
         Self {
+            prefix,
             inner,
             clock,
             activity,
@@ -127,6 +137,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for HeadIo<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            // Already seen by the lane, which started the head clock when it handed over.
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -192,6 +208,21 @@ mod tests {
         waiting.await.unwrap();
         let took = Instant::now() - start;
         assert!(took >= t && took <= t * 2, "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_connection_reads_the_prefix_first() {
+        use tokio::io::AsyncReadExt;
+        let (a, mut b) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut b, b" world")
+            .await
+            .unwrap();
+        drop(b);
+        let prefix = bytes::Bytes::from_static(b"hello");
+        let mut io = HeadIo::new(prefix, a, HeadClock::new(), Arc::default());
+        let mut got = String::new();
+        io.read_to_string(&mut got).await.unwrap();
+        assert_eq!(got, "hello world");
     }
 
     #[tokio::test(start_paused = true)]

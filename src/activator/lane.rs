@@ -17,7 +17,8 @@
 //!   request after it on that connection — is served by hyper's HTTP/1 connection, handed the
 //!   bytes the lane read but did not use ([`LaneEnd::Handoff`]). A malformed head, a head over
 //!   hyper's header-slot count or buffer cap, a body, an upgrade: hyper answers them exactly as
-//!   it did before the lane existed.
+//!   it did before the lane existed. (hyper reads the handed-over bytes first:
+//!   [`super::head_clock::HeadIo`].)
 //! - **Responses.** Status line `HTTP/1.1`, the response's headers as the pipeline left them,
 //!   `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
 //!   `Content-Length`, else the body's exact size, else chunked (HTTP/1.1 clients) or
@@ -56,6 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::body::ActivatorBody;
 use super::core::Activator;
+use super::direct::ContentLength;
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -498,30 +500,19 @@ fn encode_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut has_date = false;
-    // None: no Content-Length; Some(None): invalid or conflicting values (never from the
-    // pipeline; the body is framed anew); Some(Some(n)): n, written once below.
-    let mut length: Option<Option<u64>> = None;
+    // Written once below. Invalid or conflicting values (never from the pipeline) count as
+    // none: the body is framed anew.
+    let mut length = ContentLength::default();
     for (name, value) in &parts.headers {
         if *name == header::CONNECTION || *name == header::TRANSFER_ENCODING {
             continue;
         }
         if *name == header::CONTENT_LENGTH {
-            let n = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            length = Some(match (length, n) {
-                (None, Some(n)) => Some(n),
-                (Some(Some(l)), Some(n)) if l == n => Some(n),
-                _ => None,
-            });
+            length.add(value);
             continue;
         }
         has_date |= *name == header::DATE;
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(out, name, value);
     }
     if !has_date {
         out.extend_from_slice(b"date: ");
@@ -532,7 +523,7 @@ fn encode_head(
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let length = length.flatten();
+    let length = length.get().ok().flatten();
     let framing = if no_body {
         // A HEAD answer carries the length its GET would have had; 1xx and 204 carry none
         // (RFC 9110 §8.6).
@@ -700,11 +691,16 @@ fn chunk_line(out: &mut Vec<u8>, len: usize) {
 fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap) {
     out.extend_from_slice(b"0\r\n");
     for (name, value) in trailers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(out, name, value);
     }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One header field line: `name: value` and CRLF.
+pub(super) fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
@@ -747,69 +743,6 @@ fn with_date(f: impl FnOnce(&[u8])) {
         }
         f(&text[..]);
     });
-}
-
-/// A connection handed to hyper: the bytes the lane read but did not use come first, then the
-/// socket. Writes go straight to the socket.
-#[derive(Debug)]
-pub struct Prefixed<T> {
-    prefix: Bytes,
-    inner: T,
-}
-
-impl<T> Prefixed<T> {
-    pub fn new(prefix: Bytes, inner: T) -> Self {
-        Self { prefix, inner }
-    }
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Prefixed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Prefixed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        b: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

@@ -258,17 +258,3 @@ fn dates_are_imf_fixdates() {
     assert!(s.ends_with(" GMT") && s.as_bytes()[3] == b',', "{s}");
     assert!(httpdate::parse_http_date(&s).is_ok(), "{s}");
 }
-
-#[tokio::test]
-async fn a_handed_over_connection_reads_the_prefix_first() {
-    use tokio::io::AsyncReadExt;
-    let (a, mut b) = tokio::io::duplex(64);
-    tokio::io::AsyncWriteExt::write_all(&mut b, b" world")
-        .await
-        .unwrap();
-    drop(b);
-    let mut io = Prefixed::new(Bytes::from_static(b"hello"), a);
-    let mut got = String::new();
-    io.read_to_string(&mut got).await.unwrap();
-    assert_eq!(got, "hello world");
-}

@@ -26,7 +26,7 @@ use tracing::Instrument;
 use super::core::Activator;
 use super::early::{self, Early};
 use super::head_clock::{HeadClock, HeadIo};
-use super::lane::{self, LaneEnd, Prefixed};
+use super::lane::{self, LaneEnd};
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -232,11 +232,7 @@ impl Activator {
                     }
                 }
             }
-            let io = TokioIo::new(HeadIo::new(
-                Prefixed::new(prefix, stream),
-                clock.clone(),
-                activity.clone(),
-            ));
+            let io = TokioIo::new(HeadIo::new(prefix, stream, clock.clone(), activity.clone()));
             let watch = ConnWatch {
                 drain,
                 clock,
