@@ -51,6 +51,11 @@ impl HeadClock {
         })
     }
 
+    /// When the connection was accepted (the clock was made).
+    pub fn accepted(&self) -> Instant {
+        self.base
+    }
+
     /// hyper parsed a request head: nothing is pending any more.
     pub fn head_received(&self) {
         self.since.store(0, SeqCst);

@@ -206,6 +206,12 @@ impl Watchdog {
         }
     }
 
+    /// Whether a head is being waited for: bytes of one are buffered, or none has come yet on
+    /// this connection (its first head's clock runs from accept).
+    fn head_pending(&self, buf: &BytesMut) -> bool {
+        !buf.is_empty() || self.served == 0
+    }
+
     /// A later head is arriving in pieces: it has one header-read timeout from now. (The first
     /// head's clock already runs from accept.)
     fn head_in_pieces(&mut self) {
@@ -279,7 +285,7 @@ async fn wait_for_bytes(
     if buf.capacity() - buf.len() < READ_CHUNK / 2 {
         buf.reserve(READ_CHUNK);
     }
-    watchdog.ensure(!buf.is_empty() || watchdog.served == 0);
+    watchdog.ensure(watchdog.head_pending(buf));
     loop {
         let step = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
@@ -305,7 +311,7 @@ async fn wait_for_bytes(
             }
             Step::Drained => return Wait::Drained,
             Step::Timer => {
-                let head_pending = !buf.is_empty() || watchdog.served == 0;
+                let head_pending = watchdog.head_pending(buf);
                 if watchdog.fired(head_pending) {
                     if head_pending {
                         tracing::debug!("header read timeout: closing the connection");

@@ -149,7 +149,6 @@ impl Activator {
         let early_slot: Arc<Mutex<Option<EarlyHold>>> = Arc::default();
         let service_early = early_slot.clone();
         let clock = HeadClock::new();
-        let accepted = Instant::now();
         let service_clock = clock.clone();
         let service = service_fn(move |req: hyper::Request<Incoming>| {
             // The head is complete. The connection counts as busy from here (so its body bytes
@@ -203,7 +202,7 @@ impl Activator {
             if let Ok(Speaks::Http1) = speaks {
                 let (early, first_head_from) = match early::first_request(&task_act, &stream).await
                 {
-                    Early::Pass => (None, accepted),
+                    Early::Pass => (None, clock.accepted()),
                     Early::Held(hold) => (Some(hold), Instant::now()),
                     Early::ClientGone => return,
                 };
