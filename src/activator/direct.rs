@@ -88,6 +88,15 @@ pub struct DirectConn {
     timer: Option<Pin<Box<Sleep>>>,
 }
 
+/// Why [`DirectConn::exchange`] failed, and whether the request may go elsewhere.
+#[derive(Debug)]
+pub enum ExchangeError {
+    /// Nothing of the head was written: it comes back whole.
+    Unsent(Vec<u8>, DirectError),
+    /// The head was (or may have been) sent.
+    Failed(DirectError),
+}
+
 /// Why [`DirectConn::send`] failed, and whether the request may go elsewhere.
 #[derive(Debug)]
 pub enum DirectSendError {
@@ -124,67 +133,96 @@ impl DirectConn {
     /// Writes `req` (bodiless; its target is the path and query), then the `extra` headers, and
     /// reads the response head, both before `deadline` (else [`DirectError::TimedOut`]).
     /// The body streams from the returned response; `home` is where the connection goes back
-    /// when the body has ended and the connection is reusable.
+    /// when the body has ended and the connection is reusable. [`DirectConn::exchange`] with
+    /// the request kept for an unsent answer.
     pub async fn send(
-        mut self,
+        self,
         req: Request<ReqBody>,
         extra: &[(HeaderName, HeaderValue)],
         home: Home,
         deadline: Instant,
     ) -> Result<Response<DirectBody>, DirectSendError> {
         debug_assert!(req.body().is_end_stream());
+        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let head = encode_head(req.method(), target, None, req.headers(), extra);
+        let head_only = req.method() == Method::HEAD;
+        match self.exchange(head, head_only, home, deadline).await {
+            Ok(resp) => Ok(resp),
+            Err(ExchangeError::Unsent(_, e)) => Err(DirectSendError::Unsent(Box::new(req), e)),
+            Err(ExchangeError::Failed(e)) => Err(DirectSendError::Failed(e)),
+        }
+    }
+
+    /// Writes `head` (a complete request head for a bodiless request, see [`encode_head`]) and
+    /// reads the response head, both before `deadline` (else [`DirectError::TimedOut`]).
+    /// `head_only`: the request was `HEAD` (the response has no body whatever it says).
+    ///
+    /// A plain function returning the exchange (not an `async fn`): an `async fn` keeps a
+    /// second copy of each argument in its state, and this state is moved on every request.
+    pub fn exchange(
+        mut self,
+        head: Vec<u8>,
+        head_only: bool,
+        home: Home,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + Send {
         match self.timer.as_mut() {
             Some(t) => t.as_mut().reset(deadline),
             None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
-        let head = encode_head(&req, extra);
-        if let Err(e) = self.write_head(&head).await {
-            // Only a connection the upstream had already reset or closed leaves the request
-            // unsent. The write does not say how much went out, so only a reset or broken pipe
-            // on a head small enough to go out in one write (an idle connection's socket buffer
-            // is empty) counts as unsent; anything else may have reached the upstream.
-            return Err(match e {
-                DirectError::Io(e) if unsent_kind(&e) && head.len() <= 16 * 1024 => {
-                    DirectSendError::Unsent(Box::new(req), e.into())
-                }
-                e => DirectSendError::Failed(e),
-            });
+        async move {
+            if let Err(e) = self.write_head(&head).await {
+                // Only a connection the upstream had already reset or closed leaves the request
+                // unsent. The write does not say how much went out, so only a reset or broken
+                // pipe on a head small enough to go out in one write (an idle connection's
+                // socket buffer is empty) counts as unsent; anything else may have reached the
+                // upstream.
+                return Err(match e {
+                    DirectError::Io(e) if unsent_kind(&e) && head.len() <= 16 * 1024 => {
+                        ExchangeError::Unsent(head, e.into())
+                    }
+                    e => ExchangeError::Failed(e),
+                });
+            }
+            drop(head);
+            self.read_response(head_only, home)
+                .await
+                .map_err(ExchangeError::Failed)
         }
-        let head_only = req.method() == Method::HEAD;
-        drop(req);
-        self.read_response(head_only, home)
-            .await
-            .map_err(DirectSendError::Failed)
     }
 
-    /// Reads until a complete non-1xx head, then frames the body.
-    async fn read_response(
+    /// Reads until a complete non-1xx head, then frames the body. (A plain function returning
+    /// the future, as [`DirectConn::exchange`] is.)
+    #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
+    fn read_response(
         mut self,
         head_only: bool,
         home: Home,
-    ) -> Result<Response<DirectBody>, DirectError> {
-        loop {
-            // Nothing to parse yet (the usual case right after the request went out).
-            if self.buf.is_empty() {
-                if self.fill_head().await? == 0 {
-                    return Err(DirectError::ClosedBeforeHead);
-                }
-                continue;
-            }
-            match parse_head(&mut self.buf)? {
-                Some(Parsed::Interim) => continue,
-                Some(Parsed::Final(mut resp, keep_alive, seen)) => {
-                    let framing = framing(&mut resp, head_only, seen)?;
-                    let reusable = keep_alive && !matches!(framing, Framing::UntilClose);
-                    let body = DirectBody::new(self, framing, reusable, home);
-                    return Ok(resp.map(|()| body));
-                }
-                None => {
-                    if self.buf.len() >= MAX_HEAD_BYTES {
-                        return Err(DirectError::Invalid("response head too large"));
-                    }
+    ) -> impl Future<Output = Result<Response<DirectBody>, DirectError>> + Send {
+        async move {
+            loop {
+                // Nothing to parse yet (the usual case right after the request went out).
+                if self.buf.is_empty() {
                     if self.fill_head().await? == 0 {
                         return Err(DirectError::ClosedBeforeHead);
+                    }
+                    continue;
+                }
+                match parse_head(&mut self.buf)? {
+                    Some(Parsed::Interim) => continue,
+                    Some(Parsed::Final(mut resp, keep_alive, seen)) => {
+                        let framing = framing(&mut resp, head_only, seen)?;
+                        let reusable = keep_alive && !matches!(framing, Framing::UntilClose);
+                        let body = DirectBody::new(self, framing, reusable, home);
+                        return Ok(resp.map(|()| body));
+                    }
+                    None => {
+                        if self.buf.len() >= MAX_HEAD_BYTES {
+                            return Err(DirectError::Invalid("response head too large"));
+                        }
+                        if self.fill_head().await? == 0 {
+                            return Err(DirectError::ClosedBeforeHead);
+                        }
                     }
                 }
             }
@@ -246,16 +284,18 @@ fn unsent_kind(e: &io::Error) -> bool {
     )
 }
 
-/// The request line, the request's headers, then `extra`, as one buffer.
-fn encode_head(req: &Request<ReqBody>, extra: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let method = req.method().as_str();
-    let fields = || {
-        req.headers()
-            .iter()
-            .chain(extra.iter().map(|(n, v)| (n, v)))
-    };
-    let mut len = method.len() + target.len() + 14;
+/// A bodiless request's head as one buffer: the request line (`target` is the origin-form
+/// path and query), `Host: host` if given, the `headers`, then `extra`.
+pub fn encode_head(
+    method: &Method,
+    target: &str,
+    host: Option<&HeaderValue>,
+    headers: &HeaderMap,
+    extra: &[(HeaderName, HeaderValue)],
+) -> Vec<u8> {
+    let method = method.as_str();
+    let fields = || headers.iter().chain(extra.iter().map(|(n, v)| (n, v)));
+    let mut len = method.len() + target.len() + 14 + host.map_or(0, |h| h.len() + 8);
     for (name, value) in fields() {
         len += name.as_str().len() + value.len() + 4;
     }
@@ -264,6 +304,9 @@ fn encode_head(req: &Request<ReqBody>, extra: &[(HeaderName, HeaderValue)]) -> V
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(host) = host {
+        super::lane::put_field(&mut out, &http::header::HOST, host);
+    }
     for (name, value) in fields() {
         super::lane::put_field(&mut out, name, value);
     }

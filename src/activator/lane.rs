@@ -565,117 +565,135 @@ fn content_length(out: &mut Vec<u8>, n: u64) {
 }
 
 /// Writes the response; `Ok(true)` when the connection can carry another request.
-async fn write_response(
-    stream: &mut TcpStream,
-    out: &mut Vec<u8>,
+///
+/// The head is encoded at once, and only the body and the framing go into the future (a plain
+/// function, not an `async fn`, which would keep a second copy of `resp` in its state).
+fn write_response<'a>(
+    stream: &'a mut TcpStream,
+    out: &'a mut Vec<u8>,
     resp: Response<ActivatorBody>,
     opts: HeadOpts,
     te_trailers: bool,
-) -> io::Result<bool> {
+) -> impl Future<Output = io::Result<bool>> + Send + 'a {
     out.clear();
     let (parts, body) = resp.into_parts();
     let (framing, keep_alive) = encode_head(&parts, body.size_hint().exact(), opts, out);
     drop(parts);
-    if framing == Framing::None {
-        drop(body);
-        stream.write_all(out).await?;
-        return Ok(keep_alive);
-    }
-    let mut body = std::pin::pin!(body);
-    let mut left = match framing {
-        Framing::Length(n) => n,
-        _ => u64::MAX,
-    };
-    loop {
-        // Frames that are ready join the pending bytes; the bytes go out when the body would
-        // make us wait, or when a large frame comes.
-        let next = std::future::poll_fn(|cx| match body.as_mut().poll_frame(cx) {
-            Poll::Pending if !out.is_empty() => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(frame) => Poll::Ready(Some(frame)),
-        })
-        .await;
-        let frame = match next {
-            None => {
-                stream.write_all(out).await?;
-                out.clear();
-                continue;
-            }
-            Some(None) => break,
-            Some(Some(Ok(frame))) => frame,
-            Some(Some(Err(e))) => {
-                // The client gets what came before the failure, then the connection closes:
-                // a truncated response, never one that looks complete.
-                tracing::debug!(error = %e, "response body failed");
-                stream.write_all(out).await?;
-                return Ok(false);
-            }
-        };
-        let frame = match frame.into_data() {
-            Ok(data) => data,
-            Err(frame) => {
-                if let (Framing::Chunked, Ok(trailers)) = (framing, frame.into_trailers())
-                    && te_trailers
-                {
-                    write_trailers(out, &trailers);
-                    stream.write_all(out).await?;
-                    return Ok(keep_alive);
-                }
-                continue;
-            }
-        };
-        if frame.is_empty() {
-            continue;
+    write_body(stream, out, body, framing, keep_alive, te_trailers)
+}
+
+/// The body part of [`write_response`], after the head is in `out` (a plain function returning
+/// the future, for the same reason).
+#[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
+fn write_body<'a>(
+    stream: &'a mut TcpStream,
+    out: &'a mut Vec<u8>,
+    mut body: ActivatorBody,
+    framing: Framing,
+    keep_alive: bool,
+    te_trailers: bool,
+) -> impl Future<Output = io::Result<bool>> + Send + 'a {
+    async move {
+        if framing == Framing::None {
+            drop(body);
+            stream.write_all(out).await?;
+            return Ok(keep_alive);
         }
-        let data = match framing {
-            Framing::Length(_) => {
-                if frame.len() as u64 > left {
-                    tracing::debug!("response body longer than its length");
-                    let fits = frame.slice(..left as usize);
-                    write_data(stream, out, fits).await?;
+        let mut left = match framing {
+            Framing::Length(n) => n,
+            _ => u64::MAX,
+        };
+        loop {
+            // Frames that are ready join the pending bytes; the bytes go out when the body would
+            // make us wait, or when a large frame comes.
+            let next = std::future::poll_fn(|cx| match Pin::new(&mut body).poll_frame(cx) {
+                Poll::Pending if !out.is_empty() => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(frame) => Poll::Ready(Some(frame)),
+            })
+            .await;
+            let frame = match next {
+                None => {
+                    stream.write_all(out).await?;
+                    out.clear();
+                    continue;
+                }
+                Some(None) => break,
+                Some(Some(Ok(frame))) => frame,
+                Some(Some(Err(e))) => {
+                    // The client gets what came before the failure, then the connection closes:
+                    // a truncated response, never one that looks complete.
+                    tracing::debug!(error = %e, "response body failed");
+                    stream.write_all(out).await?;
                     return Ok(false);
                 }
-                left -= frame.len() as u64;
-                frame
+            };
+            let frame = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let (Framing::Chunked, Ok(trailers)) = (framing, frame.into_trailers())
+                        && te_trailers
+                    {
+                        write_trailers(out, &trailers);
+                        stream.write_all(out).await?;
+                        return Ok(keep_alive);
+                    }
+                    continue;
+                }
+            };
+            if frame.is_empty() {
+                continue;
             }
+            let data = match framing {
+                Framing::Length(_) => {
+                    if frame.len() as u64 > left {
+                        tracing::debug!("response body longer than its length");
+                        let fits = frame.slice(..left as usize);
+                        write_data(stream, out, fits).await?;
+                        return Ok(false);
+                    }
+                    left -= frame.len() as u64;
+                    frame
+                }
+                Framing::Chunked => {
+                    chunk_line(out, frame.len());
+                    frame
+                }
+                _ => frame,
+            };
+            let chunked = framing == Framing::Chunked;
+            if data.len() <= COPY_MAX {
+                out.extend_from_slice(&data);
+                if chunked {
+                    out.extend_from_slice(b"\r\n");
+                }
+                if out.len() >= FLUSH_AT {
+                    stream.write_all(out).await?;
+                    out.clear();
+                }
+            } else {
+                write_data(stream, out, data).await?;
+                if chunked {
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
+        }
+        let complete = match framing {
+            Framing::Length(_) => left == 0,
             Framing::Chunked => {
-                chunk_line(out, frame.len());
-                frame
+                out.extend_from_slice(b"0\r\n\r\n");
+                true
             }
-            _ => frame,
+            _ => true,
         };
-        let chunked = framing == Framing::Chunked;
-        if data.len() <= COPY_MAX {
-            out.extend_from_slice(&data);
-            if chunked {
-                out.extend_from_slice(b"\r\n");
-            }
-            if out.len() >= FLUSH_AT {
-                stream.write_all(out).await?;
-                out.clear();
-            }
-        } else {
-            write_data(stream, out, data).await?;
-            if chunked {
-                out.extend_from_slice(b"\r\n");
-            }
+        if !out.is_empty() {
+            stream.write_all(out).await?;
         }
-    }
-    let complete = match framing {
-        Framing::Length(_) => left == 0,
-        Framing::Chunked => {
-            out.extend_from_slice(b"0\r\n\r\n");
-            true
+        if !complete {
+            tracing::debug!(missing = left, "response body ended short of its length");
         }
-        _ => true,
-    };
-    if !out.is_empty() {
-        stream.write_all(out).await?;
+        Ok(keep_alive && complete && framing != Framing::Close)
     }
-    if !complete {
-        tracing::debug!(missing = left, "response body ended short of its length");
-    }
-    Ok(keep_alive && complete && framing != Framing::Close)
 }
 
 /// A chunk-size line: `len` in hex, then CRLF.

@@ -16,6 +16,7 @@
 //! Every error goes through `ActivatorError::into_response`, the one place that maps errors to
 //! status codes.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -79,81 +80,87 @@ impl ClientBody for () {
 
 /// [`handle`] for any [`ClientBody`], borrowing the activator (the fast lane calls this once per
 /// request without touching the shared `Arc`'s count).
-pub async fn respond<B: ClientBody>(
-    act: &Arc<Activator>,
+///
+/// A plain function returning the future (here and in [`proxy_request`]): an `async fn` keeps a
+/// second copy of each argument in its state, and this state is moved for every request.
+#[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
+pub fn respond<'a, B: ClientBody + Send + 'a>(
+    act: &'a Arc<Activator>,
     peer: SocketAddr,
     conn: ConnActive,
     req: Request<B>,
     early: Option<EarlyHold>,
-) -> Response<ActivatorBody> {
-    let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
-    // The few live-config values a request needs, copied out: no `Arc` clone of the config
-    // (its refcount would bounce between the workers' cores on every request).
-    let cfg = RequestConfig::from(&**act.deps.config.load());
-    // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
-    let (method, uri) = (req.method().clone(), req.uri().clone());
-    let path = uri.path();
-    // Probes, limits and routing read the headers found in one pass (in a block: a held
-    // request's future does not keep that pass's findings).
-    let routed = {
-        let seen = routing::Seen::scan(req.headers());
-        if let Some(p) = routing::probe(&seen) {
-            return answer_probe(p, act.is_draining());
-        }
-        if let Err((what, actual, limit)) =
-            hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
-        {
-            act.unrouted.answered(431);
-            let err = ActivatorError::HeadersTooLarge {
-                what,
-                actual,
-                limit,
-            };
-            return err.into_response(cfg.retry_after);
-        }
-        // An early hold routed this request already: it stays with the revision it was held
-        // for, as a request held here would, even if the catalog changed meanwhile.
-        match &early {
-            Some(e) => Ok(e.state.clone()),
-            None => routing::target(&seen, req.uri())
-                .map_err(ActivatorError::NotFound)
-                .and_then(|t| act.resolve(t)),
-        }
-    };
-    let state = match routed {
-        Ok(state) => state,
-        Err(e) => {
-            act.unrouted.answered(e.status().as_u16());
-            tracing::debug!(%method, %path, error = %e, "not routed");
-            return e.into_response(cfg.retry_after);
-        }
-    };
-    let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-    let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
-        .instrument(span)
-        .await;
-    let resp = result.unwrap_or_else(|e| {
-        if matches!(
-            e,
-            ActivatorError::UpstreamConnect { .. }
-                | ActivatorError::Upstream { .. }
-                | ActivatorError::ResponseStartTimeout { .. }
-        ) {
-            state.metrics.upstream_errors.inc();
-        }
-        tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
-        e.into_response(cfg.retry_after)
-    });
-    state.metrics.answered(resp.status().as_u16());
-    tracing::debug!(
-        revision = %state.key,
-        %method,
-        %path,
-        status = resp.status().as_u16(),
-        ms = started.elapsed().as_millis() as u64,
-        "access"
-    );
-    resp
+) -> impl Future<Output = Response<ActivatorBody>> + Send + 'a {
+    async move {
+        let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
+        // The few live-config values a request needs, copied out: no `Arc` clone of the config
+        // (its refcount would bounce between the workers' cores on every request).
+        let cfg = RequestConfig::from(&**act.deps.config.load());
+        // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
+        let (method, uri) = (req.method().clone(), req.uri().clone());
+        let path = uri.path();
+        // Probes, limits and routing read the headers found in one pass (in a block: a held
+        // request's future does not keep that pass's findings).
+        let routed = {
+            let seen = routing::Seen::scan(req.headers());
+            if let Some(p) = routing::probe(&seen) {
+                return answer_probe(p, act.is_draining());
+            }
+            if let Err((what, actual, limit)) =
+                hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
+            {
+                act.unrouted.answered(431);
+                let err = ActivatorError::HeadersTooLarge {
+                    what,
+                    actual,
+                    limit,
+                };
+                return err.into_response(cfg.retry_after);
+            }
+            // An early hold routed this request already: it stays with the revision it was held
+            // for, as a request held here would, even if the catalog changed meanwhile.
+            match &early {
+                Some(e) => Ok(e.state.clone()),
+                None => routing::target(&seen, req.uri())
+                    .map_err(ActivatorError::NotFound)
+                    .and_then(|t| act.resolve(t)),
+            }
+        };
+        let state = match routed {
+            Ok(state) => state,
+            Err(e) => {
+                act.unrouted.answered(e.status().as_u16());
+                tracing::debug!(%method, %path, error = %e, "not routed");
+                return e.into_response(cfg.retry_after);
+            }
+        };
+        let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
+        let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
+            .instrument(span)
+            .await;
+        let resp = result.unwrap_or_else(|e| {
+            if matches!(
+                e,
+                ActivatorError::UpstreamConnect { .. }
+                    | ActivatorError::Upstream { .. }
+                    | ActivatorError::ResponseStartTimeout { .. }
+            ) {
+                state.metrics.upstream_errors.inc();
+            }
+            tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
+            e.into_response(cfg.retry_after)
+        });
+        state.metrics.answered(resp.status().as_u16());
+        tracing::debug!(
+            revision = %state.key,
+            %method,
+            %path,
+            status = resp.status().as_u16(),
+            ms = started.elapsed().as_millis() as u64,
+            "access"
+        );
+        resp
+    }
 }
 
 fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
@@ -273,127 +280,130 @@ fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn proxy_request<B: ClientBody>(
-    act: &Arc<Activator>,
-    state: &Arc<RevisionState>,
+#[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
+fn proxy_request<'a, B: ClientBody + Send + 'a>(
+    act: &'a Arc<Activator>,
+    state: &'a Arc<RevisionState>,
     peer: SocketAddr,
     conn: ConnActive,
     mut req: Request<B>,
     started: Instant,
-    cfg: &RequestConfig,
+    cfg: &'a RequestConfig,
     early: Option<EarlyHold>,
-) -> Result<Response<ActivatorBody>, ActivatorError> {
-    // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
-    let (terms, protocol) = {
-        let spec = state.spec.load();
-        (HoldTerms::new(&spec, cfg.max_held_requests), spec.protocol)
-    };
-    let timeouts = terms.timeouts;
-    let deadline = started + timeouts.total;
-    let (mut ticket, cold, outcome) = match early {
-        Some(e) => {
-            let mut ticket = e.ticket;
-            ticket.attach_conn(conn);
-            (ticket, e.cold, e.outcome)
+) -> impl Future<Output = Result<Response<ActivatorBody>, ActivatorError>> + Send + 'a {
+    async move {
+        // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
+        let (terms, protocol) = {
+            let spec = state.spec.load();
+            (HoldTerms::new(&spec, cfg.max_held_requests), spec.protocol)
+        };
+        let timeouts = terms.timeouts;
+        let deadline = started + timeouts.total;
+        let (mut ticket, cold, outcome) = match early {
+            Some(e) => {
+                let mut ticket = e.ticket;
+                ticket.attach_conn(conn);
+                (ticket, e.cold, e.outcome)
+            }
+            None => {
+                let ticket = Ticket::arrive(state.clone(), Some(conn));
+                let (cold, outcome) = hold(act, state, terms, started).await;
+                (ticket, cold, outcome)
+            }
+        };
+        let admission = outcome.map_err(|r| rejected(state, r))?;
+        if let Some(held) = admission.held_for {
+            state.metrics.hold_seconds.observe(held.as_secs_f64());
         }
-        None => {
-            let ticket = Ticket::arrive(state.clone(), Some(conn));
-            let (cold, outcome) = hold(act, state, terms, started).await;
-            (ticket, cold, outcome)
-        }
-    };
-    let admission = outcome.map_err(|r| rejected(state, r))?;
-    if let Some(held) = admission.held_for {
-        state.metrics.hold_seconds.observe(held.as_secs_f64());
-    }
-    let held_for = admission.held_for;
-    ticket.set_slot(admission.in_flight);
+        let held_for = admission.held_for;
+        ticket.set_slot(admission.in_flight);
 
-    let upgrade = req.version() == Version::HTTP_11 && hdr::is_upgrade(req.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (parts, body) = req.into_parts();
-    let mut headers = parts.headers;
-    // One pass over the (few) headers again rather than keeping what the first pass found in
-    // the state of every held request; scoped, so only its results outlive it.
-    let (original_host, request_id, generated) = {
-        let seen = routing::Seen::scan(&headers);
-        let original_host = seen.host.cloned().or_else(|| {
-            let authority = parts.uri.authority()?;
-            HeaderValue::from_str(authority.as_str()).ok()
-        });
-        match seen.request_id {
-            Some(id) => (original_host, id.clone(), false),
-            None => (original_host, hdr::new_request_id(), true),
+        let upgrade = req.version() == Version::HTTP_11 && hdr::is_upgrade(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (parts, body) = req.into_parts();
+        let mut headers = parts.headers;
+        // One pass over the (few) headers again rather than keeping what the first pass found in
+        // the state of every held request; scoped, so only its results outlive it.
+        let (original_host, request_id, generated) = {
+            let seen = routing::Seen::scan(&headers);
+            let original_host = seen.host.cloned().or_else(|| {
+                let authority = parts.uri.authority()?;
+                HeaderValue::from_str(authority.as_str()).ok()
+            });
+            match seen.request_id {
+                Some(id) => (original_host, id.clone(), false),
+                None => (original_host, hdr::new_request_id(), true),
+            }
+        };
+        let mut additions =
+            hdr::upstream_additions(&mut headers, original_host, Some(peer.ip()), upgrade);
+        if generated {
+            additions.push((X_REQUEST_ID, request_id.clone()));
         }
-    };
-    let mut additions =
-        hdr::upstream_additions(&mut headers, original_host, Some(peer.ip()), upgrade);
-    if generated {
-        additions.push((X_REQUEST_ID, request_id.clone()));
-    }
-    let out = Outbound {
-        method: parts.method,
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        headers,
-        additions,
-        body: body.into_req_body(),
-        protocol: if upgrade { Protocol::Http1 } else { protocol },
-        upgrade,
-    };
-    let attempt_limits = AttemptLimits {
-        connect_retries: cfg.connect_retries,
-        response_start: timeouts.response_start,
-        deadline,
-        started,
-    };
-    // Boxed: the upstream call's state is the largest part of this future, and a held request
-    // (thousands at a cold start) should carry only the small holding state.
-    let upstream = act.upstream();
-    let (mut resp, addr, conn) =
-        Box::pin(proxy::forward(&upstream, &mut ticket, out, attempt_limits)).await?;
-    if state.cold.awaiting_first_byte() {
-        let m = &act.deps.telemetry.activator;
-        state.cold.on_first_byte(Instant::now(), m, &state.key);
-    }
-    tracing::debug!(%addr, status = resp.status().as_u16(), "upstream answered");
+        let out = Outbound {
+            method: parts.method,
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+            headers,
+            additions,
+            body: body.into_req_body(),
+            protocol: if upgrade { Protocol::Http1 } else { protocol },
+            upgrade,
+        };
+        let attempt_limits = AttemptLimits {
+            connect_retries: cfg.connect_retries,
+            response_start: timeouts.response_start,
+            deadline,
+            started,
+        };
+        // Boxed: the upstream call's state is the largest part of this future, and a held request
+        // (thousands at a cold start) should carry only the small holding state.
+        let upstream = act.upstream();
+        let (mut resp, addr, conn) =
+            proxy::forward(&upstream, &mut ticket, out, attempt_limits).await?;
+        if state.cold.awaiting_first_byte() {
+            let m = &act.deps.telemetry.activator;
+            state.cold.on_first_byte(Instant::now(), m, &state.key);
+        }
+        tracing::debug!(%addr, status = resp.status().as_u16(), "upstream answered");
 
-    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    hdr::strip_hop_by_hop(resp.headers_mut(), switching);
-    let h = resp.headers_mut();
-    // The upstream's own id stands; else the request's (one hashed lookup, not two).
-    h.entry(X_REQUEST_ID).or_insert(request_id);
-    if let Some(held) = held_for {
-        let name = if cold { "cold-start" } else { "queue" };
-        let timing = format!("{name};dur={:.1}", held.as_secs_f64() * 1000.0);
-        h.append(
-            SERVER_TIMING,
-            HeaderValue::from_str(&timing).expect("ascii"),
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        hdr::strip_hop_by_hop(resp.headers_mut(), switching);
+        let h = resp.headers_mut();
+        // The upstream's own id stands; else the request's (one hashed lookup, not two).
+        h.entry(X_REQUEST_ID).or_insert(request_id);
+        if let Some(held) = held_for {
+            let name = if cold { "cold-start" } else { "queue" };
+            let timing = format!("{name};dur={:.1}", held.as_secs_f64() * 1000.0);
+            h.append(
+                SERVER_TIMING,
+                HeaderValue::from_str(&timing).expect("ascii"),
+            );
+        }
+        if switching {
+            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            if let Some(client_upgrade) = client_upgrade {
+                spawn_tunnel(act, client_upgrade, upstream_upgrade, ticket);
+            }
+            return Ok(resp.map(|_| ActivatorBody::empty()));
+        }
+        let (head, incoming) = resp.into_parts();
+        let body = ProxiedBody::new(
+            incoming,
+            timeouts.idle,
+            deadline,
+            ticket,
+            state.metrics.upstream_errors.clone(),
+            conn,
         );
+        Ok(Response::from_parts(
+            head,
+            ActivatorBody::Proxied(Box::new(body)),
+        ))
     }
-    if switching {
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        if let Some(client_upgrade) = client_upgrade {
-            spawn_tunnel(act, client_upgrade, upstream_upgrade, ticket);
-        }
-        return Ok(resp.map(|_| ActivatorBody::empty()));
-    }
-    let (head, incoming) = resp.into_parts();
-    let body = ProxiedBody::new(
-        incoming,
-        timeouts.idle,
-        deadline,
-        ticket,
-        state.metrics.upstream_errors.clone(),
-        conn,
-    );
-    Ok(Response::from_parts(
-        head,
-        ActivatorBody::Proxied(Box::new(body)),
-    ))
 }
 
 /// Pokes the scaler for a cold revision: at once on the first request of a cold start, again

@@ -389,32 +389,26 @@ impl Upstream {
         Ok(self.conn(kind, addr, false))
     }
 
-    /// An idle pooled connection to `addr`, if one is ready: a direct one (`direct`, see
-    /// [`direct`]) or one of hyper's for `protocol`. No waiting, so no timeout to arm: the
-    /// usual case of [`Upstream::connect_direct`] and [`Upstream::connect`].
-    pub fn pooled_now(&self, addr: SocketAddr, direct: bool, protocol: Protocol) -> Option<Conn> {
-        let kind = if direct {
-            ConnKind::Direct(self.checkout_direct(addr)?)
-        } else {
-            self.checkout(addr, protocol)?
-        };
+    /// An idle pooled connection of hyper's to `addr` for `protocol`, if one is ready. No
+    /// waiting, so no timeout to arm: the usual case of [`Upstream::connect`].
+    pub fn pooled_now(&self, addr: SocketAddr, protocol: Protocol) -> Option<Conn> {
+        let kind = self.checkout(addr, protocol)?;
         Some(self.conn(kind, addr, true))
     }
 
     /// A direct connection to `addr` for one bodiless HTTP/1.1 request (see [`direct`]): an
     /// idle pooled one that is still usable, or a new one.
     pub async fn connect_direct(&self, addr: SocketAddr) -> Result<Conn, ConnectError> {
-        if let Some(conn) = self.checkout_direct(addr) {
+        if let Some(conn) = self.idle_direct(addr) {
             return Ok(self.conn(ConnKind::Direct(conn), addr, true));
         }
-        let stream = Box::pin(self.tcp(addr)).await?;
-        tracing::debug!(%addr, "direct upstream connection opened");
-        Ok(self.conn(ConnKind::Direct(DirectConn::new(stream)), addr, false))
+        let conn = self.open_direct(addr).await?;
+        Ok(self.conn(ConnKind::Direct(conn), addr, false))
     }
 
-    /// The most recently given back direct connection that is still usable; unusable ones met
-    /// on the way are dropped.
-    fn checkout_direct(&self, addr: SocketAddr) -> Option<DirectConn> {
+    /// The most recently given back direct connection to `addr` that is still usable; unusable
+    /// ones met on the way are dropped. No waiting.
+    pub fn idle_direct(&self, addr: SocketAddr) -> Option<DirectConn> {
         let mut map = self.shared.lock();
         let idle = &mut map.get_mut(&addr)?.direct;
         while let Some(c) = idle.pop() {
@@ -423,6 +417,21 @@ impl Upstream {
             }
         }
         None
+    }
+
+    /// Opens a new direct connection to `addr` (within the connect timeout).
+    pub async fn open_direct(&self, addr: SocketAddr) -> Result<DirectConn, ConnectError> {
+        let stream = Box::pin(self.tcp(addr)).await?;
+        tracing::debug!(%addr, "direct upstream connection opened");
+        Ok(DirectConn::new(stream))
+    }
+
+    /// Where a direct connection to `addr` goes back when its response has ended.
+    pub fn home(&self, addr: SocketAddr) -> Home {
+        Home {
+            shared: self.shared.clone(),
+            addr,
+        }
     }
 
     /// A TCP connection to `addr` with `TCP_NODELAY`, within the connect timeout.

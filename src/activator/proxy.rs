@@ -9,7 +9,9 @@
 //! Anything else — a failure after the first byte may have left, a response-start timeout — is
 //! never retried.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
@@ -21,7 +23,8 @@ use super::headers::{Additions, set_target_host};
 use super::ticket::Ticket;
 use crate::revision::Protocol;
 
-use super::pool::SendError;
+use super::direct::{self, DirectError, ExchangeError};
+use super::pool::{ConnectError, SendError};
 pub use super::pool::{ReqBody, RespBody, Reusable, Upstream};
 
 /// A request prepared for forwarding.
@@ -99,21 +102,103 @@ pub type Forwarded = (Response<RespBody>, SocketAddr, Option<Reusable>);
 /// Sends `out` to the endpoint of `ticket`'s slot; on a connect failure moves the ticket to
 /// another endpoint and tries again (see the module doc). The request's headers are moved into
 /// the request once, never copied per attempt.
-pub async fn forward(
+///
+/// Boxed: a held request carries only this pointer, and each path's state is only its own.
+/// Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`), the rest
+/// through hyper's client.
+pub fn forward<'a>(
+    upstream: &'a Upstream,
+    ticket: &'a mut Ticket,
+    out: Outbound,
+    limits: AttemptLimits,
+) -> Pin<Box<dyn Future<Output = Result<Forwarded, ActivatorError>> + Send + 'a>> {
+    if out.protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty) {
+        Box::pin(forward_direct(upstream, ticket, out, limits))
+    } else {
+        Box::pin(forward_hyper(upstream, ticket, out, limits))
+    }
+}
+
+/// [`forward`] over a direct connection. The head is encoded once per endpoint, with the
+/// endpoint's `Host` and the additions written after the client's headers (the map is never
+/// touched); a pooled connection found closed gets the same bytes again on a new one.
+///
+/// A plain function returning the future: an `async fn` would keep a second copy of `out` in
+/// its state, and this state is allocated and moved for every warm request.
+#[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
+fn forward_direct<'a>(
+    upstream: &'a Upstream,
+    ticket: &'a mut Ticket,
+    out: Outbound,
+    limits: AttemptLimits,
+) -> impl Future<Output = Result<Forwarded, ActivatorError>> + Send + 'a {
+    async move {
+        let head_only = out.method == Method::HEAD;
+        let mut tried: Vec<SocketAddr> = Vec::new();
+        // A head given back unsent, and the endpoint it was written for.
+        let mut unsent: Option<(SocketAddr, Vec<u8>)> = None;
+        loop {
+            let slot = ticket.slot().expect("forward needs an admitted ticket");
+            let addr = slot.addr();
+            let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
+            // A pooled connection is had at once; only opening one waits (under the deadline).
+            let (conn, reused) = match upstream.idle_direct(addr) {
+                Some(conn) => (conn, true),
+                None => {
+                    let opening =
+                        tokio::time::timeout_at(start_deadline, upstream.open_direct(addr));
+                    match Box::pin(opening).await {
+                        Ok(Ok(conn)) => (conn, false),
+                        Ok(Err(e)) => {
+                            retry_elsewhere(ticket, &mut tried, addr, e, &limits)?;
+                            continue;
+                        }
+                        Err(_) => return Err(timeout_error(ticket, addr, &limits)),
+                    }
+                }
+            };
+            let head = match unsent.take() {
+                Some((a, head)) if a == addr => head,
+                _ => {
+                    let target = out.path_and_query.as_str();
+                    let host = ticket.slot().map(|s| s.endpoint().host_value());
+                    direct::encode_head(&out.method, target, host, &out.headers, &out.additions)
+                }
+            };
+            let home = upstream.home(addr);
+            // The response-start deadline is the connection's to keep (it reuses its timer
+            // across requests).
+            match conn.exchange(head, head_only, home, start_deadline).await {
+                Ok(resp) => return Ok((resp.map(RespBody::Direct), addr, None)),
+                Err(ExchangeError::Unsent(head, e)) if reused => {
+                    tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
+                    unsent = Some((addr, head));
+                }
+                Err(ExchangeError::Failed(DirectError::TimedOut)) => {
+                    return Err(timeout_error(ticket, addr, &limits));
+                }
+                Err(ExchangeError::Unsent(_, e) | ExchangeError::Failed(e)) => {
+                    return Err(ActivatorError::Upstream {
+                        revision: ticket.state().key.clone(),
+                        endpoint: addr,
+                        source: e.into(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// [`forward`] through hyper's client (a body, an upgrade, or h2c).
+async fn forward_hyper(
     upstream: &Upstream,
     ticket: &mut Ticket,
     mut out: Outbound,
     limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
-    // Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`).
-    let direct = protocol == Protocol::Http1 && !out.upgrade && matches!(out.body, ReqBody::Empty);
-    // Hyper's client takes the additions in the request's map; a direct connection writes
-    // them after the map's headers, so the map never grows for them.
-    let mut additions = std::mem::take(&mut out.additions);
-    if !direct {
-        out.headers.extend(additions.drain(..));
-    }
+    // Hyper's client takes the additions in the request's map.
+    out.headers.extend(std::mem::take(&mut out.additions));
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {
@@ -122,49 +207,24 @@ pub async fn forward(
         let addr = endpoint.addr();
         let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
         // A pooled connection is had at once; only opening one waits (under the deadline).
-        let pooled = upstream.pooled_now(addr, direct, protocol);
-        let connected = match pooled {
+        let connected = match upstream.pooled_now(addr, protocol) {
             Some(conn) => Ok(Ok(conn)),
             None => {
-                let connecting = async {
-                    if direct {
-                        upstream.connect_direct(addr).await
-                    } else {
-                        upstream.connect(addr, protocol).await
-                    }
-                };
+                let connecting = upstream.connect(addr, protocol);
                 Box::pin(tokio::time::timeout_at(start_deadline, connecting)).await
             }
         };
         let conn = match connected {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
-                tried.push(addr);
-                let attempts = tried.len() as u32;
-                let next = (attempts <= limits.connect_retries)
-                    .then(|| ticket.state().throttler.try_acquire_avoiding(&tried))
-                    .flatten();
-                let Some(next) = next else {
-                    return Err(ActivatorError::UpstreamConnect {
-                        revision: ticket.state().key.clone(),
-                        endpoint: addr,
-                        attempts,
-                        source: e,
-                    });
-                };
-                tracing::debug!(%addr, next = %next.addr(), error = %e, "connect failed; retrying");
-                ticket.state().metrics.retries.inc();
-                ticket.release_slot();
-                ticket.set_slot(next);
+                retry_elsewhere(ticket, &mut tried, addr, e, &limits)?;
                 continue;
             }
             Err(_) => return Err(timeout_error(ticket, addr, &limits)),
         };
         let reused = conn.reused();
         aim(&mut req, endpoint, protocol);
-        // The response-start deadline is the connection's to keep (a direct connection
-        // reuses its timer across requests).
-        match conn.send(req, &additions, start_deadline).await {
+        match conn.send(req, &[], start_deadline).await {
             Ok((resp, reusable)) => return Ok((resp, addr, reusable)),
             Err(SendError::Unsent(back, e)) if reused => {
                 tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
@@ -180,6 +240,35 @@ pub async fn forward(
             Err(SendError::TimedOut) => return Err(timeout_error(ticket, addr, &limits)),
         }
     }
+}
+
+/// After a failed connect to `addr`: moves the ticket to another endpoint (not tried yet) if
+/// the retries allow and one has room, else the request's error.
+fn retry_elsewhere(
+    ticket: &mut Ticket,
+    tried: &mut Vec<SocketAddr>,
+    addr: SocketAddr,
+    e: ConnectError,
+    limits: &AttemptLimits,
+) -> Result<(), ActivatorError> {
+    tried.push(addr);
+    let attempts = tried.len() as u32;
+    let next = (attempts <= limits.connect_retries)
+        .then(|| ticket.state().throttler.try_acquire_avoiding(tried))
+        .flatten();
+    let Some(next) = next else {
+        return Err(ActivatorError::UpstreamConnect {
+            revision: ticket.state().key.clone(),
+            endpoint: addr,
+            attempts,
+            source: e,
+        });
+    };
+    tracing::debug!(%addr, next = %next.addr(), error = %e, "connect failed; retrying");
+    ticket.state().metrics.retries.inc();
+    ticket.release_slot();
+    ticket.set_slot(next);
+    Ok(())
 }
 
 fn timeout_error(ticket: &Ticket, addr: SocketAddr, limits: &AttemptLimits) -> ActivatorError {
