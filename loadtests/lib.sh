@@ -232,6 +232,18 @@ hey_summary() {
         END { printf "%s %s %s %d\n", rps, p50, p99, err }' "$f"
 }
 
+# steal_pct_since TICKS_BEFORE: what share (percent) of all CPU time since the `cpu_ticks` snapshot
+# the hypervisor took away (steal, /proc/stat). A run with much steal measured the host, not us.
+cpu_ticks() {
+    awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $9 }' /proc/stat
+}
+steal_pct_since() {
+    # shellcheck disable=SC2086
+    set -- $1 $(cpu_ticks)
+    awk -v t0="$1" -v s0="$2" -v t1="$3" -v s1="$4" \
+        'BEGIN { d = t1 - t0; printf "%.1f", (d > 0) ? 100 * (s1 - s0) / d : 0 }'
+}
+
 # cpu_ms PID...: user + system CPU time of the given processes so far, in ms (from /proc/PID/stat).
 cpu_ms() {
     local tck total=0 p t

@@ -7,23 +7,28 @@
 # has runtime worker threads = nproc, upstream keepalive, access_log off) proxies to that same
 # address. For each connection count, wrk runs against thaw then nginx (fixed duration), then
 # hey (or ab if hey is unavailable) does the same as a second opinion. This is repeated ROUNDS
-# times, alternating the two proxies, so drift in a shared VM does not favour either; prints
-# every run, then per tool and connection count the median of the per-round thaw/nginx ratios.
+# times, alternating the two proxies and which of them goes first (odd rounds thaw, even rounds
+# nginx), so drift in a shared VM favours neither; prints every run, then per tool and connection
+# count the median of the per-round thaw/nginx ratios. Each run records the share of CPU time the
+# hypervisor stole meanwhile (/proc/stat); a pair in which either run lost more than MAX_STEAL
+# percent measured the host, not the proxies, and is left out of the medians (and counted).
 #
-# Knobs (environment): ROUNDS (3), DURATION (6s per run), CONNS ("32 64"), HEY_CONNS (64),
+# Knobs (environment): ROUNDS (5), DURATION (4s per run), CONNS ("32 64"), HEY_CONNS (64),
 # RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
 # even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
-# WRK_THREADS (nproc). Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
+# WRK_THREADS (nproc), MAX_STEAL (2, percent).
+# Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-ROUNDS=${ROUNDS:-3}
-DURATION=${DURATION:-6s}
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-4s}
 CONNS=${CONNS:-32 64}
 HEY_CONNS=${HEY_CONNS:-64}
 RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
 REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
+MAX_STEAL=${MAX_STEAL:-2}
 HOST=warm.default.example.com
 
 lt_init warm
@@ -106,28 +111,30 @@ proxy_cpu() {
 ROWS=()
 
 run_wrk() {  # name conns
-    local f="$OUT/wrk-$1-c$2-r$ROUND.txt" cpu0 n
+    local f="$OUT/wrk-$1-c$2-r$ROUND.txt" cpu0 n ticks
     log "wrk -t$WRK_THREADS -c$2 -d$DURATION -> $1"
     # shellcheck disable=SC2086
     cpu0=$(cpu_ms ${PIDS[$1]})
+    ticks=$(cpu_ticks)
     wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" "${TARGET[$1]}" >"$f"
     n=$(awk '/requests in/ { print $1 }' "$f")
-    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
+    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
 }
 
 run_second() {  # name conns
-    local f="$OUT/$SECOND-$1-c$2-r$ROUND.txt" cpu0 n
+    local f="$OUT/$SECOND-$1-c$2-r$ROUND.txt" cpu0 n ticks
     log "$SECOND -c$2 ($DURATION) -> $1"
     # shellcheck disable=SC2086
     cpu0=$(cpu_ms ${PIDS[$1]})
+    ticks=$(cpu_ticks)
     if [ "$SECOND" = hey ]; then
         hey -z "$DURATION" -c "$2" -host "$HOST" "${TARGET[$1]}" >"$f"
         n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
-        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
+        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
     else
         ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" "${TARGET[$1]}" >"$f" 2>&1 || true
         n=$(awk '/^Complete requests:/ { print $3 }' "$f")
-        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND")
+        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
     fi
 }
 
@@ -143,12 +150,11 @@ wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[thaw]}" >/dev/null
 wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[nginx]}" >/dev/null
 
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    if ((ROUND % 2)); then order="thaw nginx"; else order="nginx thaw"; fi
     for c in $CONNS; do
-        run_wrk thaw "$c"
-        run_wrk nginx "$c"
+        for p in $order; do run_wrk "$p" "$c"; done
     done
-    run_second thaw "$HEY_CONNS"
-    run_second nginx "$HEY_CONNS"
+    for p in $order; do run_second "$p" "$HEY_CONNS"; done
 done
 
 # Still one replica, the same one nginx used (the comparison is only fair if so).
@@ -159,28 +165,36 @@ done
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
     echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
     echo
-    echo "$ROUNDS rounds, thaw and nginx alternating within each"
+    echo "$ROUNDS rounds, thaw and nginx alternating within each (odd rounds thaw first);" \
+        "pairs with a run above $MAX_STEAL% steal are left out of the medians"
     echo
-    printf '%s\n' "${ROWS[@]}" | python3 -c '
-import statistics, sys
+    printf '%s\n' "${ROWS[@]}" | MAX_STEAL="$MAX_STEAL" python3 -c '
+import os, statistics, sys
+max_steal = float(os.environ["MAX_STEAL"])
 rows = [l.split() for l in sys.stdin if l.strip()]
-print("| round | tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| round | tool | conns | proxy | req/s | p50 ms | p99 ms | errors | proxy CPU us/req | steal % |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    tool, c, proxy, rps, p50, p99, err, cpu, rnd = r
-    print(f"| {rnd} | {tool} | {c[1:]} | {proxy} | {float(rps):.0f} | {p50} | {p99} | {err} | {cpu} |")
+    tool, c, proxy, rps, p50, p99, err, cpu, rnd, steal = r
+    print(f"| {rnd} | {tool} | {c[1:]} | {proxy} | {float(rps):.0f} | {p50} | {p99} | {err} "
+          f"| {cpu} | {steal} |")
 print()
 print("| tool | conns | thaw/nginx req/s per round | median | thaw/nginx p99 per round | median "
-      "| CPU us/req thaw / nginx (medians) | target met (median req/s >= 1, median p99 <= 1) |")
-print("|---|---|---|---|---|---|---|---|")
+      "| CPU us/req thaw / nginx (medians) | pairs left out for steal "
+      "| target met (median req/s >= 1, median p99 <= 1) |")
+print("|---|---|---|---|---|---|---|---|---|")
 groups = {}
 for r in rows:
     groups.setdefault((r[0], r[1]), {}).setdefault(r[8], {})[r[2]] = r
 for (tool, c), by_round in groups.items():
     num = lambda x: x.replace(".", "", 1).isdigit()
-    pairs = [v for v in by_round.values() if "thaw" in v and "nginx" in v
-             and all(num(v[p][3]) and num(v[p][5]) for p in ("thaw", "nginx"))]
+    complete = [v for v in by_round.values() if "thaw" in v and "nginx" in v
+                and all(num(v[p][3]) and num(v[p][5]) for p in ("thaw", "nginx"))]
+    pairs = [v for v in complete
+             if all(float(v[p][9]) <= max_steal for p in ("thaw", "nginx"))]
+    stolen = len(complete) - len(pairs)
     if not pairs:
+        print(f"| {tool} | {c[1:]} | - | - | - | - | - | {stolen} of {len(complete)} | NO (all stolen) |")
         continue
     rr = [float(p["thaw"][3]) / float(p["nginx"][3]) for p in pairs]
     pr = [float(p["thaw"][5]) / float(p["nginx"][5]) for p in pairs]
@@ -190,6 +204,6 @@ for (tool, c), by_round in groups.items():
     met = "yes" if mr >= 1 and mp <= 1 else "NO"
     fmt = lambda xs: " ".join("%.2f" % x for x in xs)
     print(f"| {tool} | {c[1:]} | {fmt(rr)} | {mr:.2f} | {fmt(pr)} | {mp:.2f} "
-          f"| {cpu_t:.1f} / {cpu_n:.1f} | {met} |")
+          f"| {cpu_t:.1f} / {cpu_n:.1f} | {stolen} of {len(complete)} | {met} |")
 '
 } | tee "$OUT/summary.md"
