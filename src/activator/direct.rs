@@ -443,6 +443,16 @@ impl ContentLength {
         let Ok(mut length) = self.0 else {
             return;
         };
+        // The usual value: digits only (no list, no spaces), at most 19 of them (fits a u64).
+        let b = v.as_bytes();
+        if !b.is_empty() && b.len() <= 19 && b.iter().all(u8::is_ascii_digit) {
+            let n = b.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            self.0 = match length {
+                Some(l) if l != n => Err("conflicting Content-Length values"),
+                _ => Ok(Some(n)),
+            };
+            return;
+        }
         self.0 = (|| {
             let s = v.to_str().map_err(|_| "invalid Content-Length")?;
             for part in s.split(',') {

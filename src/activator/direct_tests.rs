@@ -481,3 +481,39 @@ async fn the_response_start_deadline_is_each_requests_own_on_a_reused_connection
 fn far() -> tokio::time::Instant {
     tokio::time::Instant::now() + std::time::Duration::from_secs(60)
 }
+
+/// `Content-Length` merging: the digits-only fast path and the general one (lists, spaces,
+/// overflow) give the same answers.
+#[test]
+fn content_length_values_merge_or_are_refused() {
+    use super::ContentLength;
+    let merged = |values: &[&'static str]| {
+        let mut cl = ContentLength::default();
+        for v in values {
+            cl.add(&HeaderValue::from_static(v));
+        }
+        cl.get()
+    };
+    assert_eq!(merged(&[]), Ok(None));
+    assert_eq!(merged(&["3"]), Ok(Some(3)));
+    assert_eq!(merged(&["007"]), Ok(Some(7)));
+    assert_eq!(merged(&["3", "3"]), Ok(Some(3)));
+    assert_eq!(merged(&["3, 3"]), Ok(Some(3)));
+    assert_eq!(merged(&["3 , 3"]), Ok(Some(3)));
+    assert_eq!(merged(&["18446744073709551615"]), Ok(Some(u64::MAX)));
+    assert_eq!(
+        merged(&["9999999999999999999"]),
+        Ok(Some(9_999_999_999_999_999_999))
+    );
+    let conflict = Err("conflicting Content-Length values");
+    assert_eq!(merged(&["3", "4"]), conflict);
+    assert_eq!(merged(&["3,4"]), conflict);
+    assert_eq!(merged(&["4", "3, 3"]), conflict);
+    let invalid = Err("invalid Content-Length");
+    for bad in ["", "-1", "+3", "3a", "0x10", "3,", "18446744073709551616"] {
+        assert_eq!(merged(&[bad]), invalid, "{bad:?}");
+    }
+    // The first problem stands.
+    assert_eq!(merged(&["x", "3"]), invalid);
+    assert_eq!(merged(&["3", "4", "x"]), conflict);
+}

@@ -249,20 +249,25 @@ fn id_bits() -> [u8; 16] {
 /// A fresh request id: a random (version 4) UUID in its usual text form, formatted on the
 /// stack (one allocation, for the header value itself).
 pub fn new_request_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Each byte's two hex digits, looked up at once.
+    const PAIRS: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = [HEX[i >> 4], HEX[i & 15]];
+            i += 1;
+        }
+        t
+    };
+    // Where each byte's digits go in `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
     let mut b = id_bits();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let mut out = [0u8; 36];
-    let mut o = 0;
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out[o] = b'-';
-            o += 1;
-        }
-        out[o] = HEX[usize::from(byte >> 4)];
-        out[o + 1] = HEX[usize::from(byte & 0x0f)];
-        o += 2;
+    let mut out = [b'-'; 36];
+    for (byte, at) in b.iter().zip(AT) {
+        out[at..at + 2].copy_from_slice(&PAIRS[usize::from(*byte)]);
     }
     HeaderValue::from_bytes(&out).expect("hex and '-' are a valid header value")
 }
