@@ -16,7 +16,11 @@
 # Knobs (environment): ROUNDS (5), DURATION (4s per run), CONNS ("32 64"), HEY_CONNS (64),
 # RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
 # even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
-# WRK_THREADS (nproc), MAX_STEAL (2, percent).
+# WRK_THREADS (nproc), MAX_STEAL (2, percent), NGINX_HEADERS (bare: nginx forwards the client's
+# headers and sets Host, the issue's baseline; forward: nginx also adds the four forwarding
+# headers thaw adds on every request, K-Proxy-Request, K-Original-Host, X-Forwarded-For and
+# X-Forwarded-Proto; all: and an X-Request-Id both ways, as thaw does, from nginx's
+# $request_id).
 # Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -29,6 +33,7 @@ RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
 REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
 MAX_STEAL=${MAX_STEAL:-2}
+NGINX_HEADERS=${NGINX_HEADERS:-bare}
 HOST=warm.default.example.com
 
 lt_init warm
@@ -55,6 +60,22 @@ UPSTREAM=$(replica_addr)
 log "replica at $UPSTREAM"
 
 # nginx: same replica, nproc workers, upstream keepalive, no access log.
+case $NGINX_HEADERS in
+    bare) NGINX_ADDS="" ;;
+    forward | all)
+        NGINX_ADDS='
+            proxy_set_header K-Proxy-Request activator;
+            proxy_set_header K-Original-Host $http_host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;'
+        if [ "$NGINX_HEADERS" = all ]; then
+            NGINX_ADDS="$NGINX_ADDS"'
+            proxy_set_header X-Request-Id $request_id;
+            add_header X-Request-Id $request_id;'
+        fi
+        ;;
+    *) die "NGINX_HEADERS must be bare, forward or all (not $NGINX_HEADERS)" ;;
+esac
 NGX="$OUT/nginx"
 mkdir -p "$NGX/tmp"
 NGINX_PORT=$(free_port)
@@ -81,7 +102,7 @@ http {
             proxy_pass http://replica;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-            proxy_set_header Host \$host;
+            proxy_set_header Host \$host;$NGINX_ADDS
         }
     }
 }
@@ -164,6 +185,7 @@ done
     echo
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
     echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
+    echo "nginx headers: $NGINX_HEADERS"
     echo
     echo "$ROUNDS rounds, thaw and nginx alternating within each (odd rounds thaw first);" \
         "pairs with a run above $MAX_STEAL% steal are left out of the medians"
