@@ -10,8 +10,10 @@
 //! - **Scope.** Used by [`super::pool`] for HTTP/1.1 requests without a body and without an
 //!   upgrade (GET, HEAD, DELETE, ...: most warm traffic). Requests with a body, upgrades and
 //!   h2c still go through hyper's client, which writes a body while it reads an early answer.
-//! - **Request.** `METHOD target HTTP/1.1`, then the headers exactly as prepared (the caller has
-//!   set `Host` and removed hop-by-hop headers), nothing added.
+//! - **Request.** `METHOD target HTTP/1.1`, the endpoint's `Host`, then the headers exactly as
+//!   prepared (the caller has removed hop-by-hop headers and put its additions last), nothing
+//!   else added ([`encode_head`]). `proxy::forward` encodes the head once per endpoint and hands
+//!   it to [`DirectConn::exchange`]; [`DirectConn::send`] does both for a `Request`.
 //! - **Response.** Interim 1xx answers are skipped (as hyper's client does); a `101` is an error
 //!   here (upgrades never come this way). The head is limited to [`MAX_HEAD_BYTES`] and
 //!   [`MAX_HEADERS`] headers. Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and

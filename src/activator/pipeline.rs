@@ -81,7 +81,7 @@ impl ClientBody for () {
 /// [`handle`] for any [`ClientBody`], borrowing the activator (the fast lane calls this once per
 /// request without touching the shared `Arc`'s count).
 ///
-/// A plain function returning the future (here and in [`proxy_request`]): an `async fn` keeps a
+/// A plain function returning the future (here and in `proxy_request`): an `async fn` keeps a
 /// second copy of each argument in its state, and this state is moved for every request.
 #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
 pub fn respond<'a, B: ClientBody + Send + 'a>(

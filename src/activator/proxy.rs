@@ -100,8 +100,9 @@ pub struct AttemptLimits {
 pub type Forwarded = (Response<RespBody>, SocketAddr, Option<Reusable>);
 
 /// Sends `out` to the endpoint of `ticket`'s slot; on a connect failure moves the ticket to
-/// another endpoint and tries again (see the module doc). The request's headers are moved into
-/// the request once, never copied per attempt.
+/// another endpoint and tries again (see the module doc). The request's headers are never copied
+/// per attempt: hyper's path moves them into the request once, the direct path encodes them
+/// once per endpoint.
 ///
 /// Boxed: a held request carries only this pointer, and each path's state is only its own.
 /// Bodiless HTTP/1.1 requests go over a direct connection (see `super::direct`), the rest
