@@ -20,7 +20,8 @@
 # headers and sets Host, the issue's baseline; forward: nginx also adds the four forwarding
 # headers thaw adds on every request, K-Proxy-Request, K-Original-Host, X-Forwarded-For and
 # X-Forwarded-Proto; all: and an X-Request-Id both ways, as thaw does, from nginx's
-# $request_id).
+# $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many
+# runtime workers, so the replica is not the one serial stage every request passes).
 # Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -30,6 +31,7 @@ DURATION=${DURATION:-4s}
 CONNS=${CONNS:-32 64}
 HEY_CONNS=${HEY_CONNS:-64}
 RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
+REPLICA_THREADS=${REPLICA_THREADS:-1}
 REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
 MAX_STEAL=${MAX_STEAL:-2}
@@ -44,7 +46,7 @@ SECOND=$(second_opinion_tool)
 write_configmaps "$OUT"
 local_yaml "$OUT" "$(service_yaml warm \
     '{autoscaling.knative.dev/min-scale: "1", autoscaling.knative.dev/max-scale: "1"}' \
-    "[\"--response-delay\", \"$RESPONSE_DELAY\"]")"
+    "[\"--response-delay\", \"$RESPONSE_DELAY\", \"--threads\", \"$REPLICA_THREADS\"]")"
 start_thaw "$OUT"
 
 # The one replica, once ready.
@@ -184,7 +186,7 @@ done
 {
     echo
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
-    echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY at $UPSTREAM, path $REQ_PATH; $DURATION per run"
+    echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY --threads $REPLICA_THREADS at $UPSTREAM, path $REQ_PATH; $DURATION per run"
     echo "nginx headers: $NGINX_HEADERS"
     echo
     echo "$ROUNDS rounds, thaw and nginx alternating within each (odd rounds thaw first);" \

@@ -55,6 +55,10 @@ pub struct SampleAppArgs {
     /// Ignore SIGTERM (so a stopping platform has to SIGKILL it).
     #[arg(long)]
     pub ignore_sigterm: bool,
+    /// Threads serving requests: 1 runs everything on the main thread; more use a
+    /// multi-threaded runtime with that many workers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
 }
 
 /// A non-negative Go-style duration (`250ms`, `2s`, `1m30s`).
@@ -65,7 +69,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("{s:?} is negative"))
 }
 
-/// Runs the app to completion on a current-thread runtime; exit 0 after a graceful stop.
+/// Runs the app to completion (on the main thread, or `--threads` workers); exit 0 after a
+/// graceful stop.
 pub fn run(args: &SampleAppArgs) -> ExitCode {
     if args.crash {
         eprintln!("sample-app: crashing on purpose (--crash)");
@@ -76,10 +81,17 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let parent = nix::unistd::getppid();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let built = if args.threads > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sample-app: cannot start a runtime: {e}");

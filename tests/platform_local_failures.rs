@@ -326,3 +326,60 @@ fn sample_app_stops_on_sigterm_during_its_startup_delay() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// `--threads 2` serves on a multi-threaded runtime (the load tests' `REPLICA_THREADS`) and
+/// still stops cleanly on SIGTERM; `--threads 0` is refused.
+#[test]
+fn sample_app_serves_on_several_threads() {
+    use std::io::{Read, Write};
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["sample-app", "--port", "1", "--threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--threads"));
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["sample-app", "--port", &port.to_string(), "--threads", "2"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut stream = loop {
+        if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            break s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let threads = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .count();
+    assert!(threads >= 3, "main thread and two workers, found {threads}");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok\n"), "{answer}");
+
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "did not stop on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
