@@ -36,6 +36,11 @@
 //!   request. When drain starts an idle connection closes, and a busy one answers its current
 //!   request with `Connection: close`. No timer is touched per request: one per connection is
 //!   re-armed only when it fires.
+//! - **Memory.** Reads go into a small buffer ([`READ_CHUNK`]); the head is split off it and its
+//!   header values are slices of it, so a request keeps that buffer alive until it is answered.
+//!   Once the connection waits with nothing buffered, the buffer goes back to its thread's spare
+//!   list ([`take_buf`], [`give_buf`]) and the connection waits for readability with no buffer;
+//!   it takes one when bytes arrive. An idle kept-alive connection holds no read buffer.
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
@@ -65,8 +70,9 @@ use crate::config::ActivatorConfig;
 /// hyper's HTTP/1 header slots when no cap is set: a head with more goes to hyper, which
 /// answers it as before (431, or thaw's check when the configured count is higher).
 pub const MAX_HEADERS: usize = 100;
-/// Room asked for per read.
-const READ_CHUNK: usize = 8 * 1024;
+/// Room asked for per read. Most heads are well under it (a longer one takes more reads); a
+/// request held on a kept-alive connection keeps this much alive with its head.
+const READ_CHUNK: usize = 2 * 1024;
 /// A body frame up to this size is copied behind the head (one write); a larger one is written
 /// from its own buffer.
 const COPY_MAX: usize = 16 * 1024;
@@ -75,6 +81,35 @@ const COPY_MAX: usize = 16 * 1024;
 const FLUSH_AT: usize = 64 * 1024;
 /// The write buffer kept between requests; a larger one is let go.
 const KEEP_WRITE_BUF: usize = FLUSH_AT + COPY_MAX;
+/// Spare read buffers kept per thread (at most this many times [`READ_CHUNK`] of memory).
+const SPARE_MAX: usize = 64;
+
+thread_local! {
+    /// Read buffers given back by this thread's connections between requests.
+    static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A read buffer with room for [`READ_CHUNK`]: a spare one, or a new one.
+fn take_buf() -> BytesMut {
+    SPARE
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
+}
+
+/// Gives an emptied read buffer back to this thread's spares. Kept only if its whole memory is
+/// reusable without a new allocation (nothing else shares it) and the spare list has room;
+/// otherwise it is freed.
+fn give_buf(mut buf: BytesMut) {
+    debug_assert!(buf.is_empty());
+    if buf.try_reclaim(READ_CHUNK) {
+        SPARE.with(|s| {
+            let mut spare = s.borrow_mut();
+            if spare.len() < SPARE_MAX {
+                spare.push(buf);
+            }
+        });
+    }
+}
 
 /// How the lane left a connection.
 #[derive(Debug)]
@@ -110,7 +145,8 @@ pub async fn serve(
     mut early: Option<EarlyHold>,
 ) -> LaneEnd {
     let cap = super::server::header_cap(lane.cfg).max(READ_CHUNK);
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // No buffer until bytes arrive (see the module doc, "Memory").
+    let mut buf = BytesMut::new();
     let mut out: Vec<u8> = Vec::new();
     let mut watchdog = Watchdog::new(lane.cfg, lane.first_head_from);
     let drained = lane.drain.cancelled();
@@ -282,13 +318,28 @@ async fn wait_for_bytes(
     mut drained: Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
     closing: bool,
 ) -> Wait {
-    if buf.capacity() - buf.len() < READ_CHUNK / 2 {
+    if buf.is_empty() {
+        // Nothing buffered: wait for readability without a buffer, take one to read into.
+        if buf.capacity() > 0 {
+            give_buf(std::mem::take(buf));
+        }
+    } else if buf.capacity() - buf.len() < READ_CHUNK / 2 {
         buf.reserve(READ_CHUNK);
     }
     watchdog.ensure(watchdog.head_pending(buf));
     loop {
         let step = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
+            if buf.capacity() == 0 {
+                match stream.poll_read_ready(cx) {
+                    Poll::Ready(Ok(())) => *buf = take_buf(),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Step::Read(Err(e))),
+                    Poll::Pending => {}
+                }
+            }
+            if buf.capacity() > 0
+                && let Poll::Ready(r) =
+                    tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf)
+            {
                 return Poll::Ready(Step::Read(r));
             }
             if !closing && drained.as_mut().poll(cx).is_ready() {

@@ -258,3 +258,34 @@ fn dates_are_imf_fixdates() {
     assert!(s.ends_with(" GMT") && s.as_bytes()[3] == b',', "{s}");
     assert!(httpdate::parse_http_date(&s).is_ok(), "{s}");
 }
+
+/// Spare read buffers: an emptied one is reused by the next connection of the thread; one still
+/// shared with other bytes is not kept; the list is bounded.
+#[test]
+fn spare_read_buffers_are_reused_bounded_and_never_shared() {
+    SPARE.with(|s| s.borrow_mut().clear());
+    let mut b = take_buf();
+    assert!(b.capacity() >= READ_CHUNK);
+    b.extend_from_slice(b"abc");
+    b.clear();
+    let at = b.as_ptr();
+    give_buf(b);
+    let again = take_buf();
+    assert_eq!(again.as_ptr(), at, "the spare buffer was not reused");
+    assert!(again.capacity() >= READ_CHUNK);
+
+    // Shared with a frozen slice: reclaiming would need a new allocation, so it is dropped.
+    let mut shared = again;
+    shared.extend_from_slice(b"head");
+    let head = shared.split_to(4).freeze();
+    give_buf(shared);
+    assert_eq!(SPARE.with(|s| s.borrow().len()), 0);
+    drop(head);
+
+    let many: Vec<BytesMut> = (0..SPARE_MAX + 10).map(|_| take_buf()).collect();
+    for b in many {
+        give_buf(b);
+    }
+    assert_eq!(SPARE.with(|s| s.borrow().len()), SPARE_MAX);
+    SPARE.with(|s| s.borrow_mut().clear());
+}
