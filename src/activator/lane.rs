@@ -336,11 +336,14 @@ async fn wait_for_bytes(
                     Poll::Pending => {}
                 }
             }
-            if buf.capacity() > 0
-                && let Poll::Ready(r) =
-                    tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf)
-            {
-                return Poll::Ready(Step::Read(r));
+            if buf.capacity() > 0 {
+                match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, buf) {
+                    Poll::Ready(r) => return Poll::Ready(Step::Read(r)),
+                    // Readable was a false alarm: back to waiting without a buffer (the
+                    // readiness poll above registers the wake-up again).
+                    Poll::Pending if buf.is_empty() => give_buf(std::mem::take(buf)),
+                    Poll::Pending => {}
+                }
             }
             if !closing && drained.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Step::Drained);
