@@ -13,7 +13,7 @@
 //! - **Request.** `METHOD target HTTP/1.1`, the endpoint's `Host`, then the headers exactly as
 //!   prepared (the caller has removed hop-by-hop headers and put its additions last), nothing
 //!   else added ([`encode_head`]). `proxy::forward` encodes the head once per endpoint and hands
-//!   it to [`DirectConn::exchange`]; [`DirectConn::send`] does both for a `Request`.
+//!   it to [`DirectConn::exchange`].
 //! - **Response.** Interim 1xx answers are skipped (as hyper's client does); a `101` is an error
 //!   here (upgrades never come this way). The head is limited to [`MAX_HEAD_BYTES`] and
 //!   [`MAX_HEADERS`] headers. Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and
@@ -43,13 +43,13 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::pool::{ReqBody, Shared};
+use super::pool::Shared;
 
 /// Largest response head accepted (status line and headers), and largest trailer section.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -99,15 +99,6 @@ pub enum ExchangeError {
     Failed(DirectError),
 }
 
-/// Why [`DirectConn::send`] failed, and whether the request may go elsewhere.
-#[derive(Debug)]
-pub enum DirectSendError {
-    /// Nothing of the request was written: it comes back whole.
-    Unsent(Box<Request<ReqBody>>, DirectError),
-    /// The request was (or may have been) sent.
-    Failed(DirectError),
-}
-
 impl DirectConn {
     /// Wraps a connected socket.
     pub fn new(io: TcpStream) -> Self {
@@ -129,29 +120,6 @@ impl DirectConn {
                 let mut probe = [0u8; 1];
                 matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
-        }
-    }
-
-    /// Writes `req` (bodiless; its target is the path and query), then the `extra` headers, and
-    /// reads the response head, both before `deadline` (else [`DirectError::TimedOut`]).
-    /// The body streams from the returned response; `home` is where the connection goes back
-    /// when the body has ended and the connection is reusable. [`DirectConn::exchange`] with
-    /// the request kept for an unsent answer.
-    pub async fn send(
-        self,
-        req: Request<ReqBody>,
-        extra: &[(HeaderName, HeaderValue)],
-        home: Home,
-        deadline: Instant,
-    ) -> Result<Response<DirectBody>, DirectSendError> {
-        debug_assert!(req.body().is_end_stream());
-        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let head = encode_head(req.method(), target, None, req.headers(), extra);
-        let head_only = req.method() == Method::HEAD;
-        match self.exchange(head, head_only, home, deadline).await {
-            Ok(resp) => Ok(resp),
-            Err(ExchangeError::Unsent(_, e)) => Err(DirectSendError::Unsent(Box::new(req), e)),
-            Err(ExchangeError::Failed(e)) => Err(DirectSendError::Failed(e)),
         }
     }
 

@@ -11,7 +11,8 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::super::pool::{ReqBody, RespBody, SendError, Upstream};
+use super::super::pool::{ReqBody, Upstream};
+use super::{DirectBody, DirectError, ExchangeError, encode_head};
 
 /// One scripted answer.
 #[derive(Clone)]
@@ -105,6 +106,26 @@ fn get(path: &str, host: &SocketAddr) -> Request<ReqBody> {
     req
 }
 
+/// Sends one bodiless request over a direct connection to `addr` (a pooled one, else a new
+/// one), as `proxy::forward` does: its head with `extra` after the request's own headers.
+async fn send(
+    up: &Upstream,
+    req: &Request<ReqBody>,
+    addr: SocketAddr,
+    extra: &[(http::HeaderName, HeaderValue)],
+    deadline: tokio::time::Instant,
+) -> Result<http::Response<DirectBody>, ExchangeError> {
+    let conn = match up.idle_direct(addr) {
+        Some(conn) => conn,
+        None => up.open_direct(addr).await.expect("connect"),
+    };
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let head = encode_head(req.method(), target, None, req.headers(), extra);
+    let head_only = req.method() == Method::HEAD;
+    conn.exchange(head, head_only, up.home(addr), deadline)
+        .await
+}
+
 /// Sends one bodiless request over a direct connection; the response and its whole body
 /// (data, trailers).
 async fn exchange(
@@ -112,18 +133,14 @@ async fn exchange(
     req: Request<ReqBody>,
     addr: SocketAddr,
 ) -> Result<(http::response::Parts, Vec<u8>, Option<http::HeaderMap>), String> {
-    let conn = up.connect_direct(addr).await.map_err(|e| e.to_string())?;
-    let (resp, reusable) = conn.send(req, &[], far()).await.map_err(|e| match e {
-        SendError::Unsent(_, e) => format!("unsent: {e}"),
-        SendError::Failed(e) => e.to_string(),
-        SendError::TimedOut => "timed out".to_string(),
-    })?;
-    assert!(
-        reusable.is_none(),
-        "a direct body takes its connection home"
-    );
+    let resp = send(up, &req, addr, &[], far())
+        .await
+        .map_err(|e| match e {
+            ExchangeError::Unsent(_, e) => format!("unsent: {e}"),
+            ExchangeError::Failed(DirectError::TimedOut) => "timed out".to_string(),
+            ExchangeError::Failed(e) => e.to_string(),
+        })?;
     let (parts, body) = resp.into_parts();
-    assert!(matches!(body, RespBody::Direct(_)));
     let collected = body.collect().await.map_err(|e| e.to_string())?;
     let trailers = collected.trailers().cloned();
     Ok((parts, collected.to_bytes().to_vec(), trailers))
@@ -396,8 +413,9 @@ async fn a_body_dropped_before_its_end_closes_the_connection() {
     )])
     .await;
     let up = pool();
-    let conn = up.connect_direct(s.addr).await.unwrap();
-    let (resp, _) = conn.send(get("/", &s.addr), &[], far()).await.unwrap();
+    let resp = send(&up, &get("/", &s.addr), s.addr, &[], far())
+        .await
+        .unwrap();
     drop(resp);
     assert_eq!(up.pooled(s.addr).0, 0);
 }
@@ -406,7 +424,6 @@ async fn a_body_dropped_before_its_end_closes_the_connection() {
 async fn extra_headers_follow_the_requests_own() {
     let s = scripted(vec![reply(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")]).await;
     let up = pool();
-    let conn = up.connect_direct(s.addr).await.unwrap();
     let extra = [
         (
             http::HeaderName::from_static("k-proxy-request"),
@@ -417,7 +434,9 @@ async fn extra_headers_follow_the_requests_own() {
             HeaderValue::from_static("10.0.0.1"),
         ),
     ];
-    let (resp, _) = conn.send(get("/x", &s.addr), &extra, far()).await.unwrap();
+    let resp = send(&up, &get("/x", &s.addr), s.addr, &extra, far())
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(
         s.heads.lock().unwrap()[0],
@@ -440,15 +459,14 @@ async fn the_response_start_deadline_is_each_requests_own_on_a_reused_connection
         let up = &up;
         let addr = s.addr;
         async move {
-            let conn = up.connect_direct(addr).await.unwrap();
             let started = tokio::time::Instant::now();
             let r = tokio::time::timeout(
                 Duration::from_secs(20),
-                conn.send(get("/", &addr), &[], started + deadline),
+                send(up, &get("/", &addr), addr, &[], started + deadline),
             )
             .await
             .expect("cut by its deadline, not left hanging");
-            (r.map(|(resp, _)| resp), started.elapsed())
+            (r, started.elapsed())
         }
     };
     // 1: answered; the connection goes home with its timer armed 100 ms out.
@@ -465,14 +483,20 @@ async fn the_response_start_deadline_is_each_requests_own_on_a_reused_connection
     // 2: a later deadline (the timer is pushed, not re-registered): the silent upstream is cut
     // at this request's 400 ms, not the first request's 100 ms.
     let (r, waited) = send(Duration::from_millis(400)).await;
-    assert!(matches!(r, Err(SendError::TimedOut)));
+    assert!(matches!(
+        r,
+        Err(ExchangeError::Failed(DirectError::TimedOut))
+    ));
     assert!(waited >= Duration::from_millis(390), "{waited:?}");
     // The cut connection was not reused: a fresh one answers, then an earlier deadline than
     // its timer had (re-registered) still cuts.
     let (r, _) = send(Duration::from_secs(30)).await;
     r.ok().unwrap().into_body().collect().await.unwrap();
     let (r, waited) = send(Duration::from_millis(50)).await;
-    assert!(matches!(r, Err(SendError::TimedOut)));
+    assert!(matches!(
+        r,
+        Err(ExchangeError::Failed(DirectError::TimedOut))
+    ));
     assert!(waited < Duration::from_secs(20), "{waited:?}");
     assert_eq!(s.accepted.load(SeqCst), 2);
 }

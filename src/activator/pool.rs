@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
-use super::direct::{DirectBody, DirectConn, DirectError, DirectSendError, Home};
+use super::direct::{DirectBody, DirectConn, Home};
 use crate::revision::Protocol;
 
 /// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
@@ -109,7 +109,7 @@ pub enum ConnectError {
     Handshake(#[source] hyper::Error),
 }
 
-/// The error type of upstream exchanges and bodies (hyper's client, or [`direct`]'s).
+/// The error type of upstream exchanges and bodies (hyper's client, or [`super::direct`]'s).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request on an established connection failed.
@@ -124,7 +124,7 @@ pub enum SendError {
     TimedOut,
 }
 
-/// An upstream response body: from hyper's client, or read directly ([`direct`]).
+/// An upstream response body: from hyper's client, or read directly ([`super::direct`]).
 #[derive(Debug)]
 pub enum RespBody {
     /// Through hyper's client (requests with a body, upgrades, h2c).
@@ -176,7 +176,6 @@ pub struct Conn {
 enum ConnKind {
     H1(http1::SendRequest<ReqBody>),
     H2(http2::SendRequest<ReqBody>),
-    Direct(DirectConn),
 }
 
 impl Conn {
@@ -189,16 +188,11 @@ impl Conn {
     /// Sends `req` (HTTP/1.1: origin-form target and a `Host` header; h2c: absolute URI) and
     /// waits for the response head. An HTTP/1.1 connection comes back as the [`Reusable`] to
     /// give back once the response body has ended; h2c connections stay shared in the pool.
-    ///
-    /// A direct connection (see [`direct`]) needs no [`Reusable`]: its body takes it home.
-    ///
-    /// `extra` are headers written after the request's own on a direct connection; for hyper's
-    /// connections they must already be in the request (pass none). No response head by
-    /// `deadline` is [`SendError::TimedOut`].
+    /// (Direct connections are not `Conn`s: see [`Upstream::idle_direct`] and
+    /// [`DirectConn::exchange`].) No response head by `deadline` is [`SendError::TimedOut`].
     pub async fn send(
         self,
         req: Request<ReqBody>,
-        extra: &[(HeaderName, HeaderValue)],
         deadline: Instant,
     ) -> Result<(Response<RespBody>, Option<Reusable>), SendError> {
         let Conn {
@@ -209,7 +203,6 @@ impl Conn {
                 Some(req) => SendError::Unsent(Box::new(req), e.into_error().into()),
                 None => SendError::Failed(e.into_error().into()),
             };
-        debug_assert!(extra.is_empty() || matches!(kind, ConnKind::Direct(_)));
         let timed = |r: Result<_, tokio::time::error::Elapsed>| r.map_err(|_| SendError::TimedOut);
         // hyper's sends are boxed: with their timeouts they would double the size of every
         // request's future, direct ones included (moved on each await).
@@ -229,14 +222,6 @@ impl Conn {
                 match timed(sent.await)? {
                     Ok(resp) => Ok((resp.map(RespBody::Hyper), None)),
                     Err(e) => Err(hyper_err(e)),
-                }
-            }
-            ConnKind::Direct(conn) => {
-                match conn.send(req, extra, Home { shared, addr }, deadline).await {
-                    Ok(resp) => Ok((resp.map(RespBody::Direct), None)),
-                    Err(DirectSendError::Unsent(req, e)) => Err(SendError::Unsent(req, e.into())),
-                    Err(DirectSendError::Failed(DirectError::TimedOut)) => Err(SendError::TimedOut),
-                    Err(DirectSendError::Failed(e)) => Err(SendError::Failed(e.into())),
                 }
             }
         }
@@ -394,16 +379,6 @@ impl Upstream {
     pub fn pooled_now(&self, addr: SocketAddr, protocol: Protocol) -> Option<Conn> {
         let kind = self.checkout(addr, protocol)?;
         Some(self.conn(kind, addr, true))
-    }
-
-    /// A direct connection to `addr` for one bodiless HTTP/1.1 request (see [`direct`]): an
-    /// idle pooled one that is still usable, or a new one.
-    pub async fn connect_direct(&self, addr: SocketAddr) -> Result<Conn, ConnectError> {
-        if let Some(conn) = self.idle_direct(addr) {
-            return Ok(self.conn(ConnKind::Direct(conn), addr, true));
-        }
-        let conn = self.open_direct(addr).await?;
-        Ok(self.conn(ConnKind::Direct(conn), addr, false))
     }
 
     /// The most recently given back direct connection to `addr` that is still usable; unusable

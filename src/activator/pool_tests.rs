@@ -100,7 +100,7 @@ fn request(addr: SocketAddr, path: &str, protocol: Protocol) -> Request<ReqBody>
 async fn roundtrip(pool: &Upstream, addr: SocketAddr, path: &str, protocol: Protocol) {
     let conn = pool.connect(addr, protocol).await.unwrap();
     let (resp, reusable) = conn
-        .send(request(addr, path, protocol), &[], far())
+        .send(request(addr, path, protocol), far())
         .await
         .unwrap();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -170,7 +170,7 @@ async fn idle_connections_are_capped_per_endpoint() {
     for _ in 0..n {
         let conn = pool.connect(up.addr, Protocol::Http1).await.unwrap();
         in_flight.push(
-            conn.send(request(up.addr, "/", Protocol::Http1), &[], far())
+            conn.send(request(up.addr, "/", Protocol::Http1), far())
                 .await
                 .unwrap(),
         );
@@ -213,7 +213,7 @@ async fn h2c_requests_share_one_connection_and_a_closed_one_is_replaced() {
     }
     let sends = conns
         .into_iter()
-        .map(|c| c.send(request(up.addr, "/", Protocol::H2c), &[], far()));
+        .map(|c| c.send(request(up.addr, "/", Protocol::H2c), far()));
     for sent in sends {
         let (resp, reusable) = sent.await.unwrap();
         assert!(reusable.is_none(), "h2c connections stay in the pool");

@@ -225,7 +225,7 @@ async fn forward_hyper(
         };
         let reused = conn.reused();
         aim(&mut req, endpoint, protocol);
-        match conn.send(req, &[], start_deadline).await {
+        match conn.send(req, start_deadline).await {
             Ok((resp, reusable)) => return Ok((resp, addr, reusable)),
             Err(SendError::Unsent(back, e)) if reused => {
                 tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
