@@ -49,6 +49,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use super::fields::ClientHeaders;
 use super::pool::Shared;
 
 /// Largest response head accepted (status line and headers), and largest trailer section.
@@ -255,18 +256,18 @@ fn unsent_kind(e: &io::Error) -> bool {
 }
 
 /// A bodiless request's head as one buffer: the request line (`target` is the origin-form
-/// path and query), `Host: host` if given, the `headers`, then `extra`.
+/// path and query), `Host: host` if given, the `headers`' forwarded fields, then `extra`.
 pub fn encode_head(
     method: &Method,
     target: &str,
     host: Option<&HeaderValue>,
-    headers: &HeaderMap,
+    headers: &ClientHeaders,
     extra: &[(HeaderName, HeaderValue)],
 ) -> Vec<u8> {
     let method = method.as_str();
-    let fields = || headers.iter().chain(extra.iter().map(|(n, v)| (n, v)));
     let mut len = method.len() + target.len() + 14 + host.map_or(0, |h| h.len() + 8);
-    for (name, value) in fields() {
+    len += headers.encoded_len();
+    for (name, value) in extra {
         len += name.as_str().len() + value.len() + 4;
     }
     let mut out = Vec::with_capacity(len);
@@ -277,7 +278,8 @@ pub fn encode_head(
     if let Some(host) = host {
         super::lane::put_field(&mut out, &http::header::HOST, host);
     }
-    for (name, value) in fields() {
+    headers.write_fields(&mut out);
+    for (name, value) in extra {
         super::lane::put_field(&mut out, name, value);
     }
     out.extend_from_slice(b"\r\n");

@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use super::super::fields::ClientHeaders;
 use super::super::pool::{ReqBody, Upstream};
 use super::{DirectBody, DirectError, ExchangeError, encode_head};
 
@@ -120,7 +121,8 @@ async fn send(
         None => up.open_direct(addr).await.expect("connect"),
     };
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let head = encode_head(req.method(), target, None, req.headers(), extra);
+    let fields = ClientHeaders::Map(req.headers().clone());
+    let head = encode_head(req.method(), target, None, &fields, extra);
     let head_only = req.method() == Method::HEAD;
     conn.exchange(head, head_only, up.home(addr), deadline)
         .await

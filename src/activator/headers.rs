@@ -154,11 +154,11 @@ pub fn upstream_additions(
         add.push((K_ORIGINAL_HOST, host));
     }
     if let Some(ip) = client {
-        let prev = if found & XFF_BIT != 0 {
-            headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
-        } else {
-            None
-        };
+        let prev = headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .filter(|_| found & XFF_BIT != 0)
+            .filter_map(|v| v.to_str().ok());
         if let Some(v) = forwarded_for(prev, ip) {
             add.push((X_FORWARDED_FOR, v));
         }
@@ -188,12 +188,15 @@ pub fn prepare_upstream(
     headers.extend(add);
 }
 
-/// `prev, ip` (or `ip` alone), built in one buffer that becomes the header value without a copy.
-fn forwarded_for(prev: Option<&str>, ip: IpAddr) -> Option<HeaderValue> {
+/// The earlier `X-Forwarded-For` values (every field, in order, as one list), then `ip`, built
+/// in one buffer that becomes the header value without a copy.
+pub(crate) fn forwarded_for<'a>(
+    prev: impl Iterator<Item = &'a str>,
+    ip: IpAddr,
+) -> Option<HeaderValue> {
     use std::io::Write;
-    let prev = prev.filter(|p| !p.is_empty());
-    let mut buf = Vec::with_capacity(prev.map_or(0, |p| p.len() + 2) + 39);
-    if let Some(p) = prev {
+    let mut buf = Vec::with_capacity(39);
+    for p in prev.map(str::trim).filter(|p| !p.is_empty()) {
         buf.extend_from_slice(p.as_bytes());
         buf.extend_from_slice(b", ");
     }

@@ -63,6 +63,7 @@ use tokio_util::sync::CancellationToken;
 use super::body::ActivatorBody;
 use super::core::Activator;
 use super::direct::ContentLength;
+use super::fields::{Known, RawFields, Span};
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -387,7 +388,7 @@ enum Step {
 
 /// A parsed head the lane serves.
 struct Head {
-    req: Request<()>,
+    req: Request<RawFields>,
     keep_alive: bool,
     method_head: bool,
     http10: bool,
@@ -434,9 +435,9 @@ fn parse(buf: &mut BytesMut) -> Parsed {
         *span = (at(h.name.as_bytes()), at(h.value));
     }
     let head = buf.split_to(len).freeze();
-    match build(&head, method_span, path_span, version, &spans[..count]) {
-        Some(h) => Parsed::Head(h),
-        None => {
+    match build(head, method_span, path_span, version, &spans[..count]) {
+        Ok(h) => Parsed::Head(h),
+        Err(head) => {
             // Not for the lane after all: hyper reads the head again from the start.
             let mut back = BytesMut::with_capacity(head.len() + buf.len());
             back.extend_from_slice(&head);
@@ -447,56 +448,25 @@ fn parse(buf: &mut BytesMut) -> Parsed {
     }
 }
 
-type Span = (u32, u32);
-
+/// The lane's request from a parsed head, or the head back if the lane does not serve it.
 fn build(
-    head: &Bytes,
+    head: Bytes,
     method: Span,
     path: Span,
     version: u8,
     fields: &[(Span, Span)],
-) -> Option<Head> {
+) -> Result<Head, Bytes> {
+    // The fields stay slices of the head (`super::fields`): httparse has checked them as the
+    // `http` crate would. Each name is recognised once, here.
+    let mut raw = RawFields::with_capacity(head, fields.len());
+    let Some((method, uri, flags)) = check(&mut raw, method, path, fields) else {
+        return Err(raw.into_head());
+    };
     let http10 = version == 0;
-    let range = |(s, e): Span| s as usize..e as usize;
-    let method = Method::from_bytes(&head[range(method)]).ok()?;
-    let uri = Uri::from_maybe_shared(head.slice(range(path))).ok()?;
-    let mut headers = HeaderMap::with_capacity(fields.len());
-    let (mut close, mut keep_alive_token) = (false, false);
-    let mut te_trailers = false;
-    for &(name, value) in fields {
-        let name = HeaderName::from_bytes(&head[range(name)]).ok()?;
-        let value = HeaderValue::from_maybe_shared(head.slice(range(value))).ok()?;
-        if name == header::CONTENT_LENGTH {
-            if value.as_bytes() != b"0" {
-                return None;
-            }
-        } else if name == header::TRANSFER_ENCODING
-            || name == header::UPGRADE
-            || name == header::EXPECT
-        {
-            return None;
-        } else if name == header::CONNECTION {
-            for token in value.to_str().ok()?.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case("keep-alive") {
-                    keep_alive_token = true;
-                } else if token.eq_ignore_ascii_case("upgrade") {
-                    return None;
-                }
-            }
-        } else if name == header::TE {
-            te_trailers = value.to_str().is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-            });
-        }
-        headers.append(name, value);
-    }
     // `close` wins over `keep-alive`, whatever their order; HTTP/1.0 needs `keep-alive`.
-    let keep_alive = !close && (!http10 || keep_alive_token);
+    let keep_alive = !flags.close && (!http10 || flags.keep_alive_token);
     let method_head = method == Method::HEAD;
-    let mut req = Request::new(());
+    let mut req = Request::new(raw);
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = if http10 {
@@ -504,14 +474,60 @@ fn build(
     } else {
         Version::HTTP_11
     };
-    *req.headers_mut() = headers;
-    Some(Head {
+    Ok(Head {
         req,
         keep_alive,
         method_head,
         http10,
-        te_trailers,
+        te_trailers: flags.te_trailers,
     })
+}
+
+/// What the lane reads of `Connection` and `TE`.
+#[derive(Default)]
+struct Flags {
+    close: bool,
+    keep_alive_token: bool,
+    te_trailers: bool,
+}
+
+/// Adds the fields to `raw` and checks the head is one the lane serves (module doc).
+fn check(
+    raw: &mut RawFields,
+    method: Span,
+    path: Span,
+    fields: &[(Span, Span)],
+) -> Option<(Method, Uri, Flags)> {
+    let range = |(s, e): Span| s as usize..e as usize;
+    let method = Method::from_bytes(&raw.head()[range(method)]).ok()?;
+    let uri = Uri::from_maybe_shared(raw.head().slice(range(path))).ok()?;
+    let mut flags = Flags::default();
+    for &(name, value_span) in fields {
+        let known = raw.push(name, value_span);
+        let value = &raw.head()[range(value_span)];
+        match known {
+            Known::ContentLength if value != b"0" => return None,
+            Known::TransferEncoding | Known::Upgrade | Known::Expect => return None,
+            Known::Connection => {
+                for token in std::str::from_utf8(value).ok()?.split(',').map(str::trim) {
+                    if token.eq_ignore_ascii_case("close") {
+                        flags.close = true;
+                    } else if token.eq_ignore_ascii_case("keep-alive") {
+                        flags.keep_alive_token = true;
+                    } else if token.eq_ignore_ascii_case("upgrade") {
+                        return None;
+                    }
+                }
+            }
+            Known::Te => {
+                flags.te_trailers = value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+            }
+            _ => {}
+        }
+    }
+    Some((method, uri, flags))
 }
 
 fn has_token(v: &HeaderValue, token: &str) -> bool {
@@ -774,12 +790,10 @@ fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// One header field line: `name: value` and CRLF.
+/// One header field line: `name: value` and CRLF (inlined, see `fields::put_raw`).
+#[inline(always)]
 pub(super) fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    out.extend_from_slice(name.as_str().as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(b"\r\n");
+    super::fields::put_raw(out, name.as_str().as_bytes(), value.as_bytes());
 }
 
 /// Writes the pending bytes and then `data`, in as few writes as the socket allows.

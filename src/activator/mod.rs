@@ -16,6 +16,7 @@ pub mod direct;
 pub mod early;
 pub mod endpoint;
 pub mod error;
+pub mod fields;
 pub mod head_clock;
 pub mod headers;
 pub mod lane;

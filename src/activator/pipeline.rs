@@ -20,7 +20,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -32,11 +32,12 @@ use super::body::{ActivatorBody, ProxiedBody};
 use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
+use super::fields::{ClientHeaders, HeadersRef, RawFields};
 use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
 use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
 use super::rev_state::RevisionState;
-use super::routing::{self, Probe};
+use super::routing::{self, FieldRef, Probe};
 use super::throttler::{Admission, HoldLimits, Rejection};
 use super::ticket::{ConnActive, Ticket};
 use crate::clock;
@@ -59,32 +60,55 @@ pub async fn handle(
     Ok(respond(&act, peer, conn, req, early).await)
 }
 
-/// A request body the pipeline can forward: hyper's (the connection served by hyper) or none
-/// (`()`: a bodiless request read by the HTTP/1 fast lane, `super::lane`).
-pub trait ClientBody {
-    /// The body as the upstream request's.
-    fn into_req_body(self) -> ReqBody;
+/// What a request's body type parameter tells the pipeline: where the request's header fields
+/// are and what body it forwards.
+/// - hyper's [`Incoming`] (a connection hyper's server reads): the request's `HeaderMap`, and
+///   that body;
+/// - [`RawFields`] (a bodiless request the HTTP/1 fast lane read, `super::lane`): the fields
+///   are slices of the lane's head carried in the body's place (the request's map stays
+///   empty), and no body;
+/// - `()`: the request's map, and no body.
+pub trait ClientRequest: Sized {
+    /// The request's header fields.
+    fn fields(req: &Request<Self>) -> HeadersRef<'_>;
+    /// The fields, owned, and the body as the upstream request's.
+    fn split(headers: HeaderMap, body: Self) -> (ClientHeaders, ReqBody);
 }
 
-impl ClientBody for Incoming {
-    fn into_req_body(self) -> ReqBody {
-        ReqBody::new(self)
+impl ClientRequest for Incoming {
+    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
+        HeadersRef::Map(req.headers())
+    }
+    fn split(headers: HeaderMap, body: Self) -> (ClientHeaders, ReqBody) {
+        (ClientHeaders::Map(headers), ReqBody::new(body))
     }
 }
 
-impl ClientBody for () {
-    fn into_req_body(self) -> ReqBody {
-        ReqBody::Empty
+impl ClientRequest for () {
+    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
+        HeadersRef::Map(req.headers())
+    }
+    fn split(headers: HeaderMap, (): Self) -> (ClientHeaders, ReqBody) {
+        (ClientHeaders::Map(headers), ReqBody::Empty)
     }
 }
 
-/// [`handle`] for any [`ClientBody`], borrowing the activator (the fast lane calls this once per
+impl ClientRequest for RawFields {
+    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
+        HeadersRef::Raw(req.body())
+    }
+    fn split(_empty: HeaderMap, fields: Self) -> (ClientHeaders, ReqBody) {
+        (ClientHeaders::Raw(fields), ReqBody::Empty)
+    }
+}
+
+/// [`handle`] for any [`ClientRequest`], borrowing the activator (the fast lane calls this once per
 /// request without touching the shared `Arc`'s count).
 ///
 /// A plain function returning the future (here and in `proxy_request`): an `async fn` keeps a
 /// second copy of each argument in its state, and this state is moved for every request.
 #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
-pub fn respond<'a, B: ClientBody + Send + 'a>(
+pub fn respond<'a, B: ClientRequest + Send + 'a>(
     act: &'a Arc<Activator>,
     peer: SocketAddr,
     conn: ConnActive,
@@ -102,12 +126,13 @@ pub fn respond<'a, B: ClientBody + Send + 'a>(
         // Probes, limits and routing read the headers found in one pass (in a block: a held
         // request's future does not keep that pass's findings).
         let routed = {
-            let seen = routing::Seen::scan(req.headers());
+            let fields = B::fields(&req);
+            let seen = fields.scan();
             if let Some(p) = routing::probe(&seen) {
                 return answer_probe(p, act.is_draining());
             }
             if let Err((what, actual, limit)) =
-                hdr::check_limits(req.headers(), cfg.max_header_count, cfg.max_header_bytes)
+                fields.check_limits(cfg.max_header_count, cfg.max_header_bytes)
             {
                 act.unrouted.answered(431);
                 let err = ActivatorError::HeadersTooLarge {
@@ -281,7 +306,7 @@ fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
 
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
-fn proxy_request<'a, B: ClientBody + Send + 'a>(
+fn proxy_request<'a, B: ClientRequest + Send + 'a>(
     act: &'a Arc<Activator>,
     state: &'a Arc<RevisionState>,
     peer: SocketAddr,
@@ -318,25 +343,24 @@ fn proxy_request<'a, B: ClientBody + Send + 'a>(
         let held_for = admission.held_for;
         ticket.set_slot(admission.in_flight);
 
-        let upgrade = req.version() == Version::HTTP_11 && hdr::is_upgrade(req.headers());
+        let upgrade = req.version() == Version::HTTP_11 && B::fields(&req).is_upgrade();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
-        let mut headers = parts.headers;
+        let (mut headers, body) = B::split(parts.headers, body);
         // One pass over the (few) headers again rather than keeping what the first pass found in
         // the state of every held request; scoped, so only its results outlive it.
         let (original_host, request_id, generated) = {
-            let seen = routing::Seen::scan(&headers);
-            let original_host = seen.host.cloned().or_else(|| {
+            let seen = headers.view().scan();
+            let original_host = seen.host.and_then(FieldRef::to_value).or_else(|| {
                 let authority = parts.uri.authority()?;
                 HeaderValue::from_str(authority.as_str()).ok()
             });
-            match seen.request_id {
-                Some(id) => (original_host, id.clone(), false),
+            match seen.request_id.and_then(FieldRef::to_value) {
+                Some(id) => (original_host, id, false),
                 None => (original_host, hdr::new_request_id(), true),
             }
         };
-        let mut additions =
-            hdr::upstream_additions(&mut headers, original_host, Some(peer.ip()), upgrade);
+        let mut additions = headers.prepare(original_host, Some(peer.ip()), upgrade);
         if generated {
             additions.push((X_REQUEST_ID, request_id.clone()));
         }
@@ -349,7 +373,7 @@ fn proxy_request<'a, B: ClientBody + Send + 'a>(
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
             headers,
             additions,
-            body: body.into_req_body(),
+            body,
             protocol: if upgrade { Protocol::Http1 } else { protocol },
             upgrade,
         };

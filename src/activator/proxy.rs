@@ -14,11 +14,12 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 
 use http::uri::{PathAndQuery, Scheme};
-use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http::{Method, Request, Response, Uri, Version};
 use tokio::time::{Duration, Instant};
 
 use super::endpoint::Endpoint;
 use super::error::ActivatorError;
+use super::fields::ClientHeaders;
 use super::headers::{Additions, set_target_host};
 use super::ticket::Ticket;
 use crate::revision::Protocol;
@@ -34,9 +35,8 @@ pub struct Outbound {
     pub method: Method,
     /// The client's path and query (the authority becomes the endpoint's).
     pub path_and_query: PathAndQuery,
-    /// The client's headers, already rewritten by [`super::headers::upstream_additions`] (no
-    /// `Host`).
-    pub headers: HeaderMap,
+    /// The client's headers, already rewritten by [`ClientHeaders::prepare`] (no `Host`).
+    pub headers: ClientHeaders,
     /// What the activator adds (see [`super::headers::Additions`]).
     pub additions: Additions,
     /// The client's body.
@@ -49,8 +49,11 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    /// The upstream request. Its target is set per attempt by [`aim`].
+    /// The upstream request, the additions merged into its map. Its target is set per attempt
+    /// by [`aim`].
     fn into_request(self) -> Request<ReqBody> {
+        let mut headers = self.headers.into_map();
+        headers.extend(self.additions);
         let mut req = Request::new(self.body);
         *req.method_mut() = self.method;
         *req.uri_mut() = Uri::from(self.path_and_query);
@@ -58,7 +61,7 @@ impl Outbound {
             Protocol::Http1 => Version::HTTP_11,
             Protocol::H2c => Version::HTTP_2,
         };
-        *req.headers_mut() = self.headers;
+        *req.headers_mut() = headers;
         req
     }
 }
@@ -194,12 +197,10 @@ fn forward_direct<'a>(
 async fn forward_hyper(
     upstream: &Upstream,
     ticket: &mut Ticket,
-    mut out: Outbound,
+    out: Outbound,
     limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
-    // Hyper's client takes the additions in the request's map.
-    out.headers.extend(std::mem::take(&mut out.additions));
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {

@@ -5,24 +5,63 @@
 use http::Uri;
 use http::header::{self, HeaderMap, HeaderValue};
 
+use super::fields::RawFields;
 use super::headers::{
     K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
     KNATIVE_SERVING_REVISION, X_REQUEST_ID,
 };
 
-/// The request headers the activator reads, found in one pass over the map (a request carries
-/// a handful of headers; nine hashed lookups cost more than looking at each once). For each
-/// name, the first value, as [`HeaderMap::get`] would give.
+/// The request headers the activator reads, found in one pass over the fields (a request
+/// carries a handful of headers; nine hashed lookups cost more than looking at each once). For
+/// each name, the first value, as [`HeaderMap::get`] would give. Either form of the fields
+/// (`super::fields`): a map's values or slices of the lane's head.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Seen<'a> {
-    pub host: Option<&'a HeaderValue>,
-    pub user_agent: Option<&'a HeaderValue>,
+    pub host: Option<FieldRef<'a>>,
+    pub user_agent: Option<FieldRef<'a>>,
     pub kubelet_probe: bool,
-    pub network_probe: Option<&'a HeaderValue>,
-    pub network_hash: Option<&'a HeaderValue>,
-    pub namespace: Option<&'a HeaderValue>,
-    pub revision: Option<&'a HeaderValue>,
-    pub request_id: Option<&'a HeaderValue>,
+    pub network_probe: Option<FieldRef<'a>>,
+    pub network_hash: Option<FieldRef<'a>>,
+    pub namespace: Option<FieldRef<'a>>,
+    pub revision: Option<FieldRef<'a>>,
+    pub request_id: Option<FieldRef<'a>>,
+}
+
+/// One header value as [`Seen`] found it.
+#[derive(Debug, Clone, Copy)]
+pub enum FieldRef<'a> {
+    /// A value in a `HeaderMap`.
+    Map(&'a HeaderValue),
+    /// A value in the lane's head (a slice of `RawFields`' buffer).
+    Raw(&'a RawFields, &'a [u8]),
+}
+
+impl<'a> FieldRef<'a> {
+    /// The value's bytes.
+    pub fn as_bytes(self) -> &'a [u8] {
+        match self {
+            FieldRef::Map(v) => v.as_bytes(),
+            FieldRef::Raw(_, v) => v,
+        }
+    }
+
+    /// The value as text if it is visible ASCII, as [`HeaderValue::to_str`] decides. (A raw
+    /// value has no control characters but tab: httparse refuses them. So ASCII is enough.)
+    pub fn to_str(self) -> Option<&'a str> {
+        match self {
+            FieldRef::Map(v) => v.to_str().ok(),
+            FieldRef::Raw(_, v) if v.is_ascii() => std::str::from_utf8(v).ok(),
+            FieldRef::Raw(..) => None,
+        }
+    }
+
+    /// An owned value (a map's is cloned; a raw one shares the head's buffer).
+    pub fn to_value(self) -> Option<HeaderValue> {
+        match self {
+            FieldRef::Map(v) => Some(v.clone()),
+            FieldRef::Raw(raw, v) => raw.value(v),
+        }
+    }
 }
 
 impl<'a> Seen<'a> {
@@ -49,7 +88,7 @@ impl<'a> Seen<'a> {
                 s.kubelet_probe |= name == K_KUBELET_PROBE;
                 continue;
             };
-            slot.get_or_insert(value);
+            slot.get_or_insert(FieldRef::Map(value));
         }
         s
     }
@@ -81,7 +120,7 @@ pub fn probe(seen: &Seen<'_>) -> Option<Probe> {
     Some(match value.as_bytes() {
         b"" => return None,
         b"activator" => Probe::Activator,
-        b"probe" => Probe::Network(seen.network_hash.cloned()),
+        b"probe" => Probe::Network(seen.network_hash.and_then(FieldRef::to_value)),
         _ => Probe::Unknown,
     })
 }
@@ -102,10 +141,10 @@ pub enum Target<'a> {
 
 /// The request's target, or a one-line reason why it has none.
 pub fn target<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Result<Target<'a>, String> {
-    let ns = seen.namespace.map(HeaderValue::to_str);
-    let rev = seen.revision.map(HeaderValue::to_str);
+    let ns = seen.namespace.map(FieldRef::to_str);
+    let rev = seen.revision.map(FieldRef::to_str);
     match (ns, rev) {
-        (Some(Ok(namespace)), Some(Ok(name))) if !namespace.is_empty() && !name.is_empty() => {
+        (Some(Some(namespace)), Some(Some(name))) if !namespace.is_empty() && !name.is_empty() => {
             return Ok(Target::Named { namespace, name });
         }
         (None, None) => {}
@@ -117,7 +156,7 @@ pub fn target<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Result<Target<'a>, String> {
     }
     let host = seen
         .host
-        .and_then(|h| h.to_str().ok())
+        .and_then(FieldRef::to_str)
         .or_else(|| uri.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty())
         .ok_or_else(|| "no Host header and no Knative-Serving-Revision header".to_string())?;
@@ -149,8 +188,8 @@ mod tests {
         h.append("host", HeaderValue::from_static("b"));
         h.append("k-kubelet-probe", HeaderValue::from_static(""));
         let seen = Seen::scan(&h);
-        assert_eq!(seen.host.unwrap(), "a");
-        assert_eq!(seen.request_id.unwrap(), "1");
+        assert_eq!(seen.host.unwrap().as_bytes(), b"a");
+        assert_eq!(seen.request_id.unwrap().as_bytes(), b"1");
         assert!(seen.kubelet_probe && seen.user_agent.is_none());
     }
 
