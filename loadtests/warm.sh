@@ -21,7 +21,9 @@
 # headers thaw adds on every request, K-Proxy-Request, K-Original-Host, X-Forwarded-For and
 # X-Forwarded-Proto; all: and an X-Request-Id both ways, as thaw does, from nginx's
 # $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many
-# runtime workers, so the replica is not the one serial stage every request passes).
+# runtime workers, so the replica is not the one serial stage every request passes),
+# REQ_HEADERS (none: wrk sends Host only, hey its usual four; browser: every request also carries
+# ten header fields a browser sends, User-Agent, Accept, Cookie and the like, ~450 bytes).
 # Total run time ~ ROUNDS * (2*len(CONNS) + 2) * DURATION + 10 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -36,7 +38,23 @@ REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
 MAX_STEAL=${MAX_STEAL:-2}
 NGINX_HEADERS=${NGINX_HEADERS:-bare}
+REQ_HEADERS=${REQ_HEADERS:-none}
 HOST=warm.default.example.com
+EXTRA=()
+case $REQ_HEADERS in
+    none) ;;
+    browser)
+        for h in "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)" \
+            "Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8" \
+            "Accept-Encoding: gzip, deflate, br" "Accept-Language: en-US,en;q=0.9" \
+            "Cache-Control: no-cache" "Cookie: session=0123456789abcdef0123456789abcdef; theme=dark" \
+            "Referer: http://warm.default.example.com/" "Sec-Fetch-Mode: navigate" \
+            "Upgrade-Insecure-Requests: 1" "DNT: 1"; do
+            EXTRA+=(-H "$h")
+        done
+        ;;
+    *) die "REQ_HEADERS must be none or browser (not $REQ_HEADERS)" ;;
+esac
 
 lt_init warm
 need wrk
@@ -139,7 +157,7 @@ run_wrk() {  # name conns
     # shellcheck disable=SC2086
     cpu0=$(cpu_ms ${PIDS[$1]})
     ticks=$(cpu_ticks)
-    wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" "${TARGET[$1]}" >"$f"
+    wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f"
     n=$(awk '/requests in/ { print $1 }' "$f")
     ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
 }
@@ -151,11 +169,11 @@ run_second() {  # name conns
     cpu0=$(cpu_ms ${PIDS[$1]})
     ticks=$(cpu_ticks)
     if [ "$SECOND" = hey ]; then
-        hey -z "$DURATION" -c "$2" -host "$HOST" "${TARGET[$1]}" >"$f"
+        hey -z "$DURATION" -c "$2" -host "$HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f"
         n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
         ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
     else
-        ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" "${TARGET[$1]}" >"$f" 2>&1 || true
+        ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f" 2>&1 || true
         n=$(awk '/^Complete requests:/ { print $3 }' "$f")
         ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
     fi
@@ -187,7 +205,7 @@ done
     echo
     echo "warm.sh: $(machine); thaw runtime workers = nginx workers = $WORKERS"
     echo "replica: thaw sample-app --response-delay $RESPONSE_DELAY --threads $REPLICA_THREADS at $UPSTREAM, path $REQ_PATH; $DURATION per run"
-    echo "nginx headers: $NGINX_HEADERS"
+    echo "nginx headers: $NGINX_HEADERS; extra request headers: $REQ_HEADERS"
     echo
     echo "$ROUNDS rounds, thaw and nginx alternating within each (odd rounds thaw first);" \
         "pairs with a run above $MAX_STEAL% steal are left out of the medians"
