@@ -10,6 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Duration, Instant, Sleep};
 
+use super::fields::BoxedFields;
 use super::pool::{RespBody, Reusable};
 use super::ticket::Ticket;
 
@@ -34,6 +35,15 @@ impl ActivatorBody {
     /// An empty body.
     pub fn empty() -> Self {
         ActivatorBody::Full(None)
+    }
+
+    /// A direct upstream response's header fields, which its map does not hold (see
+    /// `super::fields::UpstreamFields`): whoever writes the response head takes them.
+    pub fn take_upstream_fields(&mut self) -> Option<BoxedFields> {
+        match self {
+            ActivatorBody::Proxied(p) => p.inner.take_upstream_fields(),
+            ActivatorBody::Full(_) => None,
+        }
     }
 }
 

@@ -42,14 +42,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::fields::ClientHeaders;
+use super::fields::{BoxedFields, ClientHeaders, Known, RawFields, UpstreamFields};
 use super::pool::Shared;
 
 /// Largest response head accepted (status line and headers), and largest trailer section.
@@ -181,10 +180,10 @@ impl DirectConn {
                 }
                 match parse_head(&mut self.buf)? {
                     Some(Parsed::Interim) => continue,
-                    Some(Parsed::Final(mut resp, keep_alive, seen)) => {
-                        let framing = framing(&mut resp, head_only, seen)?;
+                    Some(Parsed::Final(resp, keep_alive, seen, mut fields)) => {
+                        let framing = framing(resp.status(), &mut fields, head_only, seen)?;
                         let reusable = keep_alive && !matches!(framing, Framing::UntilClose);
-                        let body = DirectBody::new(self, framing, reusable, home);
+                        let body = DirectBody::new(self, framing, reusable, home, fields);
                         return Ok(resp.map(|()| body));
                     }
                     None => {
@@ -286,12 +285,14 @@ pub fn encode_head(
     out
 }
 
+// A return value taken apart at once: boxing the final head would cost an allocation per response.
+#[allow(clippy::large_enum_variant)]
 enum Parsed {
     /// A 1xx answer, consumed.
     Interim,
-    /// The final head (body framing still to decide), whether the connection may be kept, and
-    /// what the framing needs from its headers.
-    Final(Response<()>, bool, FramingHeaders),
+    /// The final head (body framing still to decide; its map is empty), whether the connection
+    /// may be kept, what the framing needs from its headers, and the header fields.
+    Final(Response<()>, bool, FramingHeaders, BoxedFields),
 }
 
 /// Parses a complete head off the front of `buf`, or `None` if more bytes are needed. Most
@@ -347,30 +348,36 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
         );
     }
     let head = buf.split_to(len).freeze();
-    // Room for the headers the activator adds to a response (request id, Server-Timing).
-    let mut headers = HeaderMap::with_capacity(count + 2);
+    // The fields stay slices of the head (`super::fields`); httparse has checked names and
+    // values as the `http` crate would.
+    let mut fields = RawFields::with_capacity(head, count);
     let mut close = http10;
     let mut seen = FramingHeaders::default();
     for &(ns, ne, vs, ve) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
-            .map_err(|_| DirectError::Invalid("invalid header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
-            .map_err(|_| DirectError::Invalid("invalid header value"))?;
-        if name == CONTENT_LENGTH {
-            seen.length.add(&value);
-        } else if name == TRANSFER_ENCODING {
-            seen.transfer_encoding = true;
-        } else if name == CONNECTION {
-            let tokens = value.to_str().unwrap_or("");
-            for t in tokens.split(',').map(str::trim) {
-                if t.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if http10 && t.eq_ignore_ascii_case("keep-alive") {
-                    close = false;
+        let known = fields.push((ns, ne), (vs, ve));
+        let value = &fields.head()[vs as usize..ve as usize];
+        match known {
+            Known::ContentLength => seen.length.add(value),
+            Known::TransferEncoding => {
+                // The last coding of the last field decides (RFC 9112 §6.3).
+                seen.transfer_encoding = true;
+                seen.chunked_last = value.is_ascii()
+                    && value
+                        .rsplit(|&b| b == b',')
+                        .next()
+                        .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+            Known::Connection if value.is_ascii() => {
+                for t in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if http10 && t.eq_ignore_ascii_case(b"keep-alive") {
+                        close = false;
+                    }
                 }
             }
+            _ => {}
         }
-        headers.append(name, value);
     }
     let mut resp = Response::new(());
     *resp.status_mut() = status;
@@ -379,8 +386,12 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
     } else {
         Version::HTTP_11
     };
-    *resp.headers_mut() = headers;
-    Ok(Some(Parsed::Final(resp, !close, seen)))
+    Ok(Some(Parsed::Final(
+        resp,
+        !close,
+        seen,
+        Box::new(UpstreamFields::new(fields)),
+    )))
 }
 
 /// What body framing needs of a response's headers, gathered while the head is parsed (no
@@ -388,6 +399,8 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
 #[derive(Debug, Default, Clone, Copy)]
 struct FramingHeaders {
     transfer_encoding: bool,
+    /// The last `Transfer-Encoding` field ends in `chunked`.
+    chunked_last: bool,
     /// Reported only if no `Transfer-Encoding` overrides it.
     length: ContentLength,
 }
@@ -411,12 +424,11 @@ impl ContentLength {
     }
 
     /// Merges one header value.
-    pub fn add(&mut self, v: &HeaderValue) {
+    pub fn add(&mut self, b: &[u8]) {
         let Ok(mut length) = self.0 else {
             return;
         };
         // The usual value: digits only (no list, no spaces), at most 19 of them (fits a u64).
-        let b = v.as_bytes();
         if !b.is_empty() && b.len() <= 19 && b.iter().all(u8::is_ascii_digit) {
             let n = b.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
             self.0 = match length {
@@ -426,7 +438,7 @@ impl ContentLength {
             return;
         }
         self.0 = (|| {
-            let s = v.to_str().map_err(|_| "invalid Content-Length")?;
+            let s = std::str::from_utf8(b).map_err(|_| "invalid Content-Length")?;
             for part in s.split(',') {
                 let part = part.trim();
                 if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
@@ -468,28 +480,20 @@ enum Chunk {
     Trailers,
 }
 
-/// Decides the body's framing from the head, removing a `Content-Length` that
+/// Decides the body's framing from the head, leaving out a `Content-Length` that
 /// `Transfer-Encoding` overrides.
 fn framing(
-    resp: &mut Response<()>,
+    status: StatusCode,
+    fields: &mut UpstreamFields,
     head_only: bool,
     seen: FramingHeaders,
 ) -> Result<Framing, DirectError> {
-    let status = resp.status();
     if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Done);
     }
-    let headers = resp.headers_mut();
     if seen.transfer_encoding {
-        let chunked_last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
-        headers.remove(CONTENT_LENGTH);
-        return Ok(if chunked_last {
+        fields.drop_all(Known::ContentLength);
+        return Ok(if seen.chunked_last {
             Framing::Chunked(Chunk::Size)
         } else {
             Framing::UntilClose
@@ -517,20 +521,39 @@ pub struct DirectBody {
     framing: Framing,
     reusable: bool,
     home: Home,
+    /// The response's header fields (its map is empty), until the head's writer takes them.
+    fields: Option<BoxedFields>,
 }
 
 impl DirectBody {
-    fn new(conn: DirectConn, framing: Framing, reusable: bool, home: Home) -> Self {
+    fn new(
+        conn: DirectConn,
+        framing: Framing,
+        reusable: bool,
+        home: Home,
+        fields: BoxedFields,
+    ) -> Self {
         let mut body = Self {
             conn: Some(conn),
             framing,
             reusable,
             home,
+            fields: Some(fields),
         };
         if framing == Framing::Done {
             body.finish();
         }
         body
+    }
+
+    /// The response's header fields, while nobody has taken them.
+    pub fn fields_mut(&mut self) -> Option<&mut UpstreamFields> {
+        self.fields.as_deref_mut()
+    }
+
+    /// Takes the response's header fields (the response's map holds none of them).
+    pub fn take_fields(&mut self) -> Option<BoxedFields> {
+        self.fields.take()
     }
 
     /// The body has ended: the connection goes home if it can carry another request.

@@ -124,8 +124,16 @@ async fn send(
     let fields = ClientHeaders::Map(req.headers().clone());
     let head = encode_head(req.method(), target, None, &fields, extra);
     let head_only = req.method() == Method::HEAD;
-    conn.exchange(head, head_only, up.home(addr), deadline)
-        .await
+    let mut resp = conn
+        .exchange(head, head_only, up.home(addr), deadline)
+        .await?;
+    // The fields as hyper's server would get them (`pipeline::handle`).
+    let fields = resp
+        .body_mut()
+        .take_fields()
+        .expect("a direct response has its fields");
+    fields.merge_into(resp.headers_mut());
+    Ok(resp)
 }
 
 /// Sends one bodiless request over a direct connection; the response and its whole body
@@ -516,7 +524,7 @@ fn content_length_values_merge_or_are_refused() {
     let merged = |values: &[&'static str]| {
         let mut cl = ContentLength::default();
         for v in values {
-            cl.add(&HeaderValue::from_static(v));
+            cl.add(v.as_bytes());
         }
         cl.get()
     };
@@ -542,4 +550,57 @@ fn content_length_values_merge_or_are_refused() {
     // The first problem stands.
     assert_eq!(merged(&["x", "3"]), invalid);
     assert_eq!(merged(&["3", "4", "x"]), conflict);
+}
+
+/// A response's fields, kept raw, give the client what the map path gave: the map built from
+/// the head, hop-by-hop headers stripped (`headers::strip_hop_by_hop`), `Content-Length`
+/// dropped under `Transfer-Encoding`, the request id added when the upstream sent none.
+#[test]
+fn raw_response_fields_match_the_map_path() {
+    use super::super::fields::Known;
+    use super::super::headers::{X_REQUEST_ID, strip_hop_by_hop};
+    use super::{Parsed, framing, parse_head};
+    let heads = [
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: x\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: a\r\nConnection: X-A, close\r\nX-A: 1\r\n\
+         Keep-Alive: t=1\r\nX-B: 2\r\nx-b: 3\r\nContent-Length: 0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n\
+         Trailer: X-T\r\nUpgrade: h2c\r\nTE: trailers\r\n\r\n",
+        "HTTP/1.1 404 Not Found\r\nX-Request-Id: up\r\nProxy-Connection: x\r\n\
+         Content-Length: 1\r\n\r\n",
+        "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nServer-Timing: a\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\nTE: gzip\r\nX-Latin: café\r\n\r\n",
+    ];
+    for head in heads {
+        let id = HeaderValue::from_static("generated");
+        let mut buf = bytes::BytesMut::from(head.as_bytes());
+        let Ok(Some(Parsed::Final(resp, _, seen, mut fields))) = parse_head(&mut buf) else {
+            panic!("{head} parses");
+        };
+        framing(resp.status(), &mut fields, false, seen).unwrap();
+        if !fields.has(Known::RequestId) {
+            fields.echo_request_id(id.clone());
+        }
+        let mut raw = http::HeaderMap::new();
+        fields.merge_into(&mut raw);
+
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let mut parsed = httparse::Response::new(&mut slots);
+        parsed.parse(head.as_bytes()).unwrap();
+        let mut map = http::HeaderMap::new();
+        for h in parsed.headers.iter() {
+            map.append(
+                http::HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(h.value).unwrap(),
+            );
+        }
+        let chunked_or_coded = map.contains_key(header::TRANSFER_ENCODING);
+        let no_body = matches!(resp.status().as_u16(), 204 | 304);
+        strip_hop_by_hop(&mut map, false);
+        if chunked_or_coded && !no_body {
+            map.remove(header::CONTENT_LENGTH);
+        }
+        map.entry(X_REQUEST_ID).or_insert(id);
+        assert_eq!(raw, map, "{head}");
+    }
 }

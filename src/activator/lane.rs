@@ -63,7 +63,7 @@ use tokio_util::sync::CancellationToken;
 use super::body::ActivatorBody;
 use super::core::Activator;
 use super::direct::ContentLength;
-use super::fields::{Known, RawFields, Span};
+use super::fields::{Known, RawFields, Span, UpstreamFields};
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -555,10 +555,12 @@ enum Framing {
     Close,
 }
 
-/// Encodes the status line and headers into `out`; returns the body's framing and whether the
+/// Encodes the status line and headers into `out`: a direct upstream's fields as they came
+/// (`upstream`), then the response's map; returns the body's framing and whether the
 /// connection stays open afterwards.
 fn encode_head(
     parts: &http::response::Parts,
+    upstream: Option<&UpstreamFields>,
     exact: Option<u64>,
     opts: HeadOpts,
     out: &mut Vec<u8>,
@@ -579,12 +581,22 @@ fn encode_head(
     // Written once below. Invalid or conflicting values (never from the pipeline) count as
     // none: the body is framed anew.
     let mut length = ContentLength::default();
+    if let Some(upstream) = upstream {
+        // Hop-by-hop fields (`Connection`, `Transfer-Encoding`, ...) are already left out.
+        upstream.for_each(|known, name, value| match known {
+            Known::ContentLength => length.add(value),
+            _ => {
+                has_date |= known == Known::Date;
+                super::fields::put_raw(out, name, value);
+            }
+        });
+    }
     for (name, value) in &parts.headers {
         if *name == header::CONNECTION || *name == header::TRANSFER_ENCODING {
             continue;
         }
         if *name == header::CONTENT_LENGTH {
-            length.add(value);
+            length.add(value.as_bytes());
             continue;
         }
         has_date |= *name == header::DATE;
@@ -646,9 +658,11 @@ fn write_response<'a>(
     te_trailers: bool,
 ) -> impl Future<Output = io::Result<bool>> + Send + 'a {
     out.clear();
-    let (parts, body) = resp.into_parts();
-    let (framing, keep_alive) = encode_head(&parts, body.size_hint().exact(), opts, out);
-    drop(parts);
+    let (parts, mut body) = resp.into_parts();
+    let upstream = body.take_upstream_fields();
+    let exact = body.size_hint().exact();
+    let (framing, keep_alive) = encode_head(&parts, upstream.as_deref(), exact, opts, out);
+    drop((parts, upstream));
     write_body(stream, out, body, framing, keep_alive, te_trailers)
 }
 

@@ -101,7 +101,7 @@ fn keep_alive_follows_the_version_and_connection_tokens() {
 fn encoded(resp: Response<()>, exact: Option<u64>, opts: HeadOpts) -> (String, Framing, bool) {
     let (parts, ()) = resp.into_parts();
     let mut out = Vec::new();
-    let (framing, keep) = encode_head(&parts, exact, opts, &mut out);
+    let (framing, keep) = encode_head(&parts, None, exact, opts, &mut out);
     (String::from_utf8(out).unwrap(), framing, keep)
 }
 

@@ -32,7 +32,7 @@ use super::body::{ActivatorBody, ProxiedBody};
 use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
-use super::fields::{ClientHeaders, HeadersRef, RawFields};
+use super::fields::{ClientHeaders, HeadersRef, Known, RawFields};
 use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
 use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
@@ -57,7 +57,12 @@ pub async fn handle(
     req: Request<Incoming>,
     early: Option<EarlyHold>,
 ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
-    Ok(respond(&act, peer, conn, req, early).await)
+    let mut resp = respond(&act, peer, conn, req, early).await;
+    // hyper's server writes the head from the map alone.
+    if let Some(fields) = resp.body_mut().take_upstream_fields() {
+        fields.merge_into(resp.headers_mut());
+    }
+    Ok(resp)
 }
 
 /// What a request's body type parameter tells the pipeline: where the request's header fields
@@ -396,9 +401,15 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
 
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         hdr::strip_hop_by_hop(resp.headers_mut(), switching);
-        let h = resp.headers_mut();
         // The upstream's own id stands; else the request's (one hashed lookup, not two).
-        h.entry(X_REQUEST_ID).or_insert(request_id);
+        match resp.body_mut().upstream_fields_mut() {
+            Some(f) if f.has(Known::RequestId) => {}
+            Some(f) => f.echo_request_id(request_id),
+            None => {
+                resp.headers_mut().entry(X_REQUEST_ID).or_insert(request_id);
+            }
+        }
+        let h = resp.headers_mut();
         if let Some(held) = held_for {
             let name = if cold { "cold-start" } else { "queue" };
             let timing = format!("{name};dur={:.1}", held.as_secs_f64() * 1000.0);

@@ -37,6 +37,7 @@ use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::direct::{DirectBody, DirectConn, Home};
+use super::fields::{BoxedFields, UpstreamFields};
 use crate::revision::Protocol;
 
 /// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
@@ -125,12 +126,33 @@ pub enum SendError {
 }
 
 /// An upstream response body: from hyper's client, or read directly ([`super::direct`]).
+// Held inside the boxed `ProxiedBody`; boxing the direct body (the common one) as well would be
+// an allocation per response.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum RespBody {
     /// Through hyper's client (requests with a body, upgrades, h2c).
     Hyper(Incoming),
     /// Read by the request's own task off a direct connection.
     Direct(DirectBody),
+}
+
+impl RespBody {
+    /// A direct response's header fields (its map holds none of them), while not taken.
+    pub fn upstream_fields_mut(&mut self) -> Option<&mut UpstreamFields> {
+        match self {
+            RespBody::Direct(b) => b.fields_mut(),
+            RespBody::Hyper(_) => None,
+        }
+    }
+
+    /// Takes a direct response's header fields.
+    pub fn take_upstream_fields(&mut self) -> Option<BoxedFields> {
+        match self {
+            RespBody::Direct(b) => b.take_fields(),
+            RespBody::Hyper(_) => None,
+        }
+    }
 }
 
 impl Body for RespBody {

@@ -351,3 +351,107 @@ async fn a_large_streamed_body_arrives_whole_in_order() {
     }
     h.shutdown();
 }
+
+/// An upstream that answers every request with the same raw head: hop-by-hop fields, a field
+/// its `Connection` names, mixed-case names, its own `Date`, and its own `X-Request-Id` when the
+/// path is `/own-id`.
+async fn raw_upstream() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut r = Reader::new(tcp);
+                loop {
+                    let head = String::from_utf8(r.take_until_head().await).unwrap();
+                    let own_id = head.starts_with("GET /own-id ");
+                    let id = if own_id {
+                        "X-Request-Id: from-upstream\r\n"
+                    } else {
+                        ""
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\
+                         Connection: X-Secret, keep-alive\r\nX-Secret: 1\r\n\
+                         Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n{id}\
+                         Date: Tue, 01 Jan 2030 00:00:00 GMT\r\nServer-Timing: app;dur=1\r\n\
+                         Content-Length: 2\r\n\r\nok"
+                    );
+                    if r.tcp.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn count(head: &str, name: &str) -> usize {
+    head.lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_once(':')
+                .is_some_and(|(k, _)| k.eq_ignore_ascii_case(name))
+        })
+        .count()
+}
+
+/// A direct upstream's response fields reach the client without a header map in between
+/// (`fields::UpstreamFields`): hop-by-hop ones and those `Connection` names are left out, the
+/// rest keep their spelling, one `Date` and one `X-Request-Id` (the upstream's if it sent one).
+#[tokio::test]
+async fn upstream_response_fields_pass_through_without_hop_by_hop_ones() {
+    let up = raw_upstream().await;
+    let mut h = Harness::start(vec![spec("r", 0)], ActivatorConfig::default()).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up]);
+    let mut c = Reader::new(TcpStream::connect(h.data).await.unwrap());
+    for (path, own_id) in [("/own-id", true), ("/", false), ("/own-id", true)] {
+        c.tcp.write_all(&get(path, "")).await.unwrap();
+        let r = c.response(false).await;
+        assert_eq!((r.status(), &r.body[..]), (200, &b"ok"[..]), "{}", r.head);
+        assert!(
+            r.head.contains("\r\nContent-Type: text/plain\r\n"),
+            "{}",
+            r.head
+        );
+        assert!(
+            r.head.contains("\r\nServer-Timing: app;dur=1\r\n"),
+            "{}",
+            r.head
+        );
+        for gone in ["x-secret", "keep-alive", "proxy-connection"] {
+            assert_eq!(count(&r.head, gone), 0, "{gone} in {}", r.head);
+        }
+        // The lane's own `Connection` only: none on a kept-alive HTTP/1.1 answer.
+        assert_eq!(count(&r.head, "connection"), 0, "{}", r.head);
+        assert_eq!(count(&r.head, "date"), 1, "{}", r.head);
+        assert_eq!(r.header("date").unwrap(), "Tue, 01 Jan 2030 00:00:00 GMT");
+        assert_eq!(count(&r.head, "content-length"), 1, "{}", r.head);
+        assert_eq!(count(&r.head, "x-request-id"), 1, "{}", r.head);
+        let id = r.header("x-request-id").unwrap();
+        if own_id {
+            assert_eq!(id, "from-upstream");
+        } else {
+            assert_eq!(id.len(), 36, "a generated id: {id}");
+        }
+    }
+
+    // hyper's server (here h2c) gets the same fields merged into the response's map.
+    let rev = RevisionKey::new("default", "r");
+    for (path, own_id) in [("/own-id", true), ("/", false)] {
+        let (status, headers, body) = send(&h2_client(), h.get(&rev, path)).await;
+        assert_eq!((status.as_u16(), body.as_str()), (200, "ok"));
+        assert_eq!(headers["content-type"], "text/plain");
+        assert_eq!(headers["server-timing"], "app;dur=1");
+        assert_eq!(headers["date"], "Tue, 01 Jan 2030 00:00:00 GMT");
+        for gone in ["x-secret", "keep-alive", "proxy-connection", "connection"] {
+            assert!(!headers.contains_key(gone), "{gone} in {headers:?}");
+        }
+        let ids: Vec<_> = headers.get_all("x-request-id").iter().collect();
+        assert_eq!(ids.len(), 1, "{headers:?}");
+        assert_eq!(ids[0] == "from-upstream", own_id, "{headers:?}");
+    }
+    h.shutdown();
+}
