@@ -246,8 +246,30 @@ impl Known {
     }
 }
 
+/// Whether `name` is `lower` in any case, for a `lower` of lower-case letters and `-` and a
+/// `name` of token characters (RFC 9110 §5.6.2, as httparse checks them): setting bit 5 of each
+/// byte then lower-cases a letter, keeps `-`, and makes no other token character equal to a
+/// lower-case letter or `-`. Eight bytes at a time.
+fn eq_lower(name: &[u8], lower: &[u8]) -> bool {
+    if name.len() != lower.len() {
+        return false;
+    }
+    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+    let (mut a, mut b) = (name.chunks_exact(8), lower.chunks_exact(8));
+    for (x, y) in (&mut a).zip(&mut b) {
+        if word(x) | 0x2020_2020_2020_2020 != word(y) {
+            return false;
+        }
+    }
+    a.remainder()
+        .iter()
+        .zip(b.remainder())
+        .all(|(x, y)| x | 0x20 == *y)
+}
+
 /// Which [`Known`] name `name` is, in any case: its length and first letter pick the one
-/// candidate compared in full.
+/// candidate compared in full. `name` is a token (httparse has checked it), as [`eq_lower`]
+/// needs.
 pub fn classify(name: &[u8]) -> Known {
     use Known::*;
     let Some(&first) = name.first() else {
@@ -284,7 +306,7 @@ pub fn classify(name: &[u8]) -> Known {
         (25, b'k') => (ServingNamespace, &b"knative-serving-namespace"[..]),
         _ => return Other,
     };
-    if name.eq_ignore_ascii_case(candidate.1) {
+    if eq_lower(name, candidate.1) {
         candidate.0
     } else {
         Other

@@ -257,3 +257,37 @@ fn httparse_accepts_no_byte_that_http_refuses() {
     assert!(accepted_names >= 70, "{accepted_names} name bytes");
     assert!(accepted_values >= 180, "{accepted_values} value bytes");
 }
+
+/// `eq_lower`'s bit trick agrees with a plain case-insensitive comparison for every token
+/// character in every position of every known name.
+#[test]
+fn eq_lower_matches_eq_ignore_ascii_case_on_tokens() {
+    const TCHAR: &[u8] =
+        b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let names: [&[u8]; 6] = [
+        b"te",
+        b"x-request-id",
+        b"transfer-encoding",
+        b"knative-serving-namespace",
+        b"k-network-probe",
+        b"date",
+    ];
+    for lower in names {
+        assert!(super::eq_lower(lower, lower));
+        assert!(super::eq_lower(&lower.to_ascii_uppercase(), lower));
+        assert!(!super::eq_lower(&lower[1..], lower));
+        for i in 0..lower.len() {
+            for &c in TCHAR {
+                let mut name = lower.to_vec();
+                name[i] = c;
+                assert_eq!(
+                    super::eq_lower(&name, lower),
+                    name.eq_ignore_ascii_case(lower),
+                    "{:?} vs {:?}",
+                    String::from_utf8_lossy(&name),
+                    String::from_utf8_lossy(lower)
+                );
+            }
+        }
+    }
+}

@@ -404,6 +404,9 @@ enum Parsed {
 }
 
 /// Parses the head at the front of `buf` and, if the lane serves it, takes it off the buffer.
+/// (Inlined, as are [`build`] and [`check`]: the request is then built where the lane keeps it
+/// instead of being moved out through three return values.)
+#[inline(always)]
 fn parse(buf: &mut BytesMut) -> Parsed {
     let mut slots: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
         [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -449,6 +452,7 @@ fn parse(buf: &mut BytesMut) -> Parsed {
 }
 
 /// The lane's request from a parsed head, or the head back if the lane does not serve it.
+#[inline(always)]
 fn build(
     head: Bytes,
     method: Span,
@@ -492,6 +496,7 @@ struct Flags {
 }
 
 /// Adds the fields to `raw` and checks the head is one the lane serves (module doc).
+#[inline(always)]
 fn check(
     raw: &mut RawFields,
     method: Span,
