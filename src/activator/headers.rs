@@ -154,12 +154,14 @@ pub fn upstream_additions(
         add.push((K_ORIGINAL_HOST, host));
     }
     if let Some(ip) = client {
-        let prev = headers
+        // Allocated only when the client sent one.
+        let prev: Vec<&str> = headers
             .get_all(X_FORWARDED_FOR)
             .iter()
             .filter(|_| found & XFF_BIT != 0)
-            .filter_map(|v| v.to_str().ok());
-        if let Some(v) = forwarded_for(prev, ip) {
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if let Some(v) = forwarded_for(prev.into_iter(), ip) {
             add.push((X_FORWARDED_FOR, v));
         }
     }
@@ -189,35 +191,51 @@ pub fn prepare_upstream(
 }
 
 /// The earlier `X-Forwarded-For` values (every field, in order, as one list), then `ip`, built
-/// in one buffer that becomes the header value without a copy.
+/// in one buffer of exactly its size, which becomes the header value without a copy or a
+/// second allocation.
 pub(crate) fn forwarded_for<'a>(
-    prev: impl Iterator<Item = &'a str>,
+    prev: impl Iterator<Item = &'a str> + Clone,
     ip: IpAddr,
 ) -> Option<HeaderValue> {
-    use std::io::Write;
-    let mut buf = Vec::with_capacity(39);
-    for p in prev.map(str::trim).filter(|p| !p.is_empty()) {
+    // The address first, on the stack (39 bytes hold any IPv6 text form).
+    let mut addr = [0u8; 39];
+    let addr_len = match ip {
+        // Dotted quad written directly: the formatter costs more than the rest of this header.
+        IpAddr::V4(v4) => {
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    addr[n] = b'.';
+                    n += 1;
+                }
+                if octet >= 100 {
+                    addr[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    addr[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                addr[n] = b'0' + octet % 10;
+                n += 1;
+            }
+            n
+        }
+        IpAddr::V6(_) => {
+            use std::io::Write;
+            let mut w = &mut addr[..];
+            write!(w, "{ip}").ok()?;
+            39 - w.len()
+        }
+    };
+    let prev = prev.map(str::trim).filter(|p| !p.is_empty());
+    let len = prev.clone().map(|p| p.len() + 2).sum::<usize>() + addr_len;
+    let mut buf = Vec::with_capacity(len);
+    for p in prev {
         buf.extend_from_slice(p.as_bytes());
         buf.extend_from_slice(b", ");
     }
-    match ip {
-        // Dotted quad written directly: the formatter costs more than the rest of this header.
-        IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    buf.push(b'.');
-                }
-                if octet >= 100 {
-                    buf.push(b'0' + octet / 100);
-                }
-                if octet >= 10 {
-                    buf.push(b'0' + octet / 10 % 10);
-                }
-                buf.push(b'0' + octet % 10);
-            }
-        }
-        IpAddr::V6(_) => write!(buf, "{ip}").ok()?,
-    }
+    buf.extend_from_slice(&addr[..addr_len]);
     HeaderValue::from_maybe_shared(bytes::Bytes::from(buf)).ok()
 }
 
@@ -344,6 +362,13 @@ mod tests {
         v6.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
         prepare_upstream(&mut v6, None, Some("2001:db8::1".parse().unwrap()), false);
         assert_eq!(v6[X_FORWARDED_FOR], "2001:db8::1");
+        // The longest IPv6 text (39 bytes) after earlier values, each trimmed.
+        let longest = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        let v = forwarded_for(
+            [" 10.0.0.1", "", "b "].into_iter(),
+            longest.parse().unwrap(),
+        );
+        assert_eq!(v.unwrap(), format!("10.0.0.1, b, {longest}").as_str());
         for ip in [
             "0.0.0.0",
             "9.10.99.100",
