@@ -349,6 +349,26 @@ impl Shared {
     }
 }
 
+/// The first dial's timeout; each next one is [`DIAL_FACTOR`] times longer (Knative's
+/// `DialWithBackOff`: 50 ms, x1.4).
+const DIAL_FIRST: Duration = Duration::from_millis(50);
+const DIAL_FACTOR: f64 = 1.4;
+
+/// The timeouts of the dials made within `budget` (the `connect-timeout`): 50 ms, 70 ms,
+/// 98 ms, ... and the rest of the budget last, so they add up to exactly the budget.
+pub fn dial_attempts(budget: Duration) -> std::vec::IntoIter<Duration> {
+    let mut out = Vec::new();
+    let (mut left, mut next) = (budget, DIAL_FIRST);
+    while !left.is_zero() {
+        // A last dial shorter than the one before would be cut too soon: fold it in.
+        let this = if left < next * 2 { left } else { next };
+        out.push(this);
+        left -= this;
+        next = next.mul_f64(DIAL_FACTOR);
+    }
+    out.into_iter()
+}
+
 /// The pooled upstream connections. Cheap to clone (clones share the pool).
 #[derive(Clone, Debug)]
 pub struct Upstream {
@@ -431,14 +451,27 @@ impl Upstream {
         }
     }
 
-    /// A TCP connection to `addr` with `TCP_NODELAY`, within the connect timeout.
+    /// A TCP connection to `addr` with `TCP_NODELAY`, within the connect timeout. A dial that
+    /// times out is dialled again at once with a longer timeout ([`dial_attempts`]), as
+    /// Knative's `DialWithBackOff` does; a refused or failed dial fails at once.
+    ///
+    /// Why: a listener whose accept queue is full drops the SYN, and the kernel sends it again
+    /// only after a second (`TCP_TIMEOUT_INIT`). A burst of new connections to one replica
+    /// (1,000 clients arriving at once at a warm revision, `loadtests/burst.sh`) met that
+    /// second and the 1 s connect timeout: a few percent answered 502. A fresh dial after
+    /// 50 ms finds the queue drained.
     async fn tcp(&self, addr: SocketAddr) -> Result<TcpStream, ConnectError> {
         self.start_sweeper();
-        let timeout = self.shared.connect_timeout;
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(ConnectError::Io(e)),
-            Err(_) => return Err(ConnectError::Timeout(timeout)),
+        let budget = self.shared.connect_timeout;
+        let mut attempts = dial_attempts(budget);
+        let stream = loop {
+            let this = attempts.next().unwrap_or(Duration::ZERO);
+            match tokio::time::timeout(this, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => break s,
+                Ok(Err(e)) => return Err(ConnectError::Io(e)),
+                Err(_) if attempts.len() == 0 => return Err(ConnectError::Timeout(budget)),
+                Err(_) => tracing::debug!(%addr, timeout = ?this, "dial timed out; dialling again"),
+            }
         };
         let _ = stream.set_nodelay(true);
         Ok(stream)

@@ -263,3 +263,60 @@ fn addr_hasher_spreads_ports_and_ips() {
 fn far() -> tokio::time::Instant {
     tokio::time::Instant::now() + std::time::Duration::from_secs(60)
 }
+
+#[test]
+fn dials_back_off_from_50_ms_and_spend_exactly_the_budget() {
+    let ms = |v: &[Duration]| v.iter().map(|d| d.as_millis()).collect::<Vec<_>>();
+    let one_second: Vec<Duration> = dial_attempts(Duration::from_secs(1)).collect();
+    assert_eq!(ms(&one_second), [50, 70, 98, 137, 192, 452]);
+    assert_eq!(one_second.iter().sum::<Duration>(), Duration::from_secs(1));
+    for budget in [1, 49, 50, 99, 100, 170, 5_000, 60_000] {
+        let budget = Duration::from_millis(budget);
+        let all: Vec<Duration> = dial_attempts(budget).collect();
+        assert_eq!(all.iter().sum::<Duration>(), budget, "{budget:?}");
+        // Each dial waits at least as long as the one before.
+        assert!(all.windows(2).all(|w| w[1] >= w[0]), "{budget:?}: {all:?}");
+    }
+    assert_eq!(dial_attempts(Duration::ZERO).len(), 0);
+}
+
+/// A listener whose accept queue is full drops SYNs; the kernel would send the SYN again only
+/// after a second. A dial that timed out is made again at once, so the connection is had soon
+/// after the queue drains, well before that second.
+#[tokio::test]
+async fn a_dropped_syn_is_dialled_again_without_waiting_for_the_kernel() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Fill the accept queue (backlog 1 holds two) with connections nobody accepts yet.
+    let mut fillers = Vec::new();
+    while let Ok(Ok(c)) =
+        tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await
+    {
+        fillers.push(c);
+        assert!(fillers.len() < 16, "the accept queue never filled");
+    }
+    let up = Upstream::new(Duration::from_secs(5));
+    let started = Instant::now();
+    let dial = tokio::spawn(async move { up.open_direct(addr).await.map(|_| ()) });
+    // The queue drains 200 ms later.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut accepted = Vec::new();
+    let drained = async {
+        loop {
+            accepted.push(listener.accept().await.unwrap());
+        }
+    };
+    let result = tokio::select! {
+        r = dial => r.unwrap(),
+        _ = drained => unreachable!(),
+    };
+    result.expect("connected once the queue drained");
+    // The kernel's own SYN resend comes 1 s after the first; a fresh dial comes much sooner.
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "connected after {:?}: the dial waited for the kernel's resend",
+        started.elapsed()
+    );
+}
