@@ -21,7 +21,9 @@
 //!   `Content-Length` is then dropped, as the RFC requires); other transfer codings and
 //!   responses without a length are read until the upstream closes; conflicting or malformed
 //!   `Content-Length` values are an error. Body data is handed on as it is read, never
-//!   buffered whole.
+//!   buffered whole. The header fields are not put in a map: they stay slices of the head,
+//!   hop-by-hop ones marked, carried by the body ([`DirectBody::take_fields`],
+//!   [`super::fields::UpstreamFields`]); the response's own map is empty.
 //! - **Reuse.** The connection goes back to its pool the moment the last byte of the body has
 //!   been read, unless the upstream said `Connection: close`, answered HTTP/1.0, framed the
 //!   body by closing, or sent bytes past the response. A body dropped before its end closes

@@ -7,7 +7,7 @@
 //! first request of a connection is looked at without consuming it: its head is peeked from the
 //! socket and parsed (`httparse`, hyper's own parser), and if it routes to a revision with no
 //! ready endpoints, the request waits in the revision's throttler right here — same queue, same
-//! limits, same poke, same metrics as the pipeline's hold ([`pipeline::hold`]) — while its bytes
+//! limits, same poke, same metrics as the pipeline's hold (`pipeline::hold`) — while its bytes
 //! stay in the kernel's socket buffer. Once the throttler answers, hyper reads the request and
 //! the pipeline carries on with the admission (or the rejection) it is handed.
 //!

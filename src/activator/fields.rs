@@ -268,7 +268,7 @@ fn eq_lower(name: &[u8], lower: &[u8]) -> bool {
 }
 
 /// Which [`Known`] name `name` is, in any case: its length and first letter pick the one
-/// candidate compared in full. `name` is a token (httparse has checked it), as [`eq_lower`]
+/// candidate compared in full. `name` is a token (httparse has checked it), as `eq_lower`
 /// needs.
 pub fn classify(name: &[u8]) -> Known {
     use Known::*;

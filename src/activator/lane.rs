@@ -10,17 +10,20 @@
 //! - **What the lane serves.** A request whose head parses (httparse, as hyper) and that has
 //!   no body (no `Transfer-Encoding`, no `Content-Length` other than `0`), no `Upgrade`, no
 //!   `Expect`, no `Connection: upgrade`, an origin-form target (`/...`), a method other than
-//!   `CONNECT`, and header names and values the `http` crate accepts. It runs through the same
-//!   [`pipeline::respond`] as every other request: probes, limits, routing, accounting, hold,
-//!   proxy, metrics and errors are the pipeline's.
+//!   `CONNECT` (httparse accepts exactly the header names and values the `http` crate does).
+//!   Its header fields stay slices of the head, with no header map
+//!   ([`super::fields::RawFields`]). It runs through the same [`pipeline::respond`] as every
+//!   other request: probes, limits, routing, accounting, hold, proxy, metrics and errors are the
+//!   pipeline's.
 //! - **Everything else goes to hyper.** The first request the lane does not serve — and every
 //!   request after it on that connection — is served by hyper's HTTP/1 connection, handed the
 //!   bytes the lane read but did not use ([`LaneEnd::Handoff`]). A malformed head, a head over
 //!   hyper's header-slot count or buffer cap, a body, an upgrade: hyper answers them exactly as
 //!   it did before the lane existed. (hyper reads the handed-over bytes first:
 //!   [`super::head_clock::HeadIo`].)
-//! - **Responses.** Status line `HTTP/1.1`, the response's headers as the pipeline left them,
-//!   `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
+//! - **Responses.** Status line `HTTP/1.1`; a direct upstream's fields as they came, less the
+//!   hop-by-hop ones ([`super::fields::UpstreamFields`]); the response's headers as the
+//!   pipeline left them; `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
 //!   `Content-Length`, else the body's exact size, else chunked (HTTP/1.1 clients) or
 //!   close-delimited (HTTP/1.0). No body for `HEAD`, 1xx, 204 and 304. Trailers are sent only to
 //!   a client that asked for them (`TE: trailers`) on a chunked body. A head and a small body go
@@ -36,10 +39,10 @@
 //!   request. When drain starts an idle connection closes, and a busy one answers its current
 //!   request with `Connection: close`. No timer is touched per request: one per connection is
 //!   re-armed only when it fires.
-//! - **Memory.** Reads go into a small buffer ([`READ_CHUNK`]); the head is split off it and its
+//! - **Memory.** Reads go into a small buffer (`READ_CHUNK`); the head is split off it and its
 //!   header values are slices of it, so a request keeps that buffer alive until it is answered.
 //!   Once the connection waits with nothing buffered, the buffer goes back to its thread's spare
-//!   list ([`take_buf`], [`give_buf`]) and the connection waits for readability with no buffer;
+//!   list (`take_buf`, `give_buf`) and the connection waits for readability with no buffer;
 //!   it takes one when bytes arrive. An idle kept-alive connection holds no read buffer.
 
 use std::cell::RefCell;
