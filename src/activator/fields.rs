@@ -1,13 +1,17 @@
-//! A request's header fields in either form the pipeline meets, and the header work on them.
+//! Header fields kept as slices of the head they were read in, and the header work on them.
 //!
+//! A request's fields come in either of two forms:
 //! - [`ClientHeaders::Map`]: hyper's `HeaderMap`, for requests hyper's server read.
 //! - [`ClientHeaders::Raw`]: the fast lane's fields ([`RawFields`]): the head's one buffer and
 //!   where each name and value sits in it, in wire order, names as the client spelt them.
 //!
-//! Why two forms: turning a parsed head into a `HeaderMap` (validate and lower-case each name,
-//! hash it, insert, drop the map after the response) cost about 1,090 instructions per header
-//! (docs/decisions.md, "Raw request fields"). A warm lane request only needs its fields read a
-//! few times and written upstream, which slices of the head do with no map at all.
+//! A direct upstream's response fields are raw too ([`UpstreamFields`]).
+//!
+//! Why: turning a parsed head into a `HeaderMap` (validate and lower-case each name, hash it,
+//! insert, drop the map after the response) cost about 1,090 instructions per header
+//! (docs/decisions.md, "Raw request and response fields instead of header maps"). A warm
+//! request only needs its fields read a few times and written out again, which slices of the
+//! head do with no map at all.
 //!
 //! Contract: both forms give the same answers. [`HeadersRef::scan`], [`HeadersRef::check_limits`]
 //! and [`HeadersRef::is_upgrade`] read them as `super::routing::Seen::scan`,

@@ -516,7 +516,12 @@ fn check(
         match known {
             Known::ContentLength if value != b"0" => return None,
             Known::TransferEncoding | Known::Upgrade | Known::Expect => return None,
+            // Values are read as the `http` crate's `to_str` would: visible ASCII only (a
+            // `Connection` that is not goes to hyper, a `TE` that is not asks for nothing).
             Known::Connection => {
+                if !value.is_ascii() {
+                    return None;
+                }
                 for token in std::str::from_utf8(value).ok()?.split(',').map(str::trim) {
                     if token.eq_ignore_ascii_case("close") {
                         flags.close = true;
@@ -528,9 +533,10 @@ fn check(
                 }
             }
             Known::Te => {
-                flags.te_trailers = value
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+                flags.te_trailers = value.is_ascii()
+                    && value
+                        .split(|&b| b == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
             }
             _ => {}
         }

@@ -51,6 +51,8 @@ fn bodies_upgrades_and_unusual_targets_go_to_hyper_untouched() {
         b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
         b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
         b"GET / HTTP/2.0\r\nHost: x\r\n\r\n",
+        // A `Connection` value the `http` crate would not read as text.
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: clöse\r\n\r\n".as_bytes(),
     ] {
         let (p, rest) = parsed(raw);
         assert!(
