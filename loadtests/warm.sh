@@ -186,9 +186,13 @@ ab_summary() {
          END { printf "%s %.3f %.3f %d\n", rps, p50, p99, e }' "$1"
 }
 
-# Warm-up both paths (connection pools, replica), not measured.
-wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[thaw]}" >/dev/null
-wrk -t1 -c8 -d2s -H "Host: $HOST" "${TARGET[nginx]}" >/dev/null
+# Warm-up both paths, not measured, at the highest connection count any run uses: each proxy's
+# upstream pool then holds the connections the runs need, and no measured run pays for opening
+# them (with 8 connections, the first c32/c64 run of either proxy carried that in its tail).
+WARM_CONNS=$(printf '%s\n' $CONNS "$HEY_CONNS" | sort -n | tail -1)
+for name in thaw nginx; do
+    wrk -t"$WRK_THREADS" -c"$WARM_CONNS" -d2s -H "Host: $HOST" "${TARGET[$name]}" >/dev/null
+done
 
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     if ((ROUND % 2)); then order="thaw nginx"; else order="nginx thaw"; fi
