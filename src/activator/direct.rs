@@ -50,7 +50,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::fields::{BoxedFields, ClientHeaders, Known, RawFields, UpstreamFields};
+use super::fields::{BoxedFields, ClientHeaders, Known, RawFields, UpstreamFields, tokens};
 use super::pool::Shared;
 
 /// Largest response head accepted (status line and headers), and largest trailer section.
@@ -370,7 +370,7 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
                         .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             }
             Known::Connection if value.is_ascii() => {
-                for t in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                for t in tokens(value) {
                     if t.eq_ignore_ascii_case(b"close") {
                         close = true;
                     } else if http10 && t.eq_ignore_ascii_case(b"keep-alive") {

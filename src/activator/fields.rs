@@ -127,13 +127,19 @@ impl RawFields {
             .map(|f| (f.known, self.at(f.name), self.at(f.value)))
     }
 
-    /// The fields that are forwarded (all of them until [`ClientHeaders::prepare`]).
-    fn kept(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    /// The fields that are forwarded, with what their names are (all of them until
+    /// [`ClientHeaders::prepare`] or [`UpstreamFields::new`] marks some).
+    fn kept_known(&self) -> impl Iterator<Item = (Known, &[u8], &[u8])> {
         let skip = self.skip;
-        self.iter()
+        self.known()
             .enumerate()
             .filter(move |(i, _)| skip & (1u128 << i) == 0)
             .map(|(_, f)| f)
+    }
+
+    /// [`Self::kept_known`] without the kinds.
+    fn kept(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.kept_known().map(|(_, n, v)| (n, v))
     }
 
     /// The first value of `name` (any case).
@@ -318,7 +324,7 @@ pub fn classify(name: &[u8]) -> Known {
 }
 
 /// The comma-separated tokens of a header value, trimmed, empty ones left out.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
         .split(|&b| b == b',')
         .map(<[u8]>::trim_ascii)
@@ -512,7 +518,9 @@ impl UpstreamFields {
 
     /// Whether a kept field is named `known`.
     pub fn has(&self, known: Known) -> bool {
-        self.kept().any(|(k, _, _)| k == known)
+        // Most heads do not carry the name at all: no pass over the fields then.
+        self.fields.present & known.bit() != 0
+            && self.fields.kept_known().any(|(k, _, _)| k == known)
     }
 
     /// Echoes `id` as `X-Request-Id` (the caller has checked the upstream sent none).
@@ -520,18 +528,9 @@ impl UpstreamFields {
         self.request_id = Some(id);
     }
 
-    fn kept(&self) -> impl Iterator<Item = (Known, &[u8], &[u8])> {
-        let skip = self.fields.skip;
-        self.fields
-            .known()
-            .enumerate()
-            .filter(move |(i, _)| skip & (1u128 << i) == 0)
-            .map(|(_, f)| f)
-    }
-
     /// Each field the client gets, in the upstream's order and spelling, then the echoed id.
     pub fn for_each(&self, mut f: impl FnMut(Known, &[u8], &[u8])) {
-        for (known, name, value) in self.kept() {
+        for (known, name, value) in self.fields.kept_known() {
             f(known, name, value);
         }
         if let Some(id) = &self.request_id {
@@ -543,7 +542,7 @@ impl UpstreamFields {
     pub fn merge_into(self, map: &mut HeaderMap) {
         let ours = std::mem::take(map);
         map.reserve(self.fields.len() + 1 + ours.len());
-        for (_, name, value) in self.kept() {
+        for (name, value) in self.fields.kept() {
             // Cannot fail (module doc); never a panic if it did.
             if let (Ok(n), Some(v)) = (HeaderName::from_bytes(name), self.fields.value(value)) {
                 map.append(n, v);

@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use super::body::ActivatorBody;
 use super::core::Activator;
 use super::direct::ContentLength;
-use super::fields::{Known, RawFields, Span, UpstreamFields};
+use super::fields::{Known, RawFields, Span, UpstreamFields, tokens};
 use super::pipeline::{self, EarlyHold};
 use super::ticket::ConnActivity;
 use crate::config::ActivatorConfig;
@@ -522,21 +522,19 @@ fn check(
                 if !value.is_ascii() {
                     return None;
                 }
-                for token in std::str::from_utf8(value).ok()?.split(',').map(str::trim) {
-                    if token.eq_ignore_ascii_case("close") {
+                for token in tokens(value) {
+                    if token.eq_ignore_ascii_case(b"close") {
                         flags.close = true;
-                    } else if token.eq_ignore_ascii_case("keep-alive") {
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
                         flags.keep_alive_token = true;
-                    } else if token.eq_ignore_ascii_case("upgrade") {
+                    } else if token.eq_ignore_ascii_case(b"upgrade") {
                         return None;
                     }
                 }
             }
             Known::Te => {
-                flags.te_trailers = value.is_ascii()
-                    && value
-                        .split(|&b| b == b',')
-                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+                flags.te_trailers =
+                    value.is_ascii() && tokens(value).any(|t| t.eq_ignore_ascii_case(b"trailers"));
             }
             _ => {}
         }

@@ -356,17 +356,44 @@ const DIAL_FACTOR: f64 = 1.4;
 
 /// The timeouts of the dials made within `budget` (the `connect-timeout`): 50 ms, 70 ms,
 /// 98 ms, ... and the rest of the budget last, so they add up to exactly the budget.
-pub fn dial_attempts(budget: Duration) -> std::vec::IntoIter<Duration> {
-    let mut out = Vec::new();
-    let (mut left, mut next) = (budget, DIAL_FIRST);
-    while !left.is_zero() {
-        // A last dial shorter than the one before would be cut too soon: fold it in.
-        let this = if left < next * 2 { left } else { next };
-        out.push(this);
-        left -= this;
-        next = next.mul_f64(DIAL_FACTOR);
+pub fn dial_attempts(budget: Duration) -> DialAttempts {
+    DialAttempts {
+        left: budget,
+        next: DIAL_FIRST,
     }
-    out.into_iter()
+}
+
+/// The iterator [`dial_attempts`] returns.
+#[derive(Debug, Clone)]
+pub struct DialAttempts {
+    left: Duration,
+    next: Duration,
+}
+
+impl DialAttempts {
+    /// Whether the budget is spent (no dial left).
+    pub fn spent(&self) -> bool {
+        self.left.is_zero()
+    }
+}
+
+impl Iterator for DialAttempts {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.spent() {
+            return None;
+        }
+        // A last dial shorter than the one before would be cut too soon: fold it in.
+        let this = if self.left < self.next * 2 {
+            self.left
+        } else {
+            self.next
+        };
+        self.left -= this;
+        self.next = self.next.mul_f64(DIAL_FACTOR);
+        Some(this)
+    }
 }
 
 /// The pooled upstream connections. Cheap to clone (clones share the pool).
@@ -469,7 +496,7 @@ impl Upstream {
             match tokio::time::timeout(this, TcpStream::connect(addr)).await {
                 Ok(Ok(s)) => break s,
                 Ok(Err(e)) => return Err(ConnectError::Io(e)),
-                Err(_) if attempts.len() == 0 => return Err(ConnectError::Timeout(budget)),
+                Err(_) if attempts.spent() => return Err(ConnectError::Timeout(budget)),
                 Err(_) => tracing::debug!(%addr, timeout = ?this, "dial timed out; dialling again"),
             }
         };
