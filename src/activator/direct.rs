@@ -57,6 +57,8 @@ use super::pool::Shared;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most response headers accepted.
 pub const MAX_HEADERS: usize = 128;
+// Every parsed field fits a `RawFields` (one bit each in its skip mask).
+const _: () = assert!(MAX_HEADERS <= super::fields::RAW_MAX);
 /// Longest chunk-size line (size and extensions) accepted.
 const MAX_CHUNK_LINE: usize = 4096;
 /// How much room a read asks for.

@@ -74,6 +74,8 @@ use crate::config::ActivatorConfig;
 /// hyper's HTTP/1 header slots when no cap is set: a head with more goes to hyper, which
 /// answers it as before (431, or thaw's check when the configured count is higher).
 pub const MAX_HEADERS: usize = 100;
+// Every parsed field fits a `RawFields` (one bit each in its skip mask).
+const _: () = assert!(MAX_HEADERS <= super::fields::RAW_MAX);
 /// Room asked for per read. Most heads are well under it (a longer one takes more reads); a
 /// request held on a kept-alive connection keeps this much alive with its head.
 const READ_CHUNK: usize = 2 * 1024;
