@@ -14,7 +14,7 @@ set -euo pipefail
 
 LT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$LT_DIR/.." && pwd)"
-THAW="$REPO/target/release/thaw"
+THAW=${THAW:-"$REPO/target/release/thaw"}
 LT_PIDS=()
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

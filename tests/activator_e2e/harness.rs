@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use thaw::activator::report::{StatMessage, stat_channel};
 use thaw::activator::testing::StaticEndpoints;
-use thaw::activator::{Activator, ActivatorDeps};
+use thaw::activator::{Activator, ActivatorDeps, Workers};
 use thaw::autoscaler::scaler::ScaleStates;
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
@@ -217,11 +217,30 @@ impl Harness {
         Self::start_with(specs, config, None).await
     }
 
+    /// Like [`Harness::start`], serving connections on `n` data workers (one single-threaded
+    /// runtime each), as `thaw local` does.
+    pub async fn start_on_workers(
+        specs: Vec<RevisionSpec>,
+        config: ActivatorConfig,
+        n: usize,
+    ) -> Self {
+        Self::build(specs, config, None, Some(n)).await
+    }
+
     /// Like [`Harness::start`], with the scaler's states visible to the activator.
     pub async fn start_with(
         specs: Vec<RevisionSpec>,
         config: ActivatorConfig,
         scale_states: Option<Arc<ScaleStates>>,
+    ) -> Self {
+        Self::build(specs, config, scale_states, None).await
+    }
+
+    async fn build(
+        specs: Vec<RevisionSpec>,
+        config: ActivatorConfig,
+        scale_states: Option<Arc<ScaleStates>>,
+        workers: Option<usize>,
     ) -> Self {
         let _ = thaw::activator::raise_nofile_limit();
         let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(specs, [])));
@@ -237,13 +256,25 @@ impl Harness {
             telemetry: Arc::new(Telemetry::new()),
             source_name: "activator-test".into(),
         });
+        let workers = workers.map(|n| Arc::new(Workers::start(n).unwrap()));
+        if let Some(w) = &workers {
+            activator.use_workers(w.clone());
+        }
         let data = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (data_addr, admin_addr) = (data.local_addr().unwrap(), admin.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
-        let served = tokio::spawn(activator.clone().serve(data, admin, async {
+        let serve = activator.clone().serve(data, admin, async {
             let _ = rx.await;
-        }));
+        });
+        // Stops the workers once serve has returned (from a blocking thread: `stop` joins them).
+        let served = tokio::spawn(async move {
+            let result = serve.await;
+            if let Some(w) = workers {
+                let _ = tokio::task::spawn_blocking(move || w.stop()).await;
+            }
+            result
+        });
         Self {
             data: data_addr,
             admin: admin_addr,

@@ -107,6 +107,64 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     h.shutdown();
 }
 
+/// On data workers (connections handed out round-robin from the accept loop) the limit counts
+/// every worker's connections: the third waits in the backlog until one of two closes.
+#[tokio::test]
+async fn the_connection_limit_counts_connections_on_every_worker() {
+    let up = Upstream::start().await;
+    let cfg = ActivatorConfig {
+        max_connections: 2,
+        ..Default::default()
+    };
+    let mut h = Harness::start_on_workers(vec![spec("r", 0)], cfg, 3).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = TcpStream::connect(h.data).await.unwrap();
+        tcp.write_all(REQUEST).await.unwrap();
+        assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
+        open.push(tcp);
+    }
+    let mut third = TcpStream::connect(h.data).await.unwrap();
+    third.write_all(REQUEST).await.unwrap();
+    let mut buf = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+    assert!(early.is_err(), "served beyond max-connections");
+    drop(open.pop());
+    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut third)).await;
+    assert!(
+        head.expect("served once a slot freed")
+            .starts_with("HTTP/1.1 200")
+    );
+    h.shutdown();
+}
+
+/// A burst of connections on workers: every one is accepted and served.
+#[tokio::test]
+async fn a_burst_of_connections_is_served_on_workers() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start_on_workers(vec![spec("r", 0)], ActivatorConfig::default(), 2).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let addr = h.data;
+        tasks.spawn(async move {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(REQUEST).await.unwrap();
+            read_head(&mut tcp).await
+        });
+    }
+    let mut ok = 0;
+    while let Some(head) = tasks.join_next().await {
+        assert!(head.unwrap().starts_with("HTTP/1.1 200"));
+        ok += 1;
+    }
+    assert_eq!(ok, 200);
+    h.shutdown();
+}
+
 /// The header-read timeout protects against slow clients; it must not close an idle keep-alive
 /// connection (hyper's own timer would, after the header-read timeout instead of the
 /// keep-alive timeout, racing load balancers' idle timeouts).
