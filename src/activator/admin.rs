@@ -146,6 +146,7 @@ pub(crate) fn revisions(act: &Activator) -> Value {
                     "in_flight": e.in_flight,
                     "limit": e.limit,
                     "terminating": e.terminating,
+                    "ejected": e.ejected,
                 })).collect::<Vec<_>>(),
                 "status": status,
                 "reason": reason,

@@ -7,7 +7,9 @@
 //! | > 3 | round-robin over endpoints with a free slot | even spread, O(1) on average |
 //!
 //! A pick *reserves* a slot ([`Endpoint::try_reserve`]), so the choice and the accounting cannot
-//! race. Every policy falls back to a full scan before answering `None`, so `None` means that no
+//! race. Ejected endpoints ([`Endpoint::is_ejected`]: a recent failed connect) are passed over
+//! while the set has any endpoint that is not ejected; if every endpoint is ejected, the pick is
+//! made among them all as if none were. Every policy falls back to a full scan before answering `None`, so `None` means that no
 //! endpoint had room at that moment — the throttler's wake-up logic relies on it.
 //!
 //! Costs: random-choice-of-two and round-robin are O(1) expected (round-robin scans from where
@@ -72,14 +74,31 @@ impl Balancer {
     /// `endpoints` must be sorted by address (first-available depends on it).
     #[inline]
     pub fn pick<'a>(&self, endpoints: &'a [Arc<Endpoint>]) -> Option<&'a Arc<Endpoint>> {
+        let picked = self.pick_among(endpoints, Skip::Ejected);
+        if picked.is_none() && !endpoints.is_empty() && endpoints.iter().all(|e| e.is_ejected()) {
+            return self.pick_among(endpoints, Skip::Nothing);
+        }
+        picked
+    }
+
+    #[inline]
+    fn pick_among<'a>(
+        &self,
+        endpoints: &'a [Arc<Endpoint>],
+        skip: Skip,
+    ) -> Option<&'a Arc<Endpoint>> {
         match self.policy {
-            Policy::RandomChoiceOfTwo => random_choice_of_two(endpoints),
-            Policy::FirstAvailable => first_available(endpoints),
-            Policy::RoundRobin => self.round_robin(endpoints),
+            Policy::RandomChoiceOfTwo => random_choice_of_two(endpoints, skip),
+            Policy::FirstAvailable => first_available(endpoints, skip),
+            Policy::RoundRobin => self.round_robin(endpoints, skip),
         }
     }
 
-    fn round_robin<'a>(&self, endpoints: &'a [Arc<Endpoint>]) -> Option<&'a Arc<Endpoint>> {
+    fn round_robin<'a>(
+        &self,
+        endpoints: &'a [Arc<Endpoint>],
+        skip: Skip,
+    ) -> Option<&'a Arc<Endpoint>> {
         let n = endpoints.len();
         if n == 0 {
             return None;
@@ -92,7 +111,7 @@ impl Balancer {
                 start + k
             };
             let e = &endpoints[i];
-            if e.has_room() && e.try_reserve() {
+            if skip.has_room(e) && e.try_reserve() {
                 self.next.store(i + 1, Relaxed);
                 return Some(e);
             }
@@ -101,18 +120,43 @@ impl Balancer {
     }
 }
 
+/// Which endpoints a pass of a policy leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// Ejected endpoints (the first pass).
+    Ejected,
+    /// None (every endpoint is ejected).
+    Nothing,
+}
+
+impl Skip {
+    /// Whether `e` looks free and is not left out.
+    #[inline]
+    fn has_room(self, e: &Endpoint) -> bool {
+        e.has_room() && !(self == Skip::Ejected && e.is_ejected())
+    }
+
+    /// Reserves a slot on `e` unless it is left out.
+    #[inline]
+    fn try_reserve(self, e: &Endpoint) -> bool {
+        !(self == Skip::Ejected && e.is_ejected()) && e.try_reserve()
+    }
+}
+
 /// The first endpoint, in address order, with a free slot.
-fn first_available(endpoints: &[Arc<Endpoint>]) -> Option<&Arc<Endpoint>> {
-    endpoints.iter().find(|e| e.has_room() && e.try_reserve())
+fn first_available(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<Endpoint>> {
+    endpoints
+        .iter()
+        .find(|e| skip.has_room(e) && e.try_reserve())
 }
 
 /// Two distinct random endpoints; the one with fewer in flight wins (a coin flip on ties). If
 /// neither can take the request (warm-up limits), any endpoint with room does.
-fn random_choice_of_two(endpoints: &[Arc<Endpoint>]) -> Option<&Arc<Endpoint>> {
+fn random_choice_of_two(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<Endpoint>> {
     let n = endpoints.len();
     match n {
         0 => return None,
-        1 => return endpoints[0].try_reserve().then(|| &endpoints[0]),
+        1 => return skip.try_reserve(&endpoints[0]).then(|| &endpoints[0]),
         _ => {}
     }
     let r = rand::rng().next_u64();
@@ -126,16 +170,16 @@ fn random_choice_of_two(endpoints: &[Arc<Endpoint>]) -> Option<&Arc<Endpoint>> {
     let (fa, fb) = (a.in_flight(), b.in_flight());
     let a_first = fa < fb || (fa == fb && r & 1 == 0);
     let (first, second) = if a_first { (a, b) } else { (b, a) };
-    if first.try_reserve() {
+    if skip.try_reserve(first) {
         return Some(first);
     }
-    if second.try_reserve() {
+    if skip.try_reserve(second) {
         return Some(second);
     }
-    // Both are at a warm-up limit (or terminating): scan from the first choice onward.
+    // Both are at a warm-up limit, terminating or ejected: scan from the first choice onward.
     (0..n)
         .map(|k| &endpoints[(i + k) % n])
-        .find(|e| e.has_room() && e.try_reserve())
+        .find(|e| skip.has_room(e) && e.try_reserve())
 }
 
 #[cfg(test)]
@@ -218,6 +262,36 @@ mod tests {
         let b = Balancer::new(Policy::RandomChoiceOfTwo);
         assert_eq!(port(b.pick(&eps).unwrap()), 37);
         assert!(b.pick(&eps).is_none());
+    }
+
+    #[test]
+    fn ejected_endpoints_are_passed_over_unless_all_are() {
+        for p in [
+            Policy::RandomChoiceOfTwo,
+            Policy::FirstAvailable,
+            Policy::RoundRobin,
+        ] {
+            let b = Balancer::new(p);
+            let eps = endpoints(4, 2);
+            eps[0].connect_failed().unwrap();
+            eps[2].connect_failed().unwrap();
+            let mut seen = Vec::new();
+            while let Some(e) = b.pick(&eps) {
+                seen.push(port(e));
+            }
+            seen.sort();
+            // Both slots of each live endpoint, none of the ejected while those have room; then,
+            // with the live ones full, nothing (the request waits for a live slot).
+            assert_eq!(seen, [1, 1, 3, 3], "{p:?}");
+            // All ejected: picked as if none were.
+            let eps = endpoints(2, 1);
+            for e in &eps {
+                e.connect_failed().unwrap();
+            }
+            let mut seen: Vec<u16> = std::iter::from_fn(|| b.pick(&eps).map(|e| port(e))).collect();
+            seen.sort();
+            assert_eq!(seen, [0, 1], "{p:?}");
+        }
     }
 
     #[test]

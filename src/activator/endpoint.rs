@@ -1,14 +1,39 @@
 //! One upstream endpoint as the throttler and balancer see it: its address, its in-flight count
 //! and its current limit, all atomics so picking and releasing never take a lock.
+//!
+//! **Ejection.** An endpoint that refused or timed out a connect is passed over by the balancer
+//! for a while ([`Endpoint::connect_failed`]): 1 s after the first failure, doubling with each
+//! failure that follows an ejection's end, up to 30 s; a successful connect clears it. The
+//! platform removes a dead replica's endpoint in time, but until it does (a Kubernetes
+//! Endpoints update takes a second or more, a blackholed node much longer) every request that
+//! picked it would pay a failed connect (up to `connect-timeout`) before its retry elsewhere.
+//! Ejected endpoints are only passed over while the revision has an endpoint that is not
+//! ejected; when all are, picks use them as before (Envoy's panic threshold at 100 %), so an
+//! ejection never holds a request that an endpoint could take.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::HeaderValue;
 use http::uri::Authority;
 
 /// The limit of an endpoint without one (containerConcurrency 0 after warm-up).
 pub const UNLIMITED: u32 = u32::MAX;
+
+/// How long a first failed connect ejects an endpoint; each later ejection doubles it.
+pub const EJECT_BASE: Duration = Duration::from_secs(1);
+/// The longest ejection.
+pub const EJECT_MAX: Duration = Duration::from_secs(30);
+
+/// Milliseconds on a process-wide monotonic clock, never 0 (0 means "not ejected").
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
 
 /// An endpoint's live accounting. Shared (`Arc`) between every endpoint set that lists it, so
 /// counts survive snapshot updates.
@@ -34,6 +59,10 @@ pub struct Endpoint {
     /// Set once the platform was told this terminating endpoint drained (told at most once per
     /// termination).
     drained_told: AtomicBool,
+    /// Ejections since the last successful connect (sets the next ejection's length).
+    ejections: AtomicU32,
+    /// Until when (`now_ms`) the endpoint is ejected; 0 when it is not.
+    ejected_until: AtomicU64,
 }
 
 impl Endpoint {
@@ -50,6 +79,8 @@ impl Endpoint {
             warming: AtomicBool::new(false),
             terminating: AtomicBool::new(false),
             drained_told: AtomicBool::new(false),
+            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
         }
     }
 
@@ -142,6 +173,42 @@ impl Endpoint {
         self.terminating.load(SeqCst)
     }
 
+    /// Records a failed connect. Ejects the endpoint unless it already is (requests that picked
+    /// it before the ejection fail too; they do not lengthen it) and returns the ejection's
+    /// length: [`EJECT_BASE`] doubled per earlier ejection since the last successful connect,
+    /// at most [`EJECT_MAX`].
+    pub fn connect_failed(&self) -> Option<Duration> {
+        let now = now_ms();
+        let until = self.ejected_until.load(SeqCst);
+        if until > now {
+            return None;
+        }
+        let earlier = self.ejections.load(SeqCst).min(5);
+        let length = EJECT_BASE.saturating_mul(1 << earlier).min(EJECT_MAX);
+        // One of several failures seen at once wins; the others find it ejected.
+        self.ejected_until
+            .compare_exchange(until, now + length.as_millis() as u64, SeqCst, SeqCst)
+            .ok()?;
+        self.ejections.fetch_add(1, SeqCst);
+        Some(length)
+    }
+
+    /// Records a successful connect: the endpoint is no longer ejected and the next ejection
+    /// starts again at [`EJECT_BASE`]. Costs one load when there is nothing to clear.
+    pub fn connect_succeeded(&self) {
+        if self.ejections.load(Relaxed) != 0 || self.ejected_until.load(Relaxed) != 0 {
+            self.ejected_until.store(0, SeqCst);
+            self.ejections.store(0, SeqCst);
+        }
+    }
+
+    /// Whether the endpoint is ejected now. One load when it is not.
+    #[inline]
+    pub fn is_ejected(&self) -> bool {
+        let until = self.ejected_until.load(Relaxed);
+        until != 0 && now_ms() < until
+    }
+
     /// Sets the limit; `warming` marks a containerConcurrency-0 warm-up burst that
     /// [`Endpoint::end_warm_up`] lifts later.
     pub fn set_limit(&self, limit: u32, warming: bool) {
@@ -198,6 +265,30 @@ mod tests {
         assert!(e.try_reserve());
         e.retire();
         assert!(!e.release());
+    }
+
+    #[test]
+    fn a_failed_connect_ejects_and_repeats_double_up_to_the_cap() {
+        let e = ep(UNLIMITED);
+        assert!(!e.is_ejected());
+        assert_eq!(e.connect_failed(), Some(EJECT_BASE));
+        assert!(e.is_ejected());
+        // Failures of requests that picked it before: no longer ejection.
+        assert_eq!(e.connect_failed(), None);
+        let mut lengths = Vec::new();
+        for _ in 0..7 {
+            e.ejected_until.store(now_ms(), SeqCst); // the ejection ran out
+            assert!(!e.is_ejected());
+            lengths.push(e.connect_failed().unwrap().as_secs());
+        }
+        assert_eq!(lengths, [2, 4, 8, 16, 30, 30, 30]);
+        e.connect_succeeded();
+        assert!(!e.is_ejected());
+        assert_eq!(
+            e.connect_failed(),
+            Some(EJECT_BASE),
+            "a success starts over"
+        );
     }
 
     #[test]

@@ -152,7 +152,10 @@ fn forward_direct<'a>(
                     let opening =
                         tokio::time::timeout_at(start_deadline, upstream.open_direct(addr));
                     match Box::pin(opening).await {
-                        Ok(Ok(conn)) => (conn, false),
+                        Ok(Ok(conn)) => {
+                            slot.endpoint().connect_succeeded();
+                            (conn, false)
+                        }
                         Ok(Err(e)) => {
                             retry_elsewhere(ticket, &mut tried, addr, e, &limits)?;
                             continue;
@@ -217,7 +220,12 @@ async fn forward_hyper(
             }
         };
         let conn = match connected {
-            Ok(Ok(conn)) => conn,
+            Ok(Ok(conn)) => {
+                if !conn.reused() {
+                    endpoint.connect_succeeded();
+                }
+                conn
+            }
             Ok(Err(e)) => {
                 retry_elsewhere(ticket, &mut tried, addr, e, &limits)?;
                 continue;
@@ -254,6 +262,7 @@ fn retry_elsewhere(
     limits: &AttemptLimits,
 ) -> Result<(), ActivatorError> {
     tried.push(addr);
+    eject(ticket, addr, &e);
     let attempts = tried.len() as u32;
     let next = (attempts <= limits.connect_retries)
         .then(|| ticket.state().throttler.try_acquire_avoiding(tried))
@@ -271,6 +280,22 @@ fn retry_elsewhere(
     ticket.release_slot();
     ticket.set_slot(next);
     Ok(())
+}
+
+/// Ejects the endpoint of `ticket`'s slot after a failed connect (see [`Endpoint::connect_failed`]).
+fn eject(ticket: &Ticket, addr: SocketAddr, e: &ConnectError) {
+    let Some(slot) = ticket.slot() else { return };
+    if let Some(length) = slot.endpoint().connect_failed() {
+        let state = ticket.state();
+        state.metrics.ejections.inc();
+        tracing::warn!(
+            revision = %state.key,
+            endpoint = %addr,
+            error = %e,
+            ejected_for = ?length,
+            "connect failed: endpoint ejected"
+        );
+    }
 }
 
 fn timeout_error(ticket: &Ticket, addr: SocketAddr, limits: &AttemptLimits) -> ActivatorError {

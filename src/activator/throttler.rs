@@ -173,14 +173,14 @@ impl Throttler {
     }
 
     /// A slot on any ready endpoint other than `avoid` (for a retry after a connect failure),
-    /// without waiting. Ignores the queue: the caller was already admitted once.
+    /// without waiting; one that is not ejected if there is one with room. Ignores the queue:
+    /// the caller was already admitted once.
     pub fn try_acquire_avoiding(&self, avoid: &[SocketAddr]) -> Option<InFlight> {
         let set = self.shared.endpoints.load();
-        let endpoint = set
-            .ready
-            .iter()
-            .filter(|e| !avoid.contains(&e.addr()))
-            .find(|e| e.has_room() && e.try_reserve())?;
+        let candidates = || set.ready.iter().filter(|e| !avoid.contains(&e.addr()));
+        let endpoint = candidates()
+            .find(|e| !e.is_ejected() && e.has_room() && e.try_reserve())
+            .or_else(|| candidates().find(|e| e.has_room() && e.try_reserve()))?;
         Some(InFlight {
             shared: self.shared.clone(),
             endpoint: endpoint.clone(),
@@ -376,7 +376,7 @@ impl Throttler {
         self.ready_count() == 0 && self.failing().is_none()
     }
 
-    /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating.
+    /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating, ejected.
     pub fn endpoints(&self) -> Vec<EndpointView> {
         let set = self.shared.endpoints.load();
         set.ready
@@ -387,6 +387,7 @@ impl Throttler {
                 in_flight: e.in_flight(),
                 limit: (e.limit() != UNLIMITED).then(|| e.limit()),
                 terminating: e.is_terminating(),
+                ejected: e.is_ejected(),
             })
             .collect()
     }
@@ -403,6 +404,8 @@ pub struct EndpointView {
     pub limit: Option<u32>,
     /// Whether it left `ready`.
     pub terminating: bool,
+    /// Whether it is ejected after a failed connect (passed over while another endpoint is not).
+    pub ejected: bool,
 }
 
 mod limits;

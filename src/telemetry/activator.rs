@@ -100,6 +100,9 @@ pub struct ActivatorMetrics {
     /// `thaw_activator_retries_total{namespace,revision}`: retries on another endpoint after a
     /// connect failure.
     pub retries: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_endpoint_ejections_total{namespace,revision}`: endpoints passed over for
+    /// a while after a failed connect (`Endpoint::connect_failed`).
+    pub ejections: Family<RevisionLabels, Counter>,
     /// `thaw_activator_cold_starts_total{namespace,revision}`: pokes sent for a cold revision.
     pub cold_starts: Family<RevisionLabels, Counter>,
     /// `thaw_activator_cold_start_phase_seconds{phase}`.
@@ -124,6 +127,7 @@ impl ActivatorMetrics {
             hold_timeouts: Family::default(),
             upstream_errors: Family::default(),
             retries: Family::default(),
+            ejections: Family::default(),
             cold_starts: Family::default(),
             cold_start_phase: Family::new_with_constructor(hold_histogram),
             connections: Gauge::default(),
@@ -172,6 +176,11 @@ impl ActivatorMetrics {
         );
         r.register("activator_retries", "Connect retries", m.retries.clone());
         r.register(
+            "activator_endpoint_ejections",
+            "Endpoints passed over for a while after a failed connect",
+            m.ejections.clone(),
+        );
+        r.register(
             "activator_cold_starts",
             "Cold starts (pokes)",
             m.cold_starts.clone(),
@@ -210,6 +219,7 @@ impl ActivatorMetrics {
             hold_timeouts: self.hold_timeouts.get_or_create_owned(&labels),
             upstream_errors: self.upstream_errors.get_or_create_owned(&labels),
             retries: self.retries.get_or_create_owned(&labels),
+            ejections: self.ejections.get_or_create_owned(&labels),
             cold_starts: self.cold_starts.get_or_create_owned(&labels),
             codes: Default::default(),
             family: self.requests.clone(),
@@ -231,6 +241,7 @@ impl ActivatorMetrics {
         self.hold_timeouts.remove(&labels);
         self.upstream_errors.remove(&labels);
         self.retries.remove(&labels);
+        self.ejections.remove(&labels);
         self.cold_starts.remove(&labels);
         // Codes are few and not enumerable cheaply; keep them (they stay correct totals).
     }
@@ -267,6 +278,8 @@ pub struct RevisionMetrics {
     pub upstream_errors: Counter,
     /// `thaw_activator_retries_total`.
     pub retries: Counter,
+    /// `thaw_activator_endpoint_ejections_total`.
+    pub ejections: Counter,
     /// `thaw_activator_cold_starts_total`.
     pub cold_starts: Counter,
     /// Counters of the common codes, each resolved on first use.

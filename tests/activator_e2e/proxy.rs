@@ -125,17 +125,82 @@ async fn connect_refused_is_retried_on_another_endpoint() {
         assert_eq!(status, 200, "{body}");
     }
     assert_eq!(up.served.load(SeqCst), 3);
+    // Only the first request paid for the dead endpoint: the failed connect ejected it, and the
+    // next two went straight to the live one.
     let metrics = h.metrics().await;
-    assert!(
-        metrics.contains("thaw_activator_retries_total{namespace=\"default\",revision=\"r\"} 3"),
-        "{metrics}"
-    );
-    // With only the dead endpoint left: 502 with the reason.
+    for line in [
+        "thaw_activator_retries_total{namespace=\"default\",revision=\"r\"} 1",
+        "thaw_activator_endpoint_ejections_total{namespace=\"default\",revision=\"r\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    let view = h.revision(&rev("r")).await;
+    let ejected: Vec<(String, bool)> = view["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap().to_string(),
+                e["ejected"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(ejected.contains(&(dead.to_string(), true)), "{view}");
+    assert!(ejected.contains(&(up.addr.to_string(), false)), "{view}");
+    // With only the (ejected) dead endpoint left it is still tried, not waited on: 502 with the
+    // reason.
     h.endpoints.set_ready(&rev("r"), vec![dead]);
     h.wait_endpoints(&rev("r"), &[dead]).await;
     let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
     assert_eq!(status, 502);
     assert!(body.contains("could not connect"), "{body}");
+    h.shutdown();
+}
+
+/// Every policy passes over an ejected endpoint; when a connect succeeds again (the endpoint
+/// came back while it was the only one, so it was tried despite the ejection) it is no longer
+/// ejected.
+#[tokio::test]
+async fn an_ejected_endpoint_is_passed_over_by_every_policy_and_cleared_by_a_connect() {
+    for cc in [0, 1, 10] {
+        let name = format!("p{cc}");
+        let dead = dead_addr("127.0.0.1").await;
+        let up = Upstream::start_on("127.0.0.2:0").await;
+        let mut h = Harness::start(vec![spec(&name, cc)], ActivatorConfig::default()).await;
+        h.endpoints.set_ready(&rev(&name), vec![up.addr, dead]);
+        let c = client();
+        for _ in 0..20 {
+            let (status, _, body) = send(&c, h.get(&rev(&name), "/")).await;
+            assert_eq!(status, 200, "cc {cc}: {body}");
+        }
+        let metrics = h.metrics().await;
+        let retries =
+            format!("thaw_activator_retries_total{{namespace=\"default\",revision=\"{name}\"}} 1");
+        assert!(
+            metrics.contains(&retries),
+            "cc {cc}: {retries} in {metrics}"
+        );
+        h.shutdown();
+    }
+    // The dead address comes back to life: a listener on the same port.
+    let dead = dead_addr("127.0.0.1").await;
+    let mut h = Harness::start(vec![spec("back", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("back"), vec![dead]);
+    let (status, _, _) = send(&client(), h.get(&rev("back"), "/")).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        h.revision(&rev("back")).await["endpoints"][0]["ejected"],
+        true
+    );
+    let up = Upstream::start_on(&dead.to_string()).await;
+    assert_eq!(up.addr, dead);
+    let (status, _, body) = send(&client(), h.get(&rev("back"), "/")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        h.revision(&rev("back")).await["endpoints"][0]["ejected"],
+        false
+    );
     h.shutdown();
 }
 
