@@ -53,7 +53,8 @@ pub struct Timeouts {
     pub total: Duration,
     /// Time to the first response byte (`responseStartTimeoutSeconds`).
     pub response_start: Duration,
-    /// Longest gap between response bytes (`idleTimeoutSeconds`); `None` = no limit.
+    /// Longest gap between response bytes, or bytes either way on a websocket tunnel
+    /// (`idleTimeoutSeconds`); `None` = no limit.
     pub idle: Option<Duration>,
     /// The longest a request may be held waiting for a cold start; defaults to `total`.
     pub cold_wait: Duration,

@@ -19,6 +19,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use http::header::{HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
@@ -421,7 +422,7 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         if switching {
             let upstream_upgrade = hyper::upgrade::on(&mut resp);
             if let Some(client_upgrade) = client_upgrade {
-                spawn_tunnel(act, client_upgrade, upstream_upgrade, ticket);
+                spawn_tunnel(act, client_upgrade, upstream_upgrade, ticket, timeouts.idle);
             }
             return Ok(resp.map(|_| ActivatorBody::empty()));
         }
@@ -463,13 +464,17 @@ fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
 }
 
 /// Joins the client's and the upstream's upgraded connections and copies bytes both ways until
-/// either side closes or drain cancels the tunnel. The ticket (slot and concurrency) lives as
-/// long as the tunnel.
+/// either side closes, drain cancels the tunnel, or — when the revision has an idle timeout
+/// (`idleTimeoutSeconds`) — no byte has moved either way for that long (checked every `idle`,
+/// so an idle tunnel closes after one to two periods). The total timeout does not apply: a
+/// tunnel lives as long as it is used. The ticket (slot and concurrency) lives as long as the
+/// tunnel, so the idle timeout is also what frees the slot of a tunnel whose peer vanished.
 fn spawn_tunnel(
     act: &Activator,
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     ticket: Ticket,
+    idle: Option<std::time::Duration>,
 ) {
     let cancel = act.tunnel_cancel.clone();
     let span = tracing::debug_span!("tunnel", revision = %ticket.state().key);
@@ -483,16 +488,87 @@ fn spawn_tunnel(
                     return;
                 }
             };
-            let (mut c, mut u) = (TokioIo::new(client), TokioIo::new(upstream));
+            let moved = Arc::new(AtomicU64::new(0));
+            let mut c = Counted::new(TokioIo::new(client), moved.clone());
+            let mut u = Counted::new(TokioIo::new(upstream), moved.clone());
             tokio::select! {
                 r = tokio::io::copy_bidirectional(&mut c, &mut u) => {
                     tracing::debug!(result = ?r, "tunnel closed");
+                }
+                _ = tunnel_idle(&moved, idle) => {
+                    tracing::debug!(idle = ?idle, "tunnel closed: idle timeout");
                 }
                 _ = cancel.cancelled() => tracing::debug!("tunnel cancelled by drain"),
             }
         }
         .instrument(span),
     );
+}
+
+/// Resolves once `moved` has not changed for a whole `idle` period; never without `idle`.
+async fn tunnel_idle(moved: &AtomicU64, idle: Option<std::time::Duration>) {
+    let Some(idle) = idle.filter(|d| !d.is_zero()) else {
+        return std::future::pending().await;
+    };
+    loop {
+        let before = moved.load(Relaxed);
+        tokio::time::sleep(idle).await;
+        if moved.load(Relaxed) == before {
+            return;
+        }
+    }
+}
+
+/// One side of a tunnel: counts the bytes read from it into a counter shared by both sides.
+struct Counted<T> {
+    io: T,
+    moved: Arc<AtomicU64>,
+}
+
+impl<T> Counted<T> {
+    fn new(io: T, moved: Arc<AtomicU64>) -> Self {
+        Self { io, moved }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.moved.fetch_add(n as u64, Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ pub struct DefaultsConfig {
     /// `revision-response-start-timeout-seconds`: time to the first response byte; defaults to
     /// the revision timeout.
     pub revision_response_start_timeout: Option<Duration>,
-    /// `revision-idle-timeout-seconds`: longest gap between response bytes; 0 = none.
+    /// `revision-idle-timeout-seconds`: longest gap between response bytes (on a websocket
+    /// tunnel, bytes either way); 0 = none.
     pub revision_idle_timeout: Duration,
     /// `container-concurrency`: default containerConcurrency (0 = unlimited).
     pub container_concurrency: u32,
@@ -98,7 +99,7 @@ pub static KEYS: &[Key<DefaultsConfig>] = &[
     Key {
         name: "revision-idle-timeout-seconds",
         unit: "seconds (0 = none)",
-        help: "Longest gap between response bytes.",
+        help: "Longest gap between response bytes (on a websocket tunnel, bytes either way).",
         parse: |c, s| {
             c.revision_idle_timeout = seconds(s, 0)?;
             Ok(())

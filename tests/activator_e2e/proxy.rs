@@ -263,6 +263,55 @@ async fn websocket_upgrade_passes_through() {
     h.shutdown();
 }
 
+/// With an idle timeout (`idleTimeoutSeconds`) a tunnel that carries bytes stays open past it,
+/// and one that carries nothing either way for that long is closed and gives its slot back.
+/// The total timeout does not cut a tunnel.
+#[tokio::test]
+async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
+    let up = Upstream::start().await;
+    let mut s = spec("ws", 0);
+    s.timeouts.idle = Some(Duration::from_millis(300));
+    s.timeouts.total = Duration::from_millis(500);
+    let mut h = Harness::start(vec![s], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("ws"), vec![up.addr]);
+    let mut tcp = tokio::net::TcpStream::connect(h.data).await.unwrap();
+    let head = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: ws\r\n\r\n";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the response head");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 101"));
+    // Busy for 1.5 s (three total timeouts, five idle ones): one echo every 100 ms.
+    for _ in 0..15 {
+        tcp.write_all(b"tick").await.unwrap();
+        let mut echo = [0u8; 4];
+        tcp.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"tick");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(h.revision(&rev("ws")).await["in_flight"], 1);
+    // Then silent: closed within two idle periods (plus slack), and the slot is free.
+    let closed = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the idle tunnel was closed: {closed:?}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.revision(&rev("ws")).await["in_flight"] != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.shutdown();
+}
+
 #[tokio::test]
 async fn streaming_response_chunks_are_flushed_as_they_come() {
     let up = Upstream::start().await;
