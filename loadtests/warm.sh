@@ -32,7 +32,8 @@
 # runtime workers, so the replica is not the one serial stage every request passes),
 # REQ_HEADERS (none: wrk sends Host only, hey its usual four; browser: every request also carries
 # ten header fields a browser sends, User-Agent, Accept, Cookie and the like, ~450 bytes),
-# PACE (0.75; 0 leaves the paced pair out).
+# PACE (0.75; 0 leaves the paced pair out), HOLD (unset; 1 stops after the set-up and keeps
+# everything running for profiling by hand, addresses and PIDs in loadtests/out/warm/hold.env).
 # Total run time ~ ROUNDS * (2*len(CONNS) + 4) * DURATION + 15 s (about 5 minutes by default).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -153,6 +154,25 @@ NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 # shellcheck disable=SC2086
 declare -A PIDS=([thaw]="$THAW_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
 [ -n "$NGINX_WORKERS" ] || die "no nginx workers found"
+
+# HOLD=1: stop after the set-up, leave both proxies and the replica running, and write their
+# addresses and PIDs to $OUT/hold.env (for profiling by hand); Ctrl-C stops everything.
+if [ -n "${HOLD:-}" ]; then
+    {
+        echo "THAW_URL=${TARGET[thaw]}"
+        echo "NGINX_URL=${TARGET[nginx]}"
+        echo "HOST=$HOST"
+        echo "THAW_PID=$THAW_PID"
+        echo "NGINX_PIDS=\"${PIDS[nginx]}\""
+        echo "REPLICA_PID=$(pgrep -P "$THAW_PID" | head -1)"
+        echo "UPSTREAM=$UPSTREAM"
+    } >"$OUT/hold.env"
+    log "HOLD: set-up done, see $OUT/hold.env; Ctrl-C stops"
+    # In the background and waited for, so Ctrl-C runs the cleanup at once (bash runs a trap
+    # only after the foreground command ends).
+    lt_bg sleep infinity
+    wait "$LAST_PID"
+fi
 
 # proxy_cpu NAME MS_BEFORE REQUESTS: the proxy's CPU microseconds per request over one run.
 proxy_cpu() {
