@@ -7,10 +7,14 @@
 //! | > 3 | round-robin over endpoints with a free slot | even spread, O(1) on average |
 //!
 //! A pick *reserves* a slot ([`Endpoint::try_reserve`]), so the choice and the accounting cannot
-//! race. Ejected endpoints ([`Endpoint::is_ejected`]: a recent failed connect) are passed over
-//! while the set has any endpoint that is not ejected; if every endpoint is ejected, the pick is
-//! made among them all as if none were. Every policy falls back to a full scan before answering `None`, so `None` means that no
-//! endpoint had room at that moment — the throttler's wake-up logic relies on it.
+//! race. Every policy falls back to a full scan before answering `None`, so `None` means that no
+//! endpoint it may use had room at that moment — the throttler's wake-up logic relies on it.
+//!
+//! Ejected endpoints ([`Endpoint::is_ejected`]: a recent failed connect) are passed over while
+//! the set has any endpoint that is not ejected, even a full one (the request then waits for a
+//! slot on it rather than failing a connect); if every endpoint is ejected, the pick is made
+//! among them all as if none were. A request queued meanwhile is not woken when an ejection
+//! ends, only by the next slot released.
 //!
 //! Costs: random-choice-of-two and round-robin are O(1) expected (round-robin scans from where
 //! the last pick ended, so at half occupancy it looks at ~2 endpoints). First-available is O(n)

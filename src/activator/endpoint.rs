@@ -206,7 +206,18 @@ impl Endpoint {
     #[inline]
     pub fn is_ejected(&self) -> bool {
         let until = self.ejected_until.load(Relaxed);
-        until != 0 && now_ms() < until
+        if until == 0 {
+            return false;
+        }
+        if now_ms() < until {
+            return true;
+        }
+        // Ran out: cleared, so later picks pay one load again instead of reading the clock (the
+        // count stays and sets the next ejection's length until a connect succeeds).
+        let _ = self
+            .ejected_until
+            .compare_exchange(until, 0, SeqCst, SeqCst);
+        false
     }
 
     /// Sets the limit; `warming` marks a containerConcurrency-0 warm-up burst that
@@ -273,12 +284,17 @@ mod tests {
         assert!(!e.is_ejected());
         assert_eq!(e.connect_failed(), Some(EJECT_BASE));
         assert!(e.is_ejected());
-        // Failures of requests that picked it before: no longer ejection.
+        // Failures of requests that picked it before do not lengthen the ejection.
         assert_eq!(e.connect_failed(), None);
         let mut lengths = Vec::new();
         for _ in 0..7 {
             e.ejected_until.store(now_ms(), SeqCst); // the ejection ran out
             assert!(!e.is_ejected());
+            assert_eq!(
+                e.ejected_until.load(SeqCst),
+                0,
+                "cleared once seen to have run out"
+            );
             lengths.push(e.connect_failed().unwrap().as_secs());
         }
         assert_eq!(lengths, [2, 4, 8, 16, 30, 30, 30]);

@@ -282,7 +282,8 @@ fn retry_elsewhere(
     Ok(())
 }
 
-/// Ejects the endpoint of `ticket`'s slot after a failed connect (see [`Endpoint::connect_failed`]).
+/// Ejects the endpoint of `ticket`'s slot after a failed connect (see
+/// [`Endpoint::connect_failed`]); logs and counts each ejection once.
 fn eject(ticket: &Ticket, addr: SocketAddr, e: &ConnectError) {
     let Some(slot) = ticket.slot() else { return };
     if let Some(length) = slot.endpoint().connect_failed() {
