@@ -22,8 +22,8 @@
 # also serve at least 97 % of the offered rate); the saturated p99 is still printed.
 #
 # Knobs (environment): ROUNDS (9), DURATION (4s per run), CONNS ("32 64"), HEY_CONNS (64),
-# RESPONSE_DELAY (0s), REQ_PATH (/; the sample app's `/` waits one tokio timer tick, ~1 ms,
-# even at 0s, so per-connection latency has a ~1 ms floor; /healthz answers at once),
+# RESPONSE_DELAY (0s), REQ_PATH (/; since 2026-11-23 the sample app's `/` answers at once at
+# --response-delay 0s, as /healthz does, so both measure alike),
 # WRK_THREADS (nproc), MAX_STEAL (2, percent), NGINX_HEADERS (bare: nginx forwards the client's
 # headers and sets Host, the baseline; forward: nginx also adds the four forwarding
 # headers thaw adds on every request, K-Proxy-Request, K-Original-Host, X-Forwarded-For and
