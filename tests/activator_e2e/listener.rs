@@ -81,58 +81,44 @@ async fn idle_keep_alive_connections_are_closed() {
 
 #[tokio::test]
 async fn connections_beyond_the_limit_wait_for_a_free_slot() {
-    let up = Upstream::start().await;
-    let cfg = ActivatorConfig {
-        max_connections: 1,
-        ..Default::default()
-    };
-    let mut h = Harness::start(vec![spec("r", 0)], cfg).await;
-    h.endpoints
-        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
-    let mut first = TcpStream::connect(h.data).await.unwrap();
-    first.write_all(REQUEST).await.unwrap();
-    assert!(read_head(&mut first).await.starts_with("HTTP/1.1 200"));
-    // The second connection sits in the backlog: no answer while the first stays open.
-    let mut second = TcpStream::connect(h.data).await.unwrap();
-    second.write_all(REQUEST).await.unwrap();
-    let mut buf = [0u8; 1];
-    let early = tokio::time::timeout(Duration::from_millis(200), second.read(&mut buf)).await;
-    assert!(early.is_err(), "served beyond max-connections");
-    drop(first);
-    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut second)).await;
-    assert!(
-        head.expect("served once a slot freed")
-            .starts_with("HTTP/1.1 200")
-    );
-    h.shutdown();
+    beyond_the_limit(1, None).await;
 }
 
 /// On data workers (connections handed out round-robin from the accept loop) the limit counts
-/// every worker's connections: the third waits in the backlog until one of two closes.
+/// every worker's connections.
 #[tokio::test]
 async fn the_connection_limit_counts_connections_on_every_worker() {
+    beyond_the_limit(2, Some(3)).await;
+}
+
+/// With `max` connections open and served, one more sits in the backlog (no answer) until one
+/// of them closes, then is served.
+async fn beyond_the_limit(max: u32, workers: Option<usize>) {
     let up = Upstream::start().await;
     let cfg = ActivatorConfig {
-        max_connections: 2,
+        max_connections: max,
         ..Default::default()
     };
-    let mut h = Harness::start_on_workers(vec![spec("r", 0)], cfg, 3).await;
+    let mut h = match workers {
+        Some(n) => Harness::start_on_workers(vec![spec("r", 0)], cfg, n).await,
+        None => Harness::start(vec![spec("r", 0)], cfg).await,
+    };
     h.endpoints
         .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
     let mut open = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..max {
         let mut tcp = TcpStream::connect(h.data).await.unwrap();
         tcp.write_all(REQUEST).await.unwrap();
         assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
         open.push(tcp);
     }
-    let mut third = TcpStream::connect(h.data).await.unwrap();
-    third.write_all(REQUEST).await.unwrap();
+    let mut next = TcpStream::connect(h.data).await.unwrap();
+    next.write_all(REQUEST).await.unwrap();
     let mut buf = [0u8; 1];
-    let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), next.read(&mut buf)).await;
     assert!(early.is_err(), "served beyond max-connections");
     drop(open.pop());
-    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut third)).await;
+    let head = tokio::time::timeout(Duration::from_secs(10), read_head(&mut next)).await;
     assert!(
         head.expect("served once a slot freed")
             .starts_with("HTTP/1.1 200")

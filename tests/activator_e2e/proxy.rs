@@ -231,14 +231,13 @@ async fn h2c_passes_through_both_ways() {
     h.shutdown();
 }
 
-#[tokio::test]
-async fn websocket_upgrade_passes_through() {
-    let up = Upstream::start().await;
-    let mut h = Harness::start(vec![spec("ws", 0)], ActivatorConfig::default()).await;
-    h.endpoints.set_ready(&rev("ws"), vec![up.addr]);
+/// Sends a websocket upgrade for `name` and reads the response head (lower-cased).
+async fn upgrade(h: &Harness, name: &str) -> (tokio::net::TcpStream, String) {
     let mut tcp = tokio::net::TcpStream::connect(h.data).await.unwrap();
-    let head = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-                Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: ws\r\n\r\n";
+    let head = format!(
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: {name}\r\n\r\n"
+    );
     tcp.write_all(head.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 1024];
     let mut got = Vec::new();
@@ -247,7 +246,15 @@ async fn websocket_upgrade_passes_through() {
         assert!(n > 0, "closed before the response head");
         got.extend_from_slice(&buf[..n]);
     }
-    let text = String::from_utf8_lossy(&got).to_lowercase();
+    (tcp, String::from_utf8_lossy(&got).to_lowercase())
+}
+
+#[tokio::test]
+async fn websocket_upgrade_passes_through() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("ws", 0)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("ws"), vec![up.addr]);
+    let (mut tcp, text) = upgrade(&h, "ws").await;
     assert!(text.starts_with("http/1.1 101"), "{text}");
     assert!(text.contains("upgrade: websocket"), "{text}");
     tcp.write_all(b"ping over the tunnel").await.unwrap();
@@ -274,18 +281,9 @@ async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
     s.timeouts.total = Duration::from_millis(500);
     let mut h = Harness::start(vec![s], ActivatorConfig::default()).await;
     h.endpoints.set_ready(&rev("ws"), vec![up.addr]);
-    let mut tcp = tokio::net::TcpStream::connect(h.data).await.unwrap();
-    let head = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-                Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: ws\r\n\r\n";
-    tcp.write_all(head.as_bytes()).await.unwrap();
+    let (mut tcp, text) = upgrade(&h, "ws").await;
+    assert!(text.starts_with("http/1.1 101"), "{text}");
     let mut buf = vec![0u8; 1024];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tcp.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the response head");
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(got.starts_with(b"HTTP/1.1 101"));
     // Busy for 1.5 s (three total timeouts, five idle ones): one echo every 100 ms.
     for _ in 0..15 {
         tcp.write_all(b"tick").await.unwrap();
