@@ -302,6 +302,7 @@ paced = any(tool == "hey-paced" for tool, _ in groups)
 verdicts = []
 noise = []
 behind = []
+few = []
 for (tool, c), by_round in groups.items():
     num = lambda x: x.replace(".", "", 1).isdigit()
     complete = [v for v in by_round.values() if "thaw" in v and "nginx" in v
@@ -343,6 +344,10 @@ for (tool, c), by_round in groups.items():
     judged = [] if tool == "hey-paced" else [("req/s", rlo, rhi)]
     if not (tool == "hey" and paced):
         judged.append(("p99", plo, phi))
+    if len(pairs) < 5:
+        # A bootstrap over fewer than five pairs says nothing; the interval is printed, not used.
+        few.append(f"{tool} c{c[1:]}")
+        judged = []
     noise += [f"{tool} c{c[1:]} {what}" for what, lo, hi in judged if lo < 1 < hi]
     # Thaw shown behind: the whole interval on the nginx side (req/s below 1, p99 above 1).
     behind += [f"{tool} c{c[1:]} {what}" for what, lo, hi in judged
@@ -359,5 +364,7 @@ if noise:
           "rounds are needed to tell the two apart): " + ", ".join(noise))
 print("Shown behind nginx (the whole 95% interval on nginx\x27s side): "
       + (", ".join(behind) if behind else "none"))
+if few:
+    print("Fewer than 5 pairs (intervals not judged): " + ", ".join(few))
 '
 } | tee "$OUT/summary.md"
