@@ -13,8 +13,8 @@
 //! Ejected endpoints ([`Endpoint::is_ejected`]: a recent failed connect) are passed over while
 //! the set has any endpoint that is not ejected, even a full one (the request then waits for a
 //! slot on it rather than failing a connect); if every endpoint is ejected, the pick is made
-//! among them all as if none were. A request queued meanwhile is not woken when an ejection
-//! ends, only by the next slot released.
+//! among them all as if none were. When an ejection ends, the throttler dispatches its held
+//! requests again (`Throttler::dispatch_after`), so a request queued meanwhile can take it.
 //!
 //! Costs: random-choice-of-two and round-robin are O(1) expected (round-robin scans from where
 //! the last pick ended, so at half occupancy it looks at ~2 endpoints). First-available is O(n)

@@ -289,6 +289,8 @@ fn eject(ticket: &Ticket, addr: SocketAddr, e: &ConnectError) {
     if let Some(length) = slot.endpoint().connect_failed() {
         let state = ticket.state();
         state.metrics.ejections.inc();
+        // Requests held meanwhile (the live endpoints full) may go to it once the ejection ends.
+        state.throttler.dispatch_after(length);
         tracing::warn!(
             revision = %state.key,
             endpoint = %addr,

@@ -337,6 +337,19 @@ impl Throttler {
         }
     }
 
+    /// Dispatches held requests again after `delay` (from a task on the calling runtime): an
+    /// ejection that ends frees capacity no slot release or endpoint update announces. Holds
+    /// the throttler weakly, so a removed revision is not kept alive by it.
+    pub fn dispatch_after(&self, delay: std::time::Duration) {
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(shared) = shared.upgrade() {
+                shared.dispatch();
+            }
+        });
+    }
+
     /// The revision left the catalog: held requests are answered `why` (`Removed`, or the
     /// platform's failure reason) and nothing is admitted any more.
     pub fn remove(&self, why: Rejection) {

@@ -204,6 +204,41 @@ async fn an_ejected_endpoint_is_passed_over_by_every_policy_and_cleared_by_a_con
     h.shutdown();
 }
 
+/// cc 1, a dead endpoint first in address order and a live one: the dead one is ejected by the
+/// first request. With the live one busy (a stream kept open), the next request waits rather
+/// than trying the ejected endpoint; when that endpoint comes back and its ejection ends, the
+/// held request is dispatched to it — without waiting for the live one's slot.
+#[tokio::test]
+async fn a_request_held_behind_a_full_live_endpoint_takes_the_ejected_one_when_it_comes_back() {
+    let dead = dead_addr("127.0.0.1").await;
+    let live = Upstream::start_on("127.0.0.2:0").await;
+    let mut h = Harness::start(vec![spec("r", 1)], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("r"), vec![live.addr, dead]);
+    let c = client();
+    let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(h.revision(&rev("r")).await["endpoints"][0]["ejected"], true);
+    // The live endpoint's one slot stays taken by an open stream.
+    let chunks = live.next_stream();
+    chunks.send(Ok(Bytes::from_static(b"open"))).await.unwrap();
+    let stream = c.request(h.get(&rev("r"), "/stream")).await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let (c2, req) = (c.clone(), h.get(&rev("r"), "/"));
+    let held = tokio::spawn(async move { send(&c2, req).await });
+    h.wait_held(&rev("r"), 1).await;
+    // The dead address comes back; the ejection (1 s) ends and the held request goes there.
+    let back = Upstream::start_on(&dead.to_string()).await;
+    let (status, _, body) = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("dispatched when the ejection ended, not at the live slot's release")
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(back.served.load(SeqCst), 1);
+    drop(chunks);
+    drop(stream);
+    h.shutdown();
+}
+
 #[tokio::test]
 async fn h2c_passes_through_both_ways() {
     let up = Upstream::start().await;
