@@ -478,7 +478,8 @@ impl Upstream {
         }
     }
 
-    /// A TCP connection to `addr` with `TCP_NODELAY`, within the connect timeout. A dial that
+    /// A TCP connection to `addr` with `TCP_NODELAY` and keep-alive probes
+    /// ([`super::limits::set_tcp_keepalive`]), within the connect timeout. A dial that
     /// times out is dialled again at once with a longer timeout ([`dial_attempts`]), as
     /// Knative's `DialWithBackOff` does; a refused or failed dial fails at once.
     ///
@@ -501,6 +502,9 @@ impl Upstream {
             }
         };
         let _ = stream.set_nodelay(true);
+        if let Err(e) = super::limits::set_tcp_keepalive(&stream) {
+            tracing::debug!(%addr, error = %e, "cannot set TCP keep-alive on an upstream connection");
+        }
         Ok(stream)
     }
 

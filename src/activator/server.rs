@@ -134,6 +134,9 @@ impl Activator {
         drain: &CancellationToken,
     ) {
         let _ = stream.set_nodelay(true);
+        if let Err(e) = super::limits::set_tcp_keepalive(&stream) {
+            tracing::debug!(error = %e, "cannot set TCP keep-alive on a client connection");
+        }
         let cfg = self.deps.config.load_full();
         let slot = ConnSlot(
             limit.clone(),

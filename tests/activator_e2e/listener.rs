@@ -126,6 +126,72 @@ async fn beyond_the_limit(max: u32, workers: Option<usize>) {
     h.shutdown();
 }
 
+/// The timer column (`tr`) of the connection from local port `local` to remote port `remote` in
+/// /proc/net/tcp: 2 while a keep-alive timer is pending, 0 when no timer is.
+fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let port = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (port(f[1])? == local && port(f[2])? == remote)
+            .then(|| u8::from_str_radix(f[5].split(':').next()?, 16).ok())
+            .flatten()
+    })
+}
+
+/// Both of the activator's sockets carry TCP keep-alive probes — the accepted client
+/// connection and the upstream dial — so a peer that vanished without a FIN is noticed: while
+/// idle, each shows a keep-alive timer in /proc/net/tcp.
+#[tokio::test]
+async fn client_and_upstream_sockets_carry_tcp_keepalive() {
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("r", 0)], ActivatorConfig::default()).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    let mut tcp = TcpStream::connect(h.data).await.unwrap();
+    tcp.write_all(REQUEST).await.unwrap();
+    assert!(read_head(&mut tcp).await.starts_with("HTTP/1.1 200"));
+    let client = tcp.local_addr().unwrap().port();
+    // Until the peer's (possibly delayed) ACK arrives, the retransmit timer shows instead.
+    let settled = |local: u16, remote: u16| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let timer = tcp_timer(local, remote);
+            if timer == Some(2) || tokio::time::Instant::now() > deadline {
+                return timer;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    assert_eq!(
+        settled(h.data.port(), client).await,
+        Some(2),
+        "accepted client connection"
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let dialed: Vec<u16> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = |x: &str| u16::from_str_radix(x.rsplit(':').next().unwrap(), 16).unwrap();
+            (port(f[2]) == up.addr.port()).then(|| port(f[1]))
+        })
+        .collect();
+    assert!(
+        !dialed.is_empty(),
+        "no upstream connection in /proc/net/tcp"
+    );
+    for local in dialed {
+        assert_eq!(
+            settled(local, up.addr.port()).await,
+            Some(2),
+            "upstream connection"
+        );
+    }
+    h.shutdown();
+}
+
 /// A burst of connections on workers: every one is accepted and served.
 #[tokio::test]
 async fn a_burst_of_connections_is_served_on_workers() {
