@@ -126,17 +126,28 @@ async fn beyond_the_limit(max: u32, workers: Option<usize>) {
     h.shutdown();
 }
 
-/// The timer column (`tr`) of the connection from local port `local` to remote port `remote` in
-/// /proc/net/tcp: 2 while a keep-alive timer is pending, 0 when no timer is.
+/// IPv4 TCP connections from /proc/net/tcp: (local port, remote port, timer), the timer column
+/// (`tr`) being 2 while a keep-alive timer is pending and 0 when no timer is.
+fn tcp_table() -> Vec<(u16, u16, u8)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = |field: &str| u16::from_str_radix(field.rsplit(':').next().unwrap(), 16).unwrap();
+    table
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let timer = u8::from_str_radix(f[5].split(':').next().unwrap(), 16).unwrap();
+            (port(f[1]), port(f[2]), timer)
+        })
+        .collect()
+}
+
+/// The timer of the connection from port `local` to port `remote`.
 fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let port = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        (port(f[1])? == local && port(f[2])? == remote)
-            .then(|| u8::from_str_radix(f[5].split(':').next()?, 16).ok())
-            .flatten()
-    })
+    tcp_table()
+        .into_iter()
+        .find(|&(l, r, _)| l == local && r == remote)
+        .map(|(_, _, timer)| timer)
 }
 
 /// Both of the activator's sockets carry TCP keep-alive probes — the accepted client
@@ -168,15 +179,10 @@ async fn client_and_upstream_sockets_carry_tcp_keepalive() {
         Some(2),
         "accepted client connection"
     );
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let dialed: Vec<u16> = table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let port = |x: &str| u16::from_str_radix(x.rsplit(':').next().unwrap(), 16).unwrap();
-            (port(f[2]) == up.addr.port()).then(|| port(f[1]))
-        })
+    let dialed: Vec<u16> = tcp_table()
+        .into_iter()
+        .filter(|&(_, remote, _)| remote == up.addr.port())
+        .map(|(local, _, _)| local)
         .collect();
     assert!(
         !dialed.is_empty(),
