@@ -27,6 +27,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
+use tokio_util::io::InspectReader;
 use tracing::Instrument;
 
 use super::body::{ActivatorBody, ProxiedBody};
@@ -488,14 +489,22 @@ fn spawn_tunnel(
                     return;
                 }
             };
-            let moved = Arc::new(AtomicU64::new(0));
-            let mut c = Counted::new(TokioIo::new(client), moved.clone());
-            let mut u = Counted::new(TokioIo::new(upstream), moved.clone());
+            // Bytes read from either side, for the idle timeout.
+            let moved = AtomicU64::new(0);
+            let count = |bytes: &[u8]| {
+                moved.fetch_add(bytes.len() as u64, Relaxed);
+            };
+            let mut c = InspectReader::new(TokioIo::new(client), count);
+            let mut u = InspectReader::new(TokioIo::new(upstream), count);
             tokio::select! {
                 r = tokio::io::copy_bidirectional(&mut c, &mut u) => {
                     tracing::debug!(result = ?r, "tunnel closed");
                 }
-                _ = tunnel_idle(&moved, idle) => {
+                _ = super::ticket::quiet_for(
+                    idle.unwrap_or_default(),
+                    || moved.load(Relaxed),
+                    || false,
+                ) => {
                     tracing::debug!(idle = ?idle, "tunnel closed: idle timeout");
                 }
                 _ = cancel.cancelled() => tracing::debug!("tunnel cancelled by drain"),
@@ -503,72 +512,6 @@ fn spawn_tunnel(
         }
         .instrument(span),
     );
-}
-
-/// Resolves once `moved` has not changed for a whole `idle` period; never without `idle`.
-async fn tunnel_idle(moved: &AtomicU64, idle: Option<std::time::Duration>) {
-    let Some(idle) = idle.filter(|d| !d.is_zero()) else {
-        return std::future::pending().await;
-    };
-    loop {
-        let before = moved.load(Relaxed);
-        tokio::time::sleep(idle).await;
-        if moved.load(Relaxed) == before {
-            return;
-        }
-    }
-}
-
-/// One side of a tunnel: counts the bytes read from it into a counter shared by both sides.
-struct Counted<T> {
-    io: T,
-    moved: Arc<AtomicU64>,
-}
-
-impl<T> Counted<T> {
-    fn new(io: T, moved: Arc<AtomicU64>) -> Self {
-        Self { io, moved }
-    }
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.moved.fetch_add(n as u64, Relaxed);
-        }
-        polled
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

@@ -327,18 +327,7 @@ fn is_transient(e: &io::Error) -> bool {
 /// two periods). Never resolves when `keep_alive` is zero. The header-read timeout does not
 /// shorten it: that clock only runs while a request head is arriving (`head_clock`).
 async fn idle(activity: &ConnActivity, keep_alive: Duration) {
-    if keep_alive.is_zero() {
-        // 0 disables the idle timeout rather than spinning.
-        return std::future::pending().await;
-    }
-    loop {
-        let (_, before) = activity.load();
-        tokio::time::sleep(keep_alive).await;
-        let (active, after) = activity.load();
-        if active == 0 && after == before {
-            return;
-        }
-    }
+    super::ticket::quiet_for(keep_alive, || activity.load().1, || activity.load().0 != 0).await
 }
 
 /// What a new connection speaks, from its first bytes.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 use super::rev_state::RevisionState;
 use super::throttler::InFlight;
@@ -120,5 +120,26 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         self.release_slot();
         self.state.window().depart(self.shard, Instant::now());
+    }
+}
+
+/// Resolves once `progress()` has not changed across a whole `period` and `busy()` is false at
+/// its end (checked every `period`, so after one to two periods of quiet). Never resolves when
+/// `period` is zero (zero disables the timeout rather than spinning). The keep-alive timeout of
+/// a client connection and the idle timeout of a websocket tunnel both wait on it.
+pub(crate) async fn quiet_for(
+    period: Duration,
+    progress: impl Fn() -> u64,
+    busy: impl Fn() -> bool,
+) {
+    if period.is_zero() {
+        return std::future::pending().await;
+    }
+    loop {
+        let before = progress();
+        tokio::time::sleep(period).await;
+        if !busy() && progress() == before {
+            return;
+        }
     }
 }
