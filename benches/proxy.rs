@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use thaw::activator::report::stat_channel;
 use thaw::activator::testing::StaticEndpoints;
-use thaw::activator::{Activator, ActivatorDeps};
+use thaw::activator::{Activator, ActivatorDeps, NextHop};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, Protocol, RevisionCatalog, RevisionKey, RevisionSpec};
 use thaw::telemetry::Telemetry;
@@ -68,6 +68,7 @@ async fn activator(up: std::net::SocketAddr) -> std::net::SocketAddr {
         config: Arc::new(ArcSwap::from_pointee(ActivatorConfig::default())),
         telemetry: Arc::new(Telemetry::new()),
         source_name: "bench".into(),
+        next_hop: NextHop::Sidecar,
     });
     let data = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();

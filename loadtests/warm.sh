@@ -25,10 +25,10 @@
 # RESPONSE_DELAY (0s), REQ_PATH (/; since 2026-11-23 the sample app's `/` answers at once at
 # --response-delay 0s, as /healthz does, so both measure alike),
 # WRK_THREADS (nproc), MAX_STEAL (2, percent), NGINX_HEADERS (bare: nginx forwards the client's
-# headers and sets Host, the issue's baseline; forward: nginx also adds the four forwarding
-# headers thaw adds on every request, K-Proxy-Request, K-Original-Host, X-Forwarded-For and
-# X-Forwarded-Proto; all: and an X-Request-Id both ways, as thaw does, from nginx's
-# $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many
+# headers and sets Host, the issue's baseline; forward: nginx also adds the two forwarding
+# headers thaw local adds on every request, X-Forwarded-For and X-Forwarded-Proto (thaw local
+# sends no sidecar headers: a replica has no queue sidecar); all: and an X-Request-Id both
+# ways, as thaw does, from nginx's $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many
 # runtime workers, so the replica is not the one serial stage every request passes),
 # REQ_HEADERS (none: wrk sends Host only, hey its usual four; browser: every request also carries
 # ten header fields a browser sends, User-Agent, Accept, Cookie and the like, ~450 bytes),
@@ -95,8 +95,6 @@ case $NGINX_HEADERS in
     bare) NGINX_ADDS="" ;;
     forward | all)
         NGINX_ADDS='
-            proxy_set_header K-Proxy-Request activator;
-            proxy_set_header K-Original-Host $http_host;
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             proxy_set_header X-Forwarded-Proto $scheme;'
         if [ "$NGINX_HEADERS" = all ]; then

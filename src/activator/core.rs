@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::error::ActivatorError;
+use super::headers::NextHop;
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
 use super::routing::Target;
@@ -42,6 +43,9 @@ pub struct ActivatorDeps {
     pub telemetry: Arc<Telemetry>,
     /// This activator's name in [`crate::activator::report::Stat::source`].
     pub source_name: Arc<str>,
+    /// Whom requests are forwarded to: a queue sidecar (Kubernetes) or, in `thaw local`, the
+    /// replica itself; decides how the client's `Host` travels.
+    pub next_hop: NextHop,
 }
 
 /// The request path's hash maps: foldhash, seeded per process, instead of SipHash (a lookup is

@@ -29,7 +29,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::headers::{
-    self as hdr, Additions, K_ORIGINAL_HOST, K_PROXY_REQUEST, X_FORWARDED_FOR, X_FORWARDED_PROTO,
+    self as hdr, Additions, K_ORIGINAL_HOST, K_PROXY_REQUEST, NextHop, X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
 };
 use super::routing::{FieldRef, Seen};
 
@@ -431,13 +432,16 @@ impl ClientHeaders {
     /// [`super::headers::upstream_additions`] does for a map (see its doc).
     pub fn prepare(
         &mut self,
+        next_hop: NextHop,
         original_host: Option<HeaderValue>,
         client: Option<IpAddr>,
         upgrade: bool,
     ) -> Additions {
         match self {
-            ClientHeaders::Map(map) => hdr::upstream_additions(map, original_host, client, upgrade),
-            ClientHeaders::Raw(raw) => prepare_raw(raw, original_host, client, upgrade),
+            ClientHeaders::Map(map) => {
+                hdr::upstream_additions(map, next_hop, original_host, client, upgrade)
+            }
+            ClientHeaders::Raw(raw) => prepare_raw(raw, next_hop, original_host, client, upgrade),
         }
     }
 
@@ -568,6 +572,7 @@ pub fn put_raw(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 fn prepare_raw(
     raw: &mut RawFields,
+    next_hop: NextHop,
     original_host: Option<HeaderValue>,
     client: Option<IpAddr>,
     upgrade: bool,
@@ -607,9 +612,11 @@ fn prepare_raw(
         // The map form re-adds it in `strip_hop_by_hop`; the raw form cannot add a field.
         add.push((header::CONNECTION, HeaderValue::from_static("upgrade")));
     }
-    add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
-    if let Some(host) = original_host {
-        add.push((K_ORIGINAL_HOST, host));
+    if next_hop == NextHop::Sidecar {
+        add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
+        if let Some(host) = original_host {
+            add.push((K_ORIGINAL_HOST, host));
+        }
     }
     if let Some(ip) = client {
         let prev = prev_for.iter().filter_map(|v| std::str::from_utf8(v).ok());

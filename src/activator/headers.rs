@@ -127,6 +127,22 @@ const ROUTING: [HeaderName; 8] = [
 const XFF_BIT: u32 = 1 << 6;
 const XFP_BIT: u32 = 1 << 7;
 
+/// Whom the activator forwards to, which decides how the client's `Host` travels
+/// (knative-dataplane.md §1.3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NextHop {
+    /// A queue sidecar in front of the user container (Knative's activator): `Host` becomes the
+    /// endpoint, the client's host moves to `K-Original-Host` (`RewriteHostIn`, which the
+    /// sidecar undoes), and `K-Proxy-Request: activator` tells the sidecar not to count the
+    /// request twice.
+    #[default]
+    Sidecar,
+    /// The user container itself (`thaw local`, where no sidecar stands in front of a
+    /// replica): the client's `Host` goes as it came, which is what a container behind a
+    /// sidecar sees (`RewriteHostOut`), and neither sidecar header is sent.
+    Container,
+}
+
 /// Headers the activator adds to a forwarded request, kept apart from the client's map: the
 /// direct upstream connection writes them after the map's own, and hyper's client gets them
 /// merged in. Adding them to the client's map instead made it grow (reallocate and rehash) on
@@ -135,13 +151,14 @@ pub type Additions = Vec<(HeaderName, HeaderValue)>;
 
 /// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): hop-by-hop
 /// headers, Knative's routing headers and the probe hash removed; `Host` removed (each attempt
-/// sets it to its endpoint with [`set_target_host`]). Returns what is added:
-/// `K-Proxy-Request: activator`, the original host as `K-Original-Host`, the client appended to
+/// sets it with [`set_target_host`]). Returns what is added: for a [`NextHop::Sidecar`],
+/// `K-Proxy-Request: activator` and the original host as `K-Original-Host`; the client appended to
 /// `X-Forwarded-For`, `X-Forwarded-Proto: http` if absent (any client-sent `K-Proxy-Request`,
 /// `K-Original-Host` or `X-Forwarded-For` is replaced). `traceparent`/`tracestate` and
 /// `X-Request-Id` pass as they are (the caller ensures an id exists).
 pub fn upstream_additions(
     headers: &mut HeaderMap,
+    next_hop: NextHop,
     original_host: Option<HeaderValue>,
     client: Option<IpAddr>,
     upgrade: bool,
@@ -149,9 +166,11 @@ pub fn upstream_additions(
     strip_hop_by_hop(headers, upgrade);
     let found = present(headers, &ROUTING);
     let mut add = Vec::with_capacity(5);
-    add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
-    if let Some(host) = original_host {
-        add.push((K_ORIGINAL_HOST, host));
+    if next_hop == NextHop::Sidecar {
+        add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
+        if let Some(host) = original_host {
+            add.push((K_ORIGINAL_HOST, host));
+        }
     }
     if let Some(ip) = client {
         // Allocated only when the client sent one.
@@ -186,7 +205,7 @@ pub fn prepare_upstream(
     client: Option<IpAddr>,
     upgrade: bool,
 ) {
-    let add = upstream_additions(headers, original_host, client, upgrade);
+    let add = upstream_additions(headers, NextHop::Sidecar, original_host, client, upgrade);
     headers.extend(add);
 }
 

@@ -34,5 +34,6 @@ pub mod ticket;
 pub mod workers;
 
 pub use self::core::{Activator, ActivatorDeps};
+pub use headers::NextHop;
 pub use limits::raise_nofile_limit;
 pub use workers::Workers;

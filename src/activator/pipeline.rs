@@ -35,7 +35,7 @@ use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
 use super::fields::{ClientHeaders, HeadersRef, Known, RawFields};
-use super::headers::{self as hdr, SERVER_TIMING, X_REQUEST_ID};
+use super::headers::{self as hdr, NextHop, SERVER_TIMING, X_REQUEST_ID};
 use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
 use super::rev_state::RevisionState;
@@ -367,7 +367,13 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 None => (original_host, hdr::new_request_id(), true),
             }
         };
-        let mut additions = headers.prepare(original_host, Some(peer.ip()), upgrade);
+        // A sidecar gets the host in `K-Original-Host`, the container as its `Host`.
+        let next_hop = act.deps.next_hop;
+        let (original_host, host) = match next_hop {
+            NextHop::Sidecar => (original_host, None),
+            NextHop::Container => (None, original_host),
+        };
+        let mut additions = headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade);
         if generated {
             additions.push((X_REQUEST_ID, request_id.clone()));
         }
@@ -378,6 +384,7 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 .path_and_query()
                 .cloned()
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
+            host,
             headers,
             additions,
             body,

@@ -13,7 +13,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 
-use http::uri::{PathAndQuery, Scheme};
+use http::header::HeaderValue;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, Uri, Version};
 use tokio::time::{Duration, Instant};
 
@@ -35,6 +36,9 @@ pub struct Outbound {
     pub method: Method,
     /// The client's path and query (the authority becomes the endpoint's).
     pub path_and_query: PathAndQuery,
+    /// The `Host` sent to whichever endpoint serves the request (the client's, when the next
+    /// hop is the container itself); `None`: each endpoint's own address.
+    pub host: Option<HeaderValue>,
     /// The client's headers, already rewritten by [`ClientHeaders::prepare`] (no `Host`).
     pub headers: ClientHeaders,
     /// What the activator adds (see [`super::headers::Additions`]).
@@ -67,18 +71,31 @@ impl Outbound {
 }
 
 /// Points `req` at `endpoint`. HTTP/1.1: origin-form target (path and query) and `Host` set to
-/// the endpoint. h2c: absolute URI (`:scheme`, `:authority` = the endpoint).
-fn aim(req: &mut Request<ReqBody>, endpoint: &Endpoint, protocol: Protocol) {
-    set_target_host(req.headers_mut(), endpoint.host_value(), protocol);
+/// `host`, else the endpoint. h2c: absolute URI (`:scheme`, `:authority` = `host` if it is a
+/// valid authority, else the endpoint).
+fn aim(
+    req: &mut Request<ReqBody>,
+    endpoint: &Endpoint,
+    protocol: Protocol,
+    host: Option<&HeaderValue>,
+) {
+    set_target_host(
+        req.headers_mut(),
+        host.unwrap_or(endpoint.host_value()),
+        protocol,
+    );
     if protocol == Protocol::H2c {
         let path = req
             .uri()
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let authority = host
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+            .unwrap_or_else(|| endpoint.authority().clone());
         *req.uri_mut() = Uri::builder()
             .scheme(Scheme::HTTP)
-            .authority(endpoint.authority().clone())
+            .authority(authority)
             .path_and_query(path)
             .build()
             .expect("scheme, authority and path are valid");
@@ -168,7 +185,8 @@ fn forward_direct<'a>(
                 Some((a, head)) if a == addr => head,
                 _ => {
                     let target = out.path_and_query.as_str();
-                    let host = ticket.slot().map(|s| s.endpoint().host_value());
+                    let endpoint_host = || ticket.slot().map(|s| s.endpoint().host_value());
+                    let host = out.host.as_ref().or_else(endpoint_host);
                     direct::encode_head(&out.method, target, host, &out.headers, &out.additions)
                 }
             };
@@ -204,6 +222,7 @@ async fn forward_hyper(
     limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
+    let host = out.host.clone();
     let mut req = out.into_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     loop {
@@ -233,7 +252,7 @@ async fn forward_hyper(
             Err(_) => return Err(timeout_error(ticket, addr, &limits)),
         };
         let reused = conn.reused();
-        aim(&mut req, endpoint, protocol);
+        aim(&mut req, endpoint, protocol, host.as_ref());
         match conn.send(req, start_deadline).await {
             Ok((resp, reusable)) => return Ok((resp, addr, reusable)),
             Err(SendError::Unsent(back, e)) if reused => {

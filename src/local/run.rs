@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
 use crate::activator::report::stat_channel;
-use crate::activator::{Activator, ActivatorDeps, Workers, raise_nofile_limit};
+use crate::activator::{Activator, ActivatorDeps, NextHop, Workers, raise_nofile_limit};
 use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
 use crate::config::reload::{FileWatch, Outcome, watch_file};
 use crate::platform::Platform;
@@ -159,6 +159,9 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         config: activator_config.clone(),
         telemetry: telemetry.clone(),
         source_name: "activator".into(),
+        // No queue sidecar stands in front of a local replica: it gets the client's Host, as a
+        // container behind Knative's queue-proxy does.
+        next_hop: NextHop::Container,
     });
     // The data plane runs nginx-style: one single-threaded runtime per core, each owning its
     // connections and its upstream pool, so a request never hops between threads.

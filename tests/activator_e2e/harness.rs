@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use thaw::activator::report::{StatMessage, stat_channel};
 use thaw::activator::testing::StaticEndpoints;
-use thaw::activator::{Activator, ActivatorDeps, Workers};
+use thaw::activator::{Activator, ActivatorDeps, NextHop, Workers};
 use thaw::autoscaler::scaler::ScaleStates;
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
@@ -47,7 +47,7 @@ impl Body for ChannelBody {
     }
 }
 
-fn full(s: impl Into<Bytes>) -> TestBody {
+pub fn full(s: impl Into<Bytes>) -> TestBody {
     Full::new(s.into()).map_err(|n| match n {}).boxed()
 }
 
@@ -152,11 +152,15 @@ async fn serve(
             Response::new(full(format!("slow from {me}")))
         }
         "/headers" => {
-            let map: serde_json::Map<String, serde_json::Value> = req
+            let mut map: serde_json::Map<String, serde_json::Value> = req
                 .headers()
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").into()))
                 .collect();
+            // HTTP/2 carries the host as the URI's authority, not a field.
+            if let Some(a) = req.uri().authority() {
+                map.insert("x-authority".into(), a.as_str().into());
+            }
             let mut r = Response::new(full(serde_json::Value::Object(map).to_string()));
             r.headers_mut()
                 .insert("x-version", format!("{:?}", req.version()).parse().unwrap());
@@ -224,7 +228,13 @@ impl Harness {
         config: ActivatorConfig,
         n: usize,
     ) -> Self {
-        Self::build(specs, config, None, Some(n)).await
+        Self::build(specs, config, None, Some(n), NextHop::Sidecar).await
+    }
+
+    /// Like [`Harness::start`], forwarding to the containers themselves (as `thaw local` does)
+    /// instead of to queue sidecars.
+    pub async fn start_to_containers(specs: Vec<RevisionSpec>, config: ActivatorConfig) -> Self {
+        Self::build(specs, config, None, None, NextHop::Container).await
     }
 
     /// Like [`Harness::start`], with the scaler's states visible to the activator.
@@ -233,7 +243,7 @@ impl Harness {
         config: ActivatorConfig,
         scale_states: Option<Arc<ScaleStates>>,
     ) -> Self {
-        Self::build(specs, config, scale_states, None).await
+        Self::build(specs, config, scale_states, None, NextHop::Sidecar).await
     }
 
     async fn build(
@@ -241,6 +251,7 @@ impl Harness {
         config: ActivatorConfig,
         scale_states: Option<Arc<ScaleStates>>,
         workers: Option<usize>,
+        next_hop: NextHop,
     ) -> Self {
         let _ = thaw::activator::raise_nofile_limit();
         let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(specs, [])));
@@ -255,6 +266,7 @@ impl Harness {
             config: config.clone(),
             telemetry: Arc::new(Telemetry::new()),
             source_name: "activator-test".into(),
+            next_hop,
         });
         let workers = workers.map(|n| Arc::new(Workers::start(n).unwrap()));
         if let Some(w) = &workers {

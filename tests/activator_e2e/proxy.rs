@@ -471,3 +471,50 @@ async fn terminating_endpoint_gets_no_new_requests_and_is_reported_drained() {
     assert_eq!(h.endpoints.drained_calls(), vec![(rev("t"), a.addr)]);
     h.shutdown();
 }
+
+/// Forwarding to the container itself (`thaw local`, no queue sidecar): the container sees the
+/// client's `Host`, as it would behind Knative's queue-proxy, and no sidecar header — on the
+/// direct path (bodiless), through hyper's client (a body) and over h2c (`:authority`).
+#[tokio::test]
+async fn the_container_gets_the_clients_host_and_no_sidecar_headers() {
+    let up = Upstream::start().await;
+    let mut g = spec("grpc", 0);
+    g.protocol = Protocol::H2c;
+    let mut h =
+        Harness::start_to_containers(vec![spec("c", 0), g], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&rev("c"), vec![up.addr]);
+    h.endpoints.set_ready(&rev("grpc"), vec![up.addr]);
+    let mut post = h.get(&rev("c"), "/headers");
+    *post.method_mut() = http::Method::POST;
+    *post.body_mut() = full("a body");
+    let requests = [
+        ("direct", client(), h.get(&rev("c"), "/headers")),
+        ("hyper", client(), post),
+        ("h2c", client(), h.get(&rev("grpc"), "/headers")),
+    ];
+    for (path, c, mut req) in requests {
+        req.headers_mut()
+            .insert("host", "hello.default.example.com".parse().unwrap());
+        req.headers_mut()
+            .insert("k-original-host", "spoofed".parse().unwrap());
+        let (status, _, body) = send(&c, req).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let host = if path == "h2c" {
+            // h2 has no Host field; the upstream server reads the authority from the URI.
+            assert_eq!(
+                seen["x-authority"], "hello.default.example.com",
+                "{path}: {seen}"
+            );
+            &seen["x-authority"]
+        } else {
+            &seen["host"]
+        };
+        assert_eq!(host, "hello.default.example.com", "{path}: {seen}");
+        assert!(seen.get("k-original-host").is_none(), "{path}: {seen}");
+        assert!(seen.get("k-proxy-request").is_none(), "{path}: {seen}");
+        assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "{path}: {seen}");
+        assert!(seen.get("x-request-id").is_some(), "{path}: {seen}");
+    }
+    h.shutdown();
+}
