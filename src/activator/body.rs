@@ -7,7 +7,6 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Duration, Instant, Sleep};
 
 use super::fields::BoxedFields;
@@ -108,21 +107,23 @@ pub struct ProxiedBody {
     deadline: Instant,
     /// When the idle clock last started: creation, then each frame.
     last_frame: Instant,
+    /// The request's accounting, until the body ends; also how a failure reaches the
+    /// revision's `upstream_errors` (no counter handle of its own: cloning one would move a
+    /// shared refcount on every request).
     ticket: Option<Ticket>,
-    upstream_errors: Counter,
     conn: Option<Reusable>,
 }
 
 impl ProxiedBody {
     /// Wraps `inner`; the idle timer starts now, the stream is cut at `deadline`, and `ticket`
-    /// is released when the body ends. `upstream_errors` counts cut or failed bodies. `conn`,
+    /// is released when the body ends; a cut or failed body counts in the revision's
+    /// `upstream_errors`. `conn`,
     /// the HTTP/1.1 connection the body arrives on, is given back to its pool when it ends.
     pub fn new(
         inner: RespBody,
         idle: Option<Duration>,
         deadline: Instant,
         ticket: Ticket,
-        upstream_errors: Counter,
         conn: Option<Reusable>,
     ) -> Self {
         Self {
@@ -132,7 +133,6 @@ impl ProxiedBody {
             deadline,
             last_frame: Instant::now(),
             ticket: Some(ticket),
-            upstream_errors,
             conn,
         }
     }
@@ -144,8 +144,10 @@ impl ProxiedBody {
     }
 
     fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.upstream_errors.inc();
-        self.ticket = None;
+        // Only a body still in progress fails: the ticket is taken when it ends.
+        if let Some(ticket) = self.ticket.take() {
+            ticket.state().metrics.upstream_errors.inc();
+        }
         self.conn = None;
         Poll::Ready(Some(Err(err)))
     }

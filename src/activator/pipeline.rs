@@ -435,14 +435,7 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             return Ok(resp.map(|_| ActivatorBody::empty()));
         }
         let (head, incoming) = resp.into_parts();
-        let body = ProxiedBody::new(
-            incoming,
-            timeouts.idle,
-            deadline,
-            ticket,
-            state.metrics.upstream_errors.clone(),
-            conn,
-        );
+        let body = ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn);
         Ok(Response::from_parts(
             head,
             ActivatorBody::Proxied(Box::new(body)),

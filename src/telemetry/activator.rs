@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::spread::{SpreadCounter, SpreadGauge};
 use crate::revision::RevisionKey;
 
 /// Labels of per-revision series.
@@ -79,13 +80,13 @@ fn hold_histogram() -> Histogram {
 #[derive(Debug, Clone)]
 pub struct ActivatorMetrics {
     /// `thaw_activator_requests_total{namespace,revision,code}`: requests answered.
-    pub requests: Family<CodeLabels, Counter>,
+    pub requests: Family<CodeLabels, SpreadCounter>,
     /// `thaw_activator_held_requests{namespace,revision}`: requests waiting in the revision's
     /// queue now (the queue-depth gauge).
     pub held: Family<RevisionLabels, Gauge>,
     /// `thaw_activator_in_flight_requests{namespace,revision}`: requests forwarded and not yet
     /// finished.
-    pub in_flight: Family<RevisionLabels, Gauge>,
+    pub in_flight: Family<RevisionLabels, SpreadGauge>,
     /// `thaw_activator_ready_endpoints{namespace,revision}`.
     pub ready_endpoints: Family<RevisionLabels, Gauge>,
     /// `thaw_activator_hold_seconds{namespace,revision}`: how long held requests waited.
@@ -264,8 +265,8 @@ const CACHED_CODES: [u16; 16] = [
 pub struct RevisionMetrics {
     /// `thaw_activator_held_requests` (moved by the throttler).
     pub held: Gauge,
-    /// `thaw_activator_in_flight_requests`.
-    pub in_flight: Gauge,
+    /// `thaw_activator_in_flight_requests` (moved by every request: spread per thread).
+    pub in_flight: SpreadGauge,
     /// `thaw_activator_ready_endpoints`.
     pub ready_endpoints: Gauge,
     /// `thaw_activator_hold_seconds`.
@@ -283,8 +284,8 @@ pub struct RevisionMetrics {
     /// `thaw_activator_cold_starts_total`.
     pub cold_starts: Counter,
     /// Counters of the common codes, each resolved on first use.
-    codes: [OnceLock<Counter>; CACHED_CODES.len()],
-    family: Family<CodeLabels, Counter>,
+    codes: [OnceLock<SpreadCounter>; CACHED_CODES.len()],
+    family: Family<CodeLabels, SpreadCounter>,
     labels: RevisionLabels,
 }
 
