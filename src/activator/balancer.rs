@@ -22,7 +22,7 @@
 //! (about 1-2 ns each, so ~1-2 µs at 1,000 endpoints). It is only used for cc <= 3, where packing
 //! is the point.
 
-use std::sync::Arc;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use rand::Rng;
@@ -77,7 +77,7 @@ impl Balancer {
     /// Picks an endpoint of `endpoints` and reserves one slot on it; `None` when none has room.
     /// `endpoints` must be sorted by address (first-available depends on it).
     #[inline]
-    pub fn pick<'a>(&self, endpoints: &'a [Arc<Endpoint>]) -> Option<&'a Arc<Endpoint>> {
+    pub fn pick<'a, E: Deref<Target = Endpoint>>(&self, endpoints: &'a [E]) -> Option<&'a E> {
         let picked = self.pick_among(endpoints, Skip::Ejected);
         if picked.is_none() && !endpoints.is_empty() && endpoints.iter().all(|e| e.is_ejected()) {
             return self.pick_among(endpoints, Skip::Nothing);
@@ -86,11 +86,11 @@ impl Balancer {
     }
 
     #[inline]
-    fn pick_among<'a>(
+    fn pick_among<'a, E: Deref<Target = Endpoint>>(
         &self,
-        endpoints: &'a [Arc<Endpoint>],
+        endpoints: &'a [E],
         skip: Skip,
-    ) -> Option<&'a Arc<Endpoint>> {
+    ) -> Option<&'a E> {
         match self.policy {
             Policy::RandomChoiceOfTwo => random_choice_of_two(endpoints, skip),
             Policy::FirstAvailable => first_available(endpoints, skip),
@@ -98,11 +98,11 @@ impl Balancer {
         }
     }
 
-    fn round_robin<'a>(
+    fn round_robin<'a, E: Deref<Target = Endpoint>>(
         &self,
-        endpoints: &'a [Arc<Endpoint>],
+        endpoints: &'a [E],
         skip: Skip,
-    ) -> Option<&'a Arc<Endpoint>> {
+    ) -> Option<&'a E> {
         let n = endpoints.len();
         if n == 0 {
             return None;
@@ -148,7 +148,7 @@ impl Skip {
 }
 
 /// The first endpoint, in address order, with a free slot.
-fn first_available(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<Endpoint>> {
+fn first_available<E: Deref<Target = Endpoint>>(endpoints: &[E], skip: Skip) -> Option<&E> {
     endpoints
         .iter()
         .find(|e| skip.has_room(e) && e.try_reserve())
@@ -156,7 +156,7 @@ fn first_available(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<Endpo
 
 /// Two distinct random endpoints; the one with fewer in flight wins (a coin flip on ties). If
 /// neither can take the request (warm-up limits), any endpoint with room does.
-fn random_choice_of_two(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<Endpoint>> {
+fn random_choice_of_two<E: Deref<Target = Endpoint>>(endpoints: &[E], skip: Skip) -> Option<&E> {
     let n = endpoints.len();
     match n {
         0 => return None,
@@ -190,6 +190,7 @@ fn random_choice_of_two(endpoints: &[Arc<Endpoint>], skip: Skip) -> Option<&Arc<
 mod tests {
     use super::*;
     use crate::activator::endpoint::UNLIMITED;
+    use std::sync::Arc;
 
     fn endpoints(n: u16, limit: u32) -> Vec<Arc<Endpoint>> {
         (0..n)
@@ -306,7 +307,7 @@ mod tests {
             Policy::RoundRobin,
         ] {
             let b = Balancer::new(p);
-            assert!(b.pick(&[]).is_none());
+            assert!(b.pick::<Arc<Endpoint>>(&[]).is_none());
             let eps = endpoints(1, 10);
             eps[0].terminate();
             assert!(b.pick(&eps).is_none(), "{p:?}");

@@ -6,7 +6,9 @@
 //! cache line per request; the reporter sums the shards (time-weighted averages over the same
 //! interval add up, as do counts).
 
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
+
+use super::percore::{Padded, local_shard, shard_count};
 
 use tokio::time::{Duration, Instant};
 
@@ -102,24 +104,6 @@ impl ConcurrencyWindow {
     }
 }
 
-/// Pads its content to its own cache line pair (adjacent-line prefetch included), so shards
-/// written by different cores do not share one.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Padded<T>(T);
-
-/// How many shards a [`ShardedWindow`] has: one per core, plus shard 0 for threads that are not
-/// data workers (the control runtime, tests' multi-thread runtimes).
-fn shard_count() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(64)
-            + 1
-    })
-}
-
 /// A revision's concurrency window, split into per-worker shards. Each request arrives and
 /// departs on one shard (the one [`ShardedWindow::arrive`] returns), so a shard's count never
 /// goes negative even if a request were to finish on another thread; reading sums every shard.
@@ -148,10 +132,7 @@ impl ShardedWindow {
 
     /// The calling thread's shard: its data worker's, or 0 off the workers.
     fn local(&self) -> usize {
-        match super::workers::current_worker() {
-            Some(w) if self.shards.len() > 1 => 1 + w % (self.shards.len() - 1),
-            _ => 0,
-        }
+        local_shard(self.shards.len())
     }
 
     /// A request arrived at `now`; returns the shard to pass to [`ShardedWindow::depart`].

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::error::ActivatorError;
 use super::headers::NextHop;
+use super::percore::{LocalArc, PerCoreArc};
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
 use super::routing::Target;
@@ -59,19 +60,24 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 struct RevisionTable {
     /// The catalog version this table was built from.
     version: u64,
-    by_ns: FastMap<Box<str>, FastMap<Box<str>, Arc<RevisionState>>>,
+    /// Each state with a handle per core: a request's lookup and ticket clone their core's
+    /// handle, not the state's shared count (`super::percore`).
+    by_ns: FastMap<Box<str>, FastMap<Box<str>, PerCoreArc<RevisionState>>>,
     /// Host (lower-case, no port) -> the state of the revision it routes to, from the same
     /// catalog snapshot.
-    by_host: FastMap<Box<str>, Arc<RevisionState>>,
+    by_host: FastMap<Box<str>, PerCoreArc<RevisionState>>,
 }
 
 impl RevisionTable {
-    fn get(&self, namespace: &str, name: &str) -> Option<&Arc<RevisionState>> {
+    fn get(&self, namespace: &str, name: &str) -> Option<&PerCoreArc<RevisionState>> {
         self.by_ns.get(namespace)?.get(name)
     }
 
     fn iter(&self) -> impl Iterator<Item = &Arc<RevisionState>> {
-        self.by_ns.values().flat_map(|m| m.values())
+        self.by_ns
+            .values()
+            .flat_map(|m| m.values())
+            .map(PerCoreArc::shared)
     }
 }
 
@@ -151,20 +157,20 @@ impl Activator {
             let key = &spec.key;
             let state = match old.get(&key.namespace, &key.name) {
                 Some(state) => {
-                    if **state.spec.load() != **spec {
-                        state.update_spec(spec.clone());
+                    if **state.shared().spec.load() != **spec {
+                        state.shared().update_spec(spec.clone());
                     }
                     state.clone()
                 }
                 None => {
                     tracing::debug!(revision = %key, "revision added");
-                    RevisionState::spawn(
+                    PerCoreArc::new(RevisionState::spawn(
                         spec.clone(),
                         &self.deps.endpoints,
                         self.budget.clone(),
                         &self.deps.telemetry.activator,
                         self.deps.scale_states.clone(),
-                    )
+                    ))
                 }
             };
             next.by_ns
@@ -187,7 +193,10 @@ impl Activator {
     }
 
     /// The revision a request goes to, or a 404 reason.
-    pub(crate) fn resolve(&self, target: Target<'_>) -> Result<Arc<RevisionState>, ActivatorError> {
+    pub(crate) fn resolve(
+        &self,
+        target: Target<'_>,
+    ) -> Result<LocalArc<RevisionState>, ActivatorError> {
         if let Some(state) = self.lookup(target) {
             return Ok(state);
         }
@@ -204,15 +213,13 @@ impl Activator {
         }))
     }
 
-    fn lookup(&self, target: Target<'_>) -> Option<Arc<RevisionState>> {
+    fn lookup(&self, target: Target<'_>) -> Option<LocalArc<RevisionState>> {
         let table = self.table.load();
         match target {
-            Target::Named { namespace, name } => table.get(namespace, name).cloned(),
-            Target::Host(host) => table
-                .by_host
-                .get(&*crate::revision::normalize_host(host))
-                .cloned(),
+            Target::Named { namespace, name } => table.get(namespace, name),
+            Target::Host(host) => table.by_host.get(&*crate::revision::normalize_host(host)),
         }
+        .map(PerCoreArc::local)
     }
 
     /// Every revision's state (for the reporter and the admin API).

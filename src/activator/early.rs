@@ -21,7 +21,6 @@
 
 use std::io;
 use std::os::fd::AsFd;
-use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri};
@@ -86,7 +85,7 @@ pub async fn first_request(act: &Activator, stream: &TcpStream) -> Early {
 fn cold_target(
     act: &Activator,
     stream: &TcpStream,
-) -> Option<Arc<super::rev_state::RevisionState>> {
+) -> Option<super::percore::LocalArc<super::rev_state::RevisionState>> {
     let mut buf = vec![0u8; PEEK_BYTES];
     let n = stream
         .try_io(Interest::READABLE, || {

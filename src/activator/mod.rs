@@ -21,6 +21,7 @@ pub mod head_clock;
 pub mod headers;
 pub mod lane;
 pub mod limits;
+pub mod percore;
 pub mod pipeline;
 pub mod pool;
 pub mod proxy;

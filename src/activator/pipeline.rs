@@ -36,6 +36,7 @@ use super::core::Activator;
 use super::error::{ActivatorError, plain};
 use super::fields::{ClientHeaders, HeadersRef, Known, RawFields};
 use super::headers::{self as hdr, NextHop, SERVER_TIMING, X_REQUEST_ID};
+use super::percore::LocalArc;
 use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
 use super::report::Stat;
 use super::rev_state::RevisionState;
@@ -217,7 +218,7 @@ fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
 #[derive(Debug)]
 pub struct EarlyHold {
     /// The revision it was held for.
-    pub state: Arc<RevisionState>,
+    pub state: LocalArc<RevisionState>,
     /// Counted as present since `started` (no connection guard yet: [`Ticket::attach_conn`]).
     pub ticket: Ticket,
     /// When the hold began.
@@ -315,7 +316,7 @@ fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
 #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
 fn proxy_request<'a, B: ClientRequest + Send + 'a>(
     act: &'a Arc<Activator>,
-    state: &'a Arc<RevisionState>,
+    state: &'a LocalArc<RevisionState>,
     peer: SocketAddr,
     conn: ConnActive,
     mut req: Request<B>,

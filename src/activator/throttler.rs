@@ -33,6 +33,7 @@ use tokio::time::{Duration, Instant};
 
 use super::balancer::{Balancer, Policy};
 use super::endpoint::{Endpoint, UNLIMITED};
+use super::percore::{LocalArc, PerCoreArc};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
 
 pub use limits::{HeldBudget, HoldLimits, Rejection};
@@ -41,8 +42,10 @@ use queue::{Queue, Waiting};
 /// A slot on one endpoint. Dropping it gives the slot back and hands it to the next waiter.
 #[derive(Debug)]
 pub struct InFlight {
-    shared: Arc<Shared>,
-    endpoint: Arc<Endpoint>,
+    /// Both through their core's handle (`super::percore`): taking and giving back a slot
+    /// writes no reference count the other workers write too.
+    shared: LocalArc<Shared>,
+    endpoint: LocalArc<Endpoint>,
 }
 
 impl InFlight {
@@ -77,10 +80,10 @@ pub struct Admission {
     pub held_for: Option<Duration>,
 }
 
-/// One revision's throttler. Cheap to clone (one `Arc`).
+/// One revision's throttler. Cheap to clone (one `Arc` per core).
 #[derive(Clone)]
 pub struct Throttler {
-    shared: Arc<Shared>,
+    shared: PerCoreArc<Shared>,
 }
 
 impl std::fmt::Debug for Throttler {
@@ -96,8 +99,8 @@ impl std::fmt::Debug for Throttler {
 #[derive(Debug)]
 struct EndpointSet {
     /// Sorted by address.
-    ready: Vec<Arc<Endpoint>>,
-    terminating: Vec<Arc<Endpoint>>,
+    ready: Vec<PerCoreArc<Endpoint>>,
+    terminating: Vec<PerCoreArc<Endpoint>>,
     balancer: Arc<Balancer>,
 }
 
@@ -135,7 +138,7 @@ impl Throttler {
         on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: PerCoreArc::new(Arc::new(Shared {
                 endpoints: ArcSwap::from_pointee(EndpointSet {
                     ready: Vec::new(),
                     terminating: Vec::new(),
@@ -152,7 +155,7 @@ impl Throttler {
                 budget,
                 held_gauge,
                 on_drained,
-            }),
+            })),
         }
     }
 
@@ -167,8 +170,8 @@ impl Throttler {
         let set = s.endpoints.load();
         let endpoint = set.balancer.pick(&set.ready)?;
         Some(InFlight {
-            shared: s.clone(),
-            endpoint: endpoint.clone(),
+            shared: s.local(),
+            endpoint: endpoint.local(),
         })
     }
 
@@ -182,8 +185,8 @@ impl Throttler {
             .find(|e| !e.is_ejected() && e.has_room() && e.try_reserve())
             .or_else(|| candidates().find(|e| e.has_room() && e.try_reserve()))?;
         Some(InFlight {
-            shared: self.shared.clone(),
-            endpoint: endpoint.clone(),
+            shared: self.shared.local(),
+            endpoint: endpoint.local(),
         })
     }
 
@@ -253,11 +256,11 @@ impl Throttler {
             q.waiters.retain(|w| !w.is_closed());
         }
         q.waiters.push_back(tx);
-        let leftover = s.dispatch_locked(&mut q);
+        let leftover = s.shared().dispatch_locked(&mut q);
         drop(q);
         drop(leftover);
         Ok(Waiting {
-            shared: s.clone(),
+            shared: s.shared().clone(),
             rx,
             done: false,
         })
@@ -276,18 +279,18 @@ impl Throttler {
         let s = &self.shared;
         let _serial = s.update_lock.lock().unwrap_or_else(|p| p.into_inner());
         let old = s.endpoints.load_full();
-        let mut known: HashMap<SocketAddr, Arc<Endpoint>> = old
+        let mut known: HashMap<SocketAddr, PerCoreArc<Endpoint>> = old
             .ready
             .iter()
             .chain(old.terminating.iter())
             .map(|e| (e.addr(), e.clone()))
             .collect();
         let held = s.queued.load(SeqCst) > 0;
-        let mut ready: Vec<Arc<Endpoint>> = Vec::with_capacity(snapshot.ready.len());
+        let mut ready: Vec<PerCoreArc<Endpoint>> = Vec::with_capacity(snapshot.ready.len());
         for addr in &snapshot.ready {
             let e = known
                 .remove(addr)
-                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+                .unwrap_or_else(|| PerCoreArc::new(Arc::new(Endpoint::new(*addr, UNLIMITED))));
             e.revive();
             match container_concurrency {
                 0 if e.is_warming() => {}
@@ -305,7 +308,7 @@ impl Throttler {
         for addr in &snapshot.terminating {
             let e = known
                 .remove(addr)
-                .unwrap_or_else(|| Arc::new(Endpoint::new(*addr, UNLIMITED)));
+                .unwrap_or_else(|| PerCoreArc::new(Arc::new(Endpoint::new(*addr, UNLIMITED))));
             if e.terminate() {
                 (s.on_drained)(*addr);
             }
@@ -332,7 +335,7 @@ impl Throttler {
             }
             EndpointStatus::Ok => {
                 s.failing.store(None);
-                s.dispatch();
+                s.shared().dispatch();
             }
         }
     }
@@ -341,7 +344,7 @@ impl Throttler {
     /// ejection that ends frees capacity no slot release or endpoint update announces. Holds
     /// the throttler weakly, so a removed revision is not kept alive by it.
     pub fn dispatch_after(&self, delay: std::time::Duration) {
-        let shared = Arc::downgrade(&self.shared);
+        let shared = Arc::downgrade(self.shared.shared());
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             if let Some(shared) = shared.upgrade() {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use tokio::time::{Duration, Instant};
 
+use super::percore::LocalArc;
 use super::rev_state::RevisionState;
 use super::throttler::InFlight;
 
@@ -66,7 +67,7 @@ impl Drop for ConnActive {
 /// One routed request's accounting.
 #[derive(Debug)]
 pub struct Ticket {
-    state: Arc<RevisionState>,
+    state: LocalArc<RevisionState>,
     slot: Option<InFlight>,
     /// The concurrency-window shard the request arrived on (and departs from).
     shard: usize,
@@ -75,7 +76,7 @@ pub struct Ticket {
 
 impl Ticket {
     /// Counts the request as present in its revision from now on.
-    pub fn arrive(state: Arc<RevisionState>, conn: Option<ConnActive>) -> Self {
+    pub fn arrive(state: LocalArc<RevisionState>, conn: Option<ConnActive>) -> Self {
         let shard = state.window().arrive(Instant::now());
         Self {
             state,

@@ -41,11 +41,12 @@ impl Spread {
         self.cells.iter().map(|c| c.0.load(Relaxed)).sum()
     }
 
-    /// Adds `v` (negative to subtract) on this thread's cell; returns the total before, as the
-    /// std atomics' `fetch_add` does (read across all cells, so not exact under concurrency).
+    /// Adds `v` (negative to subtract) on this thread's cell. Returns 0, not the total before:
+    /// that needs every cell read, and reading a cell another core writes pulls its line over
+    /// (the very transfer the cells avoid). No caller in thaw uses the value.
     fn add(&self, v: i64) -> i64 {
         self.mine().fetch_add(v, Relaxed);
-        self.sum() - v
+        0
     }
 }
 

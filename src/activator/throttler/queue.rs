@@ -8,6 +8,7 @@ use std::sync::{Arc, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::{EndpointSet, InFlight, Rejection, Shared};
+use crate::activator::percore::LocalArc;
 
 pub(super) struct Queue {
     /// Waiters in arrival order. Entries whose waiter gave up stay until dispatch or compaction
@@ -64,8 +65,8 @@ impl Shared {
             let tx = q.waiters.pop_front().expect("front exists");
             self.left_queue(q);
             let slot = InFlight {
-                shared: self.clone(),
-                endpoint: endpoint.clone(),
+                shared: LocalArc::from_shared(self.clone()),
+                endpoint: endpoint.local(),
             };
             // Waiters only close under this lock (Waiting::cancel), so this cannot fail; keep the
             // slot if it somehow does rather than drop it under the lock.
