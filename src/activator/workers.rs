@@ -75,7 +75,7 @@ impl Workers {
     }
 
     /// The worker for the next connection (round-robin).
-    pub(crate) fn next(&self) -> &Handle {
+    pub fn next(&self) -> &Handle {
         &self.handles[self.next.fetch_add(1, Relaxed) % self.handles.len()]
     }
 
