@@ -7,13 +7,14 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use prometheus_client::metrics::gauge::Gauge;
 use thaw::activator::throttler::{HeldBudget, Throttler};
 use thaw::activator::workers::Workers;
 use thaw::platform::EndpointSnapshot;
+use tokio::time::Instant;
 
 fn throttler(endpoints: u16, cc: u32) -> Throttler {
     let t = Throttler::new(
