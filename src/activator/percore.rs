@@ -37,13 +37,20 @@ pub(crate) fn local_shard(n: usize) -> usize {
     }
 }
 
-/// An `Arc<T>` with one handle per shard; see the module doc. Cloning it shares the same
-/// per-shard copies.
+/// An `Arc<T>` with one handle per shard; see the module doc. A shard's copy is made the first
+/// time a thread of that shard asks for it, so a value costs one 256-byte allocation per worker
+/// that actually uses it (not per core of the machine). Cloning a `PerCoreArc` shares the same
+/// copies.
 #[derive(Debug)]
 pub struct PerCoreArc<T> {
     shared: Arc<T>,
-    copies: Box<[Arc<Padded<Arc<T>>>]>,
+    /// Read-only once set: a handle's clone and drop write the copy's own allocation.
+    copies: Arc<[OnceLock<ShardCopy<T>>]>,
 }
+
+/// One shard's copy: an extra `Arc<T>` in an allocation of its own, its count on its own line
+/// pair.
+type ShardCopy<T> = Arc<Padded<Arc<T>>>;
 
 impl<T> Clone for PerCoreArc<T> {
     fn clone(&self) -> Self {
@@ -62,15 +69,15 @@ impl<T> PerCoreArc<T> {
 
     /// Copies for `n` (at least 1) shards.
     pub fn with_shards(shared: Arc<T>, n: usize) -> Self {
-        let copies = (0..n.max(1))
-            .map(|_| Arc::new(Padded(shared.clone())))
-            .collect();
+        let copies = (0..n.max(1)).map(|_| OnceLock::new()).collect();
         Self { shared, copies }
     }
 
     /// A handle whose clone and drop write the calling thread's shard's count only.
     pub fn local(&self) -> LocalArc<T> {
-        LocalArc(self.copies[local_shard(self.copies.len())].clone())
+        let copy = self.copies[local_shard(self.copies.len())]
+            .get_or_init(|| Arc::new(Padded(self.shared.clone())));
+        LocalArc(copy.clone())
     }
 
     /// The value's own `Arc` (off the request path: cloning it writes the shared count).
@@ -124,12 +131,17 @@ mod tests {
         let value = Arc::new(String::from("rev"));
         let per_core = PerCoreArc::with_shards(value.clone(), 3);
         // Off the workers: shard 0.
+        assert_eq!(
+            Arc::strong_count(&value),
+            2,
+            "no copy before it is asked for"
+        );
         let a = per_core.local();
         let b = a.clone();
-        assert_eq!(Arc::strong_count(&per_core.copies[0]), 3);
-        assert_eq!(Arc::strong_count(&per_core.copies[1]), 1);
-        // The shared count moved once per shard copy, not per handle.
-        assert_eq!(Arc::strong_count(&value), 1 + 1 + 3);
+        assert_eq!(count(&per_core, 0), Some(3));
+        assert_eq!(count(&per_core, 1), None, "shard 1 never asked");
+        // The shared count moved once for the one copy made, not per handle.
+        assert_eq!(Arc::strong_count(&value), 1 + 1 + 1);
         assert_eq!(a.as_str(), "rev");
         assert!(Arc::ptr_eq(&b, &value));
         // A handle outlives the table entry it came from.
@@ -141,13 +153,21 @@ mod tests {
         assert_eq!(Arc::strong_count(&value), 1);
     }
 
+    /// Shard `i`'s copy's count, if the copy was made.
+    fn count<T>(p: &PerCoreArc<T>, i: usize) -> Option<usize> {
+        p.copies[i].get().map(Arc::strong_count)
+    }
+
     #[test]
     fn copies_sit_on_separate_cache_line_pairs() {
         let per_core = PerCoreArc::with_shards(Arc::new(0u8), 4);
+        for c in per_core.copies.iter() {
+            c.get_or_init(|| Arc::new(Padded(per_core.shared.clone())));
+        }
         let addrs: Vec<usize> = per_core
             .copies
             .iter()
-            .map(|c| Arc::as_ptr(c) as usize)
+            .map(|c| Arc::as_ptr(c.get().unwrap()) as usize)
             .collect();
         for a in &addrs {
             assert_eq!(a % 128, 0, "copy not 128-byte aligned");
@@ -174,10 +194,10 @@ mod tests {
         workers.stop();
         assert_eq!(held[0].0, 1, "worker 0 uses shard 1");
         assert_eq!(held[1].0, 2, "worker 1 uses shard 2");
-        // Each handle counts on its worker's copy; shard 0 (off the workers) is untouched.
-        assert_eq!(Arc::strong_count(&per_core.copies[0]), 1);
-        assert_eq!(Arc::strong_count(&per_core.copies[1]), 2);
-        assert_eq!(Arc::strong_count(&per_core.copies[2]), 2);
+        // Each handle counts on its worker's copy; shard 0 (off the workers) was never made.
+        assert_eq!(count(&per_core, 0), None);
+        assert_eq!(count(&per_core, 1), Some(2));
+        assert_eq!(count(&per_core, 2), Some(2));
         assert_eq!(**held[1].1, 7);
         assert_eq!(local_shard(3), 0, "this thread is not a worker");
         assert_eq!(local_shard(1), 0, "one shard: everyone shares it");
