@@ -62,12 +62,12 @@ impl<T> Clone for PerCoreArc<T> {
 }
 
 impl<T> PerCoreArc<T> {
-    /// Copies for every shard of this machine.
+    /// A slot for every shard of this machine (copies are made on first use).
     pub fn new(shared: Arc<T>) -> Self {
         Self::with_shards(shared, shard_count())
     }
 
-    /// Copies for `n` (at least 1) shards.
+    /// Slots for `n` (at least 1) shards (copies are made on first use).
     pub fn with_shards(shared: Arc<T>, n: usize) -> Self {
         let copies = (0..n.max(1)).map(|_| OnceLock::new()).collect();
         Self { shared, copies }
@@ -75,9 +75,12 @@ impl<T> PerCoreArc<T> {
 
     /// A handle whose clone and drop write the calling thread's shard's count only.
     pub fn local(&self) -> LocalArc<T> {
-        let copy = self.copies[local_shard(self.copies.len())]
-            .get_or_init(|| Arc::new(Padded(self.shared.clone())));
-        LocalArc(copy.clone())
+        LocalArc(self.copy(local_shard(self.copies.len())).clone())
+    }
+
+    /// Shard `i`'s copy, made now if it was not yet.
+    fn copy(&self, i: usize) -> &ShardCopy<T> {
+        self.copies[i].get_or_init(|| Arc::new(Padded(self.shared.clone())))
     }
 
     /// The value's own `Arc` (off the request path: cloning it writes the shared count).
@@ -161,13 +164,8 @@ mod tests {
     #[test]
     fn copies_sit_on_separate_cache_line_pairs() {
         let per_core = PerCoreArc::with_shards(Arc::new(0u8), 4);
-        for c in per_core.copies.iter() {
-            c.get_or_init(|| Arc::new(Padded(per_core.shared.clone())));
-        }
-        let addrs: Vec<usize> = per_core
-            .copies
-            .iter()
-            .map(|c| Arc::as_ptr(c.get().unwrap()) as usize)
+        let addrs: Vec<usize> = (0..per_core.copies.len())
+            .map(|i| Arc::as_ptr(per_core.copy(i)) as usize)
             .collect();
         for a in &addrs {
             assert_eq!(a % 128, 0, "copy not 128-byte aligned");
