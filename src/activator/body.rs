@@ -105,7 +105,8 @@ pub struct ProxiedBody {
     timer: Option<Pin<Box<Sleep>>>,
     idle: Option<Duration>,
     deadline: Instant,
-    /// When the idle clock last started: creation, then each frame.
+    /// When the idle clock last started: creation, then each frame. Kept only with an idle
+    /// timeout (otherwise it is never read).
     last_frame: Instant,
     /// The request's accounting, until the body ends; also how a failure reaches the
     /// revision's `upstream_errors` (no counter handle of its own: cloning one would move a
@@ -131,7 +132,12 @@ impl ProxiedBody {
             timer: None,
             idle,
             deadline,
-            last_frame: Instant::now(),
+            // Read only when an idle timeout uses it (one clock read less per warm request).
+            last_frame: if idle.is_some() {
+                Instant::now()
+            } else {
+                deadline
+            },
             ticket: Some(ticket),
             conn,
         }

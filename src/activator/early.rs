@@ -62,7 +62,7 @@ pub async fn first_request(act: &Activator, stream: &TcpStream) -> Early {
     Box::pin(
         async move {
             let started = Instant::now();
-            let ticket = Ticket::arrive(state.clone(), None);
+            let ticket = Ticket::arrive(state.clone(), None, started);
             let max_held = act.deps.config.load().max_held_requests;
             let terms = HoldTerms::new(&state.spec.load(), max_held);
             tokio::select! {

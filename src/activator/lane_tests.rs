@@ -73,6 +73,31 @@ fn an_explicit_zero_length_is_bodiless() {
 }
 
 #[test]
+fn heads_with_more_headers_than_the_inline_spans_keep_every_field() {
+    for n in [
+        INLINE_SPANS - 1,
+        INLINE_SPANS,
+        INLINE_SPANS + 1,
+        MAX_HEADERS,
+    ] {
+        let mut raw = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..n {
+            raw.extend_from_slice(format!("X-{i}: v{i}\r\n").as_bytes());
+        }
+        raw.extend_from_slice(b"\r\n");
+        let h = head(&raw);
+        for i in 0..n {
+            let want = format!("v{i}");
+            assert_eq!(
+                h.req.body().get(&format!("x-{i}")),
+                Some(want.as_bytes()),
+                "{n} headers, field {i}"
+            );
+        }
+    }
+}
+
+#[test]
 fn more_headers_than_slots_go_to_hyper() {
     let mut raw = b"GET / HTTP/1.1\r\n".to_vec();
     for i in 0..=MAX_HEADERS {

@@ -332,6 +332,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         };
         let timeouts = terms.timeouts;
         let deadline = started + timeouts.total;
+        // Arrived on this request's head (no early hold): `started` is a fresh reading.
+        let arrived_now = early.is_none();
         let (mut ticket, cold, outcome) = match early {
             Some(e) => {
                 let mut ticket = e.ticket;
@@ -339,7 +341,7 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 (ticket, e.cold, e.outcome)
             }
             None => {
-                let ticket = Ticket::arrive(state.clone(), Some(conn));
+                let ticket = Ticket::arrive(state.clone(), Some(conn), started);
                 let (cold, outcome) = hold(act, state, terms, started).await;
                 (ticket, cold, outcome)
             }
@@ -397,6 +399,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             response_start: timeouts.response_start,
             deadline,
             started,
+            // Admitted at once: the first attempt starts microseconds after `started`.
+            first_attempt_at: (arrived_now && held_for.is_none()).then_some(started),
         };
         // Boxed: the upstream call's state is the largest part of this future, and a held request
         // (thousands at a cold start) should carry only the small holding state.

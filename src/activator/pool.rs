@@ -12,6 +12,10 @@
 //!   for as long, are closed after [`POOL_IDLE_TIMEOUT`] by a sweep that runs every
 //!   [`SWEEP_EVERY`] on the runtime that first connected, so a removed endpoint's connections
 //!   go within `POOL_IDLE_TIMEOUT + SWEEP_EVERY`. Closed connections are dropped when seen.
+//!   Idle time is counted on the sweep's clock, not read per request: a connection given back
+//!   (or an h2c connection used) between two sweeps counts as idle from the second one, so it
+//!   is closed between `POOL_IDLE_TIMEOUT` and `POOL_IDLE_TIMEOUT + SWEEP_EVERY` after its last
+//!   use, never sooner.
 //! - **Connect.** TCP with `TCP_NODELAY`, bounded by the connect timeout. A [`ConnectError`]
 //!   means nothing of the request was sent: the caller may retry elsewhere.
 //! - **Threads.** An [`Upstream`] works from any runtime (its map sits behind a mutex), but is
@@ -23,7 +27,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
@@ -272,7 +276,7 @@ impl Reusable {
         if idle.len() < MAX_IDLE_PER_HOST {
             idle.push(Idle {
                 tx: self.tx,
-                since: Instant::now(),
+                since: self.shared.idle_from(),
             });
         }
     }
@@ -308,11 +312,32 @@ pub(super) struct Shared {
     map: Mutex<AddrMap>,
     connect_timeout: Duration,
     sweeping: AtomicBool,
+    /// The sweep clock's origin (the pool's creation).
+    base: Instant,
+    /// When the latest sweep ran, in milliseconds since `base`.
+    swept_ms: AtomicU64,
 }
 
 impl Shared {
+    fn new(connect_timeout: Duration) -> Self {
+        Self {
+            map: Mutex::new(AddrMap::default()),
+            connect_timeout,
+            sweeping: AtomicBool::new(false),
+            base: Instant::now(),
+            swept_ms: AtomicU64::new(0),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, AddrMap> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When a connection given back (or used) now starts to count as idle: the next sweep's
+    /// time (the latest sweep plus [`SWEEP_EVERY`]), which is no earlier than now while the
+    /// sweeps keep their period. No clock is read: giving a connection back is per request.
+    fn idle_from(&self) -> Instant {
+        self.base + Duration::from_millis(self.swept_ms.load(Relaxed)) + SWEEP_EVERY
     }
 
     /// Puts a direct connection whose response has ended on its endpoint's idle stack, unless
@@ -323,7 +348,7 @@ impl Shared {
         if idle.len() < MAX_IDLE_PER_HOST {
             idle.push(DirectIdle {
                 conn,
-                since: Instant::now(),
+                since: self.idle_from(),
             });
         }
     }
@@ -331,16 +356,18 @@ impl Shared {
     /// Drops closed connections and those idle for [`POOL_IDLE_TIMEOUT`]; forgets endpoints
     /// left without any.
     fn sweep(&self, now: Instant) {
+        let at = now.saturating_duration_since(self.base).as_millis() as u64;
+        self.swept_ms.fetch_max(at, Relaxed);
         let mut map = self.lock();
         map.retain(|_, conns| {
-            conns
-                .h1
-                .retain(|c| !c.tx.is_closed() && now.duration_since(c.since) < POOL_IDLE_TIMEOUT);
-            conns
-                .direct
-                .retain(|c| now.duration_since(c.since) < POOL_IDLE_TIMEOUT && c.conn.is_usable());
+            conns.h1.retain(|c| {
+                !c.tx.is_closed() && now.saturating_duration_since(c.since) < POOL_IDLE_TIMEOUT
+            });
+            conns.direct.retain(|c| {
+                now.saturating_duration_since(c.since) < POOL_IDLE_TIMEOUT && c.conn.is_usable()
+            });
             if conns.h2.as_ref().is_some_and(|(tx, used)| {
-                tx.is_closed() || now.duration_since(*used) >= POOL_IDLE_TIMEOUT
+                tx.is_closed() || now.saturating_duration_since(*used) >= POOL_IDLE_TIMEOUT
             }) {
                 conns.h2 = None;
             }
@@ -411,11 +438,7 @@ impl Upstream {
     /// An empty pool whose TCP connects give up after `connect_timeout`.
     pub fn new(connect_timeout: Duration) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                map: Mutex::new(AddrMap::default()),
-                connect_timeout,
-                sweeping: AtomicBool::new(false),
-            }),
+            shared: Arc::new(Shared::new(connect_timeout)),
         }
     }
 
@@ -544,7 +567,7 @@ impl Upstream {
                     .instrument(span),
                 );
                 let mut map = self.shared.lock();
-                map.entry(addr).or_default().h2 = Some((tx.clone(), Instant::now()));
+                map.entry(addr).or_default().h2 = Some((tx.clone(), self.shared.idle_from()));
                 ConnKind::H2(tx)
             }
         };
@@ -583,7 +606,7 @@ impl Upstream {
             }
             Protocol::H2c => match &mut conns.h2 {
                 Some((tx, used)) if !tx.is_closed() => {
-                    *used = Instant::now();
+                    *used = self.shared.idle_from();
                     Some(ConnKind::H2(tx.clone()))
                 }
                 _ => {
@@ -600,9 +623,15 @@ impl Upstream {
         if self.shared.sweeping.swap(true, Relaxed) {
             return;
         }
+        // The sweep clock starts with the sweeps: idle time counts from the first one on.
+        let started = Instant::now();
+        let at = started
+            .saturating_duration_since(self.shared.base)
+            .as_millis() as u64;
+        self.shared.swept_ms.fetch_max(at, Relaxed);
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(Instant::now() + SWEEP_EVERY, SWEEP_EVERY);
+            let mut tick = tokio::time::interval_at(started + SWEEP_EVERY, SWEEP_EVERY);
             loop {
                 tick.tick().await;
                 let Some(shared) = weak.upgrade() else { return };

@@ -194,10 +194,28 @@ async fn idle_connections_are_closed_by_the_sweep() {
     roundtrip(&pool, up.addr, "/", Protocol::Http1).await;
     roundtrip(&pool, up.addr, "/", Protocol::H2c).await;
     assert_eq!(pool.pooled(up.addr), (1, true));
+    let t0 = Instant::now();
     // Not yet idle for long enough: kept.
-    pool.shared.sweep(Instant::now() + POOL_IDLE_TIMEOUT / 2);
+    pool.shared.sweep(t0 + POOL_IDLE_TIMEOUT / 2);
     assert_eq!(pool.pooled(up.addr), (1, true));
-    pool.shared.sweep(Instant::now() + POOL_IDLE_TIMEOUT);
+    // Used again after that sweep: the HTTP/1.1 connection's idle time starts over.
+    roundtrip(&pool, up.addr, "/", Protocol::Http1).await;
+    assert_eq!(pool.pooled(up.addr), (1, true));
+    // Idle time counts from the sweep after the last use, so never less than the timeout.
+    pool.shared.sweep(t0 + POOL_IDLE_TIMEOUT);
+    assert_eq!(
+        pool.pooled(up.addr),
+        (1, true),
+        "not closed before the timeout"
+    );
+    pool.shared.sweep(t0 + POOL_IDLE_TIMEOUT + SWEEP_EVERY);
+    assert_eq!(
+        pool.pooled(up.addr),
+        (1, false),
+        "the h2c connection unused since t0"
+    );
+    pool.shared
+        .sweep(t0 + POOL_IDLE_TIMEOUT / 2 + POOL_IDLE_TIMEOUT + SWEEP_EVERY);
     assert_eq!(pool.pooled(up.addr), (0, false));
     assert!(pool.shared.lock().is_empty(), "the endpoint is forgotten");
     eventually("both connections to close", || up.open.load(SeqCst) == 0).await;

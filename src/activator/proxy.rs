@@ -113,6 +113,19 @@ pub struct AttemptLimits {
     pub deadline: Instant,
     /// When the request arrived (for the timeout message).
     pub started: Instant,
+    /// When the first attempt starts, if the caller read the clock for it already: a request
+    /// admitted at once, microseconds after it arrived, starts at `started`. `None` after a
+    /// hold, and every later attempt reads the clock.
+    pub first_attempt_at: Option<Instant>,
+}
+
+impl AttemptLimits {
+    /// The response-start deadline of the attempt starting now (the first attempt's reading of
+    /// the clock is used once, then taken).
+    fn next_start_deadline(&mut self) -> Instant {
+        let now = self.first_attempt_at.take().unwrap_or_else(Instant::now);
+        self.deadline.min(now + self.response_start)
+    }
 }
 
 /// What [`forward`] returns: the response head, the endpoint that answered, and the HTTP/1.1
@@ -151,7 +164,7 @@ fn forward_direct<'a>(
     upstream: &'a Upstream,
     ticket: &'a mut Ticket,
     out: Outbound,
-    limits: AttemptLimits,
+    mut limits: AttemptLimits,
 ) -> impl Future<Output = Result<Forwarded, ActivatorError>> + Send + 'a {
     async move {
         let head_only = out.method == Method::HEAD;
@@ -161,7 +174,7 @@ fn forward_direct<'a>(
         loop {
             let slot = ticket.slot().expect("forward needs an admitted ticket");
             let addr = slot.addr();
-            let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
+            let start_deadline = limits.next_start_deadline();
             // A pooled connection is had at once; only opening one waits (under the deadline).
             let (conn, reused) = match upstream.idle_direct(addr) {
                 Some(conn) => (conn, true),
@@ -219,7 +232,7 @@ async fn forward_hyper(
     upstream: &Upstream,
     ticket: &mut Ticket,
     out: Outbound,
-    limits: AttemptLimits,
+    mut limits: AttemptLimits,
 ) -> Result<Forwarded, ActivatorError> {
     let protocol = out.protocol;
     let host = out.host.clone();
@@ -229,7 +242,7 @@ async fn forward_hyper(
         let slot = ticket.slot().expect("forward needs an admitted ticket");
         let endpoint = slot.endpoint();
         let addr = endpoint.addr();
-        let start_deadline = limits.deadline.min(Instant::now() + limits.response_start);
+        let start_deadline = limits.next_start_deadline();
         // A pooled connection is had at once; only opening one waits (under the deadline).
         let connected = match upstream.pooled_now(addr, protocol) {
             Some(conn) => Ok(Ok(conn)),

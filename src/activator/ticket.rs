@@ -75,9 +75,10 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// Counts the request as present in its revision from now on.
-    pub fn arrive(state: LocalArc<RevisionState>, conn: Option<ConnActive>) -> Self {
-        let shard = state.window().arrive(Instant::now());
+    /// Counts the request as present in its revision from `now` on (the caller's reading of the
+    /// clock as the request arrived: one read serves its arrival, deadlines and logs).
+    pub fn arrive(state: LocalArc<RevisionState>, conn: Option<ConnActive>, now: Instant) -> Self {
+        let shard = state.window().arrive(now);
         Self {
             state,
             slot: None,

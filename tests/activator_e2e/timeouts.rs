@@ -50,3 +50,37 @@ async fn idle_timeout_cuts_a_silent_stream() {
     );
     h.shutdown();
 }
+
+/// A request admitted at once starts its response-start clock when it arrives; a held one
+/// starts it when it is forwarded. Both kinds of hold are covered: the first request of a
+/// connection (held before the head is read) and a later request on a kept-alive connection.
+#[tokio::test]
+async fn a_held_request_gets_its_whole_response_start_timeout_once_forwarded() {
+    let warm = RevisionKey::new("default", "warm");
+    let cold = RevisionKey::new("default", "cold");
+    let mut s = spec("cold", 0);
+    s.timeouts.response_start = Duration::from_millis(400);
+    let up = Upstream::start().await;
+    let mut h = Harness::start(vec![spec("warm", 0), s], ActivatorConfig::default()).await;
+    h.endpoints.set_ready(&warm, vec![up.addr]);
+    // One client: its second request goes on the connection the first one left idle.
+    let kept = client();
+    let (status, _, _) = send(&kept, h.get(&warm, "/")).await;
+    assert_eq!(status, 200);
+    let req = h.get(&cold, "/slow?ms=150");
+    let later = tokio::spawn(async move { send(&kept, req).await });
+    let req = h.get(&cold, "/slow?ms=150");
+    let first = tokio::spawn(async move { send(&client(), req).await });
+    // Held for longer than the response-start timeout, then answered within it.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !later.is_finished() && !first.is_finished(),
+        "held while cold"
+    );
+    h.endpoints.set_ready(&cold, vec![up.addr]);
+    for (what, task) in [("kept-alive", later), ("first on its connection", first)] {
+        let (status, _, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{what}: {body}");
+    }
+    h.shutdown();
+}
