@@ -340,6 +340,12 @@ impl Shared {
         self.base + Duration::from_millis(self.swept_ms.load(Relaxed)) + SWEEP_EVERY
     }
 
+    /// Moves the sweep clock to `now` (never back).
+    fn sweep_clock_at(&self, now: Instant) {
+        let at = now.saturating_duration_since(self.base).as_millis() as u64;
+        self.swept_ms.fetch_max(at, Relaxed);
+    }
+
     /// Puts a direct connection whose response has ended on its endpoint's idle stack, unless
     /// the stack is full (then it is closed).
     pub(super) fn give_back_direct(&self, addr: SocketAddr, conn: DirectConn) {
@@ -356,8 +362,7 @@ impl Shared {
     /// Drops closed connections and those idle for [`POOL_IDLE_TIMEOUT`]; forgets endpoints
     /// left without any.
     fn sweep(&self, now: Instant) {
-        let at = now.saturating_duration_since(self.base).as_millis() as u64;
-        self.swept_ms.fetch_max(at, Relaxed);
+        self.sweep_clock_at(now);
         let mut map = self.lock();
         map.retain(|_, conns| {
             conns.h1.retain(|c| {
@@ -625,10 +630,7 @@ impl Upstream {
         }
         // The sweep clock starts with the sweeps: idle time counts from the first one on.
         let started = Instant::now();
-        let at = started
-            .saturating_duration_since(self.shared.base)
-            .as_millis() as u64;
-        self.shared.swept_ms.fetch_max(at, Relaxed);
+        self.shared.sweep_clock_at(started);
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(started + SWEEP_EVERY, SWEEP_EVERY);
