@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use thaw::activator::report::{Stat, StatMessage};
+use thaw::stats::{Stat, StatMessage};
 use thaw::autoscaler::decider::{Decider, Observation};
 use thaw::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions};
 use thaw::clock;

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
 
-use thaw::activator::report::stat_channel;
+use thaw::stats::stat_channel;
 use thaw::activator::testing::StaticEndpoints;
 use thaw::activator::{Activator, ActivatorDeps, NextHop};
 use thaw::config::ActivatorConfig;

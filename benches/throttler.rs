@@ -12,7 +12,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use prometheus_client::metrics::gauge::Gauge;
 use thaw::activator::throttler::{HeldBudget, Throttler};
-use thaw::activator::workers::Workers;
+use thaw::percore::Workers;
 use thaw::platform::EndpointSnapshot;
 use tokio::time::Instant;
 

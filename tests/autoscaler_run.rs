@@ -5,7 +5,7 @@ mod autoscaler_common;
 use std::time::Duration;
 
 use autoscaler_common::{harness, key, local, revision, stat};
-use thaw::activator::report::{StatSink, stat_channel};
+use thaw::stats::{StatSink, stat_channel};
 use thaw::clock;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::revision::CatalogSnapshot;

@@ -6,7 +6,7 @@ mod autoscaler_common;
 use std::time::Duration;
 
 use autoscaler_common::{harness, key, local, revision, settles_at, stat};
-use thaw::activator::report::StatMessage;
+use thaw::stats::StatMessage;
 use thaw::autoscaler::lifecycle::Activity;
 use thaw::autoscaler::scaler::ActivatorPath;
 use thaw::clock;

@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::percore::{Padded, local_shard, shard_count};
+use crate::percore::handles::{Padded, local_shard, shard_count};
 
 use tokio::time::{Duration, Instant};
 

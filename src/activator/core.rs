@@ -12,12 +12,12 @@ use tokio_util::task::TaskTracker;
 
 use super::error::ActivatorError;
 use super::headers::NextHop;
-use super::percore::{LocalArc, PerCoreArc};
+use crate::percore::{LocalArc, PerCoreArc};
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
 use super::routing::Target;
 use super::throttler::HeldBudget;
-use crate::activator::report::StatSink;
+use crate::stats::StatSink;
 use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
 use crate::platform::EndpointSource;
@@ -42,7 +42,7 @@ pub struct ActivatorDeps {
     pub config: Arc<ArcSwap<ActivatorConfig>>,
     /// The registry the activator's metrics live in (`/metrics` encodes it).
     pub telemetry: Arc<Telemetry>,
-    /// This activator's name in [`crate::activator::report::Stat::source`].
+    /// This activator's name in [`crate::stats::Stat::source`].
     pub source_name: Arc<str>,
     /// Whom requests are forwarded to: a queue sidecar (Kubernetes) or, in `thaw local`, the
     /// replica itself; decides how the client's `Host` travels.
@@ -92,7 +92,7 @@ pub struct Activator {
     budget: Arc<HeldBudget>,
     pub(crate) upstream: Arc<Upstream>,
     /// Per-core data-plane runtimes, when [`Activator::use_workers`] was called.
-    pub(crate) workers: std::sync::OnceLock<Arc<super::workers::Workers>>,
+    pub(crate) workers: std::sync::OnceLock<Arc<crate::percore::Workers>>,
     draining: AtomicBool,
     /// Upgraded (websocket) tunnels: tracked so drain can wait for them, cancelled after the
     /// drain timeout.
@@ -128,7 +128,7 @@ impl Activator {
     /// Serves data-port connections on `workers` (one single-threaded runtime per core)
     /// instead of the runtime that calls [`Activator::serve`]. Call before `serve`; a second
     /// call is ignored. Stop the workers only after `serve` has returned.
-    pub fn use_workers(&self, workers: Arc<super::workers::Workers>) {
+    pub fn use_workers(&self, workers: Arc<crate::percore::Workers>) {
         let _ = self.workers.set(workers);
     }
 

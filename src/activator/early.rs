@@ -85,7 +85,7 @@ pub async fn first_request(act: &Activator, stream: &TcpStream) -> Early {
 fn cold_target(
     act: &Activator,
     stream: &TcpStream,
-) -> Option<super::percore::LocalArc<super::rev_state::RevisionState>> {
+) -> Option<crate::percore::LocalArc<super::rev_state::RevisionState>> {
     let mut buf = vec![0u8; PEEK_BYTES];
     let n = stream
         .try_io(Interest::READABLE, || {

@@ -21,7 +21,6 @@ pub mod head_clock;
 pub mod headers;
 pub mod lane;
 pub mod limits;
-pub mod percore;
 pub mod pipeline;
 pub mod pool;
 pub mod proxy;
@@ -32,9 +31,7 @@ pub mod server;
 pub mod testing;
 pub mod throttler;
 pub mod ticket;
-pub mod workers;
 
 pub use self::core::{Activator, ActivatorDeps};
 pub use headers::NextHop;
 pub use limits::raise_nofile_limit;
-pub use workers::Workers;

@@ -1,94 +1,9 @@
-//! Reporting to the autoscaler: the [`StatSink`] seam, its in-process channel, and the
-//! activator's 1 s reporter (`run`).
+//! The activator's 1 s reporter ([`run`]): each revision's concurrency window closed and sent
+//! as a [`Stat`] through the [`crate::stats::StatSink`] (the types live in [`crate::stats`]).
 
 use std::sync::Arc;
 
-use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
-
-use crate::revision::RevisionKey;
-
-/// One reporter's view of one revision over one second.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stat {
-    pub revision: RevisionKey,
-    /// Who reported it (an activator's or queue sidecar's name). The collector sums different
-    /// sources in one second and never counts one source twice in the same second.
-    pub source: Arc<str>,
-    /// The whole second (on [`crate::clock`]) the stat describes.
-    pub at: u64,
-    /// Time-weighted average in-flight requests over that second, held requests included.
-    pub average_concurrency: f64,
-    /// Requests that arrived in that second.
-    pub requests: u64,
-}
-
-/// Where reporters send stats. Implementations never block and are bounded: when the receiver
-/// falls behind, stats are dropped and counted, never queued without limit.
-pub trait StatSink: Send + Sync + 'static {
-    /// Once a second per revision per reporter, zeros included, so idle windows decay.
-    fn record(&self, stat: Stat);
-    /// At once, on the first request for a revision with no ready endpoints; carries
-    /// `average_concurrency >= 1`. The autoscaler decides immediately instead of at its tick.
-    fn poke(&self, stat: Stat);
-}
-
-/// What travels on the in-process stats channel.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StatMessage {
-    Record(Stat),
-    Poke(Stat),
-}
-
-/// A [`StatSink`] over a bounded tokio channel: the transport in `thaw local`.
-#[derive(Debug, Clone)]
-pub struct ChannelStatSink {
-    tx: mpsc::Sender<StatMessage>,
-    /// Stats that could not be sent (a prometheus counter, so it can be exported as
-    /// `thaw_activator_stats_dropped_total`; see [`ChannelStatSink::count_drops_in`]).
-    dropped: Counter,
-}
-
-impl ChannelStatSink {
-    /// Stats that could not be sent because the channel was full or closed.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.get()
-    }
-
-    /// Counts drops in `counter` (e.g. `Telemetry::activator.stats_dropped`) from now on.
-    pub fn count_drops_in(mut self, counter: Counter) -> Self {
-        self.dropped = counter;
-        self
-    }
-
-    fn send(&self, msg: StatMessage) {
-        if self.tx.try_send(msg).is_err() {
-            self.dropped.inc();
-        }
-    }
-}
-
-impl StatSink for ChannelStatSink {
-    fn record(&self, stat: Stat) {
-        self.send(StatMessage::Record(stat));
-    }
-
-    fn poke(&self, stat: Stat) {
-        self.send(StatMessage::Poke(stat));
-    }
-}
-
-/// A bounded stats channel: the sink for reporters and the receiver for the collector.
-pub fn stat_channel(capacity: usize) -> (ChannelStatSink, mpsc::Receiver<StatMessage>) {
-    let (tx, rx) = mpsc::channel(capacity);
-    (
-        ChannelStatSink {
-            tx,
-            dropped: Counter::default(),
-        },
-        rx,
-    )
-}
+use crate::stats::Stat;
 
 /// The activator's reporter: at each whole second (on [`crate::clock`]) closes every revision's
 /// concurrency window and records a [`Stat`] for the second that ended, for each revision that
@@ -120,26 +35,3 @@ pub(crate) async fn run(act: Arc<super::core::Activator>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn channel_is_bounded_and_counts_drops() {
-        let exported = Counter::default();
-        let (sink, mut rx) = stat_channel(1);
-        let sink = sink.count_drops_in(exported.clone());
-        let stat = Stat {
-            revision: RevisionKey::new("ns", "r"),
-            source: "a".into(),
-            at: 1,
-            average_concurrency: 1.0,
-            requests: 1,
-        };
-        sink.poke(stat.clone());
-        sink.record(stat.clone());
-        assert_eq!(sink.dropped(), 1);
-        assert_eq!(exported.get(), 1, "the exported counter sees the drop");
-        assert_eq!(rx.recv().await, Some(StatMessage::Poke(stat)));
-    }
-}

@@ -33,7 +33,7 @@ use tokio::time::{Duration, Instant};
 
 use super::balancer::{Balancer, Policy};
 use super::endpoint::{Endpoint, UNLIMITED};
-use super::percore::{LocalArc, PerCoreArc};
+use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
 
 pub use limits::{HeldBudget, HoldLimits, Rejection};

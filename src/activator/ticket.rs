@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use tokio::time::{Duration, Instant};
 
-use super::percore::LocalArc;
+use crate::percore::LocalArc;
 use super::rev_state::RevisionState;
 use super::throttler::InFlight;
 

@@ -1,7 +1,7 @@
 //! Stats from activators and queue sidecars into per-revision windows (knative-dataplane.md
 //! §2.1).
 //!
-//! Reporters send through [`crate::activator::report::StatSink`]; the scaler drains the
+//! Reporters send through [`crate::stats::StatSink`]; the scaler drains the
 //! channel into a [`Collector`], which tests and `thaw simulate` also drive directly.
 //!
 //! Each revision keeps four [`Window`]s, as Knative does: stable and panic windows for
@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::window::Window;
-use crate::activator::report::Stat;
+use crate::stats::Stat;
 use crate::config::{AutoscalingSpec, Metric};
 use crate::revision::RevisionKey;
 

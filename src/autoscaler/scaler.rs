@@ -24,7 +24,7 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use super::collector::Collector;
 pub use super::options::{ActivatorPath, RevisionStatus, ScalerOptions, Trigger};
 use super::state::{Env, RevisionState, Revisions};
-use crate::activator::report::StatMessage;
+use crate::stats::StatMessage;
 use crate::clock;
 use crate::platform::{Platform, PlatformError};
 use crate::revision::{RevisionCatalog, RevisionKey};

@@ -23,8 +23,9 @@ use tracing::{error, info, warn};
 
 use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
-use crate::activator::report::stat_channel;
-use crate::activator::{Activator, ActivatorDeps, NextHop, Workers, raise_nofile_limit};
+use crate::stats::stat_channel;
+use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
+use crate::percore::Workers;
 use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
 use crate::config::reload::{FileWatch, Outcome, watch_file};
 use crate::platform::Platform;

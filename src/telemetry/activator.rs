@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::spread::{SpreadCounter, SpreadGauge};
+use crate::percore::spread::{SpreadCounter, SpreadGauge};
 use crate::revision::RevisionKey;
 
 /// Labels of per-revision series.

@@ -9,7 +9,6 @@ pub mod activator;
 pub mod autoscaler;
 pub mod config;
 pub mod platform;
-pub mod spread;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;

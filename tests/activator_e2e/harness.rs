@@ -23,9 +23,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use thaw::activator::report::{StatMessage, stat_channel};
+use thaw::stats::{StatMessage, stat_channel};
 use thaw::activator::testing::StaticEndpoints;
-use thaw::activator::{Activator, ActivatorDeps, NextHop, Workers};
+use thaw::activator::{Activator, ActivatorDeps, NextHop};
+use thaw::percore::Workers;
 use thaw::autoscaler::scaler::ScaleStates;
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};

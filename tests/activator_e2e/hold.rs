@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use thaw::activator::report::StatMessage;
+use thaw::stats::StatMessage;
 use thaw::autoscaler::scaler::{ScaleState, ScaleStates};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionKey};

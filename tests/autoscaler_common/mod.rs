@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use thaw::activator::report::{Stat, StatMessage};
+use thaw::stats::{Stat, StatMessage};
 use thaw::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions, Trigger};
 use thaw::clock;
 use thaw::config::AutoscalingSpec;

@@ -8,7 +8,7 @@ use std::sync::{Arc, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::{EndpointSet, InFlight, Rejection, Shared};
-use crate::activator::percore::LocalArc;
+use crate::percore::LocalArc;
 
 pub(super) struct Queue {
     /// Waiters in arrival order. Entries whose waiter gave up stay until dispatch or compaction

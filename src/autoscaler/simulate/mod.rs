@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::activator::report::{Stat, StatMessage};
+use crate::stats::{Stat, StatMessage};
 use crate::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions, Trigger};
 use crate::clock;
 use crate::config::AutoscalingSpec;

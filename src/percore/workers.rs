@@ -2,7 +2,7 @@
 //!
 //! The accept loop hands each new connection to the next worker; the connection's socket, its
 //! requests, and the pooled upstream connections they use (see
-//! [`super::proxy::Upstream::for_this_thread`]) then all live on that worker's thread. A request
+//! `Upstream::for_this_thread` in the activator) then all live on that worker's thread. A request
 //! never hops between threads, so the per-request futex wake-ups and context switches of a
 //! work-stealing runtime disappear. What is shared — the throttler, balancer counters, metrics,
 //! the catalog — is already atomics and `ArcSwap`, so holding and balancing are unchanged: a

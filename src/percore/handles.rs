@@ -178,7 +178,7 @@ mod tests {
     #[test]
     fn each_worker_clones_its_own_copy() {
         let per_core = Arc::new(PerCoreArc::with_shards(Arc::new(7u32), 3));
-        let workers = crate::activator::workers::Workers::start(2).unwrap();
+        let workers = crate::percore::Workers::start(2).unwrap();
         // Connections go round-robin, so two `next()` calls reach worker 0, then worker 1.
         let mut held = Vec::new();
         for _ in 0..2 {
