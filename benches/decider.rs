@@ -11,13 +11,13 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use thaw::stats::{Stat, StatMessage};
 use thaw::autoscaler::decider::{Decider, Observation};
 use thaw::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions};
 use thaw::clock;
 use thaw::config::AutoscalingSpec;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+use thaw::stats::{Stat, StatMessage};
 use thaw::telemetry::Telemetry;
 
 const REVISIONS: usize = 10_000;

@@ -20,11 +20,11 @@ use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
 
-use thaw::stats::stat_channel;
 use thaw::activator::testing::StaticEndpoints;
 use thaw::activator::{Activator, ActivatorDeps, NextHop};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, Protocol, RevisionCatalog, RevisionKey, RevisionSpec};
+use thaw::stats::stat_channel;
 use thaw::telemetry::Telemetry;
 
 type C = Client<HttpConnector, Empty<Bytes>>;

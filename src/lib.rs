@@ -10,6 +10,7 @@ pub mod activator;
 pub mod autoscaler;
 pub mod clock;
 pub mod config;
+pub mod http1;
 pub mod local;
 pub mod percore;
 pub mod platform;

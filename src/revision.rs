@@ -39,12 +39,8 @@ impl fmt::Display for RevisionKey {
 
 /// The protocol a revision's container speaks: h2c when its port is named `h2c` (as in Knative),
 /// HTTP/1.1 otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    #[default]
-    Http1,
-    H2c,
-}
+/// (The engine's type: the pool dials by it.)
+pub use crate::http1::Protocol;
 
 /// Per-revision request timeouts (knative-dataplane.md §1.2), enforced by the activator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

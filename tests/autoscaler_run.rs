@@ -5,10 +5,10 @@ mod autoscaler_common;
 use std::time::Duration;
 
 use autoscaler_common::{harness, key, local, revision, stat};
-use thaw::stats::{StatSink, stat_channel};
 use thaw::clock;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::revision::CatalogSnapshot;
+use thaw::stats::{StatSink, stat_channel};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]

@@ -6,12 +6,12 @@ mod autoscaler_common;
 use std::time::Duration;
 
 use autoscaler_common::{harness, key, local, revision, settles_at, stat};
-use thaw::stats::StatMessage;
 use thaw::autoscaler::lifecycle::Activity;
 use thaw::autoscaler::scaler::ActivatorPath;
 use thaw::clock;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::revision::CatalogSnapshot;
+use thaw::stats::StatMessage;
 
 #[tokio::test(start_paused = true)]
 async fn the_last_pod_goes_a_stable_window_after_the_last_request() {

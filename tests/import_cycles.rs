@@ -72,9 +72,15 @@ fn strip_comments_and_strings(code: &str) -> String {
             }
             i += 1;
             out.push_str("\"\"");
-        } else if bytes[i] == b'\'' && i + 2 < bytes.len() && (bytes[i + 2] == b'\'' || bytes[i + 1] == b'\\') {
+        } else if bytes[i] == b'\''
+            && i + 2 < bytes.len()
+            && (bytes[i + 2] == b'\'' || bytes[i + 1] == b'\\')
+        {
             // a char literal such as 'a' or '\n' (not a lifetime)
-            let end = code[i + 1..].find('\'').map(|e| i + 1 + e + 1).unwrap_or(i + 1);
+            let end = code[i + 1..]
+                .find('\'')
+                .map(|e| i + 1 + e + 1)
+                .unwrap_or(i + 1);
             i = end;
             out.push_str("' '");
         } else {
@@ -140,16 +146,13 @@ fn read_tree(s: &str) -> Vec<Vec<String>> {
 }
 
 /// Every module path named in `code` (absolute, as `crate::...` segments without `crate`).
-fn named_paths(module: &[String], is_mod_rs: bool, code: &str) -> Vec<Vec<String>> {
+fn named_paths(module: &[String], code: &str) -> Vec<Vec<String>> {
     let code = strip_comments_and_strings(code);
     let mut out = Vec::new();
     // the module `super` and `self` refer to from this file
     let here: Vec<String> = module.to_vec();
-    let parent: Vec<String> = if is_mod_rs {
-        here[..here.len().saturating_sub(1)].to_vec()
-    } else {
-        here[..here.len().saturating_sub(1)].to_vec()
-    };
+    // `super` is the parent module both in `x/mod.rs` (module `x`) and in `x/y.rs` (`x::y`).
+    let parent: Vec<String> = here[..here.len().saturating_sub(1)].to_vec();
     let self_mod: Vec<String> = here.clone();
     for anchor in ["crate::", "super::", "self::"] {
         let mut from = 0;
@@ -197,11 +200,10 @@ fn build_graph() -> Graph {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
         let module = module_of(&src, file);
-        let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
         let code = fs::read_to_string(file).expect("reading a source file");
         let from = module.join("::");
         let entry = edges.entry(from.clone()).or_default();
-        for path in named_paths(&module, is_mod_rs, &code) {
+        for path in named_paths(&module, &code) {
             // the longest prefix of `path` that is a file's module
             let target = (1..=path.len())
                 .rev()
@@ -225,7 +227,8 @@ fn circles(g: &Graph, prefix: &str) -> Vec<Vec<String>> {
         .keys()
         .filter(|k| *k == prefix || k.starts_with(&format!("{prefix}::")))
         .collect();
-    let index_of: BTreeMap<&String, usize> = nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let index_of: BTreeMap<&String, usize> =
+        nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let succ: Vec<Vec<usize>> = nodes
         .iter()
         .map(|n| {
@@ -304,20 +307,34 @@ fn imports_of(g: &Graph, prefix: &str) -> BTreeSet<String> {
 #[test]
 fn no_import_circle_in_the_activator_is_longer_than_two_files() {
     let g = build_graph();
-    let long: Vec<_> = circles(&g, "activator")
-        .into_iter()
-        .filter(|c| c.len() > 2)
-        .collect();
-    assert!(long.is_empty(), "import circles longer than two files: {long:#?}");
+    let all = circles(&g, "activator");
+    // The pairs that remain (`cargo test --test import_cycles -- --nocapture` lists them).
+    eprintln!("import circles in the activator: {all:?}");
+    let long: Vec<_> = all.into_iter().filter(|c| c.len() > 2).collect();
+    assert!(
+        long.is_empty(),
+        "import circles longer than two files: {long:#?}"
+    );
 }
 
 #[test]
 fn the_http1_engine_knows_no_revisions() {
     let g = build_graph();
-    let forbidden = ["activator", "autoscaler", "platform", "revision", "telemetry", "local"];
+    let forbidden = [
+        "activator",
+        "autoscaler",
+        "platform",
+        "revision",
+        "telemetry",
+        "local",
+    ];
     let bad: Vec<String> = imports_of(&g, "http1")
         .into_iter()
-        .filter(|m| forbidden.iter().any(|f| m == f || m.starts_with(&format!("{f}::"))))
+        .filter(|m| {
+            forbidden
+                .iter()
+                .any(|f| m == f || m.starts_with(&format!("{f}::")))
+        })
         .collect();
     assert!(bad.is_empty(), "the HTTP/1 engine imports {bad:?}");
 }

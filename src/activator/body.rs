@@ -1,7 +1,6 @@
 //! Response bodies: the activator's own short answers, and upstream bodies streamed through
 //! frame by frame (never buffered whole) under the revision's idle and total timeouts.
 
-use std::error::Error as StdError;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -9,12 +8,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Duration, Instant, Sleep};
 
-use super::fields::BoxedFields;
-use super::pool::{RespBody, Reusable};
 use super::ticket::Ticket;
+use crate::http1::fields::BoxedFields;
+use crate::http1::pool::{RespBody, Reusable};
 
 /// The error type of response bodies.
-pub type BoxError = Box<dyn StdError + Send + Sync>;
+pub use crate::http1::BoxError;
 
 /// The body of every data-port response.
 #[derive(Debug)]

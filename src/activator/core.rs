@@ -12,16 +12,16 @@ use tokio_util::task::TaskTracker;
 
 use super::error::ActivatorError;
 use super::headers::NextHop;
-use crate::percore::{LocalArc, PerCoreArc};
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
 use super::routing::Target;
 use super::throttler::HeldBudget;
-use crate::stats::StatSink;
 use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
+use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::EndpointSource;
 use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::stats::StatSink;
 use crate::telemetry::Telemetry;
 use crate::telemetry::activator::RevisionMetrics;
 

@@ -34,22 +34,16 @@ use super::headers::{check_limits, is_upgrade};
 use super::pipeline::{self, EarlyHold, HoldTerms};
 use super::routing;
 use super::ticket::Ticket;
+use crate::http1::FirstRequest;
 
 /// The most head bytes looked at; a longer head goes the ordinary way.
 const PEEK_BYTES: usize = 8 * 1024;
 /// The most headers parsed; more goes the ordinary way.
 const MAX_HEADERS: usize = 64;
 
-/// What became of a connection's first request.
-#[derive(Debug)]
-pub enum Early {
-    /// Not held here: hyper reads it and the pipeline does the rest.
-    Pass,
-    /// Held here; the throttler has answered.
-    Held(EarlyHold),
-    /// The client closed the connection while its request was held.
-    ClientGone,
-}
+/// What became of a connection's first request: not held (`Pass`: the engine reads it and the
+/// pipeline does the rest), held here with the throttler's answer, or the client gone meanwhile.
+pub type Early = FirstRequest<EarlyHold>;
 
 /// Holds the connection's first request if it is bound for a cold revision (see the module doc).
 /// The request's bytes are not consumed.

@@ -40,7 +40,7 @@ pub enum ActivatorError {
         endpoint: SocketAddr,
         attempts: u32,
         #[source]
-        source: super::pool::ConnectError,
+        source: crate::http1::pool::ConnectError,
     },
     /// The upstream failed after the request was (or may have been) sent; never retried.
     #[error("revision {revision}: upstream {endpoint} failed: {source}")]
@@ -48,7 +48,7 @@ pub enum ActivatorError {
         revision: RevisionKey,
         endpoint: SocketAddr,
         #[source]
-        source: super::pool::BoxError,
+        source: crate::http1::pool::BoxError,
     },
     /// The upstream sent no response head within the revision's response-start timeout.
     #[error("revision {revision}: upstream {endpoint} sent no response within {waited:?}")]

@@ -6,6 +6,8 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use rand::RngExt;
 
+use crate::http1::fields::present;
+pub use crate::http1::fields::{X_REQUEST_ID, check_limits, is_upgrade, strip_hop_by_hop};
 use crate::revision::Protocol;
 
 /// Set by the ingress: the revision's namespace (removed before forwarding).
@@ -28,89 +30,8 @@ pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// The client's scheme.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-/// Request id, generated when absent and echoed on the response.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `cold-start;dur=<ms>` (or `queue;dur=<ms>`) on held requests' responses.
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-
-/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    KEEP_ALIVE,
-    PROXY_CONNECTION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Whether the request asks for a protocol upgrade (websocket): `Connection: upgrade` plus an
-/// `Upgrade` header.
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// Bit `i` set when `names[i]` is present: one pass over the map's keys instead of a hashed
-/// lookup per name (most requests carry none of the names looked for).
-fn present(headers: &HeaderMap, names: &[HeaderName]) -> u32 {
-    debug_assert!(names.len() <= 32);
-    let mut found = 0;
-    for key in headers.keys() {
-        if let Some(i) = names.iter().position(|n| n == key) {
-            found |= 1 << i;
-        }
-    }
-    found
-}
-
-/// Removes hop-by-hop headers, including every header the `Connection` header names. With
-/// `keep_upgrade` the `Upgrade` header stays and `Connection: upgrade` is re-added (a websocket
-/// passes through). `TE: trailers` is kept: gRPC over h2c needs it.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let found = present(headers, &HOP_BY_HOP);
-    if found != 0 {
-        strip_present(headers, keep_upgrade, found);
-    }
-    if keep_upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-}
-
-/// The slow path of [`strip_hop_by_hop`]: `found` marks the [`HOP_BY_HOP`] names present.
-fn strip_present(headers: &mut HeaderMap, keep_upgrade: bool, found: u32) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) {
-            headers.remove(&name);
-        }
-    }
-    let te_trailers = headers
-        .get(header::TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if found & (1 << i) != 0 && !(keep_upgrade && *name == header::UPGRADE) {
-            headers.remove(name);
-        }
-    }
-    if te_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-}
-
 /// Request headers [`upstream_additions`] removes or reads, looked for in one pass. The first
 /// six are always removed when present, `X-Forwarded-For` when the client's address is
 /// appended (it comes back extended), and `X-Forwarded-Proto` is only read.
@@ -312,30 +233,10 @@ pub fn new_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&out).expect("hex and '-' are a valid header value")
 }
 
-/// Checks the configured header limits: count and total bytes (names + values). Returns
-/// `(what, actual, limit)` for the first one exceeded.
-pub fn check_limits(
-    headers: &HeaderMap,
-    max_count: u32,
-    max_bytes: u32,
-) -> Result<(), (&'static str, usize, usize)> {
-    let count = headers.len();
-    if count > max_count as usize {
-        return Err(("header count", count, max_count as usize));
-    }
-    let bytes: usize = headers
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len())
-        .sum();
-    if bytes > max_bytes as usize {
-        return Err(("header bytes", bytes, max_bytes as usize));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http1::fields::KEEP_ALIVE;
 
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {

@@ -12,19 +12,14 @@ pub mod cold_start;
 
 pub mod concurrency;
 mod core;
-pub mod direct;
 pub mod early;
 pub mod endpoint;
 pub mod error;
-pub mod fields;
-pub mod head_clock;
 pub mod headers;
-pub mod lane;
-pub mod limits;
 pub mod pipeline;
-pub mod pool;
 pub mod proxy;
 pub mod report;
+pub mod request_fields;
 pub mod rev_state;
 pub mod routing;
 pub mod server;
@@ -33,5 +28,5 @@ pub mod throttler;
 pub mod ticket;
 
 pub use self::core::{Activator, ActivatorDeps};
+pub use crate::http1::limits::raise_nofile_limit;
 pub use headers::NextHop;
-pub use limits::raise_nofile_limit;

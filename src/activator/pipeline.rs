@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -34,18 +34,22 @@ use super::body::{ActivatorBody, ProxiedBody};
 use super::cold_start::PokeAction;
 use super::core::Activator;
 use super::error::{ActivatorError, plain};
-use super::fields::{ClientHeaders, HeadersRef, Known, RawFields};
 use super::headers::{self as hdr, NextHop, SERVER_TIMING, X_REQUEST_ID};
-use crate::percore::LocalArc;
-use super::proxy::{self, AttemptLimits, Outbound, ReqBody};
-use crate::stats::Stat;
+use super::proxy::{self, AttemptLimits, Outbound};
+use super::request_fields::{Prepare, Scan};
 use super::rev_state::RevisionState;
 use super::routing::{self, FieldRef, Probe};
 use super::throttler::{Admission, HoldLimits, Rejection};
-use super::ticket::{ConnActive, Ticket};
+use super::ticket::Ticket;
 use crate::clock;
 use crate::config::ActivatorConfig;
+use crate::http1::activity::ConnActive;
+use crate::http1::fields::BoxedFields;
+use crate::http1::fields::Known;
+use crate::http1::{ClientRequest, FirstRequest, Handler, ResponseBody};
+use crate::percore::LocalArc;
 use crate::revision::{Protocol, RevisionSpec};
+use crate::stats::Stat;
 
 /// Handles one data-port request end to end. Never fails: every error becomes a response (the
 /// `Result` is the shape hyper's service wants; returning it from here, rather than wrapping
@@ -66,48 +70,6 @@ pub async fn handle(
         fields.merge_into(resp.headers_mut());
     }
     Ok(resp)
-}
-
-/// What a request's body type parameter tells the pipeline: where the request's header fields
-/// are and what body it forwards.
-/// - hyper's [`Incoming`] (a connection hyper's server reads): the request's `HeaderMap`, and
-///   that body;
-/// - [`RawFields`] (a bodiless request the HTTP/1 fast lane read, `super::lane`): the fields
-///   are slices of the lane's head carried in the body's place (the request's map stays
-///   empty), and no body;
-/// - `()`: the request's map, and no body.
-pub trait ClientRequest: Sized {
-    /// The request's header fields.
-    fn fields(req: &Request<Self>) -> HeadersRef<'_>;
-    /// The fields, owned, and the body as the upstream request's.
-    fn split(headers: HeaderMap, body: Self) -> (ClientHeaders, ReqBody);
-}
-
-impl ClientRequest for Incoming {
-    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
-        HeadersRef::Map(req.headers())
-    }
-    fn split(headers: HeaderMap, body: Self) -> (ClientHeaders, ReqBody) {
-        (ClientHeaders::Map(headers), ReqBody::new(body))
-    }
-}
-
-impl ClientRequest for () {
-    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
-        HeadersRef::Map(req.headers())
-    }
-    fn split(headers: HeaderMap, (): Self) -> (ClientHeaders, ReqBody) {
-        (ClientHeaders::Map(headers), ReqBody::Empty)
-    }
-}
-
-impl ClientRequest for RawFields {
-    fn fields(req: &Request<Self>) -> HeadersRef<'_> {
-        HeadersRef::Raw(req.body())
-    }
-    fn split(_empty: HeaderMap, fields: Self) -> (ClientHeaders, ReqBody) {
-        (ClientHeaders::Raw(fields), ReqBody::Empty)
-    }
 }
 
 /// [`handle`] for any [`ClientRequest`], borrowing the activator (the fast lane calls this once per
@@ -193,6 +155,47 @@ pub fn respond<'a, B: ClientRequest + Send + 'a>(
             "access"
         );
         resp
+    }
+}
+
+/// The activator is the HTTP/1 engine's handler: the engine serves connections, the pipeline
+/// answers each request (see the module doc for the order of its steps).
+impl Handler for Activator {
+    type Body = ActivatorBody;
+    type Early = EarlyHold;
+
+    fn first_request<'a>(
+        &'a self,
+        stream: &'a tokio::net::TcpStream,
+    ) -> impl Future<Output = FirstRequest<EarlyHold>> + Send + 'a {
+        super::early::first_request(self, stream)
+    }
+
+    fn respond<'a, B: ClientRequest + Send + 'static>(
+        this: &'a Arc<Self>,
+        peer: SocketAddr,
+        conn: ConnActive,
+        req: Request<B>,
+        early: Option<EarlyHold>,
+    ) -> impl Future<Output = Response<ActivatorBody>> + Send + 'a {
+        respond(this, peer, conn, req, early)
+    }
+
+    fn handle(
+        this: Arc<Self>,
+        peer: SocketAddr,
+        conn: ConnActive,
+        req: Request<Incoming>,
+        early: Option<EarlyHold>,
+    ) -> impl Future<Output = Result<Response<ActivatorBody>, std::convert::Infallible>> + Send + 'static
+    {
+        handle(this, peer, conn, req, early)
+    }
+}
+
+impl ResponseBody for ActivatorBody {
+    fn take_upstream_fields(&mut self) -> Option<BoxedFields> {
+        ActivatorBody::take_upstream_fields(self)
     }
 }
 
@@ -505,7 +508,7 @@ fn spawn_tunnel(
                 r = tokio::io::copy_bidirectional(&mut c, &mut u) => {
                     tracing::debug!(result = ?r, "tunnel closed");
                 }
-                _ = super::ticket::quiet_for(
+                _ = crate::http1::activity::quiet_for(
                     idle.unwrap_or_default(),
                     || moved.load(Relaxed),
                     || false,
@@ -534,7 +537,7 @@ mod size_tests {
             let (Some(act), Some(req)) = (act, None::<http::Request<hyper::body::Incoming>>) else {
                 return;
             };
-            let conn = std::sync::Arc::new(super::super::ticket::ConnActivity::default()).begin();
+            let conn = std::sync::Arc::new(crate::http1::activity::ConnActivity::default()).begin();
             let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req, None).await;
         };
         assert!(

@@ -20,14 +20,14 @@ use tokio::time::{Duration, Instant};
 
 use super::endpoint::Endpoint;
 use super::error::ActivatorError;
-use super::fields::ClientHeaders;
 use super::headers::{Additions, set_target_host};
 use super::ticket::Ticket;
+use crate::http1::fields::ClientHeaders;
 use crate::revision::Protocol;
 
-use super::direct::{self, DirectError, ExchangeError};
-use super::pool::{ConnectError, SendError};
-pub use super::pool::{ReqBody, RespBody, Reusable, Upstream};
+use crate::http1::direct::{self, DirectError, ExchangeError};
+use crate::http1::pool::{ConnectError, SendError};
+pub use crate::http1::pool::{ReqBody, RespBody, Reusable, Upstream};
 
 /// A request prepared for forwarding.
 #[derive(Debug)]

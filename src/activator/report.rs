@@ -34,4 +34,3 @@ pub(crate) async fn run(act: Arc<super::core::Activator>) {
         }
     }
 }
-

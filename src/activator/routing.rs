@@ -5,11 +5,11 @@
 use http::Uri;
 use http::header::{self, HeaderMap, HeaderValue};
 
-use super::fields::RawFields;
 use super::headers::{
     K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
     KNATIVE_SERVING_REVISION, X_REQUEST_ID,
 };
+use crate::http1::fields::RawFields;
 
 /// The request headers the activator reads, found in one pass over the fields (a request
 /// carries a handful of headers; nine hashed lookups cost more than looking at each once). For

@@ -21,9 +21,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::window::Window;
-use crate::stats::Stat;
 use crate::config::{AutoscalingSpec, Metric};
 use crate::revision::RevisionKey;
+use crate::stats::Stat;
 
 /// How long after a second a source's value for it may still arrive or be replaced.
 pub const LATE_SECONDS: u64 = 16;

@@ -24,10 +24,10 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use super::collector::Collector;
 pub use super::options::{ActivatorPath, RevisionStatus, ScalerOptions, Trigger};
 use super::state::{Env, RevisionState, Revisions};
-use crate::stats::StatMessage;
 use crate::clock;
 use crate::platform::{Platform, PlatformError};
 use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::stats::StatMessage;
 use crate::telemetry::Telemetry;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, RejectLabels};
 

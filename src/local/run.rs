@@ -23,14 +23,14 @@ use tracing::{error, info, warn};
 
 use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
-use crate::stats::stat_channel;
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
-use crate::percore::Workers;
 use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
 use crate::config::reload::{FileWatch, Outcome, watch_file};
+use crate::percore::Workers;
 use crate::platform::Platform;
 use crate::platform::local::{LocalOptions, LocalPlatform};
 use crate::revision::RevisionCatalog;
+use crate::stats::stat_channel;
 use crate::telemetry::{Telemetry, init_tracing};
 
 /// Bound of the in-process stats channel (activator -> autoscaler): a few seconds of reports

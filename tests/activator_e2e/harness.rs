@@ -23,13 +23,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use thaw::stats::{StatMessage, stat_channel};
 use thaw::activator::testing::StaticEndpoints;
 use thaw::activator::{Activator, ActivatorDeps, NextHop};
-use thaw::percore::Workers;
 use thaw::autoscaler::scaler::ScaleStates;
 use thaw::config::ActivatorConfig;
+use thaw::percore::Workers;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+use thaw::stats::{StatMessage, stat_channel};
 use thaw::telemetry::Telemetry;
 
 pub type TestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;

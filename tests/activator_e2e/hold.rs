@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use thaw::stats::StatMessage;
 use thaw::autoscaler::scaler::{ScaleState, ScaleStates};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{CatalogSnapshot, RevisionKey};
+use thaw::stats::StatMessage;
 
 use crate::harness::*;
 

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use thaw::stats::{Stat, StatMessage};
 use thaw::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions, Trigger};
 use thaw::clock;
 use thaw::config::AutoscalingSpec;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+use thaw::stats::{Stat, StatMessage};
 use thaw::telemetry::Telemetry;
 
 pub fn key(name: &str) -> RevisionKey {

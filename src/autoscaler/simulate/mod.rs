@@ -19,12 +19,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::stats::{Stat, StatMessage};
 use crate::autoscaler::scaler::{ActivatorPath, ScaleStates, Scaler, ScalerOptions, Trigger};
 use crate::clock;
 use crate::config::AutoscalingSpec;
 use crate::platform::memory::MemoryPlatform;
 use crate::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+use crate::stats::{Stat, StatMessage};
 use crate::telemetry::Telemetry;
 
 pub use spec::load_spec;

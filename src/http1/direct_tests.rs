@@ -553,12 +553,12 @@ fn content_length_values_merge_or_are_refused() {
 }
 
 /// A response's fields, kept raw, give the client what the map path gave: the map built from
-/// the head, hop-by-hop headers stripped (`headers::strip_hop_by_hop`), `Content-Length`
+/// the head, hop-by-hop headers stripped (`fields::strip_hop_by_hop`), `Content-Length`
 /// dropped under `Transfer-Encoding`, the request id added when the upstream sent none.
 #[test]
 fn raw_response_fields_match_the_map_path() {
     use super::super::fields::Known;
-    use super::super::headers::{X_REQUEST_ID, strip_hop_by_hop};
+    use super::super::fields::{X_REQUEST_ID, strip_hop_by_hop};
     use super::{Parsed, framing, parse_head};
     let heads = [
         "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: x\r\n\r\n",

@@ -4,7 +4,7 @@
 //! Why: on the warm path hyper's server (dispatcher, parser, encoder, buffered I/O, the
 //! service future moved into its slot) was about a third of the activator's instructions per
 //! request (docs/decisions.md, "An HTTP/1 fast lane"). A proxy that forwards a bodiless request
-//! needs much less: parse a head, run the pipeline, write a head and the body's bytes.
+//! needs much less: parse a head, call the handler, write a head and the body's bytes.
 //!
 //! Contract:
 //! - **What the lane serves.** A request whose head parses (httparse, as hyper) and that has
@@ -12,9 +12,9 @@
 //!   `Expect`, no `Connection: upgrade`, an origin-form target (`/...`), a method other than
 //!   `CONNECT` (httparse accepts exactly the header names and values the `http` crate does).
 //!   Its header fields stay slices of the head, with no header map
-//!   ([`super::fields::RawFields`]). It runs through the same [`pipeline::respond`] as every
-//!   other request: probes, limits, routing, accounting, hold, proxy, metrics and errors are the
-//!   pipeline's.
+//!   ([`super::fields::RawFields`]). It goes to the same [`Handler::respond`] as every other
+//!   request: what the answer is (probes, limits, routing, holding, proxying, errors) is the
+//!   handler's.
 //! - **Everything else goes to hyper.** The first request the lane does not serve — and every
 //!   request after it on that connection — is served by hyper's HTTP/1 connection, handed the
 //!   bytes the lane read but did not use ([`LaneEnd::Handoff`]). A malformed head, a head over
@@ -23,7 +23,7 @@
 //!   [`super::head_clock::HeadIo`].)
 //! - **Responses.** Status line `HTTP/1.1`; a direct upstream's fields as they came, less the
 //!   hop-by-hop ones ([`super::fields::UpstreamFields`]); the response's headers as the
-//!   pipeline left them; `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
+//!   handler left them; `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
 //!   `Content-Length`, else the body's exact size, else chunked (HTTP/1.1 clients) or
 //!   close-delimited (HTTP/1.0). No body for `HEAD`, 1xx, 204 and 304. Trailers are sent only to
 //!   a client that asked for them (`TE: trailers`) on a chunked body. A head and a small body go
@@ -32,7 +32,7 @@
 //!   `Connection: keep-alive` (echoed back). Pipelined requests are answered in order. A body
 //!   that fails or ends short of its length closes the connection (the client sees a truncated
 //!   response, as with hyper).
-//! - **Timeouts and drain,** as for hyper's connections (`super::server`): a new connection's
+//! - **Timeouts and drain,** as for hyper's connections (`super::conn`): a new connection's
 //!   first head must be complete within the header-read timeout from accept (or from the end of
 //!   its early hold); a later head that arrives in pieces, within one header-read timeout of
 //!   its first piece; an idle connection closes after one to two keep-alive periods with no
@@ -55,21 +55,18 @@ use std::task::Poll;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use http_body::Body;
+
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::body::ActivatorBody;
-use super::core::Activator;
+use super::activity::ConnActivity;
 use super::direct::ContentLength;
-use super::fields::{Known, RawFields, Span, UpstreamFields, tokens};
-use super::pipeline::{self, EarlyHold};
-use super::ticket::ConnActivity;
-use crate::config::ActivatorConfig;
+use super::fields::{Known, RawFields, Span, UpstreamFields, put_field, tokens};
+use super::{Handler, Limits, ResponseBody};
 
 /// hyper's HTTP/1 header slots when no cap is set: a head with more goes to hyper, which
 /// answers it as before (431, or thaw's check when the configured count is higher).
@@ -121,24 +118,21 @@ fn give_buf(mut buf: BytesMut) {
 
 /// How the lane left a connection.
 #[derive(Debug)]
-pub enum LaneEnd {
+pub enum LaneEnd<E> {
     /// Finished: closed by either side, timed out, drained, or failed.
     Closed,
     /// hyper serves the rest of the connection, starting with `prefix` (bytes read, not used).
     /// `early` is the connection's early hold if the lane did not get to use it.
-    Handoff {
-        prefix: Bytes,
-        early: Option<EarlyHold>,
-    },
+    Handoff { prefix: Bytes, early: Option<E> },
 }
 
 /// What one connection's lane needs.
-pub struct Lane<'a> {
-    pub act: &'a Arc<Activator>,
+pub struct Lane<'a, H> {
+    pub handler: &'a Arc<H>,
     pub peer: SocketAddr,
     pub activity: &'a Arc<ConnActivity>,
     /// The listener settings the connection was accepted under.
-    pub cfg: &'a ActivatorConfig,
+    pub limits: &'a Limits,
     /// The connection's drain token.
     pub drain: &'a CancellationToken,
     /// When the first head's clock started: accept, or the end of an early hold.
@@ -147,16 +141,16 @@ pub struct Lane<'a> {
 
 /// Serves `stream` until it closes or a request needs hyper (see the module doc). `early` is
 /// the connection's first request's early hold, if it had one.
-pub async fn serve(
-    lane: Lane<'_>,
+pub async fn serve<H: Handler>(
+    lane: Lane<'_, H>,
     stream: &mut TcpStream,
-    mut early: Option<EarlyHold>,
-) -> LaneEnd {
-    let cap = super::server::header_cap(lane.cfg).max(READ_CHUNK);
+    mut early: Option<H::Early>,
+) -> LaneEnd<H::Early> {
+    let cap = lane.limits.header_cap().max(READ_CHUNK);
     // No buffer until bytes arrive (see the module doc, "Memory").
     let mut buf = BytesMut::new();
     let mut out: Vec<u8> = Vec::new();
-    let mut watchdog = Watchdog::new(lane.cfg, lane.first_head_from);
+    let mut watchdog = Watchdog::new(lane.limits, lane.first_head_from);
     let drained = lane.drain.cancelled();
     tokio::pin!(drained);
     let mut closing = false;
@@ -185,8 +179,8 @@ pub async fn serve(
         watchdog.served += 1;
         let keep_alive = head.keep_alive && !closing;
         let (method_head, http10, te_trailers) = (head.method_head, head.http10, head.te_trailers);
-        let resp = pipeline::respond(
-            lane.act,
+        let resp = H::respond(
+            lane.handler,
             lane.peer,
             lane.activity.begin(),
             head.req,
@@ -217,7 +211,7 @@ pub async fn serve(
     }
 }
 
-fn handoff(buf: BytesMut, early: Option<EarlyHold>) -> LaneEnd {
+fn handoff<E>(buf: BytesMut, early: Option<E>) -> LaneEnd<E> {
     LaneEnd::Handoff {
         prefix: buf.freeze(),
         early,
@@ -237,7 +231,7 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn new(cfg: &ActivatorConfig, first_head_from: Instant) -> Self {
+    fn new(cfg: &Limits, first_head_from: Instant) -> Self {
         let head_timeout = cfg.header_read_timeout;
         let timer = (!head_timeout.is_zero())
             .then(|| Box::pin(tokio::time::sleep_until(first_head_from + head_timeout)));
@@ -603,7 +597,7 @@ fn encode_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut has_date = false;
-    // Written once below. Invalid or conflicting values (never from the pipeline) count as
+    // Written once below. Invalid or conflicting values (never from the handler) count as
     // none: the body is framed anew.
     let mut length = ContentLength::default();
     if let Some(upstream) = upstream {
@@ -678,7 +672,7 @@ fn content_length(out: &mut Vec<u8>, n: u64) {
 fn write_response<'a>(
     stream: &'a mut TcpStream,
     out: &'a mut Vec<u8>,
-    resp: Response<ActivatorBody>,
+    resp: Response<impl ResponseBody>,
     opts: HeadOpts,
     te_trailers: bool,
 ) -> impl Future<Output = io::Result<bool>> + Send + 'a {
@@ -697,7 +691,7 @@ fn write_response<'a>(
 fn write_body<'a>(
     stream: &'a mut TcpStream,
     out: &'a mut Vec<u8>,
-    mut body: ActivatorBody,
+    mut body: impl ResponseBody,
     framing: Framing,
     keep_alive: bool,
     te_trailers: bool,
@@ -827,12 +821,6 @@ fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap) {
         put_field(out, name, value);
     }
     out.extend_from_slice(b"\r\n");
-}
-
-/// One header field line: `name: value` and CRLF (inlined, see `fields::put_raw`).
-#[inline(always)]
-pub(super) fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    super::fields::put_raw(out, name.as_str().as_bytes(), value.as_bytes());
 }
 
 /// Writes the pending bytes and then `data`, in as few writes as the socket allows.

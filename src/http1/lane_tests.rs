@@ -1,4 +1,5 @@
 use super::*;
+use http::header::HeaderName;
 
 fn parsed(raw: &[u8]) -> (Parsed, BytesMut) {
     let mut buf = BytesMut::from(raw);

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Duration, Instant};
 
-use super::ticket::ConnActivity;
+use super::activity::ConnActivity;
 
 /// The HTTP/2 connection preface's first bytes.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";

@@ -13,26 +13,20 @@
 //! request only needs its fields read a few times and written out again, which slices of the
 //! head do with no map at all.
 //!
-//! Contract: both forms give the same answers. [`HeadersRef::scan`], [`HeadersRef::check_limits`]
-//! and [`HeadersRef::is_upgrade`] read them as `super::routing::Seen::scan`,
-//! `super::headers::check_limits` and `super::headers::is_upgrade` read a map;
-//! [`ClientHeaders::prepare`] removes and adds what `super::headers::upstream_additions` does
-//! (hop-by-hop headers, those `Connection` names, Knative's routing headers, `Host`), and the
-//! upstream receives the same fields (`fields_tests` checks each against the map path). The raw
+//! Contract: both forms give the same answers. [`HeadersRef::check_limits`] and
+//! [`HeadersRef::is_upgrade`] read them as [`check_limits`] and [`is_upgrade`] read a map; the
+//! skip mask ([`RawFields::skip`], with [`RawFields::hop_by_hop`]) leaves out of the forwarded
+//! fields what a caller removes from a map (the activator's header hygiene does both, and its
+//! tests check each form against the other). The raw
 //! form keeps the client's order and spelling of names, as nginx does. Field names and values
 //! are the bytes httparse accepted, which are exactly what the `http` crate accepts (checked by a
 //! test over every byte), so a raw field always converts to a map entry.
 
-use std::net::IpAddr;
-
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use super::headers::{
-    self as hdr, Additions, K_ORIGINAL_HOST, K_PROXY_REQUEST, NextHop, X_FORWARDED_FOR,
-    X_FORWARDED_PROTO,
-};
-use super::routing::{FieldRef, Seen};
+/// `X-Request-Id`: echoed on direct responses that carry none ([`UpstreamFields`]).
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Start and end offsets of a name or value in the head.
 pub type Span = (u32, u32);
@@ -47,7 +41,7 @@ pub const RAW_MAX: usize = 128;
 pub struct RawFields {
     head: Bytes,
     fields: Vec<Field>,
-    /// Bit `i` set: field `i` is not forwarded ([`ClientHeaders::prepare`]).
+    /// Bit `i` set: field `i` is not forwarded ([`RawFields::skip`]).
     skip: u128,
     /// Bit `k as u32` set when a field named `k` ([`Known`]) is present.
     present: u32,
@@ -110,6 +104,12 @@ impl RawFields {
         self.fields.is_empty()
     }
 
+    /// Leaves out of the forwarded fields every field whose bit is set in `mask` (bit `i` is
+    /// field `i`, in wire order), besides those already left out.
+    pub fn skip(&mut self, mask: u128) {
+        self.skip |= mask;
+    }
+
     fn at(&self, (s, e): Span) -> &[u8] {
         &self.head[s as usize..e as usize]
     }
@@ -122,14 +122,14 @@ impl RawFields {
     }
 
     /// Every field with what its name is.
-    fn known(&self) -> impl Iterator<Item = (Known, &[u8], &[u8])> {
+    pub fn known(&self) -> impl Iterator<Item = (Known, &[u8], &[u8])> {
         self.fields
             .iter()
             .map(|f| (f.known, self.at(f.name), self.at(f.value)))
     }
 
     /// The fields that are forwarded, with what their names are (all of them until
-    /// [`ClientHeaders::prepare`] or [`UpstreamFields::new`] marks some).
+    /// [`RawFields::skip`] or [`UpstreamFields::new`] marks some).
     fn kept_known(&self) -> impl Iterator<Item = (Known, &[u8], &[u8])> {
         let skip = self.skip;
         self.known()
@@ -158,8 +158,8 @@ impl RawFields {
     /// Bit `i` set for each hop-by-hop field (RFC 9110 §7.6.1): the hop-by-hop names and every
     /// field a `Connection` field names (gathered first: it may come after them). With
     /// `upgrade`, `Upgrade` stays. A first `TE` that is `trailers` stays (gRPC over h2c needs it),
-    /// as `super::headers::strip_hop_by_hop` keeps it.
-    fn hop_by_hop(&self, upgrade: bool) -> u128 {
+    /// as the activator's `headers::strip_hop_by_hop` keeps it.
+    pub fn hop_by_hop(&self, upgrade: bool) -> u128 {
         const HOP: u32 = Known::Connection.bit()
             | Known::KeepAlive.bit()
             | Known::ProxyConnection.bit()
@@ -347,22 +347,14 @@ pub enum HeadersRef<'a> {
 }
 
 impl<'a> HeadersRef<'a> {
-    /// The headers the activator reads, in one pass (`Seen::scan` for either form).
-    pub fn scan(self) -> Seen<'a> {
-        match self {
-            HeadersRef::Map(map) => Seen::scan(map),
-            HeadersRef::Raw(raw) => scan_raw(raw),
-        }
-    }
-
-    /// [`super::headers::check_limits`] for either form.
+    /// [`check_limits`] for either form.
     pub fn check_limits(
         self,
         max_count: u32,
         max_bytes: u32,
     ) -> Result<(), (&'static str, usize, usize)> {
         let raw = match self {
-            HeadersRef::Map(map) => return hdr::check_limits(map, max_count, max_bytes),
+            HeadersRef::Map(map) => return check_limits(map, max_count, max_bytes),
             HeadersRef::Raw(raw) => raw,
         };
         let count = raw.len();
@@ -376,10 +368,10 @@ impl<'a> HeadersRef<'a> {
         Ok(())
     }
 
-    /// [`super::headers::is_upgrade`] for either form.
+    /// [`is_upgrade`] for either form.
     pub fn is_upgrade(self) -> bool {
         let raw = match self {
-            HeadersRef::Map(map) => return hdr::is_upgrade(map),
+            HeadersRef::Map(map) => return is_upgrade(map),
             HeadersRef::Raw(raw) => raw,
         };
         let mut upgrade = false;
@@ -397,51 +389,12 @@ impl<'a> HeadersRef<'a> {
     }
 }
 
-fn scan_raw(raw: &RawFields) -> Seen<'_> {
-    let mut s = Seen::default();
-    for (known, _, value) in raw.known() {
-        let slot = match known {
-            Known::Host => &mut s.host,
-            Known::UserAgent => &mut s.user_agent,
-            Known::ServingNamespace => &mut s.namespace,
-            Known::ServingRevision => &mut s.revision,
-            Known::RequestId => &mut s.request_id,
-            Known::NetworkProbe => &mut s.network_probe,
-            Known::NetworkHash => &mut s.network_hash,
-            Known::KubeletProbe => {
-                s.kubelet_probe = true;
-                continue;
-            }
-            _ => continue,
-        };
-        slot.get_or_insert(FieldRef::Raw(raw, value));
-    }
-    s
-}
-
 impl ClientHeaders {
     /// Borrowed.
     pub fn view(&self) -> HeadersRef<'_> {
         match self {
             ClientHeaders::Map(map) => HeadersRef::Map(map),
             ClientHeaders::Raw(raw) => HeadersRef::Raw(raw),
-        }
-    }
-
-    /// Rewrites the headers for forwarding and returns what the activator adds, exactly as
-    /// [`super::headers::upstream_additions`] does for a map (see its doc).
-    pub fn prepare(
-        &mut self,
-        next_hop: NextHop,
-        original_host: Option<HeaderValue>,
-        client: Option<IpAddr>,
-        upgrade: bool,
-    ) -> Additions {
-        match self {
-            ClientHeaders::Map(map) => {
-                hdr::upstream_additions(map, next_hop, original_host, client, upgrade)
-            }
-            ClientHeaders::Raw(raw) => prepare_raw(raw, next_hop, original_host, client, upgrade),
         }
     }
 
@@ -484,7 +437,7 @@ impl ClientHeaders {
 /// A direct upstream response's header fields, kept as slices of its head rather than a map
 /// (see the module doc; the same reasons hold for responses), plus the request id the
 /// activator echoes when the upstream sent none.
-/// - Hop-by-hop fields are marked when it is made, as `super::headers::strip_hop_by_hop` would
+/// - Hop-by-hop fields are marked when it is made, as the activator's `strip_hop_by_hop` would
 ///   remove them from a map.
 /// - The fast lane writes the rest as they are ([`UpstreamFields::for_each`]).
 /// - For hyper's server they are merged into the response's map ([`UpstreamFields::merge_into`]).
@@ -553,10 +506,109 @@ impl UpstreamFields {
             }
         }
         if let Some(id) = self.request_id {
-            map.append(hdr::X_REQUEST_ID, id);
+            map.append(X_REQUEST_ID, id);
         }
         map.extend(ours);
     }
+}
+
+pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Bit `i` set when `names[i]` is present: one pass over the map's keys instead of a hashed
+/// lookup per name (most requests carry none of the names looked for).
+pub fn present(headers: &HeaderMap, names: &[HeaderName]) -> u32 {
+    debug_assert!(names.len() <= 32);
+    let mut found = 0;
+    for key in headers.keys() {
+        if let Some(i) = names.iter().position(|n| n == key) {
+            found |= 1 << i;
+        }
+    }
+    found
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names. With
+/// `keep_upgrade` the `Upgrade` header stays and `Connection: upgrade` is re-added (a websocket
+/// passes through). `TE: trailers` is kept: gRPC over h2c needs it.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let found = present(headers, &HOP_BY_HOP);
+    if found != 0 {
+        strip_present(headers, keep_upgrade, found);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// The slow path of [`strip_hop_by_hop`]: `found` marks the [`HOP_BY_HOP`] names present.
+fn strip_present(headers: &mut HeaderMap, keep_upgrade: bool, found: u32) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(keep_upgrade && name == header::UPGRADE) {
+            headers.remove(&name);
+        }
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if found & (1 << i) != 0 && !(keep_upgrade && *name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Whether the request asks for a protocol upgrade (`Upgrade` and `Connection: upgrade`).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Checks the header count and total size (names + values) against the limits; on failure,
+/// which limit, the actual value and the limit.
+pub fn check_limits(
+    headers: &HeaderMap,
+    max_count: u32,
+    max_bytes: u32,
+) -> Result<(), (&'static str, usize, usize)> {
+    let count = headers.len();
+    if count > max_count as usize {
+        return Err(("header count", count, max_count as usize));
+    }
+    let bytes: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    if bytes > max_bytes as usize {
+        return Err(("header bytes", bytes, max_bytes as usize));
+    }
+    Ok(())
 }
 
 /// One header field line: `name: value` and CRLF. Inlined: the separators then become plain
@@ -570,68 +622,12 @@ pub fn put_raw(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn prepare_raw(
-    raw: &mut RawFields,
-    next_hop: NextHop,
-    original_host: Option<HeaderValue>,
-    client: Option<IpAddr>,
-    upgrade: bool,
-) -> Additions {
-    let mut skip = raw.hop_by_hop(upgrade);
-    for (i, (known, _, _)) in raw.known().enumerate() {
-        if matches!(
-            known,
-            Known::ServingNamespace
-                | Known::ServingRevision
-                | Known::NetworkHash
-                | Known::Host
-                | Known::ProxyRequest
-                | Known::OriginalHost
-        ) {
-            skip |= 1u128 << i;
-        }
-    }
-    // What is left of X-Forwarded-For / -Proto after the hop-by-hop removal.
-    let mut prev_for: Vec<&[u8]> = Vec::new();
-    let mut has_proto = false;
-    for (i, (known, _, value)) in raw.known().enumerate() {
-        if skip & (1u128 << i) != 0 {
-            continue;
-        }
-        match known {
-            Known::ForwardedFor if client.is_some() => {
-                prev_for.push(value);
-                skip |= 1u128 << i;
-            }
-            Known::ForwardedProto => has_proto = true,
-            _ => {}
-        }
-    }
-    let mut add = Vec::with_capacity(5);
-    if upgrade {
-        // The map form re-adds it in `strip_hop_by_hop`; the raw form cannot add a field.
-        add.push((header::CONNECTION, HeaderValue::from_static("upgrade")));
-    }
-    if next_hop == NextHop::Sidecar {
-        add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
-        if let Some(host) = original_host {
-            add.push((K_ORIGINAL_HOST, host));
-        }
-    }
-    if let Some(ip) = client {
-        let prev = prev_for.iter().filter_map(|v| std::str::from_utf8(v).ok());
-        if let Some(v) = hdr::forwarded_for(prev, ip) {
-            add.push((X_FORWARDED_FOR, v));
-        }
-    }
-    if !has_proto {
-        add.push((X_FORWARDED_PROTO, HeaderValue::from_static("http")));
-    }
-    drop(prev_for);
-    raw.skip = skip;
-    add
+/// One header field line: `name: value` and CRLF (inlined, see [`put_raw`]).
+#[inline(always)]
+pub fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    put_raw(out, name.as_str().as_bytes(), value.as_bytes());
 }
 
 #[cfg(test)]
 #[path = "fields_tests.rs"]
-mod fields_tests;
+mod tests;

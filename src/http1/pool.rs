@@ -40,9 +40,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
+use super::Protocol;
 use super::direct::{DirectBody, DirectConn, Home};
 use super::fields::{BoxedFields, UpstreamFields};
-use crate::revision::Protocol;
 
 /// Idle pooled HTTP/1.1 connections kept per endpoint (Knative: 100).
 pub const MAX_IDLE_PER_HOST: usize = 100;

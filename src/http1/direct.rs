@@ -279,11 +279,11 @@ pub fn encode_head(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     if let Some(host) = host {
-        super::lane::put_field(&mut out, &http::header::HOST, host);
+        super::fields::put_field(&mut out, &http::header::HOST, host);
     }
     headers.write_fields(&mut out);
     for (name, value) in extra {
-        super::lane::put_field(&mut out, name, value);
+        super::fields::put_field(&mut out, name, value);
     }
     out.extend_from_slice(b"\r\n");
     out
