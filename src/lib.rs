@@ -11,6 +11,7 @@ pub mod autoscaler;
 pub mod clock;
 pub mod config;
 pub mod http1;
+pub mod limiter;
 pub mod local;
 pub mod percore;
 pub mod platform;

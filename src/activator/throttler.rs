@@ -1,4 +1,5 @@
-//! Per-revision capacity and the bounded, FIFO wait queue.
+//! Per-revision capacity and the bounded, FIFO wait queue (the limiter's [`WaitQueue`]: the
+//! queue sidecar's `crate::limiter::Limiter` is the same queue over a plain count).
 //!
 //! Capacity is containerConcurrency × ready endpoints (unbounded per endpoint at cc 0). A request
 //! takes a slot on one endpoint (the [`Balancer`] picks and reserves it) and holds it in an
@@ -21,14 +22,13 @@
 //! then one per finished request — until the revision holds nothing, when the limit is lifted.
 //! At cc > 0 the per-endpoint limit (cc) already paces a waking pod.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
 
 use super::balancer::{Balancer, Policy};
@@ -36,8 +36,9 @@ use super::endpoint::{Endpoint, UNLIMITED};
 use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
 
+use crate::limiter::{WaitEnd, WaitQueue, Waiting};
 pub use limits::{HeldBudget, HoldLimits, Rejection};
-use queue::{Queue, Waiting};
+use queue::{Outcome, Queue};
 
 /// A slot on one endpoint. Dropping it gives the slot back and hands it to the next waiter.
 #[derive(Debug)]
@@ -146,8 +147,7 @@ impl Throttler {
                 }),
                 failing: ArcSwapOption::empty(),
                 queue: Mutex::new(Queue {
-                    waiters: VecDeque::new(),
-                    live: 0,
+                    waiters: WaitQueue::default(),
                     removed: false,
                 }),
                 update_lock: Mutex::new(()),
@@ -209,29 +209,24 @@ impl Throttler {
             });
         }
         let started = Instant::now();
-        let mut waiting = self.enqueue(limits)?;
-        let outcome = match tokio::time::timeout_at(deadline, &mut waiting.rx).await {
-            Ok(Ok(outcome)) => outcome,
+        let waiting = self.enqueue(limits)?;
+        // A slot dispatched in the same instant the deadline fired is still taken.
+        let outcome = match waiting.wait(deadline).await {
+            Ok(outcome) => outcome,
             // The sender is only dropped by `remove`'s drain, which sends first.
-            Ok(Err(_)) => Err(Rejection::Removed),
-            Err(_) => match waiting.cancel() {
-                // Dispatched in the same instant the deadline fired: take the slot.
-                Some(outcome) => outcome,
-                None => Err(Rejection::HoldTimeout {
-                    waited: started.elapsed(),
-                }),
-            },
+            Err(WaitEnd::Closed) => Err(Rejection::Removed),
+            Err(WaitEnd::Deadline) => Err(Rejection::HoldTimeout {
+                waited: started.elapsed(),
+            }),
         };
-        waiting.done = true;
         outcome.map(|in_flight| Admission {
             in_flight,
             held_for: Some(started.elapsed()),
         })
     }
 
-    fn enqueue(&self, limits: HoldLimits) -> Result<Waiting, Rejection> {
+    fn enqueue(&self, limits: HoldLimits) -> Result<Waiting<Outcome, Shared>, Rejection> {
         let s = &self.shared;
-        let (tx, rx) = oneshot::channel();
         let mut q = s.lock();
         if q.removed {
             return Err(Rejection::Removed);
@@ -239,7 +234,7 @@ impl Throttler {
         if let Some(reason) = s.failing_reason() {
             return Err(Rejection::Failing(reason));
         }
-        if q.live >= limits.queue_depth as usize {
+        if q.waiters.live() >= limits.queue_depth as usize {
             return Err(Rejection::QueueFull {
                 depth: limits.queue_depth,
             });
@@ -249,21 +244,13 @@ impl Throttler {
                 cap: limits.max_held,
             });
         }
-        q.live += 1;
+        let rx = q.waiters.push();
         s.queued.fetch_add(1, SeqCst);
         s.held_gauge.inc();
-        if q.waiters.len() > 2 * q.live + 64 {
-            q.waiters.retain(|w| !w.is_closed());
-        }
-        q.waiters.push_back(tx);
         let leftover = s.shared().dispatch_locked(&mut q);
         drop(q);
         drop(leftover);
-        Ok(Waiting {
-            shared: s.shared().clone(),
-            rx,
-            done: false,
-        })
+        Ok(Waiting::new(s.shared().clone(), rx))
     }
 
     /// Applies an endpoint snapshot: new endpoints get limits for `container_concurrency`
@@ -363,12 +350,9 @@ impl Throttler {
     fn reject_all(&self, why: Rejection) {
         let s = &self.shared;
         let mut q = s.lock();
-        while let Some(w) = q.waiters.pop_front() {
-            if w.is_closed() {
-                continue;
-            }
-            s.left_queue(&mut q);
-            let _ = w.send(Err(why.clone()));
+        let answered = q.waiters.answer_all(|| Err(why.clone()));
+        for _ in 0..answered {
+            s.left_queue();
         }
     }
 
