@@ -6,6 +6,10 @@
 //! - [`lifecycle`]: bounds and Knative's scale-to-zero rules per revision;
 //! - [`scaler`]: the loop that ties them to the catalog and the [`crate::platform::Platform`];
 //! - [`simulate`]: `thaw simulate`, a trace replayed through the real scaler on a virtual clock.
+//!
+//! Room: the KPA and its loop. May use: `stats` (what reporters send), `revision`, `platform`
+//! (to scale), `config`, `telemetry`, `clock`. Never the activator: the two meet only through
+//! `stats` and the `ScaleState` feed this module publishes.
 
 pub mod collector;
 pub mod decider;

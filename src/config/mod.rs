@@ -12,6 +12,10 @@
 //!
 //! Every parse reports *all* problems as [`Problem`]s naming the key, the value and the reason.
 //! Only a fully valid config is ever stored for serving (see [`reload`]).
+//!
+//! Room: parsing, validation and live reload of settings. May use: `telemetry` (reload
+//! counters), `revision`'s types, and `local`'s model (`config check` reads local.yaml); no
+//! role.
 
 pub mod activator;
 pub mod annotations;

@@ -4,6 +4,10 @@
 //! channel. The activator and the scaler both subscribe. An endpoint leaves `ready` (moving to
 //! `terminating`) before its replica is signalled; the replica is stopped once the activator
 //! reports it has nothing in flight ([`EndpointSource::drained`]) or after a bounded grace.
+//!
+//! Room: the [`Platform`] seam and where replicas run (`local`: child processes; `memory`: a
+//! test double). May use: `revision`, `config`, `telemetry`, `clock`; never the activator or
+//! the autoscaler, which both use it.
 
 pub mod local;
 

@@ -4,6 +4,9 @@
 //! Families are registered once, at start-up, in [`Telemetry::new`]. Per-revision children are
 //! resolved once per revision and kept in that revision's state; the request path increments
 //! handles, it never looks labels up.
+//!
+//! Room: the tracing subscriber and every metric family. May use: `percore` (spread cells),
+//! `revision` (label values), `config`; no role imports telemetry's users.
 
 pub mod activator;
 pub mod autoscaler;
