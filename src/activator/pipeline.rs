@@ -51,113 +51,6 @@ use crate::percore::LocalArc;
 use crate::revision::{Protocol, RevisionSpec};
 use crate::stats::Stat;
 
-/// Handles one data-port request end to end. Never fails: every error becomes a response (the
-/// `Result` is the shape hyper's service wants; returning it from here, rather than wrapping
-/// this future in another, keeps one copy of the request's state per held request).
-///
-/// `early` is the outcome of holding this request before hyper read it (`super::early`): the
-/// hold is then not repeated, and the request's clock starts when the hold did.
-pub async fn handle(
-    act: Arc<Activator>,
-    peer: SocketAddr,
-    conn: ConnActive,
-    req: Request<Incoming>,
-    early: Option<EarlyHold>,
-) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
-    let mut resp = respond(&act, peer, conn, req, early).await;
-    // hyper's server writes the head from the map alone.
-    if let Some(fields) = resp.body_mut().take_upstream_fields() {
-        fields.merge_into(resp.headers_mut());
-    }
-    Ok(resp)
-}
-
-/// [`handle`] for any [`ClientRequest`], borrowing the activator (the fast lane calls this once per
-/// request without touching the shared `Arc`'s count).
-///
-/// A plain function returning the future (here and in `proxy_request`): an `async fn` keeps a
-/// second copy of each argument in its state, and this state is moved for every request.
-#[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
-pub fn respond<'a, B: ClientRequest + Send + 'a>(
-    act: &'a Arc<Activator>,
-    peer: SocketAddr,
-    conn: ConnActive,
-    req: Request<B>,
-    early: Option<EarlyHold>,
-) -> impl Future<Output = Response<ActivatorBody>> + Send + 'a {
-    async move {
-        let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
-        // The few live-config values a request needs, copied out: no `Arc` clone of the config
-        // (its refcount would bounce between the workers' cores on every request).
-        let cfg = RequestConfig::from(&**act.deps.config.load());
-        // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
-        let (method, uri) = (req.method().clone(), req.uri().clone());
-        let path = uri.path();
-        // Probes, limits and routing read the headers found in one pass (in a block: a held
-        // request's future does not keep that pass's findings).
-        let routed = {
-            let fields = B::fields(&req);
-            let seen = fields.scan();
-            if let Some(p) = routing::probe(&seen) {
-                return answer_probe(p, act.is_draining());
-            }
-            if let Err((what, actual, limit)) =
-                fields.check_limits(cfg.max_header_count, cfg.max_header_bytes)
-            {
-                act.unrouted.answered(431);
-                let err = ActivatorError::HeadersTooLarge {
-                    what,
-                    actual,
-                    limit,
-                };
-                return err.into_response(cfg.retry_after);
-            }
-            // An early hold routed this request already: it stays with the revision it was held
-            // for, as a request held here would, even if the catalog changed meanwhile.
-            match &early {
-                Some(e) => Ok(e.state.clone()),
-                None => routing::target(&seen, req.uri())
-                    .map_err(ActivatorError::NotFound)
-                    .and_then(|t| act.resolve(t)),
-            }
-        };
-        let state = match routed {
-            Ok(state) => state,
-            Err(e) => {
-                act.unrouted.answered(e.status().as_u16());
-                tracing::debug!(%method, %path, error = %e, "not routed");
-                return e.into_response(cfg.retry_after);
-            }
-        };
-        let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-        let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
-            .instrument(span)
-            .await;
-        let resp = result.unwrap_or_else(|e| {
-            if matches!(
-                e,
-                ActivatorError::UpstreamConnect { .. }
-                    | ActivatorError::Upstream { .. }
-                    | ActivatorError::ResponseStartTimeout { .. }
-            ) {
-                state.metrics.upstream_errors.inc();
-            }
-            tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
-            e.into_response(cfg.retry_after)
-        });
-        state.metrics.answered(resp.status().as_u16());
-        tracing::debug!(
-            revision = %state.key,
-            %method,
-            %path,
-            status = resp.status().as_u16(),
-            ms = started.elapsed().as_millis() as u64,
-            "access"
-        );
-        resp
-    }
-}
-
 /// The activator is the HTTP/1 engine's handler: the engine serves connections, the pipeline
 /// answers each request (see the module doc for the order of its steps).
 impl Handler for Activator {
@@ -171,25 +64,111 @@ impl Handler for Activator {
         super::early::first_request(self, stream)
     }
 
+    /// `handle` for any [`ClientRequest`], borrowing the activator (the fast lane calls this once per
+    /// request without touching the shared `Arc`'s count).
+    ///
+    /// A plain function returning the future (here and in `proxy_request`): an `async fn` keeps a
+    /// second copy of each argument in its state, and this state is moved for every request.
+    #[allow(clippy::manual_async_fn)] // see the doc: no second copy of the arguments
     fn respond<'a, B: ClientRequest + Send + 'static>(
-        this: &'a Arc<Self>,
+        act: &'a Arc<Self>,
         peer: SocketAddr,
         conn: ConnActive,
         req: Request<B>,
         early: Option<EarlyHold>,
     ) -> impl Future<Output = Response<ActivatorBody>> + Send + 'a {
-        respond(this, peer, conn, req, early)
+        async move {
+            let started = early.as_ref().map_or_else(Instant::now, |e| e.started);
+            // The few live-config values a request needs, copied out: no `Arc` clone of the config
+            // (its refcount would bounce between the workers' cores on every request).
+            let cfg = RequestConfig::from(&**act.deps.config.load());
+            // For logs: the method and the URI (a refcount on the request's own buffer, no copy).
+            let (method, uri) = (req.method().clone(), req.uri().clone());
+            let path = uri.path();
+            // Probes, limits and routing read the headers found in one pass (in a block: a held
+            // request's future does not keep that pass's findings).
+            let routed = {
+                let fields = B::fields(&req);
+                let seen = fields.scan();
+                if let Some(p) = routing::probe(&seen) {
+                    return answer_probe(p, act.is_draining());
+                }
+                if let Err((what, actual, limit)) =
+                    fields.check_limits(cfg.max_header_count, cfg.max_header_bytes)
+                {
+                    act.unrouted.answered(431);
+                    let err = ActivatorError::HeadersTooLarge {
+                        what,
+                        actual,
+                        limit,
+                    };
+                    return err.into_response(cfg.retry_after);
+                }
+                // An early hold routed this request already: it stays with the revision it was held
+                // for, as a request held here would, even if the catalog changed meanwhile.
+                match &early {
+                    Some(e) => Ok(e.state.clone()),
+                    None => routing::target(&seen, req.uri())
+                        .map_err(ActivatorError::NotFound)
+                        .and_then(|t| act.resolve(t)),
+                }
+            };
+            let state = match routed {
+                Ok(state) => state,
+                Err(e) => {
+                    act.unrouted.answered(e.status().as_u16());
+                    tracing::debug!(%method, %path, error = %e, "not routed");
+                    return e.into_response(cfg.retry_after);
+                }
+            };
+            let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
+            let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
+                .instrument(span)
+                .await;
+            let resp = result.unwrap_or_else(|e| {
+                if matches!(
+                    e,
+                    ActivatorError::UpstreamConnect { .. }
+                        | ActivatorError::Upstream { .. }
+                        | ActivatorError::ResponseStartTimeout { .. }
+                ) {
+                    state.metrics.upstream_errors.inc();
+                }
+                tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
+                e.into_response(cfg.retry_after)
+            });
+            state.metrics.answered(resp.status().as_u16());
+            tracing::debug!(
+                revision = %state.key,
+                %method,
+                %path,
+                status = resp.status().as_u16(),
+                ms = started.elapsed().as_millis() as u64,
+                "access"
+            );
+            resp
+        }
     }
 
-    fn handle(
-        this: Arc<Self>,
+    /// Handles one data-port request end to end. Never fails: every error becomes a response (the
+    /// `Result` is the shape hyper's service wants; returning it from here, rather than wrapping
+    /// this future in another, keeps one copy of the request's state per held request).
+    ///
+    /// `early` is the outcome of holding this request before hyper read it (`super::early`): the
+    /// hold is then not repeated, and the request's clock starts when the hold did.
+    async fn handle(
+        act: Arc<Self>,
         peer: SocketAddr,
         conn: ConnActive,
         req: Request<Incoming>,
         early: Option<EarlyHold>,
-    ) -> impl Future<Output = Result<Response<ActivatorBody>, std::convert::Infallible>> + Send + 'static
-    {
-        handle(this, peer, conn, req, early)
+    ) -> Result<Response<ActivatorBody>, std::convert::Infallible> {
+        let mut resp = Self::respond(&act, peer, conn, req, early).await;
+        // hyper's server writes the head from the map alone.
+        if let Some(fields) = resp.body_mut().take_upstream_fields() {
+            fields.merge_into(resp.headers_mut());
+        }
+        Ok(resp)
     }
 }
 
@@ -538,7 +517,14 @@ mod size_tests {
                 return;
             };
             let conn = std::sync::Arc::new(crate::http1::activity::ConnActivity::default()).begin();
-            let _ = super::handle(act, "127.0.0.1:1".parse().unwrap(), conn, req, None).await;
+            let _ = <crate::activator::Activator as crate::http1::Handler>::handle(
+                act,
+                "127.0.0.1:1".parse().unwrap(),
+                conn,
+                req,
+                None,
+            )
+            .await;
         };
         assert!(
             size(&f) <= 3 * 1024,
