@@ -239,5 +239,6 @@ pub(crate) fn conn_limits(cfg: &ActivatorConfig) -> http1::Limits {
         max_header_bytes: cfg.max_header_bytes,
         max_header_count: cfg.max_header_count,
         h2_max_concurrent_streams: cfg.h2_max_concurrent_streams,
+        lane: cfg.fast_lane,
     }
 }

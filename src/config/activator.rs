@@ -41,6 +41,10 @@ pub struct ActivatorConfig {
     pub initial_burst: u32,
     /// `retry-after`: the `Retry-After` value sent with 503s.
     pub retry_after: Duration,
+    /// `fast-lane`: whether thaw's own HTTP/1 loop serves bodiless requests (`false`: hyper's
+    /// server reads every request; slower, same answers). A switch for operators and for the
+    /// differential tests that compare the two.
+    pub fast_lane: bool,
 }
 
 impl Default for ActivatorConfig {
@@ -60,6 +64,7 @@ impl Default for ActivatorConfig {
             connect_timeout: Duration::from_secs(1),
             initial_burst: 100,
             retry_after: Duration::from_secs(1),
+            fast_lane: true,
         }
     }
 }
@@ -79,7 +84,7 @@ use std::collections::BTreeMap;
 
 use super::autoscaler::duration_in;
 use super::keys::{self, ConfigMap, Key};
-use super::parse::{Problem, Problems, parse_i64};
+use super::parse::{Problem, Problems, parse_bool, parse_i64};
 
 /// Name of the ConfigMap.
 pub const NAME: &str = "config-activator";
@@ -241,6 +246,17 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             Ok(())
         },
         show: |c| keys::show_duration(c.retry_after),
+    },
+    Key {
+        name: "fast-lane",
+        unit: "true or false",
+        help: "Whether thaw's own HTTP/1 loop serves bodiless requests; false hands every \
+               request to hyper's server (slower, same answers).",
+        parse: |c, s| {
+            c.fast_lane = parse_bool(s)?;
+            Ok(())
+        },
+        show: |c| keys::show_bool(c.fast_lane),
     },
 ];
 

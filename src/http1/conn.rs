@@ -72,28 +72,37 @@ pub async fn serve<H: Handler>(
             FirstRequest::Held(hold) => (Some(hold), Instant::now()),
             FirstRequest::ClientGone => return,
         };
-        // The fast lane serves the connection until a request needs hyper (boxed: a
-        // connection waiting in an early hold carries none of its state).
-        let lane = lane::Lane {
-            handler: &handler,
-            peer,
-            activity: &activity,
-            limits: &limits,
-            drain: &drain,
-            first_head_from,
-        };
-        match Box::pin(lane::serve(lane, &mut stream, early)).await {
-            LaneEnd::Closed => return,
-            LaneEnd::Handoff {
-                prefix: rest,
-                early,
-            } => {
-                tracing::debug!("request handed to hyper");
-                if let Some(hold) = early {
-                    *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
-                }
+        if !limits.lane {
+            // hyper reads every request; a held first request's head has its whole header-read
+            // timeout from the end of the hold.
+            if let Some(hold) = early {
+                *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
                 clock.head_started_now();
-                prefix = rest;
+            }
+        } else {
+            // The fast lane serves the connection until a request needs hyper (boxed: a
+            // connection waiting in an early hold carries none of its state).
+            let lane = lane::Lane {
+                handler: &handler,
+                peer,
+                activity: &activity,
+                limits: &limits,
+                drain: &drain,
+                first_head_from,
+            };
+            match Box::pin(lane::serve(lane, &mut stream, early)).await {
+                LaneEnd::Closed => return,
+                LaneEnd::Handoff {
+                    prefix: rest,
+                    early,
+                } => {
+                    tracing::debug!("request handed to hyper");
+                    if let Some(hold) = early {
+                        *early_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(hold);
+                    }
+                    clock.head_started_now();
+                    prefix = rest;
+                }
             }
         }
     }

@@ -80,6 +80,8 @@ pub struct Limits {
     pub max_header_count: u32,
     /// Concurrent streams per h2c connection.
     pub h2_max_concurrent_streams: u32,
+    /// Whether the lane serves what it can (`false`: hyper's server reads every request).
+    pub lane: bool,
 }
 
 impl Limits {

@@ -240,6 +240,14 @@ fn defaults_rows() -> Vec<Row> {
 fn activator_rows() -> Vec<Row> {
     vec![
         (
+            "fast-lane",
+            json!(true),
+            "false",
+            json!(false),
+            "maybe",
+            "not a boolean",
+        ),
+        (
             "queue-depth",
             json!(10000),
             "500",
