@@ -106,6 +106,9 @@ pub async fn serve<H: Handler>(
             }
         }
     }
+    if let Ok(Speaks::H2c) = speaks {
+        clock.speaks_h2();
+    }
     let io = TokioIo::new(HeadIo::new(prefix, stream, clock.clone(), activity.clone()));
     let watch = ConnWatch {
         drain,
@@ -268,10 +271,31 @@ impl ConnWatch {
                     conn.as_mut().finish();
                     closing = true;
                 }
+                // Closing (GOAWAY sent, or `Connection: close` due) but nothing in progress for a
+                // whole grace period: a peer that keeps the socket open without finishing a
+                // request (an h2 header block never ended) is cut, so every connection ends.
+                _ = idle(&self.activity, closing_grace(&self.cfg)), if closing => {
+                    tracing::debug!("closing connection idle past its grace: cut");
+                    return;
+                }
             }
         }
     }
 }
+
+/// How long a closing connection may stay open with nothing in progress: the header-read
+/// timeout, else the keep-alive timeout, else 10 s (never unbounded).
+fn closing_grace(cfg: &Limits) -> Duration {
+    [cfg.header_read_timeout, cfg.keep_alive_timeout]
+        .into_iter()
+        .find(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(10))
+}
+
+/// h2 keep-alive PINGs: every this often (at most), and a peer that does not answer one within
+/// as long is closed (hyper's `keep_alive_interval` / `keep_alive_timeout`). Bounded by the
+/// keep-alive timeout, so a short keep-alive setting pings sooner.
+const H2_PING_EVERY: Duration = Duration::from_secs(15);
 
 /// hyper's HTTP/1 header slots when no cap is set (`DEFAULT_MAX_HEADERS`).
 const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
@@ -301,7 +325,13 @@ fn http1_builder(cfg: &Limits) -> hyper::server::conn::http1::Builder {
 /// hyper's h2c server settings for a connection under `cfg`.
 fn http2_builder(cfg: &Limits) -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    let ping = match cfg.keep_alive_timeout {
+        d if d.is_zero() => H2_PING_EVERY,
+        d => d.min(H2_PING_EVERY),
+    };
     b.timer(TokioTimer::new())
+        .keep_alive_interval(ping)
+        .keep_alive_timeout(ping)
         .max_concurrent_streams(cfg.h2_max_concurrent_streams)
         .max_header_list_size(u32::try_from(cfg.header_cap()).unwrap_or(u32::MAX));
     b

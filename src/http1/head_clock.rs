@@ -11,7 +11,13 @@
 //!   progress, and stops when hyper hands over the parsed head; such a head is cut between one
 //!   and two timeouts after its first byte (see [`HeadClock::expired`]);
 //! - idle time between requests is governed by the keep-alive timeout alone;
-//! - an HTTP/2 connection (prior-knowledge preface) has no head clock, as with hyper.
+//! - an HTTP/2 connection (prior-knowledge preface, as the listener sniffed it) must complete
+//!   its first request's headers within the timeout from accept; after that it has no head
+//!   clock (its streams are bounded by the keep-alive PINGs and the idle close instead).
+//!
+//! The protocol is the listener's verdict ([`HeadClock::speaks_h2`]), never taken from later
+//! bytes: a request body that happens to start with the HTTP/2 preface must not switch the
+//! clock off.
 
 use std::io;
 use std::pin::Pin;
@@ -24,9 +30,6 @@ use tokio::time::{Duration, Instant};
 
 use super::activity::ConnActivity;
 
-/// The HTTP/2 connection preface's first bytes.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
-
 /// One connection's head clock.
 #[derive(Debug)]
 pub struct HeadClock {
@@ -34,10 +37,9 @@ pub struct HeadClock {
     /// Milliseconds since `base` + 1 when the current head started arriving; 0 = no head
     /// pending.
     since: AtomicU64,
-    /// Set once the connection turned out to be HTTP/2.
+    /// Set when the listener found the connection speaks HTTP/2: once its first request's
+    /// headers are complete, no later bytes start a head.
     h2: AtomicBool,
-    /// Whether any byte was read yet (the preface check looks at the first read only).
-    seen: AtomicBool,
 }
 
 impl HeadClock {
@@ -47,7 +49,6 @@ impl HeadClock {
             base: Instant::now(),
             since: AtomicU64::new(1),
             h2: AtomicBool::new(false),
-            seen: AtomicBool::new(false),
         })
     }
 
@@ -61,12 +62,13 @@ impl HeadClock {
         self.since.store(0, SeqCst);
     }
 
-    fn bytes_arrived(&self, first: &[u8], request_in_progress: bool) {
-        if !self.seen.swap(true, SeqCst) && first.starts_with(H2_PREFACE) {
-            self.h2.store(true, SeqCst);
-            self.since.store(0, SeqCst);
-            return;
-        }
+    /// The listener found the connection speaks HTTP/2 (prior knowledge). Its first request's
+    /// headers are still due within the timeout from accept.
+    pub fn speaks_h2(&self) {
+        self.h2.store(true, SeqCst);
+    }
+
+    fn bytes_arrived(&self, request_in_progress: bool) {
         if request_in_progress || self.h2.load(SeqCst) || self.since.load(SeqCst) != 0 {
             return;
         }
@@ -82,7 +84,7 @@ impl HeadClock {
     }
 
     /// Resolves when a request head has been pending for `timeout`. Never resolves for a zero
-    /// timeout or an HTTP/2 connection.
+    /// timeout, nor for an HTTP/2 connection once its first request arrived.
     ///
     /// Nothing wakes it when a head starts: while no head is pending it looks again every
     /// `timeout`, so a head is cut between one and two timeouts after its first byte. That keeps
@@ -152,8 +154,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for HeadIo<T> {
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             let in_progress = this.activity.load().0 > 0;
-            this.clock
-                .bytes_arrived(&buf.filled()[before..], in_progress);
+            this.clock.bytes_arrived(in_progress);
         }
         r
     }
@@ -208,7 +209,7 @@ mod tests {
             async move { clock.expired(t).await }
         });
         tokio::time::sleep(t / 3).await;
-        clock.bytes_arrived(b"GET / HT", false);
+        clock.bytes_arrived(false);
         let start = Instant::now();
         waiting.await.unwrap();
         let took = Instant::now() - start;
@@ -234,13 +235,25 @@ mod tests {
     async fn body_bytes_and_http2_do_not_start_the_clock() {
         let clock = HeadClock::new();
         clock.head_received();
-        clock.bytes_arrived(b"body", true);
+        clock.bytes_arrived(true);
         let t = Duration::from_secs(1);
         assert!(tokio::time::timeout(t * 3, clock.expired(t)).await.is_err());
 
         let h2 = HeadClock::new();
-        h2.bytes_arrived(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false);
-        h2.bytes_arrived(b"ping frame", false);
+        h2.speaks_h2();
+        h2.head_received();
+        h2.bytes_arrived(false);
+        h2.bytes_arrived(false);
         assert!(tokio::time::timeout(t * 3, h2.expired(t)).await.is_err());
+    }
+
+    /// An h2c connection's first request is due within the timeout from accept, as on HTTP/1.
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_without_a_first_request_times_out() {
+        let h2 = HeadClock::new();
+        h2.speaks_h2();
+        h2.bytes_arrived(false);
+        let t = Duration::from_secs(1);
+        assert!(tokio::time::timeout(t * 2, h2.expired(t)).await.is_ok());
     }
 }

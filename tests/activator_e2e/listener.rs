@@ -11,11 +11,11 @@ use thaw::revision::RevisionKey;
 
 use crate::harness::*;
 
-const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nKnative-Serving-Namespace: default\r\n\
+pub const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nKnative-Serving-Namespace: default\r\n\
 Knative-Serving-Revision: r\r\n\r\n";
 
 /// Reads until the connection closes (Ok(bytes)) or `limit` passes (Err).
-async fn read_to_close(tcp: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, ()> {
+pub async fn read_to_close(tcp: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, ()> {
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
     tokio::time::timeout(limit, async {
@@ -32,7 +32,7 @@ async fn read_to_close(tcp: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, 
 }
 
 /// Reads one response head (until the blank line).
-async fn read_head(tcp: &mut TcpStream) -> String {
+pub async fn read_head(tcp: &mut TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -3,6 +3,7 @@
 
 mod drain;
 mod early;
+mod hardening;
 mod harness;
 mod hold;
 mod lane;
