@@ -1,5 +1,10 @@
 //! What can go wrong with a request, as typed errors, and the one function that turns each into
-//! the answer a client sees (ARCHITECTURE.md, "What a client sees when things go wrong").
+//! the answer a client sees (docs/architecture.md, "What a client sees when things go wrong").
+//!
+//! The client is told what happened in general terms (not found, overloaded, unavailable,
+//! upstream failed, timed out) and a request id; the detail — a replica's output, an upstream's
+//! address and port, a parser's or connector's error text — goes to the log under that id, and
+//! to the admin port's `/revisions` where it is state, never into a client's body.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use super::body::ActivatorBody;
+use super::headers::{X_REQUEST_ID, new_request_id};
 use super::throttler::Rejection;
 use crate::revision::RevisionKey;
 
@@ -86,10 +92,51 @@ impl ActivatorError {
         }
     }
 
-    /// The answer: the status, a one-line reason as the body, and `Retry-After` on 503s.
+    /// What the client is told: what happened, in general terms, with nothing internal.
+    pub fn public_reason(&self) -> String {
+        match self {
+            // What the client sent (its host, its headers) and the configured limits.
+            Self::NotFound(_) | Self::HeadersTooLarge { .. } | Self::BadRequest(_) => {
+                self.to_string()
+            }
+            Self::Rejected {
+                revision,
+                rejection,
+            } => match rejection {
+                Rejection::QueueFull { .. } => {
+                    format!("revision {revision} is overloaded: its queue is full")
+                }
+                Rejection::HeldCapReached { .. } => "the activator is overloaded".to_string(),
+                Rejection::Failing(_) | Rejection::Removed => {
+                    format!("revision {revision} is unavailable")
+                }
+                Rejection::HoldTimeout { waited } => {
+                    format!("revision {revision} did not become ready within {waited:?}")
+                }
+            },
+            Self::UpstreamConnect { revision, .. } | Self::Upstream { revision, .. } => {
+                format!("revision {revision}: upstream failed")
+            }
+            Self::ResponseStartTimeout {
+                revision, waited, ..
+            } => format!("revision {revision}: upstream sent no response within {waited:?}"),
+            Self::TotalTimeout { .. } => self.to_string(),
+        }
+    }
+
+    /// The answer: the status, [`Self::public_reason`] and a fresh request id as the body (the
+    /// id also in `X-Request-Id`), and `Retry-After` on 503s. The full error is logged under
+    /// that id.
     pub fn into_response(self, retry_after: Duration) -> Response<ActivatorBody> {
         let status = self.status();
-        let mut resp = plain(status, format!("{self}\n"));
+        let id = new_request_id();
+        let id_text = id.to_str().unwrap_or_default();
+        tracing::debug!(request_id = id_text, status = status.as_u16(), error = %self, "answered by the activator");
+        let mut resp = plain(
+            status,
+            format!("{} (request id {id_text})\n", self.public_reason()),
+        );
+        resp.headers_mut().insert(X_REQUEST_ID, id);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             let secs = retry_after.as_secs().max(1);
             resp.headers_mut()
@@ -135,5 +182,45 @@ mod tests {
         assert!(timeout.headers().get(header::RETRY_AFTER).is_none());
         let nf = ActivatorError::NotFound("no route".into()).into_response(Duration::ZERO);
         assert_eq!(nf.status(), StatusCode::NOT_FOUND);
+    }
+
+    /// Finding 3: no replica output, upstream address or connector text reaches the client.
+    #[test]
+    fn client_reasons_carry_nothing_internal() {
+        let rev = RevisionKey::new("ns", "r");
+        let endpoint: SocketAddr = "10.1.2.3:8012".parse().unwrap();
+        let errors = [
+            ActivatorError::Rejected {
+                revision: rev.clone(),
+                rejection: Rejection::Failing(
+                    "replicas keep crashing: exit status 1 (last output: 'db password=hunter2')"
+                        .into(),
+                ),
+            },
+            ActivatorError::Upstream {
+                revision: rev.clone(),
+                endpoint,
+                source: "parse error: invalid header at byte 17".into(),
+            },
+            ActivatorError::ResponseStartTimeout {
+                revision: rev.clone(),
+                endpoint,
+                waited: Duration::from_secs(1),
+            },
+        ];
+        for e in errors {
+            let detail = e.to_string();
+            let reason = e.public_reason();
+            for secret in ["hunter2", "10.1.2.3", "8012", "parse error"] {
+                assert!(!reason.contains(secret), "{reason} (from {detail})");
+            }
+            let resp = e.into_response(Duration::from_secs(1));
+            let id = resp.headers()[X_REQUEST_ID].to_str().unwrap().to_string();
+            let ActivatorBody::Full(Some(body)) = resp.into_body() else {
+                panic!("a full body");
+            };
+            let body = String::from_utf8(body.to_vec()).unwrap();
+            assert!(body.contains(&id), "{body} names the request id {id}");
+        }
     }
 }

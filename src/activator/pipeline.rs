@@ -134,7 +134,6 @@ impl Handler for Activator {
                 ) {
                     state.metrics.upstream_errors.inc();
                 }
-                tracing::debug!(revision = %state.key, error = %e, "answered by the activator");
                 e.into_response(cfg.retry_after)
             });
             state.metrics.answered(resp.status().as_u16());

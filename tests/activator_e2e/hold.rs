@@ -126,7 +126,7 @@ async fn overflow_answers_503_with_retry_after() {
     let (status, headers, body) = send(&c, h.get(&rev, "/")).await;
     assert_eq!(status, 503);
     assert_eq!(headers["retry-after"], "1");
-    assert!(body.contains("queue full"), "{body}");
+    assert!(body.contains("queue is full"), "{body}");
     let metrics = h.metrics().await;
     assert!(
         metrics
@@ -151,7 +151,7 @@ async fn hold_timeout_answers_504() {
     let mut h = Harness::start(vec![s], ActivatorConfig::default()).await;
     let (status, _, body) = send(&client(), h.get(&rev, "/")).await;
     assert_eq!(status, 504);
-    assert!(body.contains("no endpoint became ready"), "{body}");
+    assert!(body.contains("did not become ready"), "{body}");
     let metrics = h.metrics().await;
     assert!(
         metrics.contains(
@@ -176,11 +176,15 @@ async fn failing_revision_answers_held_and_new_requests_503_with_reason() {
     let (status, headers, body) = held.await.unwrap();
     assert_eq!(status, 503);
     assert!(headers.contains_key("retry-after"));
-    assert!(body.contains("container exited with code 3"), "{body}");
+    // The platform's reason is state for operators, not for clients (issue 20, finding 3).
+    assert!(body.contains("is unavailable"), "{body}");
+    assert!(!body.contains("exited with code 3"), "{body}");
     let (status, _, body) = send(&c, h.get(&rev, "/")).await;
     assert_eq!(status, 503);
-    assert!(body.contains("container exited with code 3"), "{body}");
-    assert_eq!(h.revision(&rev).await["state"], "failing");
+    assert!(body.contains("is unavailable"), "{body}");
+    let view = h.revision(&rev).await;
+    assert_eq!(view["state"], "failing");
+    assert_eq!(view["reason"], "container exited with code 3");
     h.shutdown();
 }
 
@@ -195,7 +199,7 @@ async fn removed_revision_answers_held_requests_503_then_404() {
     h.catalog.store(CatalogSnapshot::default());
     let (status, _, body) = held.await.unwrap();
     assert_eq!(status, 503);
-    assert!(body.contains("removed"), "{body}");
+    assert!(body.contains("is unavailable"), "{body}");
     let (status, _, _) = send(&c, h.get(&rev, "/")).await;
     assert_eq!(status, 404);
     h.shutdown();

@@ -24,7 +24,10 @@ async fn unknown_revision_and_unknown_host_get_404_with_a_reason() {
     let c = client();
     let (status, _, body) = send(&c, h.get(&rev("nope"), "/")).await;
     assert_eq!(status, 404);
-    assert_eq!(body, "revision default/nope not found\n");
+    assert!(
+        body.starts_with("revision default/nope not found (request id "),
+        "{body}"
+    );
     let req = Request::get(format!("http://{}/", h.data))
         .header("host", "other.example.com")
         .body(Default::default())
@@ -154,7 +157,10 @@ async fn connect_refused_is_retried_on_another_endpoint() {
     h.wait_endpoints(&rev("r"), &[dead]).await;
     let (status, _, body) = send(&c, h.get(&rev("r"), "/")).await;
     assert_eq!(status, 502);
-    assert!(body.contains("could not connect"), "{body}");
+    assert!(
+        body.contains("upstream failed") && !body.contains("127.0.0.1"),
+        "{body}"
+    );
     h.shutdown();
 }
 

@@ -76,6 +76,8 @@ pub fn test_options() -> LocalOptions {
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(200),
             crash_limit: 3,
+            // These tests read the replica's output in the reason (the option on).
+            reason_quotes_output: true,
         },
         ..LocalOptions::default()
     }

@@ -14,6 +14,10 @@ pub struct RestartPolicy {
     /// Consecutive exits without any replica of the revision becoming ready after which the
     /// revision's status goes `Failing`. At least 1.
     pub crash_limit: u32,
+    /// Whether the `Failing` reason quotes the replica's last output line. Off by default: the
+    /// reason reaches the admin port's `/revisions`, and output can carry secrets. The line is
+    /// logged either way.
+    pub reason_quotes_output: bool,
 }
 
 impl Default for RestartPolicy {
@@ -23,6 +27,7 @@ impl Default for RestartPolicy {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             crash_limit: 3,
+            reason_quotes_output: false,
         }
     }
 }
@@ -66,10 +71,18 @@ pub fn early_exit(port_in_use: bool, retries_used: u32, max_retries: u32) -> Ear
 }
 
 /// The `Failing` reason of a revision whose replicas keep crashing, from the description of the
-/// last exit (see [`describe_exit`]).
-pub fn crash_reason(last_exit: &str) -> String {
-    format!("replicas keep crashing: {last_exit}")
+/// last exit (see [`describe_exit`]); its quoted output only with `quote_output`.
+pub fn crash_reason(last_exit: &str, quote_output: bool) -> String {
+    let exit = if quote_output {
+        last_exit
+    } else {
+        last_exit.split(OUTPUT_OPEN).next().unwrap_or(last_exit)
+    };
+    format!("replicas keep crashing: {exit}")
 }
+
+/// Where [`describe_exit`]'s quoted output starts.
+const OUTPUT_OPEN: &str = " (last output: '";
 
 /// Describes an exit for logs and failure reasons: `what`, then the last output line if any,
 /// e.g. `exit status 1 (last output: 'boom')`. The quoted line is cut to 200 characters.
@@ -78,7 +91,7 @@ pub fn describe_exit(what: &str, last_line: Option<&str>) -> String {
         Some(line) => {
             let cut: String = line.chars().take(200).collect();
             let ellipsis = if cut.len() < line.len() { "..." } else { "" };
-            format!("{what} (last output: '{cut}{ellipsis}')")
+            format!("{what}{OUTPUT_OPEN}{cut}{ellipsis}')")
         }
         None => what.to_string(),
     }
@@ -124,8 +137,13 @@ mod tests {
     #[test]
     fn exit_descriptions_quote_the_last_line() {
         assert_eq!(
-            crash_reason(&describe_exit("exit status 1", Some("boom\n"))),
+            crash_reason(&describe_exit("exit status 1", Some("boom\n")), true),
             "replicas keep crashing: exit status 1 (last output: 'boom')"
+        );
+        // By default the reason (shown on /revisions) leaves the output out.
+        assert_eq!(
+            crash_reason(&describe_exit("exit status 1", Some("password=x")), false),
+            "replicas keep crashing: exit status 1"
         );
         assert_eq!(describe_exit("exit status 2", Some("  ")), "exit status 2");
         let long = "x".repeat(300);

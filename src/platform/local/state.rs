@@ -201,7 +201,8 @@ impl RevisionEntry {
             if before_ready && !stopping {
                 st.consecutive_crashes = st.consecutive_crashes.saturating_add(1);
                 if p.is_failing(st.consecutive_crashes) {
-                    st.crash_failure = Some(policy::crash_reason(what).into());
+                    st.crash_failure =
+                        Some(policy::crash_reason(what, p.reason_quotes_output).into());
                 }
             }
             if let Some(s) = st.slot_mut(index) {
