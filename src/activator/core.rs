@@ -227,6 +227,18 @@ impl Activator {
         self.table.load().iter().cloned().collect()
     }
 
+    /// Whether `peer` is a trusted proxy (`trusted-proxies`; by default every peer on
+    /// Kubernetes, where requests come through the ingress and the mesh, and none in `thaw
+    /// local`, where thaw is itself the ingress).
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        let role_default = self.deps.next_hop == NextHop::Sidecar;
+        self.deps
+            .config
+            .load()
+            .trusted_proxies
+            .trusts(peer, role_default)
+    }
+
     /// Whether drain has begun (readiness fails from then on).
     pub fn is_draining(&self) -> bool {
         self.draining.load(SeqCst)

@@ -102,7 +102,8 @@ fn cold_target(
     {
         return None;
     }
-    let target = routing::target(&seen, &head.uri).ok()?;
+    let trusted = !seen.asks_for_trust() || stream.peer_addr().is_ok_and(|p| act.trusts(p.ip()));
+    let target = routing::target(&seen, &head.uri, head.version, trusted).ok()?;
     let state = act.resolve(target).ok()?;
     let cold = state.throttler.is_cold();
     cold.then_some(state)
@@ -112,6 +113,7 @@ fn cold_target(
 struct Head {
     method: Method,
     uri: Uri,
+    version: http::Version,
     headers: HeaderMap,
 }
 
@@ -124,6 +126,10 @@ impl Head {
             return None;
         }
         let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
+        let version = match req.version? {
+            1 => http::Version::HTTP_11,
+            _ => http::Version::HTTP_10,
+        };
         let uri = Uri::try_from(req.path?).ok()?;
         let mut headers = HeaderMap::with_capacity(req.headers.len());
         for h in req.headers.iter() {
@@ -135,6 +141,7 @@ impl Head {
         Some(Self {
             method,
             uri,
+            version,
             headers,
         })
     }

@@ -30,6 +30,12 @@ pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// The client's scheme.
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// The client's original host, as a proxy saw it.
+pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// RFC 7239's forwarding header.
+pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+/// The client's address, as a proxy saw it.
+pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// `cold-start;dur=<ms>` (or `queue;dur=<ms>`) on held requests' responses.
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// Request headers [`upstream_additions`] removes or reads, looked for in one pass. The first
@@ -46,6 +52,9 @@ const ROUTING: [HeaderName; 8] = [
     X_FORWARDED_PROTO,
 ];
 const XFF_BIT: u32 = 1 << 6;
+/// What a proxy says about the client, believed only from a trusted peer.
+const UNTRUSTED_FORWARDING: [HeaderName; 4] =
+    [X_FORWARDED_PROTO, X_FORWARDED_HOST, FORWARDED, X_REAL_IP];
 const XFP_BIT: u32 = 1 << 7;
 
 /// Whom the activator forwards to, which decides how the client's `Host` travels
@@ -76,16 +85,25 @@ pub type Additions = Vec<(HeaderName, HeaderValue)>;
 /// `K-Proxy-Request: activator` and the original host as `K-Original-Host`; the client appended to
 /// `X-Forwarded-For`, `X-Forwarded-Proto: http` if absent (any client-sent `K-Proxy-Request`,
 /// `K-Original-Host` or `X-Forwarded-For` is replaced). `traceparent`/`tracestate` and
-/// `X-Request-Id` pass as they are (the caller ensures an id exists).
+/// `X-Request-Id` pass as they are (the caller ensures an id exists). From a peer that is not
+/// `trusted`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded` and `X-Real-IP` are dropped
+/// and `X-Forwarded-Proto: http` added (the caller passes `true` when none of them came).
 pub fn upstream_additions(
     headers: &mut HeaderMap,
     next_hop: NextHop,
     original_host: Option<HeaderValue>,
     client: Option<IpAddr>,
     upgrade: bool,
+    trusted: bool,
 ) -> Additions {
     strip_hop_by_hop(headers, upgrade);
-    let found = present(headers, &ROUTING);
+    let mut found = present(headers, &ROUTING);
+    if !trusted {
+        for name in UNTRUSTED_FORWARDING {
+            headers.remove(name);
+        }
+        found &= !XFP_BIT;
+    }
     let mut add = Vec::with_capacity(5);
     if next_hop == NextHop::Sidecar {
         add.push((K_PROXY_REQUEST, HeaderValue::from_static("activator")));
@@ -126,7 +144,14 @@ pub fn prepare_upstream(
     client: Option<IpAddr>,
     upgrade: bool,
 ) {
-    let add = upstream_additions(headers, NextHop::Sidecar, original_host, client, upgrade);
+    let add = upstream_additions(
+        headers,
+        NextHop::Sidecar,
+        original_host,
+        client,
+        upgrade,
+        true,
+    );
     headers.extend(add);
 }
 

@@ -108,9 +108,13 @@ impl Handler for Activator {
                 // for, as a request held here would, even if the catalog changed meanwhile.
                 match &early {
                     Some(e) => Ok(e.state.clone()),
-                    None => routing::target(&seen, req.uri())
-                        .map_err(ActivatorError::NotFound)
-                        .and_then(|t| act.resolve(t)),
+                    None => {
+                        // The peer is looked up only for a request that carries something
+                        // believed from trusted peers alone.
+                        let trusted = !seen.asks_for_trust() || act.trusts(peer.ip());
+                        routing::target(&seen, req.uri(), req.version(), trusted)
+                            .and_then(|t| act.resolve(t))
+                    }
                 }
             };
             let state = match routed {
@@ -340,15 +344,18 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         let (mut headers, body) = B::split(parts.headers, body);
         // One pass over the (few) headers again rather than keeping what the first pass found in
         // the state of every held request; scoped, so only its results outlive it.
-        let (original_host, request_id, generated) = {
+        let (original_host, request_id, generated, trusted) = {
             let seen = headers.view().scan();
-            let original_host = seen.host.and_then(FieldRef::to_value).or_else(|| {
-                let authority = parts.uri.authority()?;
-                HeaderValue::from_str(authority.as_str()).ok()
-            });
+            // An absolute-form target's authority (h2's `:authority`) replaces `Host` (RFC 9112
+            // §3.2.2); routing used the same one.
+            let original_host = match parts.uri.authority() {
+                Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+                None => seen.host.and_then(FieldRef::to_value),
+            };
+            let trusted = !seen.forwarding || act.trusts(peer.ip());
             match seen.request_id.and_then(FieldRef::to_value) {
-                Some(id) => (original_host, id, false),
-                None => (original_host, hdr::new_request_id(), true),
+                Some(id) => (original_host, id, false, trusted),
+                None => (original_host, hdr::new_request_id(), true, trusted),
             }
         };
         // A sidecar gets the host in `K-Original-Host`, the container as its `Host`.
@@ -357,7 +364,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             NextHop::Sidecar => (original_host, None),
             NextHop::Container => (None, original_host),
         };
-        let mut additions = headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade);
+        let mut additions =
+            headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade, trusted);
         if generated {
             additions.push((X_REQUEST_ID, request_id.clone()));
         }

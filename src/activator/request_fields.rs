@@ -48,8 +48,15 @@ fn scan_raw(raw: &RawFields) -> Seen<'_> {
                 s.kubelet_probe = true;
                 continue;
             }
+            Known::ForwardedProto | Known::ForwardedHost | Known::Forwarded | Known::RealIp => {
+                s.forwarding = true;
+                continue;
+            }
             _ => continue,
         };
+        if known == Known::Host {
+            s.host_count = s.host_count.saturating_add(1);
+        }
         slot.get_or_insert(FieldRef::Raw(raw, value));
     }
     s
@@ -65,6 +72,7 @@ pub trait Prepare {
         original_host: Option<HeaderValue>,
         client: Option<IpAddr>,
         upgrade: bool,
+        trusted: bool,
     ) -> Additions;
 }
 
@@ -75,12 +83,15 @@ impl Prepare for ClientHeaders {
         original_host: Option<HeaderValue>,
         client: Option<IpAddr>,
         upgrade: bool,
+        trusted: bool,
     ) -> Additions {
         match self {
             ClientHeaders::Map(map) => {
-                hdr::upstream_additions(map, next_hop, original_host, client, upgrade)
+                hdr::upstream_additions(map, next_hop, original_host, client, upgrade, trusted)
             }
-            ClientHeaders::Raw(raw) => prepare_raw(raw, next_hop, original_host, client, upgrade),
+            ClientHeaders::Raw(raw) => {
+                prepare_raw(raw, next_hop, original_host, client, upgrade, trusted)
+            }
         }
     }
 }
@@ -91,18 +102,26 @@ fn prepare_raw(
     original_host: Option<HeaderValue>,
     client: Option<IpAddr>,
     upgrade: bool,
+    trusted: bool,
 ) -> Additions {
     let mut skip = raw.hop_by_hop(upgrade);
     for (i, (known, _, _)) in raw.known().enumerate() {
-        if matches!(
-            known,
-            Known::ServingNamespace
-                | Known::ServingRevision
-                | Known::NetworkHash
-                | Known::Host
-                | Known::ProxyRequest
-                | Known::OriginalHost
-        ) {
+        let untrusted_forwarding = !trusted
+            && matches!(
+                known,
+                Known::ForwardedProto | Known::ForwardedHost | Known::Forwarded | Known::RealIp
+            );
+        if untrusted_forwarding
+            || matches!(
+                known,
+                Known::ServingNamespace
+                    | Known::ServingRevision
+                    | Known::NetworkHash
+                    | Known::Host
+                    | Known::ProxyRequest
+                    | Known::OriginalHost
+            )
+        {
             skip |= 1u128 << i;
         }
     }

@@ -128,17 +128,22 @@ fn raw_fields_are_forwarded_like_a_map() {
     let client: Option<IpAddr> = Some([127, 0, 0, 2].into());
     let cases = [false, true].into_iter().flat_map(|upgrade| {
         [client, None].into_iter().flat_map(move |client| {
-            [NextHop::Sidecar, NextHop::Container].map(move |hop| (upgrade, client, hop))
+            [NextHop::Sidecar, NextHop::Container]
+                .into_iter()
+                .flat_map(move |hop| {
+                    [true, false].map(move |trusted| (upgrade, client, hop, trusted))
+                })
         })
     });
     for head in HEADS {
-        for (upgrade, client, hop) in cases.clone() {
+        for (upgrade, client, hop, trusted) in cases.clone() {
             {
                 let (mut map, mut raw) = both(head);
                 let host = map.view().scan().host.and_then(FieldRef::to_value);
-                let added_map = map.prepare(hop, host.clone(), client, upgrade);
-                let added_raw = raw.prepare(hop, host, client, upgrade);
-                let what = format!("{head} upgrade={upgrade} client={client:?} {hop:?}");
+                let added_map = map.prepare(hop, host.clone(), client, upgrade, trusted);
+                let added_raw = raw.prepare(hop, host, client, upgrade, trusted);
+                let what =
+                    format!("{head} upgrade={upgrade} client={client:?} {hop:?} trusted={trusted}");
                 // What the upstream receives: the kept fields and the additions.
                 let sent = |h: &ClientHeaders, added: &Additions| {
                     let mut lines = written(h);
@@ -164,7 +169,7 @@ fn raw_fields_are_forwarded_like_a_map() {
 fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
     let client = Some([127, 0, 0, 2].into());
     let (_, mut raw) = both(HEADS[3]);
-    raw.prepare(NextHop::Sidecar, None, client, false);
+    raw.prepare(NextHop::Sidecar, None, client, false, true);
     assert_eq!(written(&raw), ["x-stays: 3"].map(String::from).to_vec());
     let (_, mut raw) = both(HEADS[2]);
     let added = raw.prepare(
@@ -172,6 +177,7 @@ fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
         Some(HeaderValue::from_static("a")),
         client,
         false,
+        true,
     );
     assert_eq!(
         written(&raw),
@@ -204,19 +210,20 @@ fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
         Some(HeaderValue::from_static("a")),
         client,
         false,
+        true,
     );
     assert_eq!(written(&raw), ["x-stays: 1"].map(String::from).to_vec());
     let names: Vec<&str> = added.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["x-forwarded-for", "x-forwarded-proto"]);
     // Every earlier X-Forwarded-For value is kept, in order.
     let (_, mut raw) = both(HEADS[7]);
-    let added = raw.prepare(NextHop::Sidecar, None, client, false);
+    let added = raw.prepare(NextHop::Sidecar, None, client, false, true);
     let xff = added.iter().find(|(n, _)| n == X_FORWARDED_FOR).unwrap();
     assert_eq!(xff.1, "10.0.0.1, 10.0.0.2, 127.0.0.2");
     assert!(added.iter().all(|(n, _)| n != X_FORWARDED_PROTO));
     // The client's spelling and order of names reach the upstream.
     let (_, mut raw) = both("GET / HTTP/1.1\r\nHost: a\r\nX-B: 1\r\nx-a: 2\r\nX-B: 3\r\n\r\n");
-    raw.prepare(NextHop::Sidecar, None, client, false);
+    raw.prepare(NextHop::Sidecar, None, client, false, true);
     let mut out = Vec::new();
     raw.write_fields(&mut out);
     assert_eq!(out, b"X-B: 1\r\nx-a: 2\r\nX-B: 3\r\n");

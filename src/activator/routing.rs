@@ -2,12 +2,13 @@
 //! `Knative-Serving-Namespace` + `Knative-Serving-Revision`, else the `Host` (or, on HTTP/2, the
 //! `:authority`) looked up in the catalog's host table. Pure functions of the request head.
 
-use http::Uri;
 use http::header::{self, HeaderMap, HeaderValue};
+use http::{Uri, Version};
 
+use super::error::ActivatorError;
 use super::headers::{
-    K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
-    KNATIVE_SERVING_REVISION, X_REQUEST_ID,
+    FORWARDED, K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
+    KNATIVE_SERVING_REVISION, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP, X_REQUEST_ID,
 };
 use crate::http1::fields::RawFields;
 
@@ -25,6 +26,20 @@ pub struct Seen<'a> {
     pub namespace: Option<FieldRef<'a>>,
     pub revision: Option<FieldRef<'a>>,
     pub request_id: Option<FieldRef<'a>>,
+    /// How many `Host` fields (two or more is ambiguous: 400).
+    pub host_count: u8,
+    /// Whether any of `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`, `X-Real-IP` came:
+    /// only then does the peer's trust matter to the header hygiene.
+    pub forwarding: bool,
+}
+
+impl Seen<'_> {
+    /// Whether the request carries anything believed only from a trusted peer (Knative's
+    /// routing headers, the forwarding headers), so the caller need not look the peer up
+    /// otherwise.
+    pub fn asks_for_trust(&self) -> bool {
+        self.namespace.is_some() || self.revision.is_some() || self.forwarding
+    }
 }
 
 /// One header value as [`Seen`] found it.
@@ -71,6 +86,7 @@ impl<'a> Seen<'a> {
         for (name, value) in headers {
             // Standard names compare by tag; custom ones by their bytes.
             let slot = if name == header::HOST {
+                s.host_count = s.host_count.saturating_add(1);
                 &mut s.host
             } else if name == header::USER_AGENT {
                 &mut s.user_agent
@@ -86,6 +102,10 @@ impl<'a> Seen<'a> {
                 &mut s.network_hash
             } else {
                 s.kubelet_probe |= name == K_KUBELET_PROBE;
+                s.forwarding |= name == X_FORWARDED_PROTO
+                    || name == X_FORWARDED_HOST
+                    || name == FORWARDED
+                    || name == X_REAL_IP;
                 continue;
             };
             slot.get_or_insert(FieldRef::Map(value));
@@ -139,28 +159,61 @@ pub enum Target<'a> {
     Host(&'a str),
 }
 
-/// The request's target, or a one-line reason why it has none.
-pub fn target<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Result<Target<'a>, String> {
-    let ns = seen.namespace.map(FieldRef::to_str);
-    let rev = seen.revision.map(FieldRef::to_str);
-    match (ns, rev) {
-        (Some(Some(namespace)), Some(Some(name))) if !namespace.is_empty() && !name.is_empty() => {
-            return Ok(Target::Named { namespace, name });
-        }
-        (None, None) => {}
-        _ => {
-            return Err(
-                "Knative-Serving-Namespace and Knative-Serving-Revision must both be set".into(),
-            );
+/// The request's target, or why it has none: 400 for an ambiguous or missing host (RFC 9112
+/// §3.2: two `Host` fields, an HTTP/1.1 request without one; RFC 9113 §8.3.1: an h2 `host`
+/// that differs from `:authority`), 404 otherwise.
+///
+/// Knative's routing headers name the revision only from a `trusted` peer; from anyone else
+/// they are ignored (and stripped before forwarding) and the host routes. An absolute-form
+/// target's (or h2's `:authority`) host comes before `Host` (RFC 9112 §3.2.2).
+pub fn target<'a>(
+    seen: &Seen<'a>,
+    uri: &'a Uri,
+    version: Version,
+    trusted: bool,
+) -> Result<Target<'a>, ActivatorError> {
+    if trusted {
+        let ns = seen.namespace.map(FieldRef::to_str);
+        let rev = seen.revision.map(FieldRef::to_str);
+        match (ns, rev) {
+            (Some(Some(namespace)), Some(Some(name)))
+                if !namespace.is_empty() && !name.is_empty() =>
+            {
+                return Ok(Target::Named { namespace, name });
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ActivatorError::NotFound(
+                    "Knative-Serving-Namespace and Knative-Serving-Revision must both be set"
+                        .into(),
+                ));
+            }
         }
     }
-    let host = seen
-        .host
-        .and_then(FieldRef::to_str)
-        .or_else(|| uri.authority().map(|a| a.as_str()))
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| "no Host header and no Knative-Serving-Revision header".to_string())?;
-    Ok(Target::Host(host))
+    if seen.host_count > 1 {
+        return Err(ActivatorError::BadRequest("more than one Host header"));
+    }
+    let authority = uri.authority().map(|a| a.as_str());
+    if version == Version::HTTP_2
+        && let (Some(a), Some(h)) = (authority, seen.host)
+        && !h.as_bytes().eq_ignore_ascii_case(a.as_bytes())
+    {
+        return Err(ActivatorError::BadRequest(
+            "the host header differs from :authority",
+        ));
+    }
+    let host = authority
+        .or_else(|| seen.host.and_then(FieldRef::to_str))
+        .filter(|h| !h.is_empty());
+    match host {
+        Some(host) => Ok(Target::Host(host)),
+        None if version == Version::HTTP_11 && seen.host.is_none() => Err(
+            ActivatorError::BadRequest("an HTTP/1.1 request needs a Host header"),
+        ),
+        None => Err(ActivatorError::NotFound(
+            "no Host header and no Knative-Serving-Revision header".into(),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +232,60 @@ mod tests {
     }
 
     fn target_of<'a>(h: &'a HeaderMap, uri: &'a Uri) -> Result<Target<'a>, String> {
-        target(&Seen::scan(h), uri)
+        target(&Seen::scan(h), uri, Version::HTTP_11, true).map_err(|e| e.to_string())
+    }
+
+    fn status_of(h: &HeaderMap, uri: &Uri, version: Version, trusted: bool) -> u16 {
+        match target(&Seen::scan(h), uri, version, trusted) {
+            Ok(_) => 200,
+            Err(e) => e.status().as_u16(),
+        }
+    }
+
+    /// Finding 4: Knative's routing headers route only from a trusted peer.
+    #[test]
+    fn routing_headers_from_an_untrusted_peer_are_ignored() {
+        let uri: Uri = "/".parse().unwrap();
+        let h = headers(&[
+            ("knative-serving-namespace", "ns"),
+            ("knative-serving-revision", "secret"),
+            ("host", "public.default.example.com"),
+        ]);
+        assert_eq!(
+            target(&Seen::scan(&h), &uri, Version::HTTP_11, false).unwrap(),
+            Target::Host("public.default.example.com")
+        );
+        assert!(Seen::scan(&h).asks_for_trust());
+        assert!(!Seen::scan(&headers(&[("host", "a")])).asks_for_trust());
+        assert!(Seen::scan(&headers(&[("x-real-ip", "1.2.3.4")])).asks_for_trust());
+    }
+
+    /// Finding 5: ambiguous or missing hosts are 400 (RFC 9112 §3.2, RFC 9113 §8.3.1); an
+    /// absolute-form target's authority routes, whatever `Host` says (RFC 9112 §3.2.2).
+    #[test]
+    fn host_ambiguity_is_a_bad_request() {
+        let origin: Uri = "/".parse().unwrap();
+        let mut two = headers(&[("host", "a.example.com")]);
+        two.append("host", HeaderValue::from_static("b.example.com"));
+        assert_eq!(status_of(&two, &origin, Version::HTTP_11, true), 400);
+        assert_eq!(
+            status_of(&HeaderMap::new(), &origin, Version::HTTP_11, true),
+            400
+        );
+        assert_eq!(
+            status_of(&HeaderMap::new(), &origin, Version::HTTP_10, true),
+            404
+        );
+        let absolute: Uri = "http://right.ns.example.com/x".parse().unwrap();
+        let wrong = headers(&[("host", "wrong.ns.example.com")]);
+        assert_eq!(
+            target(&Seen::scan(&wrong), &absolute, Version::HTTP_11, false).unwrap(),
+            Target::Host("right.ns.example.com")
+        );
+        // h2: `host` must agree with `:authority` (the URI's authority).
+        assert_eq!(status_of(&wrong, &absolute, Version::HTTP_2, true), 400);
+        let same = headers(&[("host", "RIGHT.ns.example.com")]);
+        assert_eq!(status_of(&same, &absolute, Version::HTTP_2, true), 200);
     }
 
     #[test]

@@ -45,6 +45,67 @@ pub struct ActivatorConfig {
     /// server reads every request; slower, same answers). A switch for operators and for the
     /// differential tests that compare the two.
     pub fast_lane: bool,
+    /// `trusted-proxies`: the peers whose `Knative-Serving-Namespace`/`-Revision` routing
+    /// headers and `X-Forwarded-Proto`/`-Host`, `Forwarded` and `X-Real-IP` are believed.
+    pub trusted_proxies: TrustedProxies,
+}
+
+/// Which peers the activator believes about routing and forwarding (`trusted-proxies`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TrustedProxies {
+    /// `""`: the role's default: every peer on Kubernetes (only the ingress and the mesh reach
+    /// the activator there), none in `thaw local` (where thaw is itself the ingress).
+    #[default]
+    RoleDefault,
+    /// `"*"`: every peer.
+    Every,
+    /// A list of addresses and CIDR ranges (`"none"`: the empty list).
+    Only(Vec<ipnet::IpNet>),
+}
+
+impl TrustedProxies {
+    /// Whether `peer` is trusted; `role_default` is the answer for [`TrustedProxies::RoleDefault`].
+    pub fn trusts(&self, peer: std::net::IpAddr, role_default: bool) -> bool {
+        match self {
+            TrustedProxies::RoleDefault => role_default,
+            TrustedProxies::Every => true,
+            TrustedProxies::Only(nets) => {
+                let peer = peer.to_canonical();
+                nets.iter().any(|n| n.contains(&peer))
+            }
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "" => Ok(Self::RoleDefault),
+            "*" => Ok(Self::Every),
+            "none" => Ok(Self::Only(Vec::new())),
+            list => list
+                .split(',')
+                .map(str::trim)
+                .map(|e| {
+                    e.parse::<ipnet::IpNet>()
+                        .or_else(|_| e.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| format!("{e:?} is not an IP address or CIDR range"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Self::Only),
+        }
+    }
+
+    fn show(&self) -> String {
+        match self {
+            TrustedProxies::RoleDefault => String::new(),
+            TrustedProxies::Every => "*".into(),
+            TrustedProxies::Only(n) if n.is_empty() => "none".into(),
+            TrustedProxies::Only(n) => n
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
 }
 
 impl Default for ActivatorConfig {
@@ -65,6 +126,7 @@ impl Default for ActivatorConfig {
             initial_burst: 100,
             retry_after: Duration::from_secs(1),
             fast_lane: true,
+            trusted_proxies: TrustedProxies::RoleDefault,
         }
     }
 }
@@ -257,6 +319,21 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             Ok(())
         },
         show: |c| keys::show_bool(c.fast_lane),
+    },
+    Key {
+        name: "trusted-proxies",
+        unit: "addresses and CIDR ranges, \"*\", \"none\" or empty",
+        help: "Peers whose Knative-Serving-Namespace/-Revision headers route and whose \
+               X-Forwarded-Proto/-Host, Forwarded and X-Real-IP are kept; from anyone else they \
+               are ignored and replaced. Empty: every peer on Kubernetes, none in thaw local.",
+        parse: |c, s| {
+            c.trusted_proxies = TrustedProxies::parse(s)?;
+            Ok(())
+        },
+        show: |c| {
+            let v = c.trusted_proxies.show();
+            (v.clone(), serde_json::Value::from(v))
+        },
     },
 ];
 

@@ -31,7 +31,7 @@ pub mod revision;
 #[cfg(test)]
 mod tests;
 
-pub use activator::{ActivatorConfig, ActivatorOverrides};
+pub use activator::{ActivatorConfig, ActivatorOverrides, TrustedProxies};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;

@@ -237,6 +237,9 @@ pub enum Known {
     OriginalHost,
     ForwardedFor,
     ForwardedProto,
+    ForwardedHost,
+    Forwarded,
+    RealIp,
     Connection,
     KeepAlive,
     ProxyConnection,
@@ -291,6 +294,8 @@ pub fn classify(name: &[u8]) -> Known {
         (4, b'h') => (Host, &b"host"[..]),
         (4, b'd') => (Date, &b"date"[..]),
         (6, b'e') => (Expect, &b"expect"[..]),
+        (9, b'f') => (Forwarded, &b"forwarded"[..]),
+        (9, b'x') => (RealIp, &b"x-real-ip"[..]),
         (7, b'u') => (Upgrade, &b"upgrade"[..]),
         (7, b't') => (Trailer, &b"trailer"[..]),
         (10, b'c') => (Connection, &b"connection"[..]),
@@ -311,6 +316,7 @@ pub fn classify(name: &[u8]) -> Known {
             }
         }
         (16, b'p') => (ProxyConnection, &b"proxy-connection"[..]),
+        (16, b'x') => (ForwardedHost, &b"x-forwarded-host"[..]),
         (17, b't') => (TransferEncoding, &b"transfer-encoding"[..]),
         (17, b'x') => (ForwardedProto, &b"x-forwarded-proto"[..]),
         (24, b'k') => (ServingRevision, &b"knative-serving-revision"[..]),

@@ -127,3 +127,174 @@ Knative-Serving-Revision: r\r\nContent-Length: 24\r\n\r\n";
         .expect("the trickled head was cut by the header-read timeout");
     h.shutdown();
 }
+
+/// Sends `head` (and `body`) on a fresh connection and reads the whole answer (the requests say
+/// `Connection: close`): (status, body).
+async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(bytes).await.unwrap();
+    let all = read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("answered and closed");
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// Two revisions: `public` routed by its host, `secret` by Knative's headers only.
+async fn public_and_secret(cfg: ActivatorConfig) -> (Harness, Upstream, Upstream) {
+    let (public_up, secret_up) = (Upstream::start().await, Upstream::start().await);
+    let mut public = spec("public", 0);
+    public.hosts = vec!["public.default.example.com".into()];
+    let h = Harness::start(vec![public, spec("secret", 0)], cfg).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "public"), vec![public_up.addr]);
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "secret"), vec![secret_up.addr]);
+    (h, public_up, secret_up)
+}
+
+/// A request naming `secret` by Knative's headers, with a host that routes to `public`, and
+/// client-sent forwarding headers; with a body it goes to hyper's server, without to the lane.
+fn spoofing(with_body: bool) -> Vec<u8> {
+    let mut r = b"POST /headers HTTP/1.1\r\nHost: public.default.example.com\r\n\
+Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: secret\r\n\
+X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.example.com\r\n\
+Forwarded: for=1.2.3.4;proto=https\r\nX-Real-IP: 1.2.3.4\r\nConnection: close\r\n"
+        .to_vec();
+    if with_body {
+        r.extend_from_slice(b"Content-Length: 2\r\n\r\nhi");
+    } else {
+        r.extend_from_slice(b"\r\n");
+    }
+    r
+}
+
+/// Finding 4: from an untrusted peer, Knative's routing headers do not pick the revision and
+/// the forwarding headers are replaced; from a trusted one both are honoured. Lane and hyper.
+#[tokio::test]
+async fn routing_and_forwarding_headers_are_believed_only_from_trusted_peers() {
+    use thaw::config::TrustedProxies;
+    let untrusted = ActivatorConfig {
+        trusted_proxies: TrustedProxies::Only(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..Default::default()
+    };
+    let (mut h, public_up, secret_up) = public_and_secret(untrusted).await;
+    for with_body in [false, true] {
+        let (status, body) = raw(h.data, &spoofing(with_body)).await;
+        assert_eq!(status, 200, "{body}");
+        let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(seen["x-forwarded-proto"], "http", "{seen}");
+        for gone in [
+            "x-forwarded-host",
+            "forwarded",
+            "x-real-ip",
+            "knative-serving-revision",
+        ] {
+            assert!(seen.get(gone).is_none(), "{gone} stripped: {seen}");
+        }
+    }
+    assert_eq!(
+        (
+            public_up.served.load(std::sync::atomic::Ordering::SeqCst),
+            secret_up.served.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (2, 0),
+        "the host routed"
+    );
+    h.shutdown();
+
+    let trusted = ActivatorConfig {
+        trusted_proxies: TrustedProxies::Only(vec!["127.0.0.0/8".parse().unwrap()]),
+        ..Default::default()
+    };
+    let (mut h, public_up, secret_up) = public_and_secret(trusted).await;
+    for with_body in [false, true] {
+        let (status, body) = raw(h.data, &spoofing(with_body)).await;
+        assert_eq!(status, 200, "{body}");
+        let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(seen["x-forwarded-proto"], "https", "{seen}");
+        assert_eq!(seen["x-real-ip"], "1.2.3.4", "{seen}");
+    }
+    assert_eq!(
+        (
+            public_up.served.load(std::sync::atomic::Ordering::SeqCst),
+            secret_up.served.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (0, 2),
+        "the headers routed"
+    );
+    h.shutdown();
+}
+
+/// Finding 5: two Host fields, or none on HTTP/1.1, are 400 on the lane and on hyper; an
+/// absolute-form target routes by its authority, which replaces Host upstream.
+#[tokio::test]
+async fn host_ambiguity_is_refused_and_absolute_form_routes_by_authority() {
+    let (mut h, public_up, _secret) = public_and_secret(ActivatorConfig::default()).await;
+    for body in ["", "Content-Length: 2\r\n\r\nhi"] {
+        let end = if body.is_empty() { "\r\n" } else { body };
+        let two = format!(
+            "GET / HTTP/1.1\r\nHost: public.default.example.com\r\nHost: other\r\n\
+Connection: close\r\n{end}"
+        );
+        assert_eq!(
+            raw(h.data, two.as_bytes()).await.0,
+            400,
+            "two hosts, {body:?}"
+        );
+        let none = format!("GET / HTTP/1.1\r\nConnection: close\r\n{end}");
+        assert_eq!(
+            raw(h.data, none.as_bytes()).await.0,
+            400,
+            "no host, {body:?}"
+        );
+        let absolute = format!(
+            "GET http://public.default.example.com/headers HTTP/1.1\r\nHost: wrong\r\n\
+Connection: close\r\n{end}"
+        );
+        let (status, seen) = raw(h.data, absolute.as_bytes()).await;
+        assert_eq!(status, 200, "{seen}");
+        let seen: serde_json::Value = serde_json::from_str(&seen).unwrap();
+        // The harness forwards as to a sidecar: the client's host travels in K-Original-Host.
+        assert_eq!(
+            seen["k-original-host"], "public.default.example.com",
+            "{seen}"
+        );
+    }
+    assert_eq!(
+        public_up.served.load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
+    h.shutdown();
+}
+
+/// Finding 5 on h2c: a `host` field that differs from `:authority` is 400.
+#[tokio::test]
+async fn an_h2c_host_that_differs_from_the_authority_is_refused() {
+    let (mut h, _public, _secret) = public_and_secret(ActivatorConfig::default()).await;
+    let c = h2_client();
+    let req = http::Request::get(format!(
+        "http://public.default.example.com:{}/headers",
+        h.data.port()
+    ))
+    .header("host", "other.example.com")
+    .body(full(""))
+    .unwrap();
+    // The client connects to the URI's host: point it at the activator through the authority.
+    let req = {
+        let (mut parts, body) = req.into_parts();
+        parts.uri = format!("http://{}/headers", h.data).parse().unwrap();
+        http::Request::from_parts(parts, body)
+    };
+    let (status, _, body) = send(&c, req).await;
+    assert_eq!(status, 400, "{body}");
+    h.shutdown();
+}

@@ -240,6 +240,14 @@ fn defaults_rows() -> Vec<Row> {
 fn activator_rows() -> Vec<Row> {
     vec![
         (
+            "trusted-proxies",
+            json!(""),
+            "10.0.0.0/8, 127.0.0.1",
+            json!("10.0.0.0/8, 127.0.0.1/32"),
+            "10.0.0.0/8, nope",
+            "\"nope\" is not an IP address or CIDR range",
+        ),
+        (
             "fast-lane",
             json!(true),
             "false",
