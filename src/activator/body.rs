@@ -188,7 +188,11 @@ impl Body for ProxiedBody {
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
+            Poll::Ready(Some(Ok(mut frame))) => {
+                // Framing, routing, authentication and Content-* fields never pass as trailers.
+                if let Some(trailers) = frame.trailers_mut() {
+                    crate::http1::fields::strip_forbidden_trailers(trailers);
+                }
                 if this.idle.is_some() {
                     this.last_frame = Instant::now();
                     let next = this.wake_at();

@@ -30,9 +30,13 @@ pub enum ActivatorError {
         actual: usize,
         limit: usize,
     },
-    /// A malformed Knative probe.
+    /// A malformed Knative probe, or an ambiguous or missing host.
     #[error("{0}")]
     BadRequest(&'static str),
+    /// Something the activator does not do: `CONNECT`, an upgrade to a protocol not in
+    /// `allowed-upgrades`.
+    #[error("{0}")]
+    NotImplemented(String),
     /// The throttler did not admit the request.
     #[error("revision {revision}: {rejection}")]
     Rejected {
@@ -53,6 +57,14 @@ pub enum ActivatorError {
     Upstream {
         revision: RevisionKey,
         endpoint: SocketAddr,
+        #[source]
+        source: crate::http1::pool::BoxError,
+    },
+    /// The client's own request body failed while it was forwarded (malformed framing, cut
+    /// short): the client's fault, answered 400 and counted apart from upstream failures.
+    #[error("revision {revision}: the request body failed: {source}")]
+    ClientBody {
+        revision: RevisionKey,
         #[source]
         source: crate::http1::pool::BoxError,
     },
@@ -77,7 +89,8 @@ impl ActivatorError {
         match self {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Rejected { rejection, .. } => match rejection {
                 Rejection::HoldTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 Rejection::QueueFull { .. }
@@ -96,9 +109,10 @@ impl ActivatorError {
     pub fn public_reason(&self) -> String {
         match self {
             // What the client sent (its host, its headers) and the configured limits.
-            Self::NotFound(_) | Self::HeadersTooLarge { .. } | Self::BadRequest(_) => {
-                self.to_string()
-            }
+            Self::NotFound(_)
+            | Self::HeadersTooLarge { .. }
+            | Self::BadRequest(_)
+            | Self::NotImplemented(_) => self.to_string(),
             Self::Rejected {
                 revision,
                 rejection,
@@ -121,6 +135,7 @@ impl ActivatorError {
                 revision, waited, ..
             } => format!("revision {revision}: upstream sent no response within {waited:?}"),
             Self::TotalTimeout { .. } => self.to_string(),
+            Self::ClientBody { .. } => "the request body is malformed or incomplete".to_string(),
         }
     }
 

@@ -45,7 +45,7 @@ use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::http1::activity::ConnActive;
 use crate::http1::fields::BoxedFields;
-use crate::http1::fields::Known;
+use crate::http1::fields::{ClientHeaders, Known};
 use crate::http1::{ClientRequest, FirstRequest, Handler, ResponseBody};
 use crate::percore::LocalArc;
 use crate::revision::{Protocol, RevisionSpec};
@@ -104,6 +104,10 @@ impl Handler for Activator {
                     };
                     return err.into_response(cfg.retry_after);
                 }
+                if let Err(e) = supported(act, req.method(), fields) {
+                    act.unrouted.answered(e.status().as_u16());
+                    return e.into_response(cfg.retry_after);
+                }
                 // An early hold routed this request already: it stays with the revision it was held
                 // for, as a request held here would, even if the catalog changed meanwhile.
                 match &early {
@@ -137,6 +141,8 @@ impl Handler for Activator {
                         | ActivatorError::ResponseStartTimeout { .. }
                 ) {
                     state.metrics.upstream_errors.inc();
+                } else if matches!(e, ActivatorError::ClientBody { .. }) {
+                    state.metrics.client_errors.inc();
                 }
                 e.into_response(cfg.retry_after)
             });
@@ -178,6 +184,46 @@ impl Handler for Activator {
 impl ResponseBody for ActivatorBody {
     fn take_upstream_fields(&mut self) -> Option<BoxedFields> {
         ActivatorBody::take_upstream_fields(self)
+    }
+}
+
+/// `HTTP2-Settings`, sent with `Upgrade: h2c`.
+const HTTP2_SETTINGS: http::HeaderName = http::HeaderName::from_static("http2-settings");
+
+/// Whether an `Upgrade` value asks for h2c alone (served over HTTP/1.1 instead).
+fn only_h2c(protocols: &[u8]) -> bool {
+    crate::http1::fields::tokens(protocols).all(|t| t.eq_ignore_ascii_case(b"h2c"))
+}
+
+/// Refuses what the activator does not do (501): `CONNECT` (it is not a forward proxy), and an
+/// upgrade to a protocol outside `allowed-upgrades` (h2c aside: served over HTTP/1.1).
+fn supported(
+    act: &Activator,
+    method: &http::Method,
+    fields: crate::http1::fields::HeadersRef<'_>,
+) -> Result<(), ActivatorError> {
+    if method == http::Method::CONNECT {
+        return Err(ActivatorError::NotImplemented(
+            "CONNECT is not supported".to_string(),
+        ));
+    }
+    let Some(protocols) = fields.upgrade_protocols() else {
+        return Ok(());
+    };
+    let cfg = act.deps.config.load();
+    let refused = crate::http1::fields::tokens(protocols).find(|t| {
+        !t.eq_ignore_ascii_case(b"h2c")
+            && !cfg
+                .allowed_upgrades
+                .iter()
+                .any(|a| t.eq_ignore_ascii_case(a.as_bytes()))
+    });
+    match refused {
+        Some(p) => Err(ActivatorError::NotImplemented(format!(
+            "upgrade to {:?} is not supported",
+            String::from_utf8_lossy(p)
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -338,10 +384,19 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         let held_for = admission.held_for;
         ticket.set_slot(admission.in_flight);
 
-        let upgrade = req.version() == Version::HTTP_11 && B::fields(&req).is_upgrade();
+        let (asks_upgrade, h2c_upgrade) = match B::fields(&req).upgrade_protocols() {
+            Some(p) => (true, only_h2c(p)),
+            None => (false, false),
+        };
+        let upgrade = req.version() == Version::HTTP_11 && asks_upgrade && !h2c_upgrade;
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let (mut headers, body) = B::split(parts.headers, body);
+        if h2c_upgrade && let ClientHeaders::Map(map) = &mut headers {
+            // `Upgrade: h2c` is not followed (RFC 9113 deprecates it): the request is served
+            // over HTTP/1.1, without the upgrade's fields (hop-by-hop by RFC 9113 §3.2.1 too).
+            map.remove(HTTP2_SETTINGS);
+        }
         // One pass over the (few) headers again rather than keeping what the first pass found in
         // the state of every held request; scoped, so only its results outlive it.
         let (original_host, request_id, generated, trusted) = {
@@ -402,6 +457,11 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         }
         tracing::debug!(%addr, status = resp.status().as_u16(), "upstream answered");
 
+        // A length next to Transfer-Encoding is stale (RFC 9112 §6.3): hyper's client read the
+        // body by its chunks, and the client must not be told the old length.
+        if resp.headers().contains_key(http::header::TRANSFER_ENCODING) {
+            resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+        }
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         hdr::strip_hop_by_hop(resp.headers_mut(), switching);
         // The upstream's own id stands; else the request's (one hashed lookup, not two).

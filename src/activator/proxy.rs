@@ -26,7 +26,7 @@ use crate::http1::fields::ClientHeaders;
 use crate::revision::Protocol;
 
 use crate::http1::direct::{self, DirectError, ExchangeError};
-use crate::http1::pool::{ConnectError, SendError};
+use crate::http1::pool::{ClientBodyError, ConnectError, SendError};
 pub use crate::http1::pool::{ReqBody, RespBody, Reusable, Upstream};
 
 /// A request prepared for forwarding.
@@ -271,6 +271,12 @@ async fn forward_hyper(
             Err(SendError::Unsent(back, e)) if reused => {
                 tracing::debug!(%addr, error = %e, "pooled connection was closed; sending on a new one");
                 req = *back;
+            }
+            Err(SendError::Unsent(_, e) | SendError::Failed(e)) if ClientBodyError::is_in(&*e) => {
+                return Err(ActivatorError::ClientBody {
+                    revision: ticket.state().key.clone(),
+                    source: e,
+                });
             }
             Err(SendError::Unsent(_, e) | SendError::Failed(e)) => {
                 return Err(ActivatorError::Upstream {

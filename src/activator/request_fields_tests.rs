@@ -170,7 +170,11 @@ fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
     let client = Some([127, 0, 0, 2].into());
     let (_, mut raw) = both(HEADS[3]);
     raw.prepare(NextHop::Sidecar, None, client, false, true);
-    assert_eq!(written(&raw), ["x-stays: 3"].map(String::from).to_vec());
+    // `Trailer` is end to end (RFC 9110 §7.6.1 no longer lists it as hop-by-hop).
+    assert_eq!(
+        written(&raw),
+        ["trailer: x", "x-stays: 3"].map(String::from).to_vec()
+    );
     let (_, mut raw) = both(HEADS[2]);
     let added = raw.prepare(
         NextHop::Sidecar,

@@ -48,6 +48,9 @@ pub struct ActivatorConfig {
     /// `trusted-proxies`: the peers whose `Knative-Serving-Namespace`/`-Revision` routing
     /// headers and `X-Forwarded-Proto`/`-Host`, `Forwarded` and `X-Real-IP` are believed.
     pub trusted_proxies: TrustedProxies,
+    /// `allowed-upgrades`: the `Upgrade` protocols passed through as tunnels (lower case); any
+    /// other is answered 501. `h2c` is never a tunnel: such a request is served over HTTP/1.1.
+    pub allowed_upgrades: Vec<String>,
 }
 
 /// Which peers the activator believes about routing and forwarding (`trusted-proxies`).
@@ -127,6 +130,7 @@ impl Default for ActivatorConfig {
             retry_after: Duration::from_secs(1),
             fast_lane: true,
             trusted_proxies: TrustedProxies::RoleDefault,
+            allowed_upgrades: vec!["websocket".to_string()],
         }
     }
 }
@@ -332,6 +336,36 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
         },
         show: |c| {
             let v = c.trusted_proxies.show();
+            (v.clone(), serde_json::Value::from(v))
+        },
+    },
+    Key {
+        name: "allowed-upgrades",
+        unit: "comma-separated protocol names",
+        help: "Upgrade protocols tunnelled to the revision (websocket); a request asking for any \
+               other gets 501. h2c is never tunnelled: such a request is served over HTTP/1.1.",
+        parse: |c, s| {
+            let list: Vec<String> = s
+                .split(',')
+                .map(|t| t.trim().to_ascii_lowercase())
+                .filter(|t| !t.is_empty())
+                .collect();
+            if let Some(bad) = list.iter().find(|t| {
+                t.bytes()
+                    .any(|b| !(b.is_ascii_alphanumeric() || b"-._/".contains(&b)))
+            }) {
+                return Err(format!("{bad:?} is not a protocol name"));
+            }
+            if list.iter().any(|t| t == "h2c") {
+                return Err(
+                    "h2c cannot be tunnelled (such requests are served over HTTP/1.1)".into(),
+                );
+            }
+            c.allowed_upgrades = list;
+            Ok(())
+        },
+        show: |c| {
+            let v = c.allowed_upgrades.join(", ");
             (v.clone(), serde_json::Value::from(v))
         },
     },

@@ -164,7 +164,6 @@ impl RawFields {
             | Known::KeepAlive.bit()
             | Known::ProxyConnection.bit()
             | Known::Te.bit()
-            | Known::Trailer.bit()
             | Known::TransferEncoding.bit()
             | Known::Upgrade.bit();
         // Most heads carry none of them (and so no `Connection` naming others).
@@ -185,7 +184,6 @@ impl RawFields {
                 Known::Connection
                 | Known::KeepAlive
                 | Known::ProxyConnection
-                | Known::Trailer
                 | Known::TransferEncoding => true,
                 Known::Upgrade => !upgrade,
                 Known::Te => {
@@ -393,6 +391,70 @@ impl<'a> HeadersRef<'a> {
         }
         upgrade && connection_upgrade
     }
+
+    /// The `Upgrade` field's value when the request asks for an upgrade ([`Self::is_upgrade`]).
+    pub fn upgrade_protocols(self) -> Option<&'a [u8]> {
+        if !self.is_upgrade() {
+            return None;
+        }
+        match self {
+            HeadersRef::Map(map) => map.get(header::UPGRADE).map(HeaderValue::as_bytes),
+            HeadersRef::Raw(raw) => raw
+                .known()
+                .find(|(k, _, _)| *k == Known::Upgrade)
+                .map(|(_, _, v)| v),
+        }
+    }
+}
+
+/// Whether a trailer field may be forwarded (RFC 9110 §6.5.1): not framing, routing,
+/// authentication, a `Content-*` field, a response control or a hop-by-hop field, which a
+/// recipient must not take from a trailer section.
+pub fn allowed_in_trailers(name: &HeaderName) -> bool {
+    const NOT_IN_TRAILERS: [&str; 25] = [
+        "transfer-encoding",
+        "trailer",
+        "te",
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "upgrade",
+        "authorization",
+        "proxy-authorization",
+        "www-authenticate",
+        "proxy-authenticate",
+        "cookie",
+        "set-cookie",
+        "cache-control",
+        "expect",
+        "max-forwards",
+        "pragma",
+        "range",
+        "age",
+        "expires",
+        "date",
+        "location",
+        "retry-after",
+        "vary",
+    ];
+    let n = name.as_str();
+    !n.starts_with("content-") && !NOT_IN_TRAILERS.contains(&n)
+}
+
+/// Removes every field a trailer section must not carry ([`allowed_in_trailers`]).
+pub fn strip_forbidden_trailers(trailers: &mut HeaderMap) {
+    if trailers.keys().all(allowed_in_trailers) {
+        return;
+    }
+    let bad: Vec<HeaderName> = trailers
+        .keys()
+        .filter(|n| !allowed_in_trailers(n))
+        .cloned()
+        .collect();
+    for name in bad {
+        trailers.remove(name);
+    }
 }
 
 impl ClientHeaders {
@@ -522,12 +584,14 @@ pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Headers that describe one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
+///
+/// `Trailer` is not one (RFC 9110 §7.6.1 lists it no more): it announces the trailer fields end
+/// to end, and hyper's HTTP/1 server sends only the trailers a response announces.
+const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     KEEP_ALIVE,
     PROXY_CONNECTION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];

@@ -71,17 +71,40 @@ impl ReqBody {
     }
 }
 
+/// The client's request body failed while it was forwarded (malformed chunked framing, a
+/// length it did not keep, the client gone): the client's fault, not the upstream's. hyper's
+/// client keeps it as the source of its own error, so [`ClientBodyError::is_in`] finds it.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed: {0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
+impl ClientBodyError {
+    /// Whether `err` or anything in its chain of sources is a [`ClientBodyError`].
+    pub fn is_in(err: &(dyn std::error::Error + 'static)) -> bool {
+        let mut e = Some(err);
+        while let Some(x) = e {
+            if x.is::<ClientBodyError>() {
+                return true;
+            }
+            e = x.source();
+        }
+        false
+    }
+}
+
 impl Body for ReqBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ClientBodyError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         match self.get_mut() {
             ReqBody::Empty => std::task::Poll::Ready(None),
-            ReqBody::Client(b) => std::pin::Pin::new(b).poll_frame(cx),
+            ReqBody::Client(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(ClientBodyError))),
         }
     }
 

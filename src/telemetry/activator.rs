@@ -98,6 +98,9 @@ pub struct ActivatorMetrics {
     /// `thaw_activator_upstream_errors_total{namespace,revision}`: connect failures (after
     /// retries), response-start/idle timeouts and upstream failures mid-response.
     pub upstream_errors: Family<RevisionLabels, Counter>,
+    /// `thaw_activator_client_errors_total{namespace,revision}`: requests whose own body failed
+    /// while forwarded (malformed framing, cut short): answered 400, never upstream errors.
+    pub client_errors: Family<RevisionLabels, Counter>,
     /// `thaw_activator_retries_total{namespace,revision}`: retries on another endpoint after a
     /// connect failure.
     pub retries: Family<RevisionLabels, Counter>,
@@ -127,6 +130,7 @@ impl ActivatorMetrics {
             overflow: Family::default(),
             hold_timeouts: Family::default(),
             upstream_errors: Family::default(),
+            client_errors: Family::default(),
             retries: Family::default(),
             ejections: Family::default(),
             cold_starts: Family::default(),
@@ -175,6 +179,11 @@ impl ActivatorMetrics {
             "Upstream failures",
             m.upstream_errors.clone(),
         );
+        r.register(
+            "activator_client_errors",
+            "Requests whose own body failed while forwarded (answered 400)",
+            m.client_errors.clone(),
+        );
         r.register("activator_retries", "Connect retries", m.retries.clone());
         r.register(
             "activator_endpoint_ejections",
@@ -219,6 +228,7 @@ impl ActivatorMetrics {
             overflow: self.overflow.get_or_create_owned(&labels),
             hold_timeouts: self.hold_timeouts.get_or_create_owned(&labels),
             upstream_errors: self.upstream_errors.get_or_create_owned(&labels),
+            client_errors: self.client_errors.get_or_create_owned(&labels),
             retries: self.retries.get_or_create_owned(&labels),
             ejections: self.ejections.get_or_create_owned(&labels),
             cold_starts: self.cold_starts.get_or_create_owned(&labels),
@@ -241,6 +251,7 @@ impl ActivatorMetrics {
         self.overflow.remove(&labels);
         self.hold_timeouts.remove(&labels);
         self.upstream_errors.remove(&labels);
+        self.client_errors.remove(&labels);
         self.retries.remove(&labels);
         self.ejections.remove(&labels);
         self.cold_starts.remove(&labels);
@@ -277,6 +288,8 @@ pub struct RevisionMetrics {
     pub hold_timeouts: Counter,
     /// `thaw_activator_upstream_errors_total`.
     pub upstream_errors: Counter,
+    /// `thaw_activator_client_errors_total`.
+    pub client_errors: Counter,
     /// `thaw_activator_retries_total`.
     pub retries: Counter,
     /// `thaw_activator_endpoint_ejections_total`.

@@ -298,3 +298,223 @@ async fn an_h2c_host_that_differs_from_the_authority_is_refused() {
     assert_eq!(status, 400, "{body}");
     h.shutdown();
 }
+
+/// An upstream that answers every request with `answer` (raw bytes) once it has read the
+/// request's head and body (Content-Length or chunked up to the last chunk), and records what
+/// it received.
+struct RawUpstream {
+    addr: std::net::SocketAddr,
+    got: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RawUpstream {
+    async fn start(answer: &'static [u8]) -> Self {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let got: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let record = got.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let complete = |b: &[u8]| {
+                        let Some(end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            return false;
+                        };
+                        let head = String::from_utf8_lossy(&b[..end]).to_ascii_lowercase();
+                        let body = &b[end + 4..];
+                        if head.contains("transfer-encoding: chunked") {
+                            body.windows(5).any(|w| w == b"0\r\n\r\n")
+                        } else {
+                            let len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length: "))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            body.len() >= len
+                        }
+                    };
+                    while !complete(&buf) {
+                        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk)).await
+                        {
+                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                    record
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf).into_owned());
+                    let _ = s.write_all(answer).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        Self { addr, got }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// One revision `r` (host `r.default.example.com`) in front of `up`.
+async fn in_front_of(addr: std::net::SocketAddr) -> Harness {
+    let mut r = spec("r", 0);
+    r.hosts = vec!["r.default.example.com".into()];
+    let h = Harness::start(vec![r], ActivatorConfig::default()).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![addr]);
+    h
+}
+
+/// The whole raw answer to `request` on a fresh connection.
+async fn raw_text(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let all = read_to_close(&mut tcp, Duration::from_secs(10))
+        .await
+        .expect("answered and closed");
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+const POST_R: &str = "POST / HTTP/1.1\r\nHost: r.default.example.com\r\nConnection: close\r\n";
+
+/// Finding 6: an upstream answer with both Content-Length and Transfer-Encoding reaches the
+/// client whole, without the stale length (hyper's client path: a request with a body).
+#[tokio::test]
+async fn a_stale_content_length_next_to_transfer_encoding_is_dropped() {
+    let up = RawUpstream::start(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+A\r\n0123456789\r\n0\r\n\r\n",
+    )
+    .await;
+    let mut h = in_front_of(up.addr).await;
+    let text = raw_text(
+        h.data,
+        format!("{POST_R}Content-Length: 2\r\n\r\nhi").as_bytes(),
+    )
+    .await;
+    let head = text.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    assert!(!head.contains("content-length: 5"), "{text}");
+    assert!(text.contains("0123456789"), "the whole body: {text}");
+    h.shutdown();
+}
+
+/// Finding 7: a malformed chunked request body is the client's error: 400, counted in
+/// `thaw_activator_client_errors_total`, not in the upstream errors.
+#[tokio::test]
+async fn a_malformed_request_body_is_a_400_and_not_an_upstream_error() {
+    let up = RawUpstream::start(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let mut h = in_front_of(up.addr).await;
+    let text = raw_text(
+        h.data,
+        format!("{POST_R}Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nZZ-not-a-size\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    let metrics = h.metrics().await;
+    let count = |family: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(family) && l.contains("revision=\"r\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.trim().to_string())
+    };
+    assert_eq!(
+        count("thaw_activator_client_errors_total").as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        count("thaw_activator_upstream_errors_total").as_deref(),
+        Some("0"),
+        "{metrics}"
+    );
+    h.shutdown();
+}
+
+/// Finding 8: framing, Content-*, authentication and routing fields never pass as trailers; the
+/// rest do (direct client and lane: a bodiless request; hyper's client and server: a body).
+#[tokio::test]
+async fn forbidden_trailer_fields_are_dropped() {
+    let up = RawUpstream::start(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
+2\r\nok\r\n0\r\nX-Checksum: abc\r\nContent-Length: 99\r\nSet-Cookie: s=1\r\nHost: evil\r\n\r\n",
+    )
+    .await;
+    let mut h = in_front_of(up.addr).await;
+    for request in [
+        format!("{POST_R}TE: trailers\r\nContent-Length: 2\r\n\r\nhi"),
+        "GET / HTTP/1.1\r\nHost: r.default.example.com\r\nTE: trailers\r\nConnection: close\r\n\r\n"
+            .to_string(),
+    ] {
+        let text = raw_text(h.data, request.as_bytes()).await;
+        let trailers = text.rsplit_once("\r\n0\r\n").map_or("", |(_, t)| t).to_ascii_lowercase();
+        assert!(trailers.contains("x-checksum: abc"), "{text}");
+        for gone in ["content-length", "set-cookie", "host:"] {
+            assert!(!trailers.contains(gone), "{gone} in the trailers: {text}");
+        }
+    }
+    h.shutdown();
+}
+
+/// Finding 9: CONNECT and upgrades outside `allowed-upgrades` are refused with 501; an
+/// `Upgrade: h2c` request is served over HTTP/1.1 without the upgrade's fields.
+#[tokio::test]
+async fn connect_and_unlisted_upgrades_are_refused_and_h2c_upgrades_served_plain() {
+    let up = RawUpstream::start(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let mut h = in_front_of(up.addr).await;
+    let connect = raw_text(
+        h.data,
+        b"CONNECT r.default.example.com:443 HTTP/1.1\r\nHost: r.default.example.com:443\r\n\
+Connection: close\r\n\r\n",
+    )
+    .await;
+    assert!(connect.starts_with("HTTP/1.1 501"), "{connect}");
+    let other = raw_text(
+        h.data,
+        b"GET / HTTP/1.1\r\nHost: r.default.example.com\r\nConnection: upgrade, close\r\n\
+Upgrade: foo/1\r\n\r\n",
+    )
+    .await;
+    assert!(other.starts_with("HTTP/1.1 501"), "{other}");
+    let h2c = raw_text(
+        h.data,
+        b"GET / HTTP/1.1\r\nHost: r.default.example.com\r\n\
+Connection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+    )
+    .await;
+    assert!(h2c.starts_with("HTTP/1.1 200"), "{h2c}");
+    let sent = up.requests().concat().to_ascii_lowercase();
+    assert!(
+        !sent.contains("upgrade") && !sent.contains("http2-settings"),
+        "{sent}"
+    );
+    h.shutdown();
+}
+
+/// Finding 10: a head with bare-LF line ends is served alike by the lane and by hyper (both
+/// parse with httparse, which accepts them as RFC 9112 §2.2 allows; SECURITY.md).
+#[tokio::test]
+async fn bare_lf_heads_are_served_alike_by_the_lane_and_hyper() {
+    let up = RawUpstream::start(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let mut h = in_front_of(up.addr).await;
+    let lane = raw_text(
+        h.data,
+        b"GET / HTTP/1.1\nHost: r.default.example.com\nConnection: close\n\n",
+    )
+    .await;
+    let hyper = raw_text(
+        h.data,
+        b"POST / HTTP/1.1\nHost: r.default.example.com\nConnection: close\nContent-Length: 2\n\nhi",
+    )
+    .await;
+    assert!(lane.starts_with("HTTP/1.1 200"), "{lane}");
+    assert!(hyper.starts_with("HTTP/1.1 200"), "{hyper}");
+    h.shutdown();
+}

@@ -240,6 +240,14 @@ fn defaults_rows() -> Vec<Row> {
 fn activator_rows() -> Vec<Row> {
     vec![
         (
+            "allowed-upgrades",
+            json!("websocket"),
+            "websocket, WebTransport",
+            json!("websocket, webtransport"),
+            "websocket, h2c",
+            "h2c cannot be tunnelled",
+        ),
+        (
             "trusted-proxies",
             json!(""),
             "10.0.0.0/8, 127.0.0.1",
