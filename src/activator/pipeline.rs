@@ -463,6 +463,15 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             resp.headers_mut().remove(http::header::CONTENT_LENGTH);
         }
         let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching && !upgrade {
+            // A 101 nobody asked for (the direct client refuses one as well): the upstream broke
+            // the exchange; its connection is not reused.
+            return Err(ActivatorError::Upstream {
+                revision: state.key.clone(),
+                endpoint: addr,
+                source: "101 Switching Protocols without an upgrade".into(),
+            });
+        }
         hdr::strip_hop_by_hop(resp.headers_mut(), switching);
         // The upstream's own id stands; else the request's (one hashed lookup, not two).
         match resp.body_mut().upstream_fields_mut() {

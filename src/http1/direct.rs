@@ -383,6 +383,13 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
             _ => {}
         }
     }
+    if http10 && seen.transfer_encoding {
+        // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (as
+        // hyper's client also refuses it).
+        return Err(DirectError::Invalid(
+            "Transfer-Encoding in an HTTP/1.0 response",
+        ));
+    }
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = if http10 {
