@@ -113,14 +113,21 @@ fn malformed_yaml_names_the_line() {
 
 #[test]
 fn checks_local_yaml_too() {
-    let (code, out, err) = thaw(&["config", "check", "config/local.yaml"]);
+    // A file of the test's own: config/local.yaml is the users' to edit.
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write(
+        dir.path(),
+        "local.yaml",
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containers: [{command: [thaw, sample-app]}]\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &ok]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("default/hello host=hello.default.example.com revision=hello-00001"),
         "{out}"
     );
 
-    let dir = tempfile::tempdir().unwrap();
     let f = write(
         dir.path(),
         "local.yaml",
@@ -133,4 +140,22 @@ fn checks_local_yaml_too() {
         err.contains("services[0].spec.template.spec.containers[0].ports[0].name: grpc: must be"),
         "{err}"
     );
+}
+
+#[test]
+fn shipped_gc_config_is_knatives_defaults() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-gc.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["retain-since-create-time"], 48 * 3600);
+    assert_eq!(v["retain-since-last-active-time"], 15 * 3600);
+    assert_eq!(v["min-non-active-revisions"], 20);
+    assert_eq!(v["max-non-active-revisions"], 1000);
+    assert_eq!(v["_non_default"], serde_json::json!([]));
 }

@@ -7,6 +7,7 @@
 //!   autoscaler: config-autoscaler.yaml
 //!   defaults: config-defaults.yaml    # optional
 //!   activator: config-activator.yaml  # optional
+//!   gc: config-gc.yaml                # optional: Knative's revision garbage collection
 //! services:
 //!   - apiVersion: serving.knative.dev/v1
 //!     kind: Service
@@ -60,6 +61,7 @@ pub struct ConfigMapPaths {
     pub autoscaler: Option<PathBuf>,
     pub defaults: Option<PathBuf>,
     pub activator: Option<PathBuf>,
+    pub gc: Option<PathBuf>,
 }
 
 /// A Knative Service (serving.knative.dev/v1), as far as local mode needs it.
@@ -166,10 +168,10 @@ fn root_path() -> String {
     "/".into()
 }
 
-/// The built-in copy of `config/local.yaml`, used when no file is given and none exists in the
-/// current folder. Its ConfigMap paths are ignored (every key takes its default), except that
-/// the service's own annotations still apply.
-pub const BUILTIN: &str = include_str!("../../config/local.yaml");
+/// The built-in demo services (`src/local/builtin.yaml`), used when no file is given and none
+/// is found. Every ConfigMap key takes its default. A file of its own, not `config/local.yaml`,
+/// so that editing the file users are told to edit changes neither the binary nor the tests.
+pub const BUILTIN: &str = include_str!("builtin.yaml");
 
 /// Parses local.yaml text. YAML errors and unknown fields name the line; `origin` names the
 /// input.

@@ -13,17 +13,28 @@
 //!   with the reason), then from the catalog.
 //! - ConfigMap changes re-resolve every revision's effective spec; a revision whose spec no
 //!   longer resolves keeps its last good spec (and the problem is logged).
+//! - Old revisions are collected by `config-gc`'s rules ([`crate::config::gc`]), as Knative's
+//!   collector does per Configuration: after every change and every [`GC_PERIOD`]. A routed,
+//!   latest created or latest ready revision is never collected. A collected revision leaves
+//!   the platform (its replicas stop) and the catalog (so `/revisions`), as a removed one does.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::config::RevisionTemplate;
 use super::model::{LocalModel, ServiceModel};
+use crate::config::gc::{GcCandidate, collectable};
 use crate::platform::EndpointSource;
 use crate::platform::local::{LocalPlatform, LocalRevision};
 use crate::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+
+/// How often revision garbage collection runs besides after each change (its time rules need
+/// time to pass).
+pub const GC_PERIOD: Duration = Duration::from_secs(10);
 
 /// Identity of a service: (namespace, name).
 type ServiceId = (String, String);
@@ -38,6 +49,52 @@ struct ServiceState {
     specs: BTreeMap<u64, RevisionSpec>,
     /// The newest generation that has been ready (latestReadyRevision).
     ready: Option<u64>,
+    /// Per generation: when it was created and when it was last routed (`None`: routed now or
+    /// never), for `config-gc`'s time rules.
+    created: BTreeMap<u64, Instant>,
+    unrouted_at: BTreeMap<u64, Instant>,
+}
+
+impl ServiceState {
+    /// The generations the route sends traffic to.
+    fn routed(&self) -> BTreeSet<u64> {
+        BTreeSet::from([self.ready.unwrap_or(self.generation)])
+    }
+
+    /// Records that the route moved from `before` to the current routed set at `now`.
+    fn route_moved(&mut self, before: &BTreeSet<u64>, now: Instant) {
+        let after = self.routed();
+        for g in before.difference(&after) {
+            self.unrouted_at.insert(*g, now);
+        }
+        for g in &after {
+            self.unrouted_at.remove(g);
+        }
+    }
+
+    /// The generations `config-gc` collects now.
+    fn collectable(&self, gc: &crate::config::GcConfig, now: Instant) -> Vec<u64> {
+        let routed = self.routed();
+        let candidates: Vec<GcCandidate<u64>> = self
+            .templates
+            .keys()
+            .map(|g| {
+                let created = self.created.get(g).copied().unwrap_or(now);
+                let last_active = if routed.contains(g) {
+                    now
+                } else {
+                    self.unrouted_at.get(g).copied().unwrap_or(created)
+                };
+                GcCandidate {
+                    key: *g,
+                    active: routed.contains(g) || *g == self.generation || self.ready == Some(*g),
+                    age: now.saturating_duration_since(created),
+                    inactive_for: now.saturating_duration_since(last_active),
+                }
+            })
+            .collect();
+        collectable(gc, &candidates)
+    }
 }
 
 #[derive(Debug)]
@@ -69,6 +126,8 @@ impl LocalController {
             }),
         });
         c.apply(model);
+        let weak = Arc::downgrade(&c);
+        tokio::spawn(collect_periodically(weak));
         c
     }
 
@@ -116,10 +175,15 @@ impl LocalController {
                     templates: BTreeMap::new(),
                     specs: BTreeMap::new(),
                     ready: None,
+                    created: BTreeMap::new(),
+                    unrouted_at: BTreeMap::new(),
                 });
             if svc.templates.get(&svc.generation) != Some(&s.template) {
+                let before = svc.routed();
                 svc.generation += 1;
                 svc.templates.insert(svc.generation, s.template.clone());
+                svc.created.insert(svc.generation, Instant::now());
+                svc.route_moved(&before, Instant::now());
                 let key = s.key(svc.generation);
                 info!(revision = %key, "revision created");
                 new_revisions.push(key);
@@ -144,11 +208,33 @@ impl LocalController {
                 }
             }
         }
+        self.collect_garbage(&mut st, Instant::now());
         self.publish(&st);
         drop(st);
         for key in new_revisions {
             self.watch_ready(key);
         }
+    }
+
+    /// Applies `config-gc` to every service at `now`: collected revisions leave the platform
+    /// and the state. Returns whether any was collected (the caller publishes the catalog).
+    fn collect_garbage(&self, st: &mut State, now: Instant) -> bool {
+        let gc = st.model.configs.gc.clone();
+        let mut any = false;
+        for ((ns, name), svc) in st.services.iter_mut() {
+            for g in svc.collectable(&gc, now) {
+                let key = RevisionKey::new(ns, super::model::revision_name(name, g));
+                svc.templates.remove(&g);
+                svc.specs.remove(&g);
+                svc.created.remove(&g);
+                svc.unrouted_at.remove(&g);
+                self.platform
+                    .remove(&key, "the revision was garbage-collected (config-gc)");
+                info!(revision = %key, "revision collected (config-gc)");
+                any = true;
+            }
+        }
+        any
     }
 
     /// Replaces the catalog from the state: every revision, and each service's route.
@@ -213,9 +299,29 @@ impl LocalController {
             return;
         }
         let from = svc.ready;
+        let before = svc.routed();
         svc.ready = Some(generation);
+        svc.route_moved(&before, Instant::now());
         info!(revision = %key, previous = ?from, "revision ready; route now points at it");
+        self.collect_garbage(&mut st, Instant::now());
         self.publish(&st);
+    }
+}
+
+/// Runs revision garbage collection every [`GC_PERIOD`] while the controller lives.
+async fn collect_periodically(controller: Weak<LocalController>) {
+    let mut every = tokio::time::interval(GC_PERIOD);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(c) = controller.upgrade() else {
+            return;
+        };
+        let mut st = c.lock();
+        if c.collect_garbage(&mut st, Instant::now()) {
+            c.publish(&st);
+        }
     }
 }
 

@@ -148,6 +148,13 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &mut problems,
             &mut config_files,
         );
+        load_into(
+            &mut configs.gc,
+            &file.config_maps.gc,
+            &abs,
+            &mut problems,
+            &mut config_files,
+        );
     }
     let mut warnings = Vec::new();
     let services: Vec<ServiceModel> = file
@@ -162,15 +169,16 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
     if problems.is_empty() {
         for (i, s) in services.iter().enumerate() {
             warnings.extend(
-                annotations::warnings(&s.template.metadata.annotations)
+                annotations::warnings(&configs.autoscaler, &s.template.metadata.annotations)
                     .into_iter()
                     .map(|w| format!("services[{i}]: {w}")),
             );
-            if let Err(e) = s.revision_spec(1, &file.domain, &configs) {
-                problems.extend(e.0.into_iter().map(|p| Problem {
+            match s.revision_spec(1, &file.domain, &configs) {
+                Ok(spec) => problems.extend(local_class_problem(i, s, &spec)),
+                Err(e) => problems.extend(e.0.into_iter().map(|p| Problem {
                     key: format!("services[{i}]: {}", field_path(&p.key)),
                     ..p
-                }));
+                })),
             }
         }
     }
@@ -204,6 +212,33 @@ fn load_into<T: ConfigMap>(
     files.push((T::NAME, path));
 }
 
+/// `thaw local` has only the KPA: a revision of another class (Knative's HPA) would never be
+/// scaled, so it is refused, naming where the class came from.
+fn local_class_problem(i: usize, s: &ServiceModel, spec: &RevisionSpec) -> Option<Problem> {
+    let class = &spec.autoscaling.class;
+    if class == annotations::KPA_CLASS {
+        return None;
+    }
+    let annotation = format!("{}class", annotations::PREFIX);
+    let key = if s.template.metadata.annotations.contains_key(&annotation) {
+        format!("services[{i}]: spec.template.metadata.annotations[{annotation}]")
+    } else {
+        format!(
+            "services[{i}]: {} pod-autoscaler-class",
+            crate::config::autoscaler::NAME
+        )
+    };
+    Some(Problem::new(
+        key,
+        class,
+        format!(
+            "thaw local has no HPA (no CPU or memory metrics to scale on): only {} revisions \
+             can run locally",
+            annotations::KPA_CLASS
+        ),
+    ))
+}
+
 /// Where a revision-level key lives in a Service manifest.
 fn field_path(key: &str) -> String {
     match key.strip_prefix("spec.") {
@@ -234,16 +269,58 @@ mod tests {
         assert_eq!(revision_name("hello", 12), "hello-00012");
     }
 
+    /// Every ConfigMap local.yaml names is read from its folder and followed by absolute path.
+    /// (A folder of its own: tests never read config/local.yaml, which users edit.)
     #[test]
-    fn shipped_local_yaml_loads_with_its_configmaps() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.yaml");
-        let m = load(&Source::File(path)).unwrap();
-        assert_eq!(m.config_files.len(), 3);
+    fn local_yaml_loads_its_configmaps_from_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let cm = |name: &str, data: &str| {
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {{{data}}}\n"
+            )
+        };
+        for (file, text) in [
+            ("as.yaml", cm("config-autoscaler", "stable-window: 20s")),
+            ("d.yaml", cm("config-defaults", "")),
+            ("a.yaml", cm("config-activator", "")),
+            ("gc.yaml", cm("config-gc", "min-non-active-revisions: '3'")),
+            (
+                "local.yaml",
+                "configMaps: {autoscaler: as.yaml, defaults: d.yaml, activator: a.yaml, gc: gc.yaml}\nservices: []\n".into(),
+            ),
+        ] {
+            std::fs::write(dir.path().join(file), text).unwrap();
+        }
+        let m = load(&Source::File(dir.path().join("local.yaml"))).unwrap();
+        assert_eq!(m.config_files.len(), 4);
         assert!(
             m.config_files
                 .iter()
                 .all(|(_, p)| p.is_absolute() && p.exists())
         );
+        assert_eq!(m.configs.gc.min_non_active_revisions, 3);
+        assert_eq!(
+            m.configs.autoscaler.stable_window,
+            std::time::Duration::from_secs(20)
+        );
+    }
+
+    /// There is no HPA in `thaw local`: a revision of that class is refused, naming where the
+    /// class came from.
+    #[test]
+    fn hpa_class_is_refused_locally() {
+        let f = super::super::config::parse(
+            "services:\n  - metadata: {name: a}\n    spec:\n      template:\n        metadata:\n          annotations: {autoscaling.knative.dev/class: hpa.autoscaling.knative.dev}\n        spec:\n          containers: [{command: [x]}]\n",
+            "f",
+        )
+        .unwrap();
+        let e = from_file(f, None).unwrap_err();
+        assert_eq!(
+            e.0[0].key,
+            "services[0]: spec.template.metadata.annotations[autoscaling.knative.dev/class]"
+        );
+        assert_eq!(e.0[0].value, "hpa.autoscaling.knative.dev");
+        assert!(e.0[0].reason.contains("no HPA"), "{e}");
     }
 
     #[test]

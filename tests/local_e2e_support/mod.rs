@@ -66,6 +66,24 @@ impl Thaw {
         Self::spawn(dir, Some(config))
     }
 
+    /// As [`Thaw::start`], with more files (name, text) written beside local.yaml first.
+    pub fn start_with(
+        local: &str,
+        autoscaler: &str,
+        activator: &str,
+        more: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "local.yaml", local);
+        write(dir.path(), "config-autoscaler.yaml", autoscaler);
+        write(dir.path(), "config-activator.yaml", activator);
+        for (name, text) in more {
+            write(dir.path(), name, text);
+        }
+        let config = dir.path().join("local.yaml");
+        Self::spawn(dir, Some(config))
+    }
+
     /// Starts `thaw local` without `--config` in an empty folder: the built-in local.yaml.
     pub fn start_builtin() -> Self {
         Self::spawn(tempfile::tempdir().unwrap(), None)
