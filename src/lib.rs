@@ -8,6 +8,7 @@
 
 pub mod activator;
 pub mod autoscaler;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod local;

@@ -283,7 +283,18 @@ fn invalid_local_yaml_is_refused_at_start_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_local_yaml_the_built_in_copy_serves_hello() {
     let thaw = Thaw::start_builtin();
-    assert!(thaw.log_contains("built-in copy"), "{}", thaw.dump_logs());
+    // Said at WARN, naming the files looked for.
+    assert!(
+        thaw.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(" WARN ")
+                && l.contains("serving the built-in demo")
+                && l.contains("looked_for=local.yaml, config/local.yaml")),
+        "{}",
+        thaw.dump_logs()
+    );
     let (status, _, body) = thaw.get(HOST, "/").await;
     assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
 }

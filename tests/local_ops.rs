@@ -63,3 +63,155 @@ async fn old_revisions_are_collected_by_config_gc_and_the_routed_one_never() {
     // The routed revision still serves, and keeps serving after more GC rounds.
     assert_eq!(thaw.get(HOST, "/").await.2, "Hello from three!\n");
 }
+
+/// A clean stop (SIGINT, nothing left in flight) logs no WARN and exits 0; `--listen` and
+/// `--admin-listen` accept `localhost:PORT` and a bare `PORT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_forms_and_a_clean_stop_without_warnings() {
+    let mut thaw = Thaw::start_on(
+        &local_yaml(&[service("hello", &[], "one", "")]),
+        "localhost:0",
+        "0",
+    );
+    assert!(thaw.data.ip().is_loopback() && thaw.admin.ip().is_loopback());
+    assert_eq!(thaw.get(HOST, "/").await.2, "Hello from one!\n");
+    thaw.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(thaw.wait_exit().await, 0, "{}", thaw.dump_logs());
+    let logs = thaw.dump_logs();
+    assert!(logs.contains("thaw local stopped"), "{logs}");
+    let warns: Vec<&str> = logs.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert!(
+        warns.is_empty(),
+        "a clean stop logged warnings:\n{}",
+        warns.join("\n")
+    );
+}
+
+/// During a drain thaw says every few seconds how many requests it waits for; a second Ctrl-C
+/// stops at once (exit 130), saying what was cut short, and kills the replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_stops_at_once_and_says_what_was_cut_short() {
+    let mut thaw = Thaw::start(
+        &local_yaml(&[service("hello", &["--response-delay", "60s"], "slow", "")]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    );
+    let client = thaw.client();
+    let data = thaw.data;
+    let slow = tokio::spawn(async move {
+        let req = hyper::Request::get(format!("http://{data}/"))
+            .header("host", HOST)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        client.request(req).await.map(|r| r.status().as_u16())
+    });
+    until(&thaw, "the slow request forwarded", || async {
+        thaw.admin_json("/revisions").await["revisions"][0]["in_flight"] == 1
+    })
+    .await;
+    let replicas = thaw.replicas();
+    assert_eq!(replicas.len(), 1);
+    thaw.signal(nix::sys::signal::Signal::SIGINT);
+    until(&thaw, "a drain progress line", || async {
+        thaw.log_contains("draining: 1 requests still in flight")
+    })
+    .await;
+    thaw.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(thaw.wait_exit().await, 130, "{}", thaw.dump_logs());
+    assert!(
+        thaw.log_contains(
+            "second Ctrl-C: stopping at once; 1 requests in flight and 0 held are cut short"
+        ),
+        "{}",
+        thaw.dump_logs()
+    );
+    // The replica was killed: its process is gone or a zombie awaiting its new parent.
+    until(&thaw, "the replica gone", || async {
+        replicas.iter().all(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        })
+    })
+    .await;
+    assert!(
+        slow.await.unwrap().is_err(),
+        "the cut request got no answer"
+    );
+}
+
+/// `thaw local 2>&1 | head -2`: once the log's reader has gone, thaw keeps serving (no panic in
+/// the logging library) and stops cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_log_output_does_not_stop_thaw() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.yaml"),
+        local_yaml(&[service("hello", &[], "one", "")]),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("config-autoscaler.yaml"), FAST_AUTOSCALER).unwrap();
+    std::fs::write(dir.path().join("config-activator.yaml"), FAST_ACTIVATOR).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args([
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("thaw local listening"))
+        .expect("the listening line");
+    let data: std::net::SocketAddr = listening
+        .split("data=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    drop(lines); // `head` exits: the pipe's read end closes.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    for _ in 0..3 {
+        let (status, _, body) = get(&client, data, HOST, "/").await;
+        assert_eq!((status, body.as_str()), (200, "Hello from one!\n"));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "thaw did not stop");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(code, Some(0), "exit code 101 = a panic on the closed pipe");
+}
+
+/// Without `--config`, `./local.yaml` in the current folder is the services file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_yaml_in_the_current_folder_is_used() {
+    let thaw = Thaw::start_without_flag(&local_yaml(&[service("hello", &[], "mine", "")]));
+    assert!(
+        thaw.log_contains("services file config=local.yaml"),
+        "{}",
+        thaw.dump_logs()
+    );
+    assert_eq!(thaw.get(HOST, "/").await.2, "Hello from mine!\n");
+}

@@ -26,8 +26,8 @@
 //!               readinessProbe: {httpGet: {path: /healthz}}   # optional; else TCP connect
 //! ```
 //!
-//! Unknown fields are errors (naming the field and its line), so a typo cannot silently fall
-//! back to a default.
+//! Unknown fields are errors (naming the field's path), so a typo cannot silently fall back to a
+//! default.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -173,19 +173,104 @@ fn root_path() -> String {
 /// so that editing the file users are told to edit changes neither the binary nor the tests.
 pub const BUILTIN: &str = include_str!("builtin.yaml");
 
-/// Parses local.yaml text. YAML errors and unknown fields name the line; `origin` names the
-/// input.
+/// Parses local.yaml text in two steps: YAML syntax (an error names the line and column), then
+/// the shape (an error names the field path, `services[0].spec.template.spec.
+/// containerConcurrency: expected a whole number ≥ 0, got "lots"`). `origin` names the input.
 pub fn parse(text: &str, origin: &str) -> Result<LocalFile, Problems> {
-    let file: LocalFile = serde_saphyr::from_str(text).map_err(|e| {
+    let tree: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| {
         let at = e
             .location()
             .map(|l| format!("line {} column {}", l.line(), l.column()))
             .unwrap_or_else(|| "(no position)".into());
         let msg = e.to_string();
         let first = msg.lines().next().unwrap_or("invalid").to_string();
-        Problems(vec![Problem::new(origin, at, first)])
+        Problems(vec![Problem::new(
+            origin,
+            at,
+            format!("invalid YAML: {first}"),
+        )])
     })?;
+    // An empty file is an empty mapping: no services.
+    let tree = if tree.is_null() {
+        serde_json::Value::Object(Default::default())
+    } else {
+        tree
+    };
+    let file: LocalFile = serde_path_to_error::deserialize(tree)
+        .map_err(|e| Problems(vec![shape_problem(&e.path().to_string(), e.inner())]))?;
     validate(&file).map(|()| file)
+}
+
+/// A shape error as an operator reads it: the field path, what was expected in words (no Rust
+/// type names) and what was found.
+fn shape_problem(path: &str, e: &serde_json::Error) -> Problem {
+    let msg = e.to_string();
+    let path = if path == "." { "" } else { path };
+    let join = |field: &str| {
+        if path.is_empty() {
+            field.to_string()
+        } else {
+            format!("{path}.{field}")
+        }
+    };
+    if let Some(rest) = msg.strip_prefix("missing field `") {
+        let field = rest.split('`').next().unwrap_or(rest);
+        return Problem::new(join(field), "", "required, but missing");
+    }
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        let (_, known) = rest.split_once("expected ").unwrap_or(("", ""));
+        let known = known.trim_start_matches("one of ");
+        // serde_path_to_error's path already ends with the unknown field.
+        return Problem::new(path, "", format!("unknown field (known here: {known})"));
+    }
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = msg.strip_prefix(prefix)
+            && let Some((got, expected)) = rest.rsplit_once(", expected ")
+        {
+            return Problem::new(
+                path,
+                "",
+                format!(
+                    "expected {}, got {}",
+                    expected_words(expected),
+                    got_words(got)
+                ),
+            );
+        }
+    }
+    Problem::new(path, "", msg)
+}
+
+/// serde's name of an expected type, in words.
+fn expected_words(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number ≥ 0".into(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" => "true or false".into(),
+        "a sequence" => "a list".into(),
+        "a map" => "a mapping (key: value)".into(),
+        e if e.starts_with("struct ") => "a mapping (key: value)".into(),
+        e => e.to_string(),
+    }
+}
+
+/// serde's description of the value found (`string "lots"`, ``integer `-1` ``), as written.
+fn got_words(got: &str) -> String {
+    if let Some(s) = got.strip_prefix("string ") {
+        return s.to_string();
+    }
+    for kind in ["integer ", "floating point ", "boolean "] {
+        if let Some(v) = got.strip_prefix(kind) {
+            return v.trim_matches('`').to_string();
+        }
+    }
+    match got {
+        "sequence" => "a list".into(),
+        "map" => "a mapping".into(),
+        "unit value" | "null" => "nothing (null)".into(),
+        g => g.to_string(),
+    }
 }
 
 /// Reads and parses a local.yaml file.
@@ -359,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_field_is_named_with_its_line() {
+    fn unknown_field_is_named_by_its_path() {
         let e = parse(
             "services:\n  - metadata: {name: a}\n    spec:\n      template:\n        spec:\n          \
              containerConcurency: 1\n          containers: [{command: [x]}]\n",
@@ -368,9 +453,59 @@ mod tests {
         .unwrap_err();
         let s = e.to_string();
         assert!(
-            s.contains("containerConcurency") && s.contains("line 6"),
+            s.starts_with("services[0].spec.template.spec.containerConcurency: unknown field"),
             "{s}"
         );
+        assert!(
+            s.contains("containerConcurrency"),
+            "the known fields are listed: {s}"
+        );
+    }
+
+    /// A type error names the field path and says what was expected in words, without the
+    /// position or Rust's type names.
+    #[test]
+    fn type_errors_name_the_path_in_words() {
+        let svc = |spec: &str| {
+            format!(
+                "services:\n  - metadata: {{name: a}}\n    spec:\n      template:\n        spec:\n          {spec}\n          containers: [{{command: [x]}}]\n"
+            )
+        };
+        let cases = [
+            (
+                svc("containerConcurrency: lots"),
+                "services[0].spec.template.spec.containerConcurrency: expected a whole number ≥ 0, \
+                 got \"lots\"",
+            ),
+            (
+                svc("containerConcurrency: -1"),
+                "services[0].spec.template.spec.containerConcurrency: expected a whole number ≥ 0, \
+                 got -1",
+            ),
+            (
+                svc("timeoutSeconds: [1]"),
+                "services[0].spec.template.spec.timeoutSeconds: expected a whole number ≥ 0, got \
+                 a list",
+            ),
+            (
+                "services:\n  - metadata: {name: a}\n".to_string(),
+                "services[0].spec: required, but missing",
+            ),
+            (
+                "services: {a: 1}\n".to_string(),
+                "services: expected a list, got a mapping",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(&text, "f").unwrap_err();
+            assert_eq!(e.to_string(), want);
+            assert!(!e.to_string().contains("line "), "{e}");
+        }
+        // Syntax errors still name the line.
+        let e = parse("services: [\n", "f.yaml").unwrap_err();
+        assert!(e.to_string().starts_with("f.yaml: line "), "{e}");
+        // An empty file is no services.
+        assert!(parse("", "f").unwrap().services.is_empty());
     }
 
     #[test]

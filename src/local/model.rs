@@ -207,7 +207,10 @@ fn load_into<T: ConfigMap>(
     let path = abs(path);
     match from_manifest::<T>(&path) {
         Ok(c) => *slot = Arc::new(c),
-        Err(e) => problems.extend(e.0),
+        Err(e) => {
+            let file = path.display().to_string();
+            problems.extend(e.0.into_iter().map(|p| p.in_file(&file)));
+        }
     }
     files.push((T::NAME, path));
 }

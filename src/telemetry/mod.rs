@@ -64,10 +64,13 @@ pub fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal; log files and pipes get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A closed stderr (`thaw local 2>&1 | head -2`) must not stop thaw: by default the fmt
+    // layer reports a failed write with `eprintln!`, which panics on that same closed pipe.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .log_internal_errors(false);
     let _ = if json {
         builder.json().try_init()
     } else {

@@ -154,12 +154,12 @@ pub struct Simulation {
 pub fn run(args: &SimulateArgs) -> ExitCode {
     match run_inner(args) {
         Ok(summary) => {
-            println!("{summary}");
+            crate::cli::out(&format!("{summary}\n"));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("thaw simulate: {e}");
-            ExitCode::from(2)
+            crate::cli::say(format_args!("thaw simulate: {e}"));
+            crate::cli::invalid()
         }
     }
 }
@@ -178,7 +178,7 @@ fn run_inner(args: &SimulateArgs) -> Result<Summary, String> {
         args.container_concurrency,
     )?;
     for w in warnings {
-        eprintln!("thaw simulate: warning: {w}");
+        crate::cli::say(format_args!("thaw simulate: warning: {w}"));
     }
     let text = std::fs::read_to_string(&args.trace)
         .map_err(|e| format!("{}: {e}", args.trace.display()))?;
