@@ -215,3 +215,58 @@ async fn a_local_yaml_in_the_current_folder_is_used() {
     );
     assert_eq!(thaw.get(HOST, "/").await.2, "Hello from mine!\n");
 }
+
+/// `containerPort` is the replica's `PORT` (as in Knative), and the route answers on the
+/// cluster-local names too: `{service}.{namespace}`, `.svc`, `.svc.cluster.local`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_port_is_the_replicas_port_and_cluster_local_names_route() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let svc = service("hello", &[], "ported", "")
+        + &format!("              ports: [{{name: http1, containerPort: {port}}}]\n");
+    let thaw = Thaw::start(&local_yaml(&[svc]), FAST_AUTOSCALER, FAST_ACTIVATOR);
+    for host in [
+        HOST,
+        "hello.default",
+        "hello.default.svc",
+        "hello.default.svc.cluster.local:80",
+    ] {
+        let (status, _, body) = thaw.get(host, "/").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "Hello from ported!\n"),
+            "{host}"
+        );
+    }
+    let v = thaw.admin_json("/revisions").await;
+    assert_eq!(
+        v["revisions"][0]["ready"]["addresses"],
+        serde_json::json!([format!("127.0.0.1:{port}")]),
+        "{v}"
+    );
+}
+
+/// A replica that is not ready yet is reported every few seconds with the address probed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_not_ready_yet_is_reported_with_the_probed_address() {
+    let thaw = Thaw::start(
+        &local_yaml(&[service("hello", &["--startup-delay", "20s"], "late", "")]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    );
+    let client = thaw.client();
+    let data = thaw.data;
+    let _held = tokio::spawn(async move { get(&client, data, HOST, "/").await });
+    until(&thaw, "a not-ready report", || async {
+        thaw.log_contains("replica not ready yet: waiting for a TCP connect to 127.0.0.1:")
+    })
+    .await;
+    assert!(
+        thaw.log_contains("(the app must listen on $PORT = "),
+        "{}",
+        thaw.dump_logs()
+    );
+}

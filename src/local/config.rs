@@ -142,8 +142,8 @@ pub struct EnvVar {
     pub value: String,
 }
 
-/// Only the name matters locally: `h2c` selects HTTP/2 cleartext. The port number is chosen by
-/// thaw and passed as `PORT`.
+/// The container's port: `h2c` as the name selects HTTP/2 cleartext; `containerPort` is the
+/// `PORT` the replica gets (a free port when absent, or when another replica holds it).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Port {
@@ -306,6 +306,8 @@ fn validate(f: &LocalFile) -> Result<(), Problems> {
         ));
     }
     let mut seen = BTreeSet::new();
+    // containerPort -> the service that declared it first.
+    let mut ports: BTreeMap<u16, String> = BTreeMap::new();
     for (i, s) in f.services.iter().enumerate() {
         let at = format!("services[{i}]");
         if let Some(kind) = &s.kind
@@ -389,6 +391,24 @@ fn validate(f: &LocalFile) -> Result<(), Problems> {
                 c.ports.len().to_string(),
                 "at most one port",
             ));
+        }
+        if let Some(port) = c.ports.first().and_then(|pt| pt.container_port) {
+            let at = format!("{cat}.ports[0].containerPort");
+            let me = format!("{}/{}", s.metadata.namespace, s.metadata.name);
+            if port == 0 {
+                p.push(Problem::new(at, "0", "must be in [1, 65535]"));
+            } else if let Some(other) = ports.get(&port) {
+                p.push(Problem::new(
+                    at,
+                    port.to_string(),
+                    format!(
+                        "service {other} declares it too: locally every replica shares one \
+                         network, so two services cannot listen on one port"
+                    ),
+                ));
+            } else {
+                ports.insert(port, me);
+            }
         }
         if let Some(name) = c.ports.first().and_then(|pt| pt.name.as_deref())
             && !matches!(name, "http1" | "h2c" | "http")
@@ -506,6 +526,26 @@ mod tests {
         assert!(e.to_string().starts_with("f.yaml: line "), "{e}");
         // An empty file is no services.
         assert!(parse("", "f").unwrap().services.is_empty());
+    }
+
+    /// Replicas share the machine's loopback network: two services cannot declare one port.
+    #[test]
+    fn two_services_on_one_container_port_are_refused() {
+        let svc = |name: &str| {
+            format!(
+                "  - metadata: {{name: {name}}}\n    spec:\n      template:\n        spec:\n          containers: [{{command: [x], ports: [{{containerPort: 8081}}]}}]\n"
+            )
+        };
+        let e = parse(&format!("services:\n{}{}", svc("a"), svc("b")), "f").unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(
+            e.0[0].key,
+            "services[1].spec.template.spec.containers[0].ports[0].containerPort"
+        );
+        assert!(
+            e.0[0].reason.contains("service default/a declares it too"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - A service starts at generation 1 (`hello-00001`). A changed revision template creates the
 //!   next generation; earlier revisions stay (reachable by their own host) and scale to zero
 //!   when idle, as Knative's do.
-//! - The route `{service}.{namespace}.{domain}` points at the newest revision that became ready
+//! - The route `{service}.{namespace}.{domain}` (and the cluster-local names
+//!   `{service}.{namespace}[.svc[.cluster.local]]`) points at the newest revision that became ready
 //!   (Knative's latestReadyRevision), or at the newest revision while none has been ready yet,
 //!   so the first request is held for it. A revision is ready once it has had a ready endpoint,
 //!   or at once when its initial scale is 0 (as Knative marks it).
@@ -244,11 +245,10 @@ impl LocalController {
         for ((ns, name), svc) in &st.services {
             revisions.extend(svc.specs.values().cloned());
             let target = svc.ready.unwrap_or(svc.generation);
-            let host = format!("{name}.{ns}.{}", st.model.domain);
-            routes.push((
-                host,
-                RevisionKey::new(ns, super::model::revision_name(name, target)),
-            ));
+            let key = RevisionKey::new(ns, super::model::revision_name(name, target));
+            for host in super::model::route_hosts(name, ns, &st.model.domain) {
+                routes.push((host, key.clone()));
+            }
         }
         self.catalog.store(CatalogSnapshot::new(revisions, routes));
     }
@@ -340,6 +340,7 @@ fn local_revision(spec: &RevisionSpec, template: &RevisionTemplate) -> LocalRevi
         .and_then(|p| p.http_get.as_ref())
         .map(|h| h.path.clone());
     def.protocol = spec.protocol;
+    def.port = c.ports.first().and_then(|p| p.container_port);
     def.drain_timeout = Some(spec.timeouts.total);
     // Knative's progress deadline: how long a replica may take to become ready.
     def.startup_timeout = Some(spec.autoscaling.progress_deadline);

@@ -42,6 +42,18 @@ pub struct ServiceModel {
     pub template: RevisionTemplate,
 }
 
+/// The hosts of a route: the external `{name}.{namespace}.{domain}` and the cluster-local
+/// names a client inside a cluster would use (`{name}.{namespace}`, `.svc`,
+/// `.svc.cluster.local`), so the same URLs work against `thaw local`.
+pub fn route_hosts(name: &str, namespace: &str, domain: &str) -> Vec<String> {
+    vec![
+        format!("{name}.{namespace}.{domain}"),
+        format!("{name}.{namespace}"),
+        format!("{name}.{namespace}.svc"),
+        format!("{name}.{namespace}.svc.cluster.local"),
+    ]
+}
+
 /// Knative's revision name: `{service}-{generation:05}`.
 pub fn revision_name(service: &str, generation: u64) -> String {
     format!("{service}-{generation:05}")
@@ -76,11 +88,7 @@ impl ServiceModel {
             idle_timeout_seconds: spec.idle_timeout_seconds,
             port_name,
             annotations: self.template.metadata.annotations.clone(),
-            hosts: vec![
-                format!("{rev}.{}.{domain}", self.namespace),
-                format!("{rev}.{}.svc.cluster.local", self.namespace),
-                format!("{rev}.{}.svc", self.namespace),
-            ],
+            hosts: route_hosts(&rev, &self.namespace, domain),
         }
     }
 
