@@ -21,8 +21,6 @@ use super::core::Activator;
 use super::error::plain;
 use crate::platform::EndpointStatus;
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 /// Serves the admin API on `listener` until `stop` is cancelled.
 pub(crate) async fn serve(act: Arc<Activator>, listener: TcpListener, stop: CancellationToken) {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin serving");
@@ -65,9 +63,15 @@ fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
         "/readyz" if act.is_draining() => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         "/readyz" => plain(StatusCode::OK, "ok\n"),
         "/metrics" => {
-            let mut r = plain(StatusCode::OK, act.deps.telemetry.encode());
+            // OpenMetrics when the scraper asks for it, the classic text format otherwise.
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (body, content_type) = act.deps.telemetry.encode_for(accept);
+            let mut r = plain(StatusCode::OK, body);
             r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
         "/revisions" => {

@@ -8,7 +8,9 @@
 pub mod activator;
 pub mod autoscaler;
 pub mod config;
+pub mod exposition;
 pub mod platform;
+pub mod process;
 pub mod spread;
 
 use prometheus_client::encoding::text::encode;
@@ -26,13 +28,17 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Registers every family under the `thaw` prefix.
+    /// Registers every family: thaw's under the `thaw` prefix, the standard `process_*` ones
+    /// without it.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("thaw");
-        let config = config::ConfigMetrics::register(&mut registry);
-        let platform = platform::PlatformMetrics::register(&mut registry);
-        let activator = activator::ActivatorMetrics::register(&mut registry);
-        let autoscaler = autoscaler::AutoscalerMetrics::register(&mut registry);
+        let mut registry = Registry::default();
+        process::register(&mut registry);
+        let thaw = registry.sub_registry_with_prefix("thaw");
+        process::register_build_info(thaw);
+        let config = config::ConfigMetrics::register(thaw);
+        let platform = platform::PlatformMetrics::register(thaw);
+        let activator = activator::ActivatorMetrics::register(thaw);
+        let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
         Self {
             registry,
             config,
@@ -48,6 +54,18 @@ impl Telemetry {
         // Writing into a String cannot fail.
         encode(&mut out, &self.registry).expect("encoding metrics into a String");
         out
+    }
+
+    /// The exposition a scraper sending `accept` asks for ([`exposition::Format::negotiate`]),
+    /// with its content type.
+    pub fn encode_for(&self, accept: Option<&str>) -> (String, &'static str) {
+        let format = exposition::Format::negotiate(accept);
+        let om = self.encode();
+        let body = match format {
+            exposition::Format::OpenMetrics => om,
+            exposition::Format::Classic => exposition::to_classic(&om),
+        };
+        (body, format.content_type())
     }
 }
 

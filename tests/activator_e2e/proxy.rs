@@ -404,20 +404,25 @@ async fn probes_are_answered_by_the_activator() {
     assert_eq!(status, 400, "hash missing");
     let (status, _) = admin_get(h.admin, "/healthz").await;
     assert_eq!(status, 200);
-    let resp = client()
-        .request(
-            Request::get(format!("http://{}/metrics", h.admin))
-                .body(Default::default())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text")
-    );
+    // OpenMetrics when asked for, the classic text format otherwise.
+    for (accept, want) in [
+        (
+            Some("application/openmetrics-text"),
+            "application/openmetrics-text",
+        ),
+        (None, "text/plain; version=0.0.4"),
+    ] {
+        let mut req = Request::get(format!("http://{}/metrics", h.admin));
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let resp = client()
+            .request(req.body(Default::default()).unwrap())
+            .await
+            .unwrap();
+        let ct = resp.headers()["content-type"].to_str().unwrap();
+        assert!(ct.starts_with(want), "{accept:?}: {ct}");
+    }
     h.shutdown();
 }
 
