@@ -10,6 +10,7 @@ pub mod activator;
 pub mod autoscaler;
 pub mod clock;
 pub mod config;
+pub mod knative;
 pub mod local;
 pub mod platform;
 pub mod revision;

@@ -29,6 +29,8 @@ enum Command {
     SampleApp(thaw::sample_app::SampleAppArgs),
     /// Replay a traffic trace through the autoscaler on a virtual clock.
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
+    /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
+    Crds(thaw::knative::cmd::CrdsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,5 +48,6 @@ fn main() -> ExitCode {
         } => thaw::config::check::run(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
+        Command::Crds(args) => thaw::knative::cmd::run(&args),
     }
 }

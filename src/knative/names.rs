@@ -1,0 +1,1 @@
+//! Child names and the labels the data plane selects by (step 3 fills this in).
