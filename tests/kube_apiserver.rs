@@ -4,7 +4,6 @@
 
 mod kube_support;
 
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -76,6 +75,5 @@ async fn patch_scale_reaches_the_deployment() {
     .unwrap();
     let d = deps.get("d").await.unwrap();
     assert_eq!(d.spec.unwrap().replicas, Some(3));
-    let _ = Duration::ZERO;
     api.stop().await;
 }
