@@ -1,6 +1,6 @@
 //! thaw: a scale-to-zero serving data plane.
 //!
-//! The crate is one library behind one binary. Modules follow `ARCHITECTURE.md`:
+//! The crate is one library behind one binary. Modules follow docs/architecture.md:
 //! [`config`] (Knative-compatible settings), [`revision`] (the catalog every part reads),
 //! [`activator`] (the proxy that holds cold requests), [`autoscaler`] (Knative's KPA),
 //! [`platform`] (where replicas run) and [`telemetry`] (tracing and the one metrics registry).
@@ -11,6 +11,7 @@ pub mod autoscaler;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod knative;
 pub mod local;
 pub mod platform;
 pub mod revision;

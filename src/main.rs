@@ -38,6 +38,8 @@ enum Command {
     /// Replay a traffic trace through the autoscaler on a virtual clock.
     #[command(after_help = EXIT_CODES)]
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
+    /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
+    Crds(thaw::knative::cmd::CrdsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -56,5 +58,6 @@ fn main() -> ExitCode {
         } => thaw::config::check::run(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
+        Command::Crds(args) => thaw::knative::cmd::run(&args),
     }
 }

@@ -46,7 +46,7 @@ pub enum Protocol {
     H2c,
 }
 
-/// Per-revision request timeouts (knative-dataplane.md §1.2), enforced by the activator.
+/// Per-revision request timeouts (docs/architecture.md, "Knative's rules"), enforced by the activator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// The whole request, hold included (`timeoutSeconds`).

@@ -23,7 +23,7 @@ pub enum Aggregation {
 }
 
 /// A revision's effective autoscaling settings: annotation over ConfigMap over default, with
-/// target, utilisation and containerConcurrency already combined (knative-dataplane.md §2.3).
+/// target, utilisation and containerConcurrency already combined (docs/architecture.md, "Knative's rules").
 ///
 /// This is what the decider and the scaler read; it is always valid.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +68,7 @@ pub struct AutoscalingSpec {
 
 impl AutoscalingSpec {
     /// How long a revision may stay activating before it is given up: the progress deadline
-    /// plus Knative's 30 s buffer (knative-dataplane.md §2.6).
+    /// plus Knative's 30 s buffer (docs/architecture.md, "Knative's rules").
     pub fn activation_timeout(&self) -> Duration {
         self.progress_deadline + Duration::from_secs(30)
     }
@@ -256,7 +256,7 @@ pub fn warnings(config: &AutoscalerConfig, annotations: &BTreeMap<String, String
 
 /// A revision's effective autoscaling settings: its `autoscaling.knative.dev/*` annotations over
 /// `config` over Knative's defaults, with target, utilisation and `container_concurrency`
-/// combined as Knative does (knative-dataplane.md §2.3). Every invalid annotation is reported.
+/// combined as Knative does (docs/architecture.md, "Knative's rules"). Every invalid annotation is reported.
 pub fn resolve(
     config: &AutoscalerConfig,
     annotations: &BTreeMap<String, String>,
