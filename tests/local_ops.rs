@@ -270,3 +270,68 @@ async fn a_replica_not_ready_yet_is_reported_with_the_probed_address() {
         thaw.dump_logs()
     );
 }
+
+/// `traffic` works locally: a tag host `{tag}-{service}.{namespace}.{domain}` reaches its
+/// revision while the route follows the latest one; a Knative manifest's fields that mean
+/// nothing locally are accepted with one warning each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_tags_route_to_their_revision() {
+    let with_traffic = |target: &str, traffic: &str| {
+        service("hello", &[], target, "")
+            .replace(
+                "            - command:",
+                "            - image: ghcr.io/knative/helloworld-go:latest\n              resources: {limits: {cpu: \"1\"}}\n              command:",
+            )
+            + traffic
+    };
+    let thaw = Thaw::start(
+        &local_yaml(&[with_traffic("one", "")]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    );
+    assert_eq!(thaw.get(HOST, "/").await.2, "Hello from one!\n");
+    for warning in [
+        "containers[0].image: ignored",
+        "containers[0].resources: no effect",
+    ] {
+        let n = thaw
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(warning))
+            .count();
+        assert_eq!(n, 1, "{warning}: {}", thaw.dump_logs());
+    }
+    thaw.edit(
+        "local.yaml",
+        &local_yaml(&[with_traffic(
+            "two",
+            "      traffic:\n        - {latestRevision: true, percent: 100}\n        - {revisionName: hello-00001, percent: 0, tag: old}\n",
+        )]),
+    );
+    until(&thaw, "traffic on hello-00002", || async {
+        thaw.get(HOST, "/").await.2 == "Hello from two!\n"
+    })
+    .await;
+    for host in [
+        "old-hello.default.example.com",
+        "old-hello.default.svc.cluster.local",
+    ] {
+        let (status, _, body) = thaw.get(host, "/").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "Hello from one!\n"),
+            "{host}"
+        );
+    }
+    // The edit did not repeat the warnings.
+    let n = thaw
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("containers[0].image: ignored"))
+        .count();
+    assert_eq!(n, 1, "{}", thaw.dump_logs());
+}

@@ -5,3 +5,4 @@ pub mod config;
 pub mod controller;
 pub mod model;
 pub mod run;
+pub mod schema;

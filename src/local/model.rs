@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::config::{LocalFile, RevisionTemplate};
+use super::config::{self as local_config, LocalFile, RevisionTemplateSpec, TrafficTarget};
 use crate::config::keys::ConfigMap;
 use crate::config::load::from_manifest;
 use crate::config::parse::{Problem, Problems};
@@ -39,7 +39,9 @@ pub struct ServiceModel {
     pub namespace: String,
     pub name: String,
     /// The revision template; a different template means a new revision.
-    pub template: RevisionTemplate,
+    pub template: RevisionTemplateSpec,
+    /// The route's traffic split (empty: 100 % to the latest ready revision).
+    pub traffic: Vec<TrafficTarget>,
 }
 
 /// The hosts of a route: the external `{name}.{namespace}.{domain}` and the cluster-local
@@ -59,9 +61,23 @@ pub fn revision_name(service: &str, generation: u64) -> String {
     format!("{service}-{generation:05}")
 }
 
+/// The name of the revision `template` makes at `generation`: the template's own
+/// `metadata.name` when it gives one (Knative's "bring your own revision name"), else
+/// [`revision_name`].
+pub fn revision_name_of(service: &str, generation: u64, template: &RevisionTemplateSpec) -> String {
+    template
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| revision_name(service, generation))
+}
+
 impl ServiceModel {
     pub fn key(&self, generation: u64) -> RevisionKey {
-        RevisionKey::new(&self.namespace, revision_name(&self.name, generation))
+        RevisionKey::new(
+            &self.namespace,
+            revision_name_of(&self.name, generation, &self.template),
+        )
     }
 
     /// The route host `{service}.{namespace}.{domain}`.
@@ -71,23 +87,23 @@ impl ServiceModel {
 
     /// The revision this template makes at `generation`, as Knative's Revision spec says it.
     pub fn revision_input(&self, generation: u64, domain: &str) -> RevisionInput {
-        let rev = revision_name(&self.name, generation);
+        let rev = revision_name_of(&self.name, generation, &self.template);
         let spec = &self.template.spec;
-        let port_name = spec
-            .containers
-            .first()
-            .and_then(|c| c.ports.first())
-            .and_then(|p| p.name.clone());
+        // Validated as [0, u32::MAX] by the parser.
+        let secs = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
         RevisionInput {
             namespace: self.namespace.clone(),
             name: rev.clone(),
             service: Some(self.name.clone()),
-            container_concurrency: spec.container_concurrency,
-            timeout_seconds: spec.timeout_seconds,
-            response_start_timeout_seconds: spec.response_start_timeout_seconds,
-            idle_timeout_seconds: spec.idle_timeout_seconds,
-            port_name,
-            annotations: self.template.metadata.annotations.clone(),
+            container_concurrency: spec
+                .container_concurrency
+                .and_then(|v| u32::try_from(v).ok()),
+            timeout_seconds: secs(spec.timeout_seconds),
+            response_start_timeout_seconds: secs(spec.response_start_timeout_seconds),
+            idle_timeout_seconds: secs(spec.idle_timeout_seconds),
+            port_name: local_config::container_of(&self.template)
+                .and_then(local_config::port_name_of),
+            annotations: local_config::annotations_of(&self.template),
             hosts: route_hosts(&rev, &self.namespace, domain),
         }
     }
@@ -164,22 +180,26 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &mut config_files,
         );
     }
-    let mut warnings = Vec::new();
+    let mut warnings = local_config::warnings(&file);
     let services: Vec<ServiceModel> = file
         .services
         .iter()
         .map(|s| ServiceModel {
-            namespace: s.metadata.namespace.clone(),
-            name: s.metadata.name.clone(),
-            template: s.spec.template.clone(),
+            namespace: local_config::namespace_of(s).to_string(),
+            name: local_config::name_of(s).to_string(),
+            template: s.spec.configuration.template.clone(),
+            traffic: s.spec.route.traffic.clone(),
         })
         .collect();
     if problems.is_empty() {
         for (i, s) in services.iter().enumerate() {
             warnings.extend(
-                annotations::warnings(&configs.autoscaler, &s.template.metadata.annotations)
-                    .into_iter()
-                    .map(|w| format!("services[{i}]: {w}")),
+                annotations::warnings(
+                    &configs.autoscaler,
+                    &local_config::annotations_of(&s.template),
+                )
+                .into_iter()
+                .map(|w| format!("services[{i}]: {w}")),
             );
             match s.revision_spec(1, &file.domain, &configs) {
                 Ok(spec) => problems.extend(local_class_problem(i, s, &spec)),
@@ -231,7 +251,7 @@ fn local_class_problem(i: usize, s: &ServiceModel, spec: &RevisionSpec) -> Optio
         return None;
     }
     let annotation = format!("{}class", annotations::PREFIX);
-    let key = if s.template.metadata.annotations.contains_key(&annotation) {
+    let key = if local_config::annotations_of(&s.template).contains_key(&annotation) {
         format!("services[{i}]: spec.template.metadata.annotations[{annotation}]")
     } else {
         format!(

@@ -343,17 +343,31 @@ fn watch_files(
             }
         }
     }
+    // Warnings already said (at start or by an earlier reload) are not repeated: one warning
+    // per field, not one per edit.
+    let said: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>> = Arc::new(
+        std::sync::Mutex::new(model.warnings.iter().cloned().collect()),
+    );
     for w in &watches {
         let mut events = w.events();
-        let (controller, live, activator_config) =
-            (controller.clone(), live.clone(), activator_config.clone());
+        let (controller, live, activator_config, said) = (
+            controller.clone(),
+            live.clone(),
+            activator_config.clone(),
+            said.clone(),
+        );
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
                 let applied = matches!(events.borrow_and_update().outcome, Some(Outcome::Applied));
                 if applied {
                     let model: Arc<LocalModel> = live.load_full();
-                    for w in &model.warnings {
-                        warn!("{w}");
+                    {
+                        let mut said = said.lock().unwrap_or_else(|p| p.into_inner());
+                        for w in &model.warnings {
+                            if said.insert(w.clone()) {
+                                warn!("{w}");
+                            }
+                        }
                     }
                     activator_config.store(model.configs.activator.clone());
                     controller.apply(model);
