@@ -109,7 +109,7 @@ async fn live_edit_of_the_autoscaler_file_changes_the_stable_window() {
     let window = |v: serde_json::Value| {
         revision(&v, "hello-00001").unwrap()["autoscaling"]["stable-window"].clone()
     };
-    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+    assert_eq!(window(thaw.admin_json("/revisions").await), "6s");
 
     // An invalid edit is rejected and the last good configuration stays.
     thaw.edit(
@@ -124,14 +124,14 @@ async fn live_edit_of_the_autoscaler_file_changes_the_stable_window() {
         thaw.log_contains("stable-window"),
         "the rejected key is named"
     );
-    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+    assert_eq!(window(thaw.admin_json("/revisions").await), "6s");
 
     thaw.edit(
         "config-autoscaler.yaml",
         &FAST_AUTOSCALER.replace("\"6s\"", "\"20s\""),
     );
     until(&thaw, "stable-window 20s in force", || async {
-        window(thaw.admin_json("/revisions").await) == 20.0
+        window(thaw.admin_json("/revisions").await) == "20s"
     })
     .await;
 }

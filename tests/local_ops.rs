@@ -106,7 +106,7 @@ async fn a_second_ctrl_c_stops_at_once_and_says_what_was_cut_short() {
         client.request(req).await.map(|r| r.status().as_u16())
     });
     until(&thaw, "the slow request forwarded", || async {
-        thaw.admin_json("/revisions").await["revisions"][0]["in_flight"] == 1
+        thaw.admin_json("/revisions").await["revisions"][0]["inFlight"] == 1
     })
     .await;
     let replicas = thaw.replicas();
@@ -334,4 +334,38 @@ async fn traffic_tags_route_to_their_revision() {
         .filter(|l| l.contains("containers[0].image: ignored"))
         .count();
     assert_eq!(n, 1, "{}", thaw.dump_logs());
+}
+
+/// `/revisions` in one key style (Knative's camelCase for spec fields, ConfigMap names for
+/// autoscaler settings), durations with their unit, and `desired: null` before any decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_use_one_key_style_and_durations_with_units() {
+    let thaw = Thaw::start(
+        &local_yaml(&[service("hello", &[], "one", "")]),
+        FAST_AUTOSCALER,
+        FAST_ACTIVATOR,
+    );
+    let v = thaw.admin_json("/revisions").await;
+    let r = &v["revisions"][0];
+    for key in [
+        "containerConcurrency",
+        "inFlight",
+        "desired",
+        "ready",
+        "held",
+        "state",
+    ] {
+        assert!(r.get(key).is_some(), "{key} missing: {r}");
+    }
+    assert!(
+        r.get("in_flight").is_none() && r.get("container_concurrency").is_none(),
+        "{r}"
+    );
+    assert_eq!(r["autoscaling"]["stable-window"], "6s");
+    assert_eq!(r["autoscaling"]["scale-to-zero-grace-period"], "1s");
+    // Initial scale 0: nothing was decided yet.
+    assert_eq!(r["desired"], serde_json::Value::Null, "{r}");
+    assert_eq!(thaw.get(HOST, "/").await.0, 200);
+    let v = thaw.admin_json("/revisions").await;
+    assert_eq!(v["revisions"][0]["desired"], 1);
 }

@@ -108,7 +108,7 @@ async fn upstream_dying_mid_response_reaches_the_client_and_frees_the_slot() {
         ),
         "{metrics}"
     );
-    assert_eq!(h.revision(&rev("r")).await["in_flight"], 0);
+    assert_eq!(h.revision(&rev("r")).await["inFlight"], 0);
     h.shutdown();
 }
 
@@ -297,7 +297,7 @@ async fn websocket_upgrade_passes_through() {
     tcp.read_exact(&mut echo).await.unwrap();
     assert_eq!(&echo, b"ping over the tunnel");
     assert_eq!(
-        h.revision(&rev("ws")).await["in_flight"],
+        h.revision(&rev("ws")).await["inFlight"],
         1,
         "the tunnel holds its slot"
     );
@@ -327,7 +327,7 @@ async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
         assert_eq!(&echo, b"tick");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(h.revision(&rev("ws")).await["in_flight"], 1);
+    assert_eq!(h.revision(&rev("ws")).await["inFlight"], 1);
     // Then silent: closed within two idle periods (plus slack), and the slot is free.
     let closed = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
     assert!(
@@ -335,7 +335,7 @@ async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
         "the idle tunnel was closed: {closed:?}"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.revision(&rev("ws")).await["in_flight"] != 0 {
+    while h.revision(&rev("ws")).await["inFlight"] != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the slot was not freed"
