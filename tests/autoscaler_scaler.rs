@@ -311,3 +311,40 @@ async fn a_revision_of_the_hpa_class_is_never_scaled_nor_taken_to_zero() {
         "no scale call after the change"
     );
 }
+
+/// Per revision, the observed stable and panic load and the target per pod are gauges; a
+/// revision adopted with several ready pods shows panic mode from the moment it is adopted,
+/// before any tick; a removed revision loses its series.
+#[tokio::test(flavor = "multi_thread")]
+async fn load_and_target_gauges_and_panic_from_adoption() {
+    let platform = MemoryPlatform::new();
+    platform.set_ready(&key("r"), 3);
+    let mut h = harness(vec![revision("r", |_| {})], platform, local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    let m = h.telemetry.encode();
+    assert!(
+        m.contains("thaw_autoscaler_panic_mode{namespace=\"ns\",revision=\"r\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("thaw_autoscaler_target_per_pod{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 70.0"),
+        "{m}"
+    );
+    h.run("r", 1000, 1010, |_| 35.0).await;
+    let m = h.telemetry.encode();
+    assert!(
+        m.contains("thaw_autoscaler_observed_stable{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 35.0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("thaw_autoscaler_observed_panic{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 35.0"),
+        "{m}"
+    );
+    h.catalog.store(CatalogSnapshot::new([], []));
+    h.scaler.sync_catalog(clock::instant_of(1010)).await;
+    let m = h.telemetry.encode();
+    assert!(
+        !m.contains("revision=\"r\""),
+        "series of a removed revision left:\n{m}"
+    );
+}
