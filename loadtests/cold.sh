@@ -43,7 +43,7 @@ all_cold() {
     revisions | python3 -c '
 import json, sys
 rs = [r for r in json.load(sys.stdin)["revisions"] if r["name"].startswith("c")]
-sys.exit(0 if len(rs) == int(sys.argv[1]) and all(r["desired"] <= 0 and r["state"] == "cold" for r in rs) else 1)' "$N"
+sys.exit(0 if len(rs) == int(sys.argv[1]) and all((r["desired"] or 0) <= 0 and r["state"] == "cold" for r in rs) else 1)' "$N"
 }
 wait_until 30 "all $N revisions cold" all_cold
 

@@ -1,16 +1,21 @@
 //! thaw: a scale-to-zero serving data plane.
 //!
-//! The crate is one library behind one binary. Modules follow `ARCHITECTURE.md`:
+//! The crate is one library behind one binary. Modules follow docs/architecture.md:
 //! [`config`] (Knative-compatible settings), [`revision`] (the catalog every part reads),
-//! [`activator`] (the proxy that holds cold requests), [`autoscaler`] (Knative's KPA),
-//! [`platform`] (where replicas run) and [`telemetry`] (tracing and the one metrics registry).
+//! [`http1`] (the HTTP/1 engine), [`activator`] (the proxy that holds cold requests, a handler
+//! of the engine), [`autoscaler`] (Knative's KPA), [`stats`] (what reporters send it),
+//! [`limiter`] (concurrency limits with a bounded queue), [`percore`] (the per-core runtime),
+//! [`platform`] (where replicas run), [`knative`] (the serving.knative.dev/v1 types) and
+//! [`telemetry`] (tracing and the one metrics registry).
 #![forbid(unsafe_code)]
 
 pub mod activator;
 pub mod autoscaler;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod http1;
+pub mod knative;
 pub mod limiter;
 pub mod local;
 pub mod percore;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use thaw::cli::EXIT_CODES;
 
 /// jemalloc: less CPU per request than glibc's malloc on the proxy path, and memory a held
 /// connection reserves but never writes (hyper's buffers) stays unbacked (docs/decisions.md).
@@ -10,7 +11,12 @@ use clap::{Parser, Subcommand};
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Debug, Parser)]
-#[command(name = "thaw", version, about = "A scale-to-zero serving data plane")]
+#[command(
+    name = "thaw",
+    version,
+    about = "A scale-to-zero serving data plane",
+    after_help = EXIT_CODES
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,6 +25,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the activator, the autoscaler and local replicas in one process (no cluster).
+    #[command(after_help = EXIT_CODES)]
     Local(thaw::local::run::LocalArgs),
     /// Configuration tools.
     Config {
@@ -26,14 +33,19 @@ enum Command {
         command: ConfigCommand,
     },
     /// A tiny HTTP/1.1 + h2c server to run as a replica (hello, /stream, /healthz).
+    #[command(after_help = EXIT_CODES)]
     SampleApp(thaw::sample_app::SampleAppArgs),
     /// Replay a traffic trace through the autoscaler on a virtual clock.
+    #[command(after_help = EXIT_CODES)]
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
+    /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
+    Crds(thaw::knative::cmd::CrdsArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
     /// Validate ConfigMap files and print the effective configuration.
+    #[command(after_help = EXIT_CODES)]
     Check(thaw::config::check::CheckArgs),
 }
 
@@ -46,5 +58,6 @@ fn main() -> ExitCode {
         } => thaw::config::check::run(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
+        Command::Crds(args) => thaw::knative::cmd::run(&args),
     }
 }

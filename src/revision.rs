@@ -42,7 +42,7 @@ impl fmt::Display for RevisionKey {
 /// (The engine's type: the pool dials by it.)
 pub use crate::http1::Protocol;
 
-/// Per-revision request timeouts (knative-dataplane.md §1.2), enforced by the activator.
+/// Per-revision request timeouts (docs/architecture.md, "Knative's rules"), enforced by the activator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// The whole request, hold included (`timeoutSeconds`).
@@ -130,8 +130,11 @@ pub struct CatalogSnapshot {
     revisions: HashMap<RevisionKey, Arc<RevisionSpec>>,
     /// Host (lower-case, without port) -> the revision it routes to. Holds both route hosts
     /// (`{service}.{namespace}.{domain}` -> the service's current revision) and each revision's
-    /// own hosts.
+    /// own hosts. A host with a traffic split maps to its largest share here.
     hosts: HashMap<String, RevisionKey>,
+    /// Route hosts whose traffic is split between revisions: (revision, percent), percents
+    /// adding up to 100 (Knative's Route traffic). See [`CatalogSnapshot::pick`].
+    splits: HashMap<String, Vec<(RevisionKey, u32)>>,
 }
 
 impl CatalogSnapshot {
@@ -152,6 +155,40 @@ impl CatalogSnapshot {
             snap.hosts.insert(host.to_ascii_lowercase(), key);
         }
         snap
+    }
+
+    /// Adds traffic splits: per route host, (revision, percent) with percents adding up to
+    /// 100. A host with one target needs none.
+    pub fn with_splits(
+        mut self,
+        splits: impl IntoIterator<Item = (String, Vec<(RevisionKey, u32)>)>,
+    ) -> Self {
+        for (host, split) in splits {
+            self.splits.insert(host.to_ascii_lowercase(), split);
+        }
+        self
+    }
+
+    /// The traffic split of a route host, if it has one.
+    pub fn split(&self, host: &str) -> Option<&[(RevisionKey, u32)]> {
+        self.splits.get(&*normalize_host(host)).map(Vec::as_slice)
+    }
+
+    /// The revision a request to `host` goes to, given `roll` drawn uniformly from 0..100:
+    /// the split's shares in order, each taking `percent` of the rolls; a host without a split
+    /// routes as [`CatalogSnapshot::route_host`] does.
+    pub fn pick(&self, host: &str, roll: u32) -> Option<&Arc<RevisionSpec>> {
+        let Some(split) = self.split(host) else {
+            return self.route_host(host);
+        };
+        let mut upto = 0;
+        for (key, percent) in split {
+            upto += percent;
+            if roll < upto {
+                return self.revisions.get(key);
+            }
+        }
+        split.last().and_then(|(k, _)| self.revisions.get(k))
     }
 
     pub fn get(&self, key: &RevisionKey) -> Option<&Arc<RevisionSpec>> {
@@ -251,6 +288,37 @@ mod tests {
         assert!(
             snap.get(&RevisionKey::new("default", "hello-00001"))
                 .is_some()
+        );
+    }
+
+    /// A 90/10 split: rolls 0..90 go to the first revision, 90..100 to the second, whatever
+    /// the host's case or port; a host without a split routes as before.
+    #[test]
+    fn a_split_host_picks_by_percent() {
+        let (a, b) = (
+            RevisionSpec::test("default", "hello-00001"),
+            RevisionSpec::test("default", "hello-00002"),
+        );
+        let (ka, kb) = (a.key.clone(), b.key.clone());
+        let host = "hello.default.example.com".to_string();
+        let snap = CatalogSnapshot::new([a, b], [(host.clone(), kb.clone())])
+            .with_splits([(host, vec![(kb.clone(), 90), (ka.clone(), 10)])]);
+        let picks: Vec<_> = (0..100)
+            .map(|roll| {
+                snap.pick("Hello.default.example.com:80", roll)
+                    .unwrap()
+                    .key
+                    .clone()
+            })
+            .collect();
+        assert_eq!(picks.iter().filter(|k| **k == kb).count(), 90);
+        assert_eq!(picks[89], kb);
+        assert_eq!(picks[90], ka);
+        assert_eq!(snap.pick("other", 5).map(|s| s.key.clone()), None);
+        assert_eq!(
+            snap.route_host("hello.default.example.com").unwrap().key,
+            kb,
+            "the host table holds the largest share"
         );
     }
 }

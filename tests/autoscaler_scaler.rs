@@ -276,3 +276,75 @@ async fn a_refused_initial_scale_is_retried() {
         "no traffic, yet the initial pod"
     );
 }
+
+/// Knative's class annotation: a revision of the HPA class belongs to another autoscaler. The
+/// KPA never scales it (no initial scale, no answer to load) and never takes it to zero, even
+/// when it changes class while it has replicas.
+#[tokio::test(start_paused = true)]
+async fn a_revision_of_the_hpa_class_is_never_scaled_nor_taken_to_zero() {
+    let hpa =
+        |s: &mut thaw::config::AutoscalingSpec| s.class = "hpa.autoscaling.knative.dev".into();
+    let mut h = harness(vec![revision("h", hpa)], MemoryPlatform::new(), local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    let replicas = h
+        .run("h", 1000, 1100, |s| if s < 1050 { 50.0 } else { 0.0 })
+        .await;
+    assert!(replicas.iter().all(|&r| r == 0), "{replicas:?}");
+    assert!(h.platform.scale_calls().is_empty());
+    assert!(h.scaler.status(&key("h")).is_none());
+
+    // A KPA revision with replicas that turns HPA keeps them, through a long idle time.
+    let mut h = harness(vec![revision("r", |_| {})], MemoryPlatform::new(), local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    h.run("r", 1000, 1010, |_| 100.0).await;
+    let before = h.platform.replicas(&key("r")).unwrap();
+    assert!(before >= 1);
+    let calls = h.platform.scale_calls().len();
+    h.catalog
+        .store(CatalogSnapshot::new([revision("r", hpa)], []));
+    h.scaler.sync_catalog(clock::instant_of(1010)).await;
+    let after = h.run("r", 1010, 1300, |_| 0.0).await;
+    assert!(after.iter().all(|&r| r == before), "{after:?}");
+    assert_eq!(
+        h.platform.scale_calls().len(),
+        calls,
+        "no scale call after the change"
+    );
+}
+
+/// Per revision, the observed stable and panic load and the target per pod are gauges; a
+/// revision adopted with several ready pods shows panic mode from the moment it is adopted,
+/// before any tick; a removed revision loses its series.
+#[tokio::test(flavor = "multi_thread")]
+async fn load_and_target_gauges_and_panic_from_adoption() {
+    let platform = MemoryPlatform::new();
+    platform.set_ready(&key("r"), 3);
+    let mut h = harness(vec![revision("r", |_| {})], platform, local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    let m = h.telemetry.encode();
+    assert!(
+        m.contains("thaw_autoscaler_panic_mode{namespace=\"ns\",revision=\"r\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("thaw_autoscaler_target_per_pod{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 70.0"),
+        "{m}"
+    );
+    h.run("r", 1000, 1010, |_| 35.0).await;
+    let m = h.telemetry.encode();
+    assert!(
+        m.contains("thaw_autoscaler_observed_stable{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 35.0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("thaw_autoscaler_observed_panic{namespace=\"ns\",revision=\"r\",metric=\"concurrency\"} 35.0"),
+        "{m}"
+    );
+    h.catalog.store(CatalogSnapshot::new([], []));
+    h.scaler.sync_catalog(clock::instant_of(1010)).await;
+    let m = h.telemetry.encode();
+    assert!(
+        !m.contains("revision=\"r\""),
+        "series of a removed revision left:\n{m}"
+    );
+}

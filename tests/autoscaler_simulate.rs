@@ -117,7 +117,7 @@ fn bad_input_is_reported_with_its_place() {
         .arg(&trace)
         .output()
         .unwrap();
-    assert_eq!(run.status.code(), Some(2));
+    assert_eq!(run.status.code(), Some(1), "invalid input");
     assert!(String::from_utf8_lossy(&run.stderr).contains("line 3"));
     let run = thaw()
         .arg("simulate")
@@ -126,6 +126,57 @@ fn bad_input_is_reported_with_its_place() {
         .args(["--annotation", "autoscaling.knative.dev/window=5s"])
         .output()
         .unwrap();
-    assert_eq!(run.status.code(), Some(2));
+    assert_eq!(run.status.code(), Some(1), "invalid input");
     assert!(String::from_utf8_lossy(&run.stderr).contains("autoscaling.knative.dev/window: 5s"));
+}
+
+/// `--compare OTHER.yaml` replays the same trace with a second config-autoscaler: both
+/// summaries are printed and the plot overlays both, settings and summaries included.
+#[test]
+fn compare_overlays_a_second_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("short.yaml");
+    std::fs::write(
+        &other,
+        "kind: ConfigMap\nmetadata: {name: config-autoscaler}\ndata:\n  stable-window: 6s\n  \
+         scale-to-zero-grace-period: 1s\n",
+    )
+    .unwrap();
+    let plot = dir.path().join("p.svg");
+    let run = thaw()
+        .args(["simulate", "--config"])
+        .arg(repo("config/config-autoscaler.yaml"))
+        .arg("--compare")
+        .arg(&other)
+        .arg("--trace")
+        .arg(repo("loadtests/traces/bursty.csv"))
+        .arg("--plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let out = String::from_utf8(run.stdout).unwrap();
+    let sections: Vec<&str> = out.split("\n# ").collect();
+    assert_eq!(sections.len(), 2, "{out}");
+    assert!(sections[0].starts_with("# ") && sections[0].contains("config-autoscaler.yaml"));
+    assert!(sections[1].contains("short.yaml") && sections[1].contains("pod-seconds: "));
+    let pod_seconds = |s: &str| -> u64 {
+        s.lines()
+            .find_map(|l| l.strip_prefix("pod-seconds: "))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        pod_seconds(sections[1]) < pod_seconds(sections[0]),
+        "a 6s window releases pods sooner than 60s: {out}"
+    );
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains(r#"class="desired-1""#) && svg.contains(r#"class="waiting-1""#));
+    assert!(svg.contains("short.yaml settings:") && svg.contains("stable-window 6s"));
+    assert!(svg.contains("stable-window 60s"));
 }

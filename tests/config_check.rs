@@ -72,10 +72,12 @@ fn three_bad_keys_exit_1_and_are_all_named() {
     assert_eq!(
         problems,
         [
-            "max-scale-up-rate: 0.5: must be greater than 1.0",
-            "panic-threshold-percentage: 50: must be in [110, 1000]",
-            "stable-window: 60: not a duration (a number with a unit: ns, us, ms, s, m or h, e.g. \
-             60s); missing unit",
+            format!("{f}: max-scale-up-rate: 0.5: must be greater than 1.0"),
+            format!("{f}: panic-threshold-percentage: 50: must be in [110, 1000]"),
+            format!(
+                "{f}: stable-window: 60: not a duration (a number with a unit: ns, us, ms, s, m \
+                 or h, e.g. 60s); missing unit"
+            ),
         ]
     );
     assert!(err.contains("warning: ") && err.contains("unknown-thing: unknown key, ignored"));
@@ -113,14 +115,21 @@ fn malformed_yaml_names_the_line() {
 
 #[test]
 fn checks_local_yaml_too() {
-    let (code, out, err) = thaw(&["config", "check", "config/local.yaml"]);
+    // A file of the test's own: config/local.yaml is the users' to edit.
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write(
+        dir.path(),
+        "local.yaml",
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containers: [{command: [thaw, sample-app]}]\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &ok]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("default/hello host=hello.default.example.com revision=hello-00001"),
         "{out}"
     );
 
-    let dir = tempfile::tempdir().unwrap();
     let f = write(
         dir.path(),
         "local.yaml",
@@ -133,4 +142,84 @@ fn checks_local_yaml_too() {
         err.contains("services[0].spec.template.spec.containers[0].ports[0].name: grpc: must be"),
         "{err}"
     );
+}
+
+#[test]
+fn shipped_gc_config_is_knatives_defaults() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-gc.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["retain-since-create-time"], 48 * 3600);
+    assert_eq!(v["retain-since-last-active-time"], 15 * 3600);
+    assert_eq!(v["min-non-active-revisions"], 20);
+    assert_eq!(v["max-non-active-revisions"], 1000);
+    assert_eq!(v["_non_default"], serde_json::json!([]));
+}
+
+/// With several files, every problem names its file (a ConfigMap reached through local.yaml
+/// names the ConfigMap's file); `--output json` prints them on stdout too; exit code 1.
+#[test]
+fn every_problem_of_several_files_names_its_file_and_json_lists_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cm = write(
+        dir.path(),
+        "as.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-autoscaler}\ndata: {stable-window: \"1s\"}\n",
+    );
+    let gc = write(
+        dir.path(),
+        "gc.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-gc}\ndata: {min-non-active-revisions: \"-1\"}\n",
+    );
+    let local = write(
+        dir.path(),
+        "local.yaml",
+        "configMaps: {autoscaler: as.yaml}\nservices: []\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", "--output", "json", &gc, &local]);
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<_> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with(&format!("{gc}: min-non-active-revisions: -1: ")),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("{cm}: stable-window: 1s: ")),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["errors"][0]["file"], gc.as_str());
+    assert_eq!(v["errors"][0]["key"], "min-non-active-revisions");
+    assert_eq!(v["errors"][1]["file"], cm.as_str());
+    assert_eq!(v["errors"][1]["reason"], "must be in [6s, 1h]");
+}
+
+/// Exit codes are the same for every subcommand and documented in --help: 2 for usage.
+#[test]
+fn exit_codes_are_documented_and_usage_errors_exit_2() {
+    let (code, out, _) = thaw(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("Exit codes") && out.contains("2  usage"),
+        "{out}"
+    );
+    for args in [
+        &["config", "check"][..],
+        &["config", "check", "--output", "yaml", "x"],
+        &["local", "--listen", "nowhere"],
+        &["simulate"],
+        &["frobnicate"],
+    ] {
+        let (code, _, err) = thaw(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+    let (code, _, err) = thaw(&["simulate", "--trace", "/nonexistent.csv"]);
+    assert_eq!(code, 1, "{err}");
 }

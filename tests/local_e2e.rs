@@ -119,7 +119,7 @@ async fn live_edit_of_the_autoscaler_file_changes_the_stable_window() {
     let window = |v: serde_json::Value| {
         revision(&v, "hello-00001").unwrap()["autoscaling"]["stable-window"].clone()
     };
-    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+    assert_eq!(window(thaw.admin_json("/revisions").await), "6s");
 
     // An invalid edit is rejected and the last good configuration stays.
     thaw.edit(
@@ -134,14 +134,14 @@ async fn live_edit_of_the_autoscaler_file_changes_the_stable_window() {
         thaw.log_contains("stable-window"),
         "the rejected key is named"
     );
-    assert_eq!(window(thaw.admin_json("/revisions").await), 6.0);
+    assert_eq!(window(thaw.admin_json("/revisions").await), "6s");
 
     thaw.edit(
         "config-autoscaler.yaml",
         &FAST_AUTOSCALER.replace("\"6s\"", "\"20s\""),
     );
     until(&thaw, "stable-window 20s in force", || async {
-        window(thaw.admin_json("/revisions").await) == 20.0
+        window(thaw.admin_json("/revisions").await) == "20s"
     })
     .await;
 }
@@ -293,7 +293,18 @@ fn invalid_local_yaml_is_refused_at_start_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_local_yaml_the_built_in_copy_serves_hello() {
     let thaw = Thaw::start_builtin();
-    assert!(thaw.log_contains("built-in copy"), "{}", thaw.dump_logs());
+    // Said at WARN, naming the files looked for.
+    assert!(
+        thaw.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(" WARN ")
+                && l.contains("serving the built-in demo")
+                && l.contains("looked_for=local.yaml, config/local.yaml")),
+        "{}",
+        thaw.dump_logs()
+    );
     let (status, _, body) = thaw.get(HOST, "/").await;
     assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
 }

@@ -21,8 +21,6 @@ use super::core::Activator;
 use super::error::plain;
 use crate::platform::EndpointStatus;
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 /// Serves the admin API on `listener` until `stop` is cancelled.
 pub(crate) async fn serve(act: Arc<Activator>, listener: TcpListener, stop: CancellationToken) {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin serving");
@@ -65,9 +63,15 @@ fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
         "/readyz" if act.is_draining() => plain(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         "/readyz" => plain(StatusCode::OK, "ok\n"),
         "/metrics" => {
-            let mut r = plain(StatusCode::OK, act.deps.telemetry.encode());
+            // OpenMetrics when the scraper asks for it, the classic text format otherwise.
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (body, content_type) = act.deps.telemetry.encode_for(accept);
+            let mut r = plain(StatusCode::OK, body);
             r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
         "/revisions" => {
@@ -86,22 +90,26 @@ fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
 }
 
 /// The revision's effective autoscaler settings that operators tune, with Knative's key names
-/// (durations in seconds), so a live ConfigMap or annotation change can be checked here.
+/// and durations as Knative writes them (`"60s"`), so a live ConfigMap or annotation change can
+/// be checked here.
 fn autoscaling_json(a: &crate::config::AutoscalingSpec) -> Value {
+    let d = crate::config::parse::format_duration;
     json!({
         "target": a.target_value,
         "target-burst-capacity": a.target_burst_capacity,
-        "stable-window": a.stable_window.as_secs_f64(),
-        "panic-window": a.panic_window.as_secs_f64(),
+        "stable-window": d(a.stable_window),
+        "panic-window": d(a.panic_window),
         "min-scale": a.min_scale,
         "max-scale": a.max_scale,
         "initial-scale": a.initial_scale,
-        "scale-down-delay": a.scale_down_delay.as_secs_f64(),
-        "scale-to-zero-grace-period": a.scale_to_zero_grace_period.as_secs_f64(),
+        "scale-down-delay": d(a.scale_down_delay),
+        "scale-to-zero-grace-period": d(a.scale_to_zero_grace_period),
     })
 }
 
-/// `{"draining": bool, "held": n, "revisions": [...]}`, revisions sorted by namespace and name.
+/// `{"draining": bool, "held": n, "revisions": [...]}`, revisions sorted by namespace and name;
+/// keys in Knative's camelCase (`containerConcurrency`, `inFlight`), autoscaler settings under
+/// their ConfigMap names.
 pub(crate) fn revisions(act: &Activator) -> Value {
     let mut states = act.states();
     states.sort_by(|a, b| a.key.cmp(&b.key));
@@ -110,12 +118,14 @@ pub(crate) fn revisions(act: &Activator) -> Value {
         .map(|s| {
             let snap = s.snapshot();
             let spec = s.spec.load();
+            // `null` until the autoscaler has decided (or when none runs).
             let desired = act
                 .deps
                 .scale_states
                 .as_ref()
                 .and_then(|ss| ss.get(&s.key))
-                .map_or(-1, |st| st.desired);
+                .map(|st| st.desired)
+                .filter(|d| *d >= 0);
             let endpoints = s.throttler.endpoints();
             let in_flight: u32 = endpoints.iter().map(|e| e.in_flight).sum();
             let held = s.throttler.held();
@@ -133,17 +143,17 @@ pub(crate) fn revisions(act: &Activator) -> Value {
                 "namespace": &*s.key.namespace,
                 "name": &*s.key.name,
                 "desired": desired,
-                "container_concurrency": spec.container_concurrency,
+                "containerConcurrency": spec.container_concurrency,
                 "ready": {
                     "count": snap.ready.len(),
                     "addresses": snap.ready.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 },
                 "terminating": snap.terminating.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 "held": held,
-                "in_flight": in_flight,
+                "inFlight": in_flight,
                 "endpoints": endpoints.iter().map(|e| json!({
                     "address": e.addr.to_string(),
-                    "in_flight": e.in_flight,
+                    "inFlight": e.in_flight,
                     "limit": e.limit,
                     "terminating": e.terminating,
                     "ejected": e.ejected,

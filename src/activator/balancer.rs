@@ -1,4 +1,4 @@
-//! Endpoint choice by containerConcurrency (knative-dataplane.md §1.5).
+//! Endpoint choice by containerConcurrency (Knative's `activator/net/lb_policy.go`).
 //!
 //! | containerConcurrency | policy | why |
 //! |---|---|---|

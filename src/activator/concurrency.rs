@@ -1,6 +1,6 @@
-//! Time-weighted average concurrency (knative-dataplane.md §1.7): Σ(concurrency × dt) / Σdt over
-//! each report interval, from arrival and departure events. A pure accumulator: the caller passes
-//! `now`, so tests drive it with plain instants.
+//! Time-weighted average concurrency (Knative's `activator/handler/concurrency_reporter.go`):
+//! Σ(concurrency × dt) / Σdt over each report interval, from arrival and departure events. A pure
+//! accumulator: the caller passes `now`, so tests drive it with plain instants.
 //!
 //! [`ShardedWindow`] keeps one window per data worker so the workers never share a lock or a
 //! cache line per request; the reporter sums the shards (time-weighted averages over the same

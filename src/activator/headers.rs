@@ -1,4 +1,4 @@
-//! Header hygiene for forwarding (knative-dataplane.md §1.3): hop-by-hop headers, Knative's
+//! Header hygiene for forwarding (Knative's `pkg/http/header`): hop-by-hop headers, Knative's
 //! routing and proxy headers, `X-Forwarded-*`, request ids, and the configured header limits.
 
 use std::net::IpAddr;
@@ -58,7 +58,7 @@ const UNTRUSTED_FORWARDING: [HeaderName; 4] =
 const XFP_BIT: u32 = 1 << 7;
 
 /// Whom the activator forwards to, which decides how the client's `Host` travels
-/// (knative-dataplane.md §1.3).
+/// (Knative's `pkg/http/header`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NextHop {
     /// A queue sidecar in front of the user container (Knative's activator): `Host` becomes the
@@ -79,7 +79,7 @@ pub enum NextHop {
 /// nearly every request.
 pub type Additions = Vec<(HeaderName, HeaderValue)>;
 
-/// Rewrites a routed request's headers for forwarding (knative-dataplane.md §1.3): hop-by-hop
+/// Rewrites a routed request's headers for forwarding (Knative's `pkg/http/header`): hop-by-hop
 /// headers, Knative's routing headers and the probe hash removed; `Host` removed (each attempt
 /// sets it with [`set_target_host`]). Returns what is added: for a [`NextHop::Sidecar`],
 /// `K-Proxy-Request: activator` and the original host as `K-Original-Host`; the client appended to

@@ -1,4 +1,4 @@
-//! Request -> revision (knative-dataplane.md §1.2, §1.8): Knative's probe headers first, then
+//! Request -> revision (docs/architecture.md, "Knative's rules"): Knative's probe headers first, then
 //! `Knative-Serving-Namespace` + `Knative-Serving-Revision`, else the `Host` (or, on HTTP/2, the
 //! `:authority`) looked up in the catalog's host table. Pure functions of the request head.
 

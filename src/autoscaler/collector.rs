@@ -1,5 +1,5 @@
-//! Stats from activators and queue sidecars into per-revision windows (knative-dataplane.md
-//! §2.1).
+//! Stats from activators and queue sidecars into per-revision windows (Knative's
+//! `autoscaler/metrics/collector.go`; docs/architecture.md, "Knative's rules").
 //!
 //! Reporters send through [`crate::stats::StatSink`]; the scaler drains the
 //! channel into a [`Collector`], which tests and `thaw simulate` also drive directly.

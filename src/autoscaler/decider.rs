@@ -1,4 +1,4 @@
-//! The KPA decision (knative-dataplane.md §2.4, Knative's `scaling/autoscaler.go`): how many
+//! The KPA decision (docs/architecture.md, "Knative's rules", Knative's `scaling/autoscaler.go`): how many
 //! pods a revision wants, given its settings, what was observed and the time.
 //!
 //! This is the contract operators reason about, so it is Knative's arithmetic step by step:

@@ -1,5 +1,5 @@
 //! The scale-down-delay window: the largest value recorded over the last `delay`, in 2-second
-//! slots (Knative's `aggregation/max.TimeWindow`, knative-dataplane.md §2.4 step 8).
+//! slots (Knative's `aggregation/max.TimeWindow`, docs/architecture.md, "Knative's rules").
 //!
 //! A monotone deque: each entry is larger than every later one, so the front is the maximum.
 //! Entries have distinct, increasing slots within the window, so the deque never holds more

@@ -1,5 +1,5 @@
 //! From the decider's answer to the replica count: min/max/initial-scale bounds and Knative's
-//! scale-to-zero rules (knative-dataplane.md §2.5 and §2.6; Knative's `kpa/scaler.go` and
+//! scale-to-zero rules (docs/architecture.md, "Knative's rules"; Knative's `kpa/scaler.go` and
 //! `computeActiveCondition`).
 //!
 //! A revision is [`Activity::Activating`] (asked to have pods, not enough ready),

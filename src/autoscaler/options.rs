@@ -10,7 +10,7 @@ use super::collector::Observed;
 use super::lifecycle::Activity;
 
 /// Since when the activator fronts a revision: the "activator in the path" input of the
-/// scale-to-zero grace period (knative-dataplane.md §2.6).
+/// scale-to-zero grace period (docs/architecture.md, "Knative's rules").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActivatorPath {
     /// Every request passes the activator (`thaw local`): it has been in the path since

@@ -7,7 +7,8 @@
 //! ([`super::lifecycle`]), calls [`Platform::scale`] only when the answer changes, and
 //! publishes a [`ScaleState`] per revision. It follows the [`RevisionCatalog`]: revisions are
 //! added and dropped when the catalog changes, and changed settings (window sizes included)
-//! apply at the next decision.
+//! apply at the next decision. Only revisions of the KPA class are scaled: one of another
+//! class (Knative's HPA) is never scaled nor taken to zero here.
 //!
 //! The same steps are public ([`Scaler::sync_catalog`], [`Scaler::ingest`], [`Scaler::tick`],
 //! [`Scaler::decide`]) with the time passed in, so `thaw simulate` and tests drive the real
@@ -25,6 +26,7 @@ use super::collector::Collector;
 pub use super::options::{ActivatorPath, RevisionStatus, ScalerOptions, Trigger};
 use super::state::{Env, RevisionState, Revisions};
 use crate::clock;
+use crate::config::annotations::KPA_CLASS;
 use crate::platform::{Platform, PlatformError};
 use crate::revision::{RevisionCatalog, RevisionKey};
 use crate::stats::StatMessage;
@@ -118,10 +120,23 @@ impl Scaler {
             .cloned()
             .collect();
         for key in removed {
-            self.forget(&key).await;
+            self.forget(&key, true).await;
+        }
+        // A revision of another autoscaler class (Knative's HPA) belongs to that autoscaler:
+        // never scaled here, never taken to zero; one that changed class is let go as it is.
+        let other_class: Vec<RevisionKey> = snapshot
+            .revisions()
+            .filter(|r| r.autoscaling.class != KPA_CLASS && self.revisions.get(&r.key).is_some())
+            .map(|r| r.key.clone())
+            .collect();
+        for key in other_class {
+            self.forget(&key, false).await;
         }
         let mut added = Vec::new();
-        for rev in snapshot.revisions() {
+        for rev in snapshot
+            .revisions()
+            .filter(|r| r.autoscaling.class == KPA_CLASS)
+        {
             match self.revisions.get_mut(&rev.key) {
                 Some(state) => {
                     if !Arc::ptr_eq(&state.spec, &rev.autoscaling) {
@@ -180,13 +195,19 @@ impl Scaler {
         }
     }
 
-    async fn forget(&mut self, key: &RevisionKey) {
+    /// Stops scaling `key`; with `to_zero` (it left the catalog) its replicas are scaled to 0,
+    /// otherwise (another autoscaler owns it now) they are left as they are.
+    async fn forget(&mut self, key: &RevisionKey, to_zero: bool) {
         let Some(state) = self.revisions.remove(key) else {
             return;
         };
         self.collector.forget(key);
         self.scale_states.remove(key);
         state.remove_gauges(&self.metrics);
+        if !to_zero {
+            info!(revision = %key, "revision no longer of the KPA class; replicas left as they are");
+            return;
+        }
         info!(revision = %key, "revision removed from the catalog; forgetting it");
         if state.replicas.is_some_and(|r| r > 0) {
             let call = self.platform.scale(key, 0);

@@ -15,10 +15,10 @@ use super::decider::{Decider, Observation};
 use super::lifecycle::{Facts, Lifecycle, Verdict};
 use super::scaler::{ActivatorPath, RevisionStatus, ScaleState, ScaleStates, Trigger};
 use crate::clock;
-use crate::config::AutoscalingSpec;
+use crate::config::{AutoscalingSpec, Metric};
 use crate::platform::{EndpointSnapshot, Platform};
 use crate::revision::RevisionKey;
-use crate::telemetry::autoscaler::{AutoscalerMetrics, RevisionLabels};
+use crate::telemetry::autoscaler::{AutoscalerMetrics, FloatGauge, MetricLabels, RevisionLabels};
 
 /// Per-revision gauge handles, resolved once, and the values they hold: a tick over many
 /// revisions only touches the handles whose value changed.
@@ -31,6 +31,47 @@ struct Gauges {
     excess_burst_capacity: Gauge,
     /// desired, ready, panic, excess burst capacity as last set (`None` before the first).
     values: Option<[i64; 4]>,
+    /// The observed load and the target, labelled with the metric scaled on; re-resolved
+    /// when a reload changes the metric.
+    load: LoadGauges,
+}
+
+#[derive(Debug)]
+struct LoadGauges {
+    labels: MetricLabels,
+    stable: FloatGauge,
+    panic: FloatGauge,
+    target: FloatGauge,
+}
+
+impl LoadGauges {
+    fn new(labels: &RevisionLabels, metric: Metric, m: &AutoscalerMetrics) -> Self {
+        let labels = MetricLabels {
+            namespace: labels.namespace.clone(),
+            revision: labels.revision.clone(),
+            metric: metric_label(metric),
+        };
+        Self {
+            stable: m.observed_stable.get_or_create_owned(&labels),
+            panic: m.observed_panic.get_or_create_owned(&labels),
+            target: m.target_per_pod.get_or_create_owned(&labels),
+            labels,
+        }
+    }
+
+    fn remove(&self, m: &AutoscalerMetrics) {
+        m.observed_stable.remove(&self.labels);
+        m.observed_panic.remove(&self.labels);
+        m.target_per_pod.remove(&self.labels);
+    }
+}
+
+/// The `metric` label of a revision's load gauges.
+fn metric_label(metric: Metric) -> &'static str {
+    match metric {
+        Metric::Concurrency => "concurrency",
+        Metric::Rps => "rps",
+    }
 }
 
 impl Gauges {
@@ -43,6 +84,24 @@ impl Gauges {
         self.panic.set(values[2]);
         self.excess_burst_capacity.set(values[3]);
         self.values = Some(values);
+    }
+
+    /// The observed load (when a decision saw any) and the target under `spec`.
+    fn set_load(
+        &mut self,
+        spec: &AutoscalingSpec,
+        observed: Option<Observed>,
+        m: &AutoscalerMetrics,
+    ) {
+        if metric_label(spec.metric) != self.load.labels.metric {
+            self.load.remove(m);
+            self.load = LoadGauges::new(&self.labels, spec.metric, m);
+        }
+        if let Some(o) = observed {
+            self.load.stable.set(o.stable);
+            self.load.panic.set(o.panic);
+        }
+        self.load.target.set(spec.target_value);
     }
 }
 
@@ -105,14 +164,20 @@ impl RevisionState {
             namespace: key.namespace.to_string(),
             revision: key.name.to_string(),
         };
-        let gauges = Gauges {
+        let mut gauges = Gauges {
             desired: metrics.desired_pods.get_or_create_owned(&labels),
             ready: metrics.ready_pods.get_or_create_owned(&labels),
             panic: metrics.panic_mode.get_or_create_owned(&labels),
             excess_burst_capacity: metrics.excess_burst_capacity.get_or_create_owned(&labels),
+            load: LoadGauges::new(&labels, spec.metric, metrics),
             labels,
             values: None,
         };
+        // Right from adoption: a revision adopted with several ready pods starts in panic
+        // (Knative's rule, so a restarted autoscaler does not scale it down), and says so.
+        let ebc = Decider::initial_excess_burst_capacity(&spec);
+        gauges.set([0, i64::from(ready), i64::from(ready > 1), ebc]);
+        gauges.set_load(&spec, None, metrics);
         Self {
             decider: Decider::new(&spec, ready, now),
             lifecycle: Lifecycle::new(&spec, true, now),
@@ -152,6 +217,7 @@ impl RevisionState {
         metrics.ready_pods.remove(l);
         metrics.panic_mode.remove(l);
         metrics.excess_burst_capacity.remove(l);
+        self.gauges.load.remove(metrics);
     }
 
     pub fn status(&self) -> RevisionStatus {
@@ -318,6 +384,7 @@ impl RevisionState {
             i64::from(self.panicking),
             self.excess_burst_capacity,
         ]);
+        self.gauges.set_load(&spec, observed, env.metrics);
     }
 
     fn facts(&self, ready: u32, env: &Env<'_>, now: Instant) -> Facts {

@@ -1,5 +1,5 @@
 //! One-second buckets over a window, and Knative's two window averages
-//! (knative-dataplane.md §2.2, Knative's `aggregation/bucketing.go`).
+//! (docs/architecture.md, "Knative's rules", Knative's `aggregation/bucketing.go`).
 //!
 //! A [`Window`] is a ring of `n` one-second buckets addressed by absolute second (the seconds
 //! of [`crate::clock`]). It remembers the first and the last second written, which is what the

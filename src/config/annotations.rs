@@ -23,7 +23,7 @@ pub enum Aggregation {
 }
 
 /// A revision's effective autoscaling settings: annotation over ConfigMap over default, with
-/// target, utilisation and containerConcurrency already combined (knative-dataplane.md §2.3).
+/// target, utilisation and containerConcurrency already combined (docs/architecture.md, "Knative's rules").
 ///
 /// This is what the decider and the scaler read; it is always valid.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +68,7 @@ pub struct AutoscalingSpec {
 
 impl AutoscalingSpec {
     /// How long a revision may stay activating before it is given up: the progress deadline
-    /// plus Knative's 30 s buffer (knative-dataplane.md §2.6).
+    /// plus Knative's 30 s buffer (docs/architecture.md, "Knative's rules").
     pub fn activation_timeout(&self) -> Duration {
         self.progress_deadline + Duration::from_secs(30)
     }
@@ -224,10 +224,21 @@ fn float_in(s: &str, lo: f64, hi: f64) -> Result<f64, String> {
     Ok(v)
 }
 
-/// Warnings for a revision's annotations: unknown `autoscaling.knative.dev/*` names, and
-/// global-only keys set as annotations (which have no effect).
-pub fn warnings(annotations: &BTreeMap<String, String>) -> Vec<String> {
+/// Warnings for a revision's annotations: unknown `autoscaling.knative.dev/*` names, global-only
+/// keys set as annotations (which have no effect), and an initial scale of 0 that `config`
+/// does not allow (Knative then starts the revision at the cluster's initial-scale).
+pub fn warnings(config: &AutoscalerConfig, annotations: &BTreeMap<String, String>) -> Vec<String> {
     let mut out = Vec::new();
+    let mut ignored = Vec::new();
+    if let Some((key, 0)) = read(annotations, "initial-scale", &mut ignored, int_ge0)
+        && !config.allow_zero_initial_scale
+    {
+        out.push(format!(
+            "{key}: 0 is not allowed while allow-zero-initial-scale is false in \
+             config-autoscaler; the revision starts at initial-scale {} instead, as Knative does",
+            config.initial_scale
+        ));
+    }
     for k in annotations.keys() {
         let Some(name) = k.strip_prefix(PREFIX) else {
             continue;
@@ -245,7 +256,7 @@ pub fn warnings(annotations: &BTreeMap<String, String>) -> Vec<String> {
 
 /// A revision's effective autoscaling settings: its `autoscaling.knative.dev/*` annotations over
 /// `config` over Knative's defaults, with target, utilisation and `container_concurrency`
-/// combined as Knative does (knative-dataplane.md §2.3). Every invalid annotation is reported.
+/// combined as Knative does (docs/architecture.md, "Knative's rules"). Every invalid annotation is reported.
 pub fn resolve(
     config: &AutoscalerConfig,
     annotations: &BTreeMap<String, String>,
@@ -302,17 +313,10 @@ pub fn resolve(
     });
     let min_scale = read(a, "min-scale", &mut p, int_ge0);
     let max_scale = read(a, "max-scale", &mut p, int_ge0);
-    let initial_scale = read(a, "initial-scale", &mut p, |s| {
-        let v = int_ge0(s)?;
-        if v == 0 && !config.allow_zero_initial_scale {
-            Err(
-                "must be at least 1 unless allow-zero-initial-scale is true in config-autoscaler"
-                    .into(),
-            )
-        } else {
-            Ok(v)
-        }
-    });
+    // Knative's GetInitialScale: a revision asking for 0 while config-autoscaler does not
+    // allow it starts at the cluster's initial-scale instead (see `warnings`).
+    let initial_scale = read(a, "initial-scale", &mut p, int_ge0)
+        .filter(|(_, v)| *v > 0 || config.allow_zero_initial_scale);
     let activation = read(a, "activation-scale", &mut p, |s| {
         let v = int_ge0(s)?;
         if v < 2 {
@@ -371,16 +375,22 @@ pub fn resolve(
             format!("min-scale ({min}) exceeds max-scale ({max})"),
         ));
     }
+    // Knative's webhook: activation-scale within [min-scale, max-scale].
     let activation_scale = activation.as_ref().map_or(1, |(_, v)| *v);
-    if let Some((key, v)) = &activation
-        && max > 0
-        && *v > max
-    {
-        p.push(Problem::new(
-            key,
-            v.to_string(),
-            format!("must not exceed max-scale ({max})"),
-        ));
+    if let Some((key, v)) = &activation {
+        if max > 0 && *v > max {
+            p.push(Problem::new(
+                key,
+                v.to_string(),
+                format!("must not exceed max-scale ({max})"),
+            ));
+        } else if *v < min {
+            p.push(Problem::new(
+                key,
+                v.to_string(),
+                format!("must not be below min-scale ({min})"),
+            ));
+        }
     }
 
     // Target (§2.3).

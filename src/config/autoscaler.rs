@@ -1,4 +1,4 @@
-//! `config-autoscaler`: Knative's KPA keys (knative-dataplane.md §3.1).
+//! `config-autoscaler`: Knative's KPA keys (docs/architecture.md, "Knative's rules").
 
 use std::time::Duration;
 

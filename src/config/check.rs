@@ -1,8 +1,10 @@
 //! `thaw config check FILE...`: validate ConfigMap manifests and print the effective
 //! configuration, every key with its value and whether it is the default.
 //!
-//! Exit code 0 when every file is valid; 1 otherwise, with one `KEY: VALUE: REASON` line per
-//! problem on stderr (all problems of all files, not only the first). Warnings (unknown keys)
+//! Exit code 0 when every file is valid; 1 otherwise, with one `FILE: KEY: VALUE: REASON` line
+//! per problem on stderr (all problems of all files, not only the first); with `--output json`
+//! the problems are also printed on stdout as `{"errors": [{file, key, value, reason}],
+//! "warnings": [...]}`. Warnings (unknown keys)
 //! go to stderr as `warning: ...` and do not fail the check.
 
 use std::io::Write;
@@ -51,6 +53,7 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
     for path in files {
+        let file = path.display().to_string();
         if is_local_yaml(path) {
             match crate::local::model::load(&crate::local::model::Source::File(path.clone())) {
                 Ok(model) => {
@@ -66,14 +69,14 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
                         keys: show_local(&model),
                     });
                 }
-                Err(p) => problems.extend(p.0),
+                Err(p) => problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
             }
             continue;
         }
         let cm = match read_manifest(path) {
             Ok(cm) => cm,
             Err(p) => {
-                problems.extend(p.0);
+                problems.extend(p.0.into_iter().map(|p| p.in_file(&file)));
                 continue;
             }
         };
@@ -85,7 +88,7 @@ pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<Stri
                 path: path.clone(),
                 keys,
             }),
-            Err(p) => problems.extend(p.0),
+            Err(p) => problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
         }
     }
     if problems.is_empty() {
@@ -224,14 +227,21 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                 Output::Text => render_text(&checked),
                 Output::Json => format!("{:#}\n", render_json(&checked)),
             };
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            crate::cli::out(&text);
             ExitCode::SUCCESS
         }
         Err(problems) => {
             for p in &problems {
                 let _ = writeln!(err, "{p}");
             }
-            ExitCode::from(1)
+            if args.output == Output::Json {
+                let v = serde_json::json!({
+                    "errors": problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
+                    "warnings": warnings,
+                });
+                crate::cli::out(&format!("{v:#}\n"));
+            }
+            crate::cli::invalid()
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `config-defaults`: Knative's revision defaults (knative-dataplane.md §3.2).
+//! `config-defaults`: Knative's revision defaults (docs/architecture.md, "Knative's rules").
 
 use std::time::Duration;
 

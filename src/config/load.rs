@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::keys::{ConfigMap, Shown};
 use super::parse::{Problem, Problems};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
 
 /// A ConfigMap as read from a manifest: its name and its `data:` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,11 +131,13 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::autoscaler::NAME => check::<AutoscalerConfig>(cm),
         super::defaults::NAME => check::<DefaultsConfig>(cm),
         super::activator::NAME => check::<ActivatorConfig>(cm),
+        super::gc::NAME => check::<GcConfig>(cm),
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
-                "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator)",
+                "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
+                 config-gc)",
             )])),
             Vec::new(),
         ),

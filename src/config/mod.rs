@@ -1,10 +1,11 @@
 //! Typed configuration with Knative's key names, defaults, units and validation.
 //!
-//! Three ConfigMaps are understood:
+//! Four ConfigMaps are understood:
 //! - `config-autoscaler` ([`AutoscalerConfig`]): Knative's KPA keys, with one fix over Knative
 //!   (`panic-threshold-percentage` is range-checked to [110, 1000]);
 //! - `config-defaults` ([`DefaultsConfig`]): Knative's revision defaults (timeouts, concurrency);
-//! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits.
+//! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits;
+//! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection.
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -22,6 +23,7 @@ pub mod annotations;
 pub mod autoscaler;
 pub mod check;
 pub mod defaults;
+pub mod gc;
 pub mod keys;
 pub mod load;
 pub mod parse;
@@ -35,15 +37,17 @@ pub use activator::{ActivatorConfig, ActivatorOverrides, TrustedProxies};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
+pub use gc::GcConfig;
 pub use keys::ConfigMap;
 pub use parse::{Problem, Problems};
 
 use std::sync::Arc;
 
-/// The three ConfigMaps a running thaw serves with, each swapped independently on reload.
+/// The ConfigMaps a running thaw serves with, each swapped independently on reload.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigSet {
     pub autoscaler: Arc<AutoscalerConfig>,
     pub defaults: Arc<DefaultsConfig>,
     pub activator: Arc<ActivatorConfig>,
+    pub gc: Arc<GcConfig>,
 }

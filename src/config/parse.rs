@@ -8,11 +8,14 @@
 use std::fmt;
 use std::time::Duration;
 
-/// One rejected value: the key, the value as written, and why.
+/// One rejected value: the key, the value as written, and why; and the file it is in, once
+/// known.
 ///
-/// Displayed as `KEY: VALUE: REASON`, the line `thaw config check` prints per problem.
+/// Displayed as `[FILE: ]KEY: VALUE: REASON`, the line `thaw config check` prints per problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    /// The file the key is in, when the problem came from one (set by [`Problem::in_file`]).
+    pub file: Option<String>,
     pub key: String,
     pub value: String,
     pub reason: String,
@@ -25,16 +28,45 @@ impl Problem {
         reason: impl Into<String>,
     ) -> Self {
         Self {
+            file: None,
             key: key.into(),
             value: value.into(),
             reason: reason.into(),
         }
     }
+
+    /// Names the file the problem is in, unless a file is named already (the innermost file
+    /// wins: a ConfigMap reached through local.yaml names the ConfigMap's file) or the key is
+    /// that file itself (a file that cannot be read or parsed).
+    pub fn in_file(mut self, file: impl Into<String>) -> Self {
+        let file = file.into();
+        if self.file.is_none() && self.key != file {
+            self.file = Some(file);
+        }
+        self
+    }
+
+    /// `{"file", "key", "value", "reason"}` (file `null` when none is known).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "file": self.file,
+            "key": self.key,
+            "value": self.value,
+            "reason": self.reason,
+        })
+    }
 }
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}: {}", self.key, self.value, self.reason)
+        if let Some(file) = &self.file {
+            write!(f, "{file}: ")?;
+        }
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.key, self.reason)
+        } else {
+            write!(f, "{}: {}: {}", self.key, self.value, self.reason)
+        }
     }
 }
 

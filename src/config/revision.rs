@@ -19,7 +19,7 @@ pub struct RevisionInput {
     pub service: Option<String>,
     /// `spec.containerConcurrency`.
     pub container_concurrency: Option<u32>,
-    /// `spec.timeoutSeconds`.
+    /// `spec.timeoutSeconds`; 0 = the configured default, as in Knative.
     pub timeout_seconds: Option<u64>,
     /// `spec.responseStartTimeoutSeconds`.
     pub response_start_timeout_seconds: Option<u64>,
@@ -61,15 +61,18 @@ pub fn resolve_revision(
             "must be at least 1: allow-container-concurrency-zero is false",
         ));
     }
+    // As Knative's revision defaulting: absent or 0 means config-defaults' timeout.
     let total = input
         .timeout_seconds
+        .filter(|s| *s > 0)
         .map_or(d.revision_timeout, Duration::from_secs);
-    if input.timeout_seconds.is_some() && (total.is_zero() || total > d.max_revision_timeout) {
+    if total > d.max_revision_timeout {
         p.push(Problem::new(
             "spec.timeoutSeconds",
             total.as_secs().to_string(),
             format!(
-                "must be in [1, max-revision-timeout-seconds ({})]",
+                "must be in [0, max-revision-timeout-seconds ({})]; 0 = \
+                 revision-timeout-seconds",
                 d.max_revision_timeout.as_secs()
             ),
         ));

@@ -5,7 +5,8 @@
 //! - A service starts at generation 1 (`hello-00001`). A changed revision template creates the
 //!   next generation; earlier revisions stay (reachable by their own host) and scale to zero
 //!   when idle, as Knative's do.
-//! - The route `{service}.{namespace}.{domain}` points at the newest revision that became ready
+//! - The route `{service}.{namespace}.{domain}` (and the cluster-local names
+//!   `{service}.{namespace}[.svc[.cluster.local]]`) points at the newest revision that became ready
 //!   (Knative's latestReadyRevision), or at the newest revision while none has been ready yet,
 //!   so the first request is held for it. A revision is ready once it has had a ready endpoint,
 //!   or at once when its initial scale is 0 (as Knative marks it).
@@ -13,17 +14,28 @@
 //!   with the reason), then from the catalog.
 //! - ConfigMap changes re-resolve every revision's effective spec; a revision whose spec no
 //!   longer resolves keeps its last good spec (and the problem is logged).
+//! - Old revisions are collected by `config-gc`'s rules ([`crate::config::gc`]), as Knative's
+//!   collector does per Configuration: after every change and every [`GC_PERIOD`]. A routed,
+//!   latest created or latest ready revision is never collected. A collected revision leaves
+//!   the platform (its replicas stop) and the catalog (so `/revisions`), as a removed one does.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::config::RevisionTemplate;
+use super::config::{self as local_config, RevisionTemplateSpec, TrafficTarget};
 use super::model::{LocalModel, ServiceModel};
+use crate::config::gc::{GcCandidate, collectable};
 use crate::platform::EndpointSource;
 use crate::platform::local::{LocalPlatform, LocalRevision};
 use crate::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+
+/// How often revision garbage collection runs besides after each change (its time rules need
+/// time to pass).
+pub const GC_PERIOD: Duration = Duration::from_secs(10);
 
 /// Identity of a service: (namespace, name).
 type ServiceId = (String, String);
@@ -33,11 +45,111 @@ struct ServiceState {
     /// The newest generation (the latest created revision).
     generation: u64,
     /// Every generation's template, to re-resolve its spec when ConfigMaps change.
-    templates: BTreeMap<u64, RevisionTemplate>,
+    templates: BTreeMap<u64, RevisionTemplateSpec>,
     /// Every generation's last good effective spec.
     specs: BTreeMap<u64, RevisionSpec>,
     /// The newest generation that has been ready (latestReadyRevision).
     ready: Option<u64>,
+    /// Per generation: when it was created and when it was last routed (`None`: routed now or
+    /// never), for `config-gc`'s time rules.
+    created: BTreeMap<u64, Instant>,
+    unrouted_at: BTreeMap<u64, Instant>,
+    /// The service's traffic split as local.yaml gives it (empty: all to the latest ready).
+    traffic: Vec<TrafficTarget>,
+}
+
+impl ServiceState {
+    /// The revision name of generation `g` (its template's own name, or `{service}-0000g`).
+    fn name_of(&self, service: &str, g: u64) -> String {
+        match self.templates.get(&g) {
+            Some(t) => super::model::revision_name_of(service, g, t),
+            None => super::model::revision_name(service, g),
+        }
+    }
+
+    /// The generation a traffic target points at: a named revision, or the latest ready one
+    /// (the newest while none has been ready, so the first request is held for it).
+    fn resolve(&self, service: &str, t: &TrafficTarget) -> Option<u64> {
+        match &t.revision_name {
+            Some(name) => self
+                .templates
+                .keys()
+                .copied()
+                .find(|g| self.name_of(service, *g) == *name),
+            None => Some(self.ready.unwrap_or(self.generation)),
+        }
+    }
+
+    /// The default route's split: (generation, percent) with percents merged per generation
+    /// and zero shares left out. Targets naming a revision that does not exist are left out
+    /// (Knative's route would say RevisionMissing).
+    fn split(&self, service: &str) -> Vec<(u64, u32)> {
+        if self.traffic.is_empty() {
+            return vec![(self.ready.unwrap_or(self.generation), 100)];
+        }
+        let mut merged: BTreeMap<u64, u32> = BTreeMap::new();
+        for t in &self.traffic {
+            let percent = u32::try_from(t.percent.unwrap_or(0)).unwrap_or(0);
+            if let Some(g) = self.resolve(service, t)
+                && percent > 0
+            {
+                *merged.entry(g).or_default() += percent;
+            }
+        }
+        merged.into_iter().collect()
+    }
+
+    /// Tagged targets: (tag, generation).
+    fn tags(&self, service: &str) -> Vec<(String, u64)> {
+        self.traffic
+            .iter()
+            .filter_map(|t| Some((t.tag.clone()?, self.resolve(service, t)?)))
+            .collect()
+    }
+
+    /// The generations the route sends traffic to (by percent or by tag).
+    fn routed_of(&self, service: &str) -> BTreeSet<u64> {
+        self.split(service)
+            .into_iter()
+            .map(|(g, _)| g)
+            .chain(self.tags(service).into_iter().map(|(_, g)| g))
+            .collect()
+    }
+
+    /// Records that the route moved from `before` to the current routed set at `now`.
+    fn route_moved(&mut self, service: &str, before: &BTreeSet<u64>, now: Instant) {
+        let after = self.routed_of(service);
+        for g in before.difference(&after) {
+            self.unrouted_at.insert(*g, now);
+        }
+        for g in &after {
+            self.unrouted_at.remove(g);
+        }
+    }
+
+    /// The generations `config-gc` collects now.
+    fn collectable(&self, service: &str, gc: &crate::config::GcConfig, now: Instant) -> Vec<u64> {
+        let routed = self.routed_of(service);
+        let candidates: Vec<GcCandidate<u64>> = self
+            .templates
+            .keys()
+            .map(|g| {
+                let created = self.created.get(g).copied().unwrap_or(now);
+                let last_active = if routed.contains(g) {
+                    now
+                } else {
+                    self.unrouted_at.get(g).copied().unwrap_or(created)
+                };
+                GcCandidate {
+                    key: *g,
+                    active: routed.contains(g) || *g == self.generation || self.ready == Some(*g),
+                    age: now.saturating_duration_since(created),
+                    inactive_for: now.saturating_duration_since(last_active),
+                }
+            })
+            .collect();
+        collectable(gc, &candidates)
+    }
 }
 
 #[derive(Debug)]
@@ -69,6 +181,8 @@ impl LocalController {
             }),
         });
         c.apply(model);
+        let weak = Arc::downgrade(&c);
+        tokio::spawn(collect_periodically(weak));
         c
     }
 
@@ -97,7 +211,7 @@ impl LocalController {
         for id in gone {
             if let Some(svc) = st.services.remove(&id) {
                 for g in svc.templates.keys() {
-                    let key = RevisionKey::new(&id.0, super::model::revision_name(&id.1, *g));
+                    let key = RevisionKey::new(&id.0, svc.name_of(&id.1, *g));
                     self.platform.remove(
                         &key,
                         &format!("service {}/{} was removed from local.yaml", id.0, id.1),
@@ -116,14 +230,34 @@ impl LocalController {
                     templates: BTreeMap::new(),
                     specs: BTreeMap::new(),
                     ready: None,
+                    created: BTreeMap::new(),
+                    unrouted_at: BTreeMap::new(),
+                    traffic: Vec::new(),
                 });
+            let before = svc.routed_of(&id.1);
             if svc.templates.get(&svc.generation) != Some(&s.template) {
-                svc.generation += 1;
-                svc.templates.insert(svc.generation, s.template.clone());
-                let key = s.key(svc.generation);
-                info!(revision = %key, "revision created");
-                new_revisions.push(key);
+                let taken = s.template.metadata.name.as_ref().and_then(|want| {
+                    svc.templates
+                        .keys()
+                        .find(|g| svc.name_of(&id.1, **g) == *want)
+                        .map(|_| want.clone())
+                });
+                if let Some(name) = taken {
+                    // Knative refuses a changed template that keeps a revision name in use.
+                    warn!(service = %format!("{}/{}", id.0, id.1), revision = %name,
+                        "the revision template changed but keeps template.metadata.name {name}, \
+                         which is taken: no new revision (give it a new name)");
+                } else {
+                    svc.generation += 1;
+                    svc.templates.insert(svc.generation, s.template.clone());
+                    svc.created.insert(svc.generation, Instant::now());
+                    let key = s.key(svc.generation);
+                    info!(revision = %key, "revision created");
+                    new_revisions.push(key);
+                }
             }
+            svc.traffic = s.traffic.clone();
+            svc.route_moved(&id.1, &before, Instant::now());
         }
         // Specs and platform definitions for every revision under the current ConfigMaps.
         for (id, svc) in st.services.iter_mut() {
@@ -144,6 +278,7 @@ impl LocalController {
                 }
             }
         }
+        self.collect_garbage(&mut st, Instant::now());
         self.publish(&st);
         drop(st);
         for key in new_revisions {
@@ -151,20 +286,70 @@ impl LocalController {
         }
     }
 
-    /// Replaces the catalog from the state: every revision, and each service's route.
+    /// Applies `config-gc` to every service at `now`: collected revisions leave the platform
+    /// and the state. Returns whether any was collected (the caller publishes the catalog).
+    fn collect_garbage(&self, st: &mut State, now: Instant) -> bool {
+        let gc = st.model.configs.gc.clone();
+        let mut any = false;
+        for ((ns, name), svc) in st.services.iter_mut() {
+            for g in svc.collectable(name, &gc, now) {
+                let key = RevisionKey::new(ns, svc.name_of(name, g));
+                svc.templates.remove(&g);
+                svc.specs.remove(&g);
+                svc.created.remove(&g);
+                svc.unrouted_at.remove(&g);
+                self.platform
+                    .remove(&key, "the revision was garbage-collected (config-gc)");
+                info!(revision = %key, "revision collected (config-gc)");
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Replaces the catalog from the state: every revision, each service's route (its hosts
+    /// and their split) and its tag hosts `{tag}-{service}.{namespace}.{domain}`.
     fn publish(&self, st: &State) {
         let mut revisions = Vec::new();
         let mut routes = Vec::new();
+        let mut splits = Vec::new();
+        let domain = &st.model.domain;
         for ((ns, name), svc) in &st.services {
             revisions.extend(svc.specs.values().cloned());
-            let target = svc.ready.unwrap_or(svc.generation);
-            let host = format!("{name}.{ns}.{}", st.model.domain);
-            routes.push((
-                host,
-                RevisionKey::new(ns, super::model::revision_name(name, target)),
-            ));
+            let key_of = |g: u64| RevisionKey::new(ns, svc.name_of(name, g));
+            let missing: Vec<&str> = svc
+                .traffic
+                .iter()
+                .filter(|t| svc.resolve(name, t).is_none())
+                .filter_map(|t| t.revision_name.as_deref())
+                .collect();
+            if !missing.is_empty() {
+                warn!(service = %format!("{ns}/{name}"), missing = ?missing,
+                    "traffic names revisions that do not exist; their share is left out");
+            }
+            let split: Vec<(RevisionKey, u32)> = svc
+                .split(name)
+                .into_iter()
+                .map(|(g, p)| (key_of(g), p))
+                .collect();
+            // The host table holds the largest share (the newest on a tie); the whole split
+            // is published beside it for a per-request choice.
+            if let Some((key, _)) = split.iter().rev().max_by_key(|(_, p)| *p) {
+                for host in super::model::route_hosts(name, ns, domain) {
+                    routes.push((host.clone(), key.clone()));
+                    if split.len() > 1 {
+                        splits.push((host, split.clone()));
+                    }
+                }
+            }
+            for (tag, g) in svc.tags(name) {
+                for host in super::model::route_hosts(&format!("{tag}-{name}"), ns, domain) {
+                    routes.push((host, key_of(g)));
+                }
+            }
         }
-        self.catalog.store(CatalogSnapshot::new(revisions, routes));
+        self.catalog
+            .store(CatalogSnapshot::new(revisions, routes).with_splits(splits));
     }
 
     /// Marks `key` ready once it has a ready endpoint (or at once with initial scale 0) and
@@ -213,27 +398,48 @@ impl LocalController {
             return;
         }
         let from = svc.ready;
+        let before = svc.routed_of(&id.1);
         svc.ready = Some(generation);
+        svc.route_moved(&id.1, &before, Instant::now());
         info!(revision = %key, previous = ?from, "revision ready; route now points at it");
+        self.collect_garbage(&mut st, Instant::now());
         self.publish(&st);
     }
 }
 
+/// Runs revision garbage collection every [`GC_PERIOD`] while the controller lives.
+async fn collect_periodically(controller: Weak<LocalController>) {
+    let mut every = tokio::time::interval(GC_PERIOD);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(c) = controller.upgrade() else {
+            return;
+        };
+        let mut st = c.lock();
+        if c.collect_garbage(&mut st, Instant::now()) {
+            c.publish(&st);
+        }
+    }
+}
+
 /// How the platform runs a revision: its container's command, args, env and readiness probe.
-fn local_revision(spec: &RevisionSpec, template: &RevisionTemplate) -> LocalRevision {
-    let c = &template.spec.containers[0];
-    let mut def = LocalRevision::new(spec.key.clone(), c.command.iter().chain(&c.args).cloned());
+fn local_revision(spec: &RevisionSpec, template: &RevisionTemplateSpec) -> LocalRevision {
+    let Some(c) = local_config::container_of(template) else {
+        // Validation guarantees one container; without it every start fails visibly.
+        return LocalRevision::new(spec.key.clone(), Vec::<String>::new());
+    };
+    let mut def = LocalRevision::new(spec.key.clone(), local_config::command_of(c));
     def.env = c
         .env
         .iter()
-        .map(|e| (e.name.clone(), e.value.clone()))
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
         .collect();
-    def.readiness_path = c
-        .readiness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.as_ref())
-        .map(|h| h.path.clone());
+    def.readiness_path = local_config::readiness_path_of(c);
     def.protocol = spec.protocol;
+    def.port = local_config::container_port_of(c);
     def.drain_timeout = Some(spec.timeouts.total);
     // Knative's progress deadline: how long a replica may take to become ready.
     def.startup_timeout = Some(spec.autoscaling.progress_deadline);

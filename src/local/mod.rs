@@ -8,3 +8,4 @@ pub mod config;
 pub mod controller;
 pub mod model;
 pub mod run;
+pub mod schema;

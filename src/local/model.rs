@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::config::{LocalFile, RevisionTemplate};
+use super::config::{self as local_config, LocalFile, RevisionTemplateSpec, TrafficTarget};
 use crate::config::keys::ConfigMap;
 use crate::config::load::from_manifest;
 use crate::config::parse::{Problem, Problems};
@@ -39,7 +39,21 @@ pub struct ServiceModel {
     pub namespace: String,
     pub name: String,
     /// The revision template; a different template means a new revision.
-    pub template: RevisionTemplate,
+    pub template: RevisionTemplateSpec,
+    /// The route's traffic split (empty: 100 % to the latest ready revision).
+    pub traffic: Vec<TrafficTarget>,
+}
+
+/// The hosts of a route: the external `{name}.{namespace}.{domain}` and the cluster-local
+/// names a client inside a cluster would use (`{name}.{namespace}`, `.svc`,
+/// `.svc.cluster.local`), so the same URLs work against `thaw local`.
+pub fn route_hosts(name: &str, namespace: &str, domain: &str) -> Vec<String> {
+    vec![
+        format!("{name}.{namespace}.{domain}"),
+        format!("{name}.{namespace}"),
+        format!("{name}.{namespace}.svc"),
+        format!("{name}.{namespace}.svc.cluster.local"),
+    ]
 }
 
 /// Knative's revision name: `{service}-{generation:05}`.
@@ -47,9 +61,23 @@ pub fn revision_name(service: &str, generation: u64) -> String {
     format!("{service}-{generation:05}")
 }
 
+/// The name of the revision `template` makes at `generation`: the template's own
+/// `metadata.name` when it gives one (Knative's "bring your own revision name"), else
+/// [`revision_name`].
+pub fn revision_name_of(service: &str, generation: u64, template: &RevisionTemplateSpec) -> String {
+    template
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| revision_name(service, generation))
+}
+
 impl ServiceModel {
     pub fn key(&self, generation: u64) -> RevisionKey {
-        RevisionKey::new(&self.namespace, revision_name(&self.name, generation))
+        RevisionKey::new(
+            &self.namespace,
+            revision_name_of(&self.name, generation, &self.template),
+        )
     }
 
     /// The route host `{service}.{namespace}.{domain}`.
@@ -59,28 +87,24 @@ impl ServiceModel {
 
     /// The revision this template makes at `generation`, as Knative's Revision spec says it.
     pub fn revision_input(&self, generation: u64, domain: &str) -> RevisionInput {
-        let rev = revision_name(&self.name, generation);
+        let rev = revision_name_of(&self.name, generation, &self.template);
         let spec = &self.template.spec;
-        let port_name = spec
-            .containers
-            .first()
-            .and_then(|c| c.ports.first())
-            .and_then(|p| p.name.clone());
+        // Validated as [0, u32::MAX] by the parser.
+        let secs = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
         RevisionInput {
             namespace: self.namespace.clone(),
             name: rev.clone(),
             service: Some(self.name.clone()),
-            container_concurrency: spec.container_concurrency,
-            timeout_seconds: spec.timeout_seconds,
-            response_start_timeout_seconds: spec.response_start_timeout_seconds,
-            idle_timeout_seconds: spec.idle_timeout_seconds,
-            port_name,
-            annotations: self.template.metadata.annotations.clone(),
-            hosts: vec![
-                format!("{rev}.{}.{domain}", self.namespace),
-                format!("{rev}.{}.svc.cluster.local", self.namespace),
-                format!("{rev}.{}.svc", self.namespace),
-            ],
+            container_concurrency: spec
+                .container_concurrency
+                .and_then(|v| u32::try_from(v).ok()),
+            timeout_seconds: secs(spec.timeout_seconds),
+            response_start_timeout_seconds: secs(spec.response_start_timeout_seconds),
+            idle_timeout_seconds: secs(spec.idle_timeout_seconds),
+            port_name: local_config::container_of(&self.template)
+                .and_then(local_config::port_name_of),
+            annotations: local_config::annotations_of(&self.template),
+            hosts: route_hosts(&rev, &self.namespace, domain),
         }
     }
 
@@ -148,29 +172,41 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &mut problems,
             &mut config_files,
         );
+        load_into(
+            &mut configs.gc,
+            &file.config_maps.gc,
+            &abs,
+            &mut problems,
+            &mut config_files,
+        );
     }
-    let mut warnings = Vec::new();
+    let mut warnings = local_config::warnings(&file);
     let services: Vec<ServiceModel> = file
         .services
         .iter()
         .map(|s| ServiceModel {
-            namespace: s.metadata.namespace.clone(),
-            name: s.metadata.name.clone(),
-            template: s.spec.template.clone(),
+            namespace: local_config::namespace_of(s).to_string(),
+            name: local_config::name_of(s).to_string(),
+            template: s.spec.configuration.template.clone(),
+            traffic: s.spec.route.traffic.clone(),
         })
         .collect();
     if problems.is_empty() {
         for (i, s) in services.iter().enumerate() {
             warnings.extend(
-                annotations::warnings(&s.template.metadata.annotations)
-                    .into_iter()
-                    .map(|w| format!("services[{i}]: {w}")),
+                annotations::warnings(
+                    &configs.autoscaler,
+                    &local_config::annotations_of(&s.template),
+                )
+                .into_iter()
+                .map(|w| format!("services[{i}]: {w}")),
             );
-            if let Err(e) = s.revision_spec(1, &file.domain, &configs) {
-                problems.extend(e.0.into_iter().map(|p| Problem {
+            match s.revision_spec(1, &file.domain, &configs) {
+                Ok(spec) => problems.extend(local_class_problem(i, s, &spec)),
+                Err(e) => problems.extend(e.0.into_iter().map(|p| Problem {
                     key: format!("services[{i}]: {}", field_path(&p.key)),
                     ..p
-                }));
+                })),
             }
         }
     }
@@ -199,9 +235,39 @@ fn load_into<T: ConfigMap>(
     let path = abs(path);
     match from_manifest::<T>(&path) {
         Ok(c) => *slot = Arc::new(c),
-        Err(e) => problems.extend(e.0),
+        Err(e) => {
+            let file = path.display().to_string();
+            problems.extend(e.0.into_iter().map(|p| p.in_file(&file)));
+        }
     }
     files.push((T::NAME, path));
+}
+
+/// `thaw local` has only the KPA: a revision of another class (Knative's HPA) would never be
+/// scaled, so it is refused, naming where the class came from.
+fn local_class_problem(i: usize, s: &ServiceModel, spec: &RevisionSpec) -> Option<Problem> {
+    let class = &spec.autoscaling.class;
+    if class == annotations::KPA_CLASS {
+        return None;
+    }
+    let annotation = format!("{}class", annotations::PREFIX);
+    let key = if local_config::annotations_of(&s.template).contains_key(&annotation) {
+        format!("services[{i}]: spec.template.metadata.annotations[{annotation}]")
+    } else {
+        format!(
+            "services[{i}]: {} pod-autoscaler-class",
+            crate::config::autoscaler::NAME
+        )
+    };
+    Some(Problem::new(
+        key,
+        class,
+        format!(
+            "thaw local has no HPA (no CPU or memory metrics to scale on): only {} revisions \
+             can run locally",
+            annotations::KPA_CLASS
+        ),
+    ))
 }
 
 /// Where a revision-level key lives in a Service manifest.
@@ -234,16 +300,58 @@ mod tests {
         assert_eq!(revision_name("hello", 12), "hello-00012");
     }
 
+    /// Every ConfigMap local.yaml names is read from its folder and followed by absolute path.
+    /// (A folder of its own: tests never read config/local.yaml, which users edit.)
     #[test]
-    fn shipped_local_yaml_loads_with_its_configmaps() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.yaml");
-        let m = load(&Source::File(path)).unwrap();
-        assert_eq!(m.config_files.len(), 3);
+    fn local_yaml_loads_its_configmaps_from_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let cm = |name: &str, data: &str| {
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {{{data}}}\n"
+            )
+        };
+        for (file, text) in [
+            ("as.yaml", cm("config-autoscaler", "stable-window: 20s")),
+            ("d.yaml", cm("config-defaults", "")),
+            ("a.yaml", cm("config-activator", "")),
+            ("gc.yaml", cm("config-gc", "min-non-active-revisions: '3'")),
+            (
+                "local.yaml",
+                "configMaps: {autoscaler: as.yaml, defaults: d.yaml, activator: a.yaml, gc: gc.yaml}\nservices: []\n".into(),
+            ),
+        ] {
+            std::fs::write(dir.path().join(file), text).unwrap();
+        }
+        let m = load(&Source::File(dir.path().join("local.yaml"))).unwrap();
+        assert_eq!(m.config_files.len(), 4);
         assert!(
             m.config_files
                 .iter()
                 .all(|(_, p)| p.is_absolute() && p.exists())
         );
+        assert_eq!(m.configs.gc.min_non_active_revisions, 3);
+        assert_eq!(
+            m.configs.autoscaler.stable_window,
+            std::time::Duration::from_secs(20)
+        );
+    }
+
+    /// There is no HPA in `thaw local`: a revision of that class is refused, naming where the
+    /// class came from.
+    #[test]
+    fn hpa_class_is_refused_locally() {
+        let f = super::super::config::parse(
+            "services:\n  - metadata: {name: a}\n    spec:\n      template:\n        metadata:\n          annotations: {autoscaling.knative.dev/class: hpa.autoscaling.knative.dev}\n        spec:\n          containers: [{command: [x]}]\n",
+            "f",
+        )
+        .unwrap();
+        let e = from_file(f, None).unwrap_err();
+        assert_eq!(
+            e.0[0].key,
+            "services[0]: spec.template.metadata.annotations[autoscaling.knative.dev/class]"
+        );
+        assert_eq!(e.0[0].value, "hpa.autoscaling.knative.dev");
+        assert!(e.0[0].reason.contains("no HPA"), "{e}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use super::controller::LocalController;
 use super::model::{self, LocalModel, Source};
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::{ScaleStates, Scaler, ScalerOptions};
+use crate::cli::parse_listen;
 use crate::config::reload::{FileWatch, Outcome, watch_file};
 use crate::percore::Workers;
 use crate::platform::Platform;
@@ -41,13 +42,14 @@ const STATS_CHANNEL: usize = 16 * 1024;
 #[derive(Debug, clap::Args)]
 pub struct LocalArgs {
     /// Data port: where clients send requests (Host: {service}.{namespace}.{domain}).
-    #[arg(long, default_value = "127.0.0.1:8080", env = "THAW_LISTEN")]
+    /// HOST:PORT, localhost:PORT, :PORT (every interface) or PORT (loopback).
+    #[arg(long, default_value = "127.0.0.1:8080", env = "THAW_LISTEN", value_parser = parse_listen)]
     pub listen: SocketAddr,
-    /// Admin port: /metrics, /healthz, /readyz, /revisions.
-    #[arg(long, default_value = "127.0.0.1:9090", env = "THAW_ADMIN_LISTEN")]
+    /// Admin port: /metrics, /healthz, /readyz, /revisions. Same forms as --listen.
+    #[arg(long, default_value = "127.0.0.1:9090", env = "THAW_ADMIN_LISTEN", value_parser = parse_listen)]
     pub admin_listen: SocketAddr,
-    /// The services file. Default: config/local.yaml in the current folder, else a built-in
-    /// copy of it.
+    /// The services file. Default: ./local.yaml, else config/local.yaml, in the current folder;
+    /// with neither, the built-in demo (one service, hello) is served and a warning says so.
     #[arg(long, env = "THAW_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log JSON lines instead of text.
@@ -68,34 +70,48 @@ pub fn main(args: LocalArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("thaw local: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            crate::cli::say(format_args!("thaw local: cannot start the runtime: {e}"));
+            return crate::cli::invalid();
         }
     };
     match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Stopped::Cleanly) => ExitCode::SUCCESS,
+        Ok(Stopped::AtOnce) => {
+            // Dropping the runtime SIGKILLs the replicas still running (`kill_on_drop`).
+            rt.shutdown_timeout(std::time::Duration::from_millis(200));
+            crate::cli::interrupted()
+        }
         Err(msg) => {
-            eprintln!("{msg}");
-            ExitCode::FAILURE
+            crate::cli::say(msg);
+            crate::cli::invalid()
         }
     }
 }
+
+/// How `thaw local` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// After a drain: every request finished or was cut at drain-timeout, replicas stopped.
+    Cleanly,
+    /// A second Ctrl-C during the stop: what was left is cut short.
+    AtOnce,
+}
+
+/// Where `thaw local` looks for its services file without `--config`, in order.
+pub const LOOKED_FOR: [&str; 2] = ["local.yaml", "config/local.yaml"];
 
 fn source(args: &LocalArgs) -> Source {
     match &args.config {
         Some(p) => Source::File(p.clone()),
-        None => {
-            let default = PathBuf::from("config/local.yaml");
-            if default.exists() {
-                Source::File(default)
-            } else {
-                Source::Builtin
-            }
-        }
+        None => LOOKED_FOR
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .map_or(Source::Builtin, Source::File),
     }
 }
 
-async fn run(args: LocalArgs) -> Result<(), String> {
+async fn run(args: LocalArgs) -> Result<Stopped, String> {
     if let Err(e) = raise_nofile_limit() {
         warn!(error = %e, "cannot raise the open-files limit; keeping the current one");
     }
@@ -112,7 +128,17 @@ async fn run(args: LocalArgs) -> Result<(), String> {
     }
     match &source {
         Source::File(p) => info!(config = %p.display(), "services file"),
-        Source::Builtin => info!("no config/local.yaml here: serving the built-in copy"),
+        Source::Builtin => {
+            let here = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| ".".into());
+            warn!(
+                looked_for = %LOOKED_FOR.join(", "),
+                folder = %here,
+                "no services file found: serving the built-in demo (service hello); write \
+                 ./local.yaml or pass --config FILE"
+            );
+        }
     }
     let model = Arc::new(model);
 
@@ -193,16 +219,88 @@ async fn run(args: LocalArgs) -> Result<(), String> {
         &telemetry,
     );
 
-    let served = activator
-        .serve(data, admin, shutdown_signal(activator_config))
-        .await;
-    info!("activator drained; stopping the autoscaler and every replica");
-    workers.stop();
-    let _ = stop_scaler.send(true);
-    let _ = scaler_task.await;
-    platform.shutdown().await;
-    info!("thaw local stopped");
-    served.map_err(|e| format!("thaw local: serving failed: {e}"))
+    let (stop_tx, stop_rx) = watch::channel(Stop::Running);
+    tokio::spawn(signals(stop_tx, activator_config));
+    let mut stopping = stop_rx.clone();
+    let graceful = async {
+        let served = activator
+            .clone()
+            .serve(data, admin, async move {
+                let _ = stopping.wait_for(|s| *s != Stop::Running).await;
+            })
+            .await;
+        info!("activator drained; stopping the autoscaler and every replica");
+        workers.stop();
+        let _ = stop_scaler.send(true);
+        let _ = scaler_task.await;
+        platform.shutdown().await;
+        info!("thaw local stopped");
+        served.map_err(|e| format!("thaw local: serving failed: {e}"))
+    };
+    let mut at_once = stop_rx.clone();
+    let mut draining = stop_rx.clone();
+    tokio::select! {
+        r = graceful => r.map(|()| Stopped::Cleanly),
+        () = report_drain(&activator, &mut draining) => unreachable!("the drain report never ends"),
+        // Counted before the select drops the drain (which ends its requests).
+        (in_flight, held) = async {
+            let _ = at_once.wait_for(|s| *s == Stop::AtOnce).await;
+            requests_left(&activator)
+        } => {
+            warn!(
+                in_flight,
+                held,
+                "second Ctrl-C: stopping at once; {in_flight} requests in flight and {held} held \
+                 are cut short, replicas are killed"
+            );
+            Ok(Stopped::AtOnce)
+        }
+    }
+}
+
+/// Where a stop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Running,
+    /// SIGINT or SIGTERM: drain, then stop.
+    Draining,
+    /// A second SIGINT while draining: stop now.
+    AtOnce,
+}
+
+/// How often a drain says what it still waits for.
+const DRAIN_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Once a drain has begun, says every [`DRAIN_REPORT_EVERY`] how many requests it still waits
+/// for (nothing when none). Never completes.
+async fn report_drain(activator: &Activator, stop: &mut watch::Receiver<Stop>) {
+    let _ = stop.wait_for(|s| *s != Stop::Running).await;
+    let mut every = tokio::time::interval(DRAIN_REPORT_EVERY);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let (in_flight, held) = requests_left(activator);
+        if in_flight + held > 0 {
+            info!(
+                in_flight,
+                held,
+                "draining: {} requests still in flight, {held} held (Ctrl-C again to stop at once)",
+                in_flight
+            );
+        }
+    }
+}
+
+/// Requests forwarded and not yet answered, and requests held for a cold start, over every
+/// revision.
+fn requests_left(activator: &Activator) -> (u64, u64) {
+    let in_flight = activator
+        .states()
+        .iter()
+        .flat_map(|s| s.throttler.endpoints())
+        .map(|e| u64::from(e.in_flight))
+        .sum();
+    (in_flight, u64::from(activator.held_requests()))
 }
 
 /// Watches local.yaml and every ConfigMap file it names. Any change reloads the whole model;
@@ -246,17 +344,31 @@ fn watch_files(
             }
         }
     }
+    // Warnings already said (at start or by an earlier reload) are not repeated: one warning
+    // per field, not one per edit.
+    let said: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>> = Arc::new(
+        std::sync::Mutex::new(model.warnings.iter().cloned().collect()),
+    );
     for w in &watches {
         let mut events = w.events();
-        let (controller, live, activator_config) =
-            (controller.clone(), live.clone(), activator_config.clone());
+        let (controller, live, activator_config, said) = (
+            controller.clone(),
+            live.clone(),
+            activator_config.clone(),
+            said.clone(),
+        );
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
                 let applied = matches!(events.borrow_and_update().outcome, Some(Outcome::Applied));
                 if applied {
                     let model: Arc<LocalModel> = live.load_full();
-                    for w in &model.warnings {
-                        warn!("{w}");
+                    {
+                        let mut said = said.lock().unwrap_or_else(|p| p.into_inner());
+                        for w in &model.warnings {
+                            if said.insert(w.clone()) {
+                                warn!("{w}");
+                            }
+                        }
                     }
                     activator_config.store(model.configs.activator.clone());
                     controller.apply(model);
@@ -267,29 +379,41 @@ fn watch_files(
     watches
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM. Ctrl-C comes from a person at a terminal, with no
-/// load balancer to wait for, so it skips `drain-delay` (requests still finish, bounded by
-/// `drain-timeout`); SIGTERM honours it as in a cluster.
-async fn shutdown_signal(config: Arc<ArcSwap<crate::config::ActivatorConfig>>) {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops thaw");
-                std::future::pending::<()>().await;
-            }
+/// Follows SIGINT (Ctrl-C) and SIGTERM: the first starts the drain, a second Ctrl-C stops at
+/// once. Ctrl-C comes from a person at a terminal, with no load balancer to wait for, so it
+/// skips `drain-delay` (requests still finish, bounded by `drain-timeout`); SIGTERM honours it
+/// as in a cluster.
+async fn signals(stop: watch::Sender<Stop>, config: Arc<ArcSwap<crate::config::ActivatorConfig>>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Both handlers are installed before anything waits, so no signal is missed between the
+    // first and the second.
+    let (mut int, mut term) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(i), Ok(t)) => (i, t),
+        (i, t) => {
+            let e = i
+                .err()
+                .or(t.err())
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            error!(error = %e, "cannot listen for SIGINT/SIGTERM; stop thaw with SIGKILL");
+            return;
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {
-            info!("SIGINT: draining now (no drain delay)");
+        _ = int.recv() => {
+            info!("SIGINT: draining now (no drain delay); Ctrl-C again to stop at once");
             config.rcu(|c| crate::config::ActivatorConfig {
                 drain_delay: std::time::Duration::ZERO,
                 ..(**c).clone()
             });
         }
-        () = term => info!("SIGTERM: draining"),
+        _ = term.recv() => info!("SIGTERM: draining"),
+    }
+    let _ = stop.send(Stop::Draining);
+    if int.recv().await.is_some() {
+        let _ = stop.send(Stop::AtOnce);
     }
 }

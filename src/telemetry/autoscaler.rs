@@ -6,6 +6,22 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// A gauge holding a fraction (observed concurrency, targets).
+pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Labels of the observed-load and target gauges: the revision and the metric it scales on
+/// (`concurrency`, in requests in flight, or `rps`, in requests per second).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MetricLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name.
+    pub revision: String,
+    /// `concurrency` or `rps`.
+    pub metric: &'static str,
+}
 
 /// Labels of the per-revision gauges.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -36,6 +52,15 @@ pub struct AutoscalerMetrics {
     /// `thaw_autoscaler_excess_burst_capacity{namespace,revision}`: negative keeps the
     /// activator in the path.
     pub excess_burst_capacity: Family<RevisionLabels, Gauge>,
+    /// `thaw_autoscaler_observed_stable{namespace,revision,metric}`: the stable-window average
+    /// the last decision saw (Knative's `autoscaler_stable_request_concurrency` /
+    /// `_requests_per_second`), for the whole revision.
+    pub observed_stable: Family<MetricLabels, FloatGauge>,
+    /// `thaw_autoscaler_observed_panic{namespace,revision,metric}`: the panic-window average.
+    pub observed_panic: Family<MetricLabels, FloatGauge>,
+    /// `thaw_autoscaler_target_per_pod{namespace,revision,metric}`: what one pod should carry
+    /// (Knative's `autoscaler_target_concurrency_per_pod`).
+    pub target_per_pod: Family<MetricLabels, FloatGauge>,
     /// `thaw_autoscaler_decision_seconds`: time to decide one round (a tick over every
     /// revision, or one poked revision), platform calls included.
     pub decision_seconds: Histogram,
@@ -53,6 +78,9 @@ impl Default for AutoscalerMetrics {
             ready_pods: Family::default(),
             panic_mode: Family::default(),
             excess_burst_capacity: Family::default(),
+            observed_stable: Family::default(),
+            observed_panic: Family::default(),
+            target_per_pod: Family::default(),
             // 1µs .. ~4s
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 4.0, 12)),
             stats_rejected: Family::default(),
@@ -84,6 +112,21 @@ impl AutoscalerMetrics {
             "autoscaler_excess_burst_capacity",
             "Spare capacity beyond the target burst capacity; negative keeps the activator in the path",
             m.excess_burst_capacity.clone(),
+        );
+        reg.register(
+            "autoscaler_observed_stable",
+            "Stable-window average of the revision's load at the last decision (requests in flight, or per second)",
+            m.observed_stable.clone(),
+        );
+        reg.register(
+            "autoscaler_observed_panic",
+            "Panic-window average of the revision's load at the last decision (requests in flight, or per second)",
+            m.observed_panic.clone(),
+        );
+        reg.register(
+            "autoscaler_target_per_pod",
+            "Load one pod should carry: the target times the utilization",
+            m.target_per_pod.clone(),
         );
         reg.register(
             "autoscaler_decision_seconds",

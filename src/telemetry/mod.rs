@@ -11,7 +11,9 @@
 pub mod activator;
 pub mod autoscaler;
 pub mod config;
+pub mod exposition;
 pub mod platform;
+pub mod process;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -28,13 +30,17 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Registers every family under the `thaw` prefix.
+    /// Registers every family: thaw's under the `thaw` prefix, the standard `process_*` ones
+    /// without it.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("thaw");
-        let config = config::ConfigMetrics::register(&mut registry);
-        let platform = platform::PlatformMetrics::register(&mut registry);
-        let activator = activator::ActivatorMetrics::register(&mut registry);
-        let autoscaler = autoscaler::AutoscalerMetrics::register(&mut registry);
+        let mut registry = Registry::default();
+        process::register(&mut registry);
+        let thaw = registry.sub_registry_with_prefix("thaw");
+        process::register_build_info(thaw);
+        let config = config::ConfigMetrics::register(thaw);
+        let platform = platform::PlatformMetrics::register(thaw);
+        let activator = activator::ActivatorMetrics::register(thaw);
+        let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
         Self {
             registry,
             config,
@@ -51,6 +57,18 @@ impl Telemetry {
         encode(&mut out, &self.registry).expect("encoding metrics into a String");
         out
     }
+
+    /// The exposition a scraper sending `accept` asks for ([`exposition::Format::negotiate`]),
+    /// with its content type.
+    pub fn encode_for(&self, accept: Option<&str>) -> (String, &'static str) {
+        let format = exposition::Format::negotiate(accept);
+        let om = self.encode();
+        let body = match format {
+            exposition::Format::OpenMetrics => om,
+            exposition::Format::Classic => exposition::to_classic(&om),
+        };
+        (body, format.content_type())
+    }
 }
 
 impl Default for Telemetry {
@@ -66,10 +84,13 @@ pub fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal; log files and pipes get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A closed stderr (`thaw local 2>&1 | head -2`) must not stop thaw: by default the fmt
+    // layer reports a failed write with `eprintln!`, which panics on that same closed pipe.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .log_internal_errors(false);
     let _ = if json {
         builder.json().try_init()
     } else {

@@ -104,7 +104,7 @@ async fn thousand_held_requests_complete_within_container_concurrency() {
     }
     let r = h.revision(&rev).await;
     assert_eq!(
-        (r["held"].as_u64(), r["in_flight"].as_u64()),
+        (r["held"].as_u64(), r["inFlight"].as_u64()),
         (Some(0), Some(0))
     );
     h.shutdown();
@@ -231,7 +231,7 @@ async fn cold_start_phases_include_the_scaler_decision() {
         Some(states.clone()),
     )
     .await;
-    assert_eq!(h.revision(&rev).await["desired"], -1);
+    assert_eq!(h.revision(&rev).await["desired"], serde_json::Value::Null);
     let c = client();
     let req = h.get(&rev, "/");
     let pending = tokio::spawn(async move { send(&c, req).await });

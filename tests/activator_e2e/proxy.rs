@@ -111,7 +111,7 @@ async fn upstream_dying_mid_response_reaches_the_client_and_frees_the_slot() {
         ),
         "{metrics}"
     );
-    assert_eq!(h.revision(&rev("r")).await["in_flight"], 0);
+    assert_eq!(h.revision(&rev("r")).await["inFlight"], 0);
     h.shutdown();
 }
 
@@ -303,7 +303,7 @@ async fn websocket_upgrade_passes_through() {
     tcp.read_exact(&mut echo).await.unwrap();
     assert_eq!(&echo, b"ping over the tunnel");
     assert_eq!(
-        h.revision(&rev("ws")).await["in_flight"],
+        h.revision(&rev("ws")).await["inFlight"],
         1,
         "the tunnel holds its slot"
     );
@@ -333,7 +333,7 @@ async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
         assert_eq!(&echo, b"tick");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(h.revision(&rev("ws")).await["in_flight"], 1);
+    assert_eq!(h.revision(&rev("ws")).await["inFlight"], 1);
     // Then silent: closed within two idle periods (plus slack), and the slot is free.
     let closed = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
     assert!(
@@ -341,7 +341,7 @@ async fn an_idle_websocket_tunnel_is_closed_and_frees_its_slot() {
         "the idle tunnel was closed: {closed:?}"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.revision(&rev("ws")).await["in_flight"] != 0 {
+    while h.revision(&rev("ws")).await["inFlight"] != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the slot was not freed"
@@ -410,20 +410,25 @@ async fn probes_are_answered_by_the_activator() {
     assert_eq!(status, 400, "hash missing");
     let (status, _) = admin_get(h.admin, "/healthz").await;
     assert_eq!(status, 200);
-    let resp = client()
-        .request(
-            Request::get(format!("http://{}/metrics", h.admin))
-                .body(Default::default())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text")
-    );
+    // OpenMetrics when asked for, the classic text format otherwise.
+    for (accept, want) in [
+        (
+            Some("application/openmetrics-text"),
+            "application/openmetrics-text",
+        ),
+        (None, "text/plain; version=0.0.4"),
+    ] {
+        let mut req = Request::get(format!("http://{}/metrics", h.admin));
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let resp = client()
+            .request(req.body(Default::default()).unwrap())
+            .await
+            .unwrap();
+        let ct = resp.headers()["content-type"].to_str().unwrap();
+        assert!(ct.starts_with(want), "{accept:?}: {ct}");
+    }
     h.shutdown();
 }
 

@@ -21,7 +21,7 @@ async fn response_start_timeout_answers_504() {
     let (status, _, body) = send(&client(), h.get(&rev, "/slow?ms=30000")).await;
     assert_eq!(status, 504);
     assert!(body.contains("sent no response"), "{body}");
-    assert_eq!(h.revision(&rev).await["in_flight"], 0);
+    assert_eq!(h.revision(&rev).await["inFlight"], 0);
     h.shutdown();
 }
 

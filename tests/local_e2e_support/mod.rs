@@ -66,20 +66,61 @@ impl Thaw {
         Self::spawn(dir, Some(config))
     }
 
+    /// As [`Thaw::start`], with more files (name, text) written beside local.yaml first.
+    pub fn start_with(
+        local: &str,
+        autoscaler: &str,
+        activator: &str,
+        more: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "local.yaml", local);
+        write(dir.path(), "config-autoscaler.yaml", autoscaler);
+        write(dir.path(), "config-activator.yaml", activator);
+        for (name, text) in more {
+            write(dir.path(), name, text);
+        }
+        let config = dir.path().join("local.yaml");
+        Self::spawn(dir, Some(config))
+    }
+
+    /// Starts `thaw local` without `--config` in a folder holding `./local.yaml` (and the fast
+    /// ConfigMaps beside it).
+    pub fn start_without_flag(local: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "local.yaml", local);
+        write(dir.path(), "config-autoscaler.yaml", FAST_AUTOSCALER);
+        write(dir.path(), "config-activator.yaml", FAST_ACTIVATOR);
+        Self::spawn(dir, None)
+    }
+
     /// Starts `thaw local` without `--config` in an empty folder: the built-in local.yaml.
     pub fn start_builtin() -> Self {
         Self::spawn(tempfile::tempdir().unwrap(), None)
     }
 
     fn spawn(dir: tempfile::TempDir, config: Option<PathBuf>) -> Self {
+        Self::spawn_on(dir, config, "127.0.0.1:0", "127.0.0.1:0")
+    }
+
+    /// As [`Thaw::start`], listening on `listen` and `admin` as written on the command line.
+    pub fn start_on(local: &str, listen: &str, admin: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "local.yaml", local);
+        write(dir.path(), "config-autoscaler.yaml", FAST_AUTOSCALER);
+        write(dir.path(), "config-activator.yaml", FAST_ACTIVATOR);
+        let config = dir.path().join("local.yaml");
+        Self::spawn_on(dir, Some(config), listen, admin)
+    }
+
+    fn spawn_on(
+        dir: tempfile::TempDir,
+        config: Option<PathBuf>,
+        listen: &str,
+        admin: &str,
+    ) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
-        cmd.args([
-            "local",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ]);
+        cmd.args(["local", "--listen", listen, "--admin-listen", admin]);
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
         }

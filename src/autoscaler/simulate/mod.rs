@@ -79,9 +79,14 @@ pub struct SimulateArgs {
     /// Write the per-second CSV here.
     #[arg(long, value_name = "FILE.csv")]
     pub out: Option<PathBuf>,
-    /// Draw offered load and pods over time as SVG here.
+    /// Draw offered load, requests waiting and pods over time as SVG here, with the settings
+    /// and the summary under the plot.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// A second config-autoscaler manifest to replay the same trace with (same annotations and
+    /// flags): both summaries are printed and the plot overlays both.
+    #[arg(long, value_name = "OTHER.yaml")]
+    pub compare: Option<PathBuf>,
 }
 
 /// How the simulated world behaves.
@@ -150,21 +155,73 @@ pub struct Simulation {
     pub summary: Summary,
 }
 
+/// The settings a simulation ran with, as one line (shown in the plot).
+pub fn settings_text(spec: &AutoscalingSpec, model: &Model) -> String {
+    use crate::config::parse::format_duration as d;
+    let max = if spec.max_scale == 0 {
+        "unbounded".to_string()
+    } else {
+        spec.max_scale.to_string()
+    };
+    format!(
+        "target {} per pod ({} {}, utilization {}%), containerConcurrency {}, stable-window {}, \
+         panic-window {}, panic-threshold {}%, scale-to-zero-grace-period {}, \
+         scale-to-zero-pod-retention-period {}, scale-down-delay {}, min-scale {}, max-scale {}, \
+         initial-scale {}, activation-scale {}, target-burst-capacity {}, enable-scale-to-zero {}, \
+         pod start-up {}s{}",
+        trace::number(spec.target_value),
+        match spec.metric {
+            crate::config::Metric::Concurrency => "concurrency",
+            crate::config::Metric::Rps => "rps",
+        },
+        trace::number(spec.total_value),
+        trace::number(spec.target_utilization * 100.0),
+        model.container_concurrency,
+        d(spec.stable_window),
+        d(spec.panic_window),
+        trace::number(spec.panic_threshold * 100.0),
+        d(spec.scale_to_zero_grace_period),
+        d(spec.scale_to_zero_pod_retention_period),
+        d(spec.scale_down_delay),
+        spec.min_scale,
+        max,
+        spec.initial_scale,
+        spec.activation_scale,
+        trace::number(spec.target_burst_capacity),
+        spec.enable_scale_to_zero,
+        model.pod_startup,
+        if model.fresh {
+            ", fresh deployment"
+        } else {
+            ""
+        },
+    )
+}
+
 /// `thaw simulate`: loads the settings and the trace, simulates, writes the outputs.
 pub fn run(args: &SimulateArgs) -> ExitCode {
     match run_inner(args) {
-        Ok(summary) => {
-            println!("{summary}");
+        Ok(summaries) => {
+            let text = match summaries.as_slice() {
+                [(_, one)] => format!("{one}\n"),
+                many => many
+                    .iter()
+                    .map(|(label, s)| format!("# {label}\n{s}\n"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            crate::cli::out(&text);
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("thaw simulate: {e}");
-            ExitCode::from(2)
+            crate::cli::say(format_args!("thaw simulate: {e}"));
+            crate::cli::invalid()
         }
     }
 }
 
-fn run_inner(args: &SimulateArgs) -> Result<Summary, String> {
+/// Runs the simulation (twice with `--compare`); each run's label and summary.
+fn run_inner(args: &SimulateArgs) -> Result<Vec<(String, Summary)>, String> {
     let mut annotations = BTreeMap::new();
     for a in &args.annotations {
         let (k, v) = a
@@ -172,13 +229,26 @@ fn run_inner(args: &SimulateArgs) -> Result<Summary, String> {
             .ok_or_else(|| format!("--annotation {a}: expected KEY=VALUE"))?;
         annotations.insert(k.trim().to_owned(), v.trim().to_owned());
     }
-    let (spec, warnings) = load_spec(
-        args.config.as_deref(),
-        &annotations,
-        args.container_concurrency,
-    )?;
-    for w in warnings {
-        eprintln!("thaw simulate: warning: {w}");
+    let label = |p: Option<&std::path::Path>| {
+        p.map_or("Knative's defaults".to_string(), |p| {
+            p.display().to_string()
+        })
+    };
+    let mut configs = vec![(label(args.config.as_deref()), args.config.clone())];
+    if let Some(other) = &args.compare {
+        configs.push((label(Some(other)), Some(other.clone())));
+    }
+    let mut specs = Vec::new();
+    for (label, path) in &configs {
+        let (spec, warnings) = load_spec(path.as_deref(), &annotations, args.container_concurrency)
+            .map_err(|e| match path {
+                Some(p) => format!("{}: {e}", p.display()),
+                None => e,
+            })?;
+        for w in warnings {
+            crate::cli::say(format_args!("thaw simulate: warning: {w}"));
+        }
+        specs.push((label.clone(), spec));
     }
     let text = std::fs::read_to_string(&args.trace)
         .map_err(|e| format!("{}: {e}", args.trace.display()))?;
@@ -192,17 +262,40 @@ fn run_inner(args: &SimulateArgs) -> Result<Summary, String> {
         .enable_time()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
-    let sim = runtime.block_on(simulate(spec, &offered, model));
+    let sims: Vec<(String, String, Simulation)> = specs
+        .into_iter()
+        .map(|(label, spec)| {
+            let settings = settings_text(&spec, &model);
+            (
+                label,
+                settings,
+                runtime.block_on(simulate(spec, &offered, model)),
+            )
+        })
+        .collect();
     if let Some(path) = &args.out {
-        std::fs::write(path, trace::to_csv(&sim.rows))
+        // The first configuration's rows (`--compare` adds its summary, not a second CSV).
+        std::fs::write(path, trace::to_csv(&sims[0].2.rows))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &args.plot {
         let title = format!("thaw simulate: {}", args.trace.display());
-        std::fs::write(path, plot::svg(&title, &offered, &sim.rows))
+        let runs: Vec<plot::Run<'_>> = sims
+            .iter()
+            .map(|(label, settings, sim)| plot::Run {
+                label,
+                settings,
+                rows: &sim.rows,
+                summary: &sim.summary,
+            })
+            .collect();
+        std::fs::write(path, plot::svg(&title, &offered, &runs))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(sim.summary)
+    Ok(sims
+        .into_iter()
+        .map(|(label, _, sim)| (label, sim.summary))
+        .collect())
 }
 
 /// The simulated platform: pods with the second they become ready.

@@ -33,7 +33,7 @@ pub fn load_spec(
             (key, v.clone())
         })
         .collect();
-    let warnings = annotations::warnings(&annotations);
+    let warnings = annotations::warnings(&config, &annotations);
     let spec = annotations::resolve(&config, &annotations, container_concurrency)
         .map_err(|e| e.to_string())?;
     Ok((spec, warnings))

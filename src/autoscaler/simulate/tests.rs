@@ -133,10 +133,71 @@ fn csv_and_svg_outputs() {
         "second,desired,ready,panic,excess_burst_capacity,activator_in_path,waiting\n\
          0,0,0,0,-211,1,0\n1,1,0,1,-214,1,2.5\n"
     );
-    let svg = plot::svg("a <trace>", &[0.0, 2.5], &rows);
+    let summary = Summary {
+        seconds: 2,
+        pod_seconds: 1,
+        scale_from_zero: 1,
+        waiting_seconds: 1,
+        peak_pods: 1,
+    };
+    let run = plot::Run {
+        label: "config-autoscaler.yaml",
+        settings: "target 70 per pod, stable-window 60s",
+        rows: &rows,
+        summary: &summary,
+    };
+    let svg = plot::svg("a <trace>", &[0.0, 2.5], &[run]);
     assert!(svg.starts_with("<svg "));
     assert!(svg.trim_end().ends_with("</svg>"));
+    // Offered, ready and desired lines; ready and waiting areas.
     assert_eq!(svg.matches("<polyline").count(), 3);
+    assert_eq!(svg.matches("<polygon").count(), 2);
     assert!(svg.contains("a &lt;trace&gt;"));
     assert!(svg.contains(r#"class="panic""#));
+    // The requests waiting while no pod is ready are drawn: second 1's 2.5 reaches the top.
+    assert!(svg.contains(r#"class="waiting-0""#), "{svg}");
+    assert!(svg.contains("requests waiting (no pod ready)"));
+    // Desired and ready differ in colour, width and dash.
+    assert!(svg.contains(r#"class="desired-0""#) && svg.contains(r#"stroke-dasharray="7 4""#));
+    // The settings and the summary are in the picture.
+    assert!(
+        svg.contains("target 70 per pod, stable-window 60s"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains(
+            "summary: pod-seconds 1 · scale-from-zero events 1 · seconds with requests waiting 1"
+        ),
+        "{svg}"
+    );
+    // A second configuration is overlaid in its own series.
+    let other = plot::Run {
+        label: "other.yaml",
+        ..run
+    };
+    let both = plot::svg("t", &[0.0, 2.5], &[run, other]);
+    assert_eq!(both.matches("<polyline").count(), 5);
+    assert!(both.contains(r#"class="desired-1""#) && both.contains("other.yaml settings:"));
+}
+
+#[test]
+fn settings_text_names_what_an_operator_tunes() {
+    let text = settings_text(
+        &spec(),
+        &Model {
+            pod_startup: 2,
+            container_concurrency: 0,
+            fresh: false,
+        },
+    );
+    for part in [
+        "target 10 per pod",
+        "stable-window 6s",
+        "panic-window 3s",
+        "scale-to-zero-grace-period 30s",
+        "max-scale unbounded",
+        "pod start-up 2s",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
 }

@@ -109,8 +109,8 @@ fn every_annotation_accepted_and_rejected() {
             "initial-scale",
             "3",
             |s| s.initial_scale == 3,
-            "0",
-            "allow-zero-initial-scale",
+            "-1",
+            "must not be negative",
         ),
         (
             "activation-scale",
@@ -255,6 +255,22 @@ fn scale_bounds_rules() {
         resolve(&cfg, &ann(&[("activation-scale", "6")]), 0).is_err(),
         "activation above max"
     );
+    let e = resolve(
+        &cfg,
+        &ann(&[("min-scale", "4"), ("activation-scale", "3")]),
+        0,
+    )
+    .unwrap_err();
+    assert_eq!(e.0[0].key, "autoscaling.knative.dev/activation-scale");
+    assert!(e.0[0].reason.contains("below min-scale (4)"), "{e}");
+    assert!(
+        resolve(
+            &cfg,
+            &ann(&[("min-scale", "3"), ("activation-scale", "3")]),
+            0
+        )
+        .is_ok()
+    );
     let open = AutoscalerConfig::default();
     assert_eq!(
         resolve(&open, &ann(&[("min-scale", "6")]), 0)
@@ -265,13 +281,37 @@ fn scale_bounds_rules() {
     );
 }
 
+/// Knative's GetInitialScale: initial-scale 0 without allow-zero-initial-scale falls back to
+/// the cluster's initial-scale (with a warning), rather than failing the revision.
+#[test]
+fn zero_initial_scale_not_allowed_falls_back_to_the_cluster_value() {
+    let cfg = AutoscalerConfig {
+        initial_scale: 2,
+        ..Default::default()
+    };
+    let a = ann(&[("initial-scale", "0")]);
+    assert_eq!(resolve(&cfg, &a, 0).unwrap().initial_scale, 2);
+    let w = annotations::warnings(&cfg, &a);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("starts at initial-scale 2"), "{w:?}");
+    let allowed = AutoscalerConfig {
+        allow_zero_initial_scale: true,
+        ..cfg
+    };
+    assert_eq!(resolve(&allowed, &a, 0).unwrap().initial_scale, 0);
+    assert!(annotations::warnings(&allowed, &a).is_empty());
+}
+
 #[test]
 fn global_only_keys_as_annotations_are_warned() {
-    let w = annotations::warnings(&ann(&[
-        ("max-scale-down-rate", "4"),
-        ("bogus", "1"),
-        ("minScale", "1"),
-    ]));
+    let w = annotations::warnings(
+        &AutoscalerConfig::default(),
+        &ann(&[
+            ("max-scale-down-rate", "4"),
+            ("bogus", "1"),
+            ("minScale", "1"),
+        ]),
+    );
     assert_eq!(w.len(), 2, "{w:?}");
     assert!(
         w.iter()
@@ -332,4 +372,22 @@ fn revision_spec_merges_defaults_timeouts_and_activator_annotations() {
             "activator.thaw.dev/typo",
         ]
     );
+}
+
+/// Knative's revision defaulting: `timeoutSeconds: 0` is config-defaults' timeout, not an error;
+/// above max-revision-timeout-seconds is still refused.
+#[test]
+fn timeout_seconds_zero_is_the_configured_default() {
+    let configs = ConfigSet::default();
+    let mut input = RevisionInput {
+        namespace: "default".into(),
+        name: "hello-00001".into(),
+        timeout_seconds: Some(0),
+        ..Default::default()
+    };
+    let spec = resolve_revision(&input, &configs).unwrap();
+    assert_eq!(spec.timeouts.total, configs.defaults.revision_timeout);
+    input.timeout_seconds = Some(601);
+    let e = resolve_revision(&input, &configs).unwrap_err();
+    assert_eq!(e.0[0].key, "spec.timeoutSeconds");
 }

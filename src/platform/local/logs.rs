@@ -38,8 +38,9 @@ pub trait LogSink: Send + Sync + 'static {
     fn suppressed(&self, revision: &RevisionKey, replica: u32, stream: Stream, count: u64);
 }
 
-/// The default sink: tracing events with target `thaw::replica`, stdout at INFO and stderr at
-/// WARN, the line prefixed with the revision and the replica index:
+/// The default sink: tracing events with target `thaw::replica` at INFO (stderr lines carry
+/// `stream=stderr`), the line prefixed with the revision and the replica index, which together
+/// name the replica:
 /// `default/hello-00001[0] sample-app: listening on 127.0.0.1:41234`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracingLogSink;
@@ -50,8 +51,9 @@ impl LogSink for TracingLogSink {
             Stream::Stdout => {
                 tracing::info!(target: "thaw::replica", "{revision}[{replica}] {line}")
             }
+            // Many apps log every request on stderr: that is output, not a problem of thaw's.
             Stream::Stderr => {
-                tracing::warn!(target: "thaw::replica", "{revision}[{replica}] {line}")
+                tracing::info!(target: "thaw::replica", stream = "stderr", "{revision}[{replica}] {line}")
             }
         }
     }
@@ -324,7 +326,11 @@ mod tests {
             lines[0].ends_with("thaw::replica: default/hello-00001[2] listening"),
             "{out}"
         );
-        assert!(lines[1].contains("WARN") && lines[1].contains("oops"));
+        assert!(
+            lines[1].contains("INFO") && lines[1].contains("default/hello-00001[2] oops"),
+            "{out}"
+        );
+        assert!(lines[1].contains("stream=\"stderr\""), "{out}");
         assert!(lines[2].contains("default/hello-00001[2] suppressed 9 lines of stderr"));
     }
 }

@@ -5,7 +5,8 @@
 //! [`Platform::scale`], and publish full [`EndpointSnapshot`]s on a watch per revision.
 //!
 //! # Replica life
-//! - **Start.** The command runs with `PORT` set to a free loopback port (picked by binding
+//! - **Start.** The command runs with `PORT` set to its declared port
+//!   ([`LocalRevision::port`]) when that is free, else to a free loopback port (picked by binding
 //!   `127.0.0.1:0` and releasing it) and `K_REVISION` set, in its own process group (a
 //!   terminal's Ctrl-C reaches thaw, not the replicas), stdin closed, SIGKILLed if its handle
 //!   drops. A first word `thaw` runs [`LocalOptions::thaw_exe`], so nothing needs to be on
@@ -93,6 +94,11 @@ pub struct LocalRevision {
     pub drain_timeout: Option<Duration>,
     /// Overrides [`LocalOptions::startup_timeout`] (e.g. the revision's progress deadline).
     pub startup_timeout: Option<Duration>,
+    /// The container's declared port (`containerPort`): a replica gets it as `PORT` when it is
+    /// free. When another replica holds it (a second replica, or the previous revision during a
+    /// roll-out: replicas share the loopback interface, pods would not), the replica gets a free
+    /// port instead and that is logged. `None`: always a free port.
+    pub port: Option<u16>,
 }
 
 impl LocalRevision {
@@ -107,6 +113,7 @@ impl LocalRevision {
             working_dir: None,
             drain_timeout: None,
             startup_timeout: None,
+            port: None,
         }
     }
 

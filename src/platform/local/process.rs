@@ -18,6 +18,12 @@ use tokio::time::Instant;
 use super::LocalRevision;
 use super::logs::{self, LastLine, LogLimits, LogSink, PumpTarget, Stream};
 
+/// Whether `port` can be bound on the loopback interface right now (a declared containerPort
+/// is given to a replica only then).
+pub(crate) fn port_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
 /// Picks a free loopback port by binding `127.0.0.1:0` and releasing it. Another process may
 /// take the port before the replica binds it; the platform detects that and retries.
 pub fn pick_free_port() -> io::Result<u16> {

@@ -100,7 +100,23 @@ async fn run_process(
     };
     let mut port_retries = 0;
     let (mut p, startup) = loop {
-        let spawned = (opts.port_picker)().and_then(|port| process::spawn(&cx, port));
+        let port = match def.port {
+            Some(port) if port_retries == 0 && process::port_free(port) => Ok(port),
+            Some(port) => {
+                let picked = (opts.port_picker)();
+                if let Ok(other) = &picked {
+                    tracing::info!(
+                        container_port = port,
+                        port = other,
+                        "containerPort {port} is held by another process (another replica?); \
+                         this replica gets PORT={other}"
+                    );
+                }
+                picked
+            }
+            None => (opts.port_picker)(),
+        };
+        let spawned = port.and_then(|port| process::spawn(&cx, port));
         let mut p = match spawned {
             Ok(p) => p,
             Err(e) => {
@@ -115,10 +131,11 @@ async fn run_process(
         entry.slot_spawned(index, p.pid, p.addr, p.started_at);
         let startup_timeout = def.startup_timeout.unwrap_or(opts.startup_timeout);
         let deadline = p.started_at + startup_timeout;
+        let probing = probe_reporting(p.addr, p.pid, p.started_at, &kind, &opts.probe);
         let outcome = tokio::select! {
             _ = stopped(stop) => Startup::Stop,
             status = p.child.wait() => Startup::Exited(status),
-            r = tokio::time::timeout_at(deadline, probe::wait_ready(p.addr, &kind, &opts.probe, p.started_at)) => {
+            r = tokio::time::timeout_at(deadline, probing) => {
                 match r {
                     Ok(()) => Startup::Ready(p.started_at.elapsed()),
                     Err(_) => Startup::TimedOut,
@@ -167,6 +184,41 @@ async fn run_process(
     tracing::info!(pid = p.pid, addr = %p.addr, ready_after = ?startup, "replica ready");
     entry.slot_ready(index, startup);
     serve(opts, entry, index, def, &mut p, stop).await
+}
+
+/// How often a replica that is not ready yet is reported.
+pub const NOT_READY_REPORT_EVERY: Duration = Duration::from_secs(3);
+
+/// Probes until ready, saying every [`NOT_READY_REPORT_EVERY`] that the replica is not ready yet
+/// and which address and probe it waits on (an app listening on another port than `PORT` is
+/// seen at once, not after the whole start-up timeout).
+async fn probe_reporting(
+    addr: std::net::SocketAddr,
+    pid: u32,
+    started_at: Instant,
+    kind: &ProbeKind,
+    probe_opts: &probe::ProbeOptions,
+) {
+    let ready = probe::wait_ready(addr, kind, probe_opts, started_at);
+    tokio::pin!(ready);
+    let what = match kind {
+        ProbeKind::Tcp => format!("a TCP connect to {addr}"),
+        ProbeKind::Http { path, .. } => format!("GET http://{addr}{path} answering 2xx"),
+    };
+    let mut every =
+        tokio::time::interval_at(started_at + NOT_READY_REPORT_EVERY, NOT_READY_REPORT_EVERY);
+    loop {
+        tokio::select! {
+            () = &mut ready => return,
+            _ = every.tick() => tracing::info!(
+                pid,
+                %addr,
+                waited = ?started_at.elapsed(),
+                "replica not ready yet: waiting for {what} (the app must listen on $PORT = {})",
+                addr.port()
+            ),
+        }
+    }
 }
 
 /// Follows a ready process until it exits on its own or is told to stop (draining first

@@ -1,0 +1,59 @@
+//! The CRDs in deploy/crds/ are the ones the types generate, and `thaw crds` prints them.
+//! Regenerate after changing src/knative/: `cargo run -- crds --dir deploy/crds`.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn checked_in_crds_match_the_generated_ones() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
+    let mut expected_files: Vec<String> = Vec::new();
+    for crd in thaw::knative::crds() {
+        let name = thaw::knative::crd_file_name(&crd);
+        let path = dir.join(&name);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run `cargo run -- crds --dir deploy/crds`)",
+                path.display()
+            )
+        });
+        assert!(
+            on_disk == thaw::knative::crd_yaml(&crd),
+            "{} differs from the generated CRD: run `cargo run -- crds --dir deploy/crds`",
+            path.display()
+        );
+        expected_files.push(name);
+    }
+    // No stale file of a kind that is gone.
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    expected_files.sort();
+    assert_eq!(present, expected_files);
+}
+
+#[test]
+fn thaw_crds_prints_every_crd() {
+    let out = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .arg("crds")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "services.serving.knative.dev",
+            "configurations.serving.knative.dev",
+            "revisions.serving.knative.dev",
+            "routes.serving.knative.dev"
+        ]
+    );
+}
