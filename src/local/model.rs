@@ -204,7 +204,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             match s.revision_spec(1, &file.domain, &configs) {
                 Ok(spec) => problems.extend(local_class_problem(i, s, &spec)),
                 Err(e) => problems.extend(e.0.into_iter().map(|p| Problem {
-                    key: format!("services[{i}]: {}", field_path(&p.key)),
+                    key: format!("services[{i}].{}", field_path(&p.key)),
                     ..p
                 })),
             }
@@ -252,7 +252,7 @@ fn local_class_problem(i: usize, s: &ServiceModel, spec: &RevisionSpec) -> Optio
     }
     let annotation = format!("{}class", annotations::PREFIX);
     let key = if local_config::annotations_of(&s.template).contains_key(&annotation) {
-        format!("services[{i}]: spec.template.metadata.annotations[{annotation}]")
+        format!("services[{i}].spec.template.metadata.annotations[{annotation}]")
     } else {
         format!(
             "services[{i}]: {} pod-autoscaler-class",
@@ -348,7 +348,7 @@ mod tests {
         let e = from_file(f, None).unwrap_err();
         assert_eq!(
             e.0[0].key,
-            "services[0]: spec.template.metadata.annotations[autoscaling.knative.dev/class]"
+            "services[0].spec.template.metadata.annotations[autoscaling.knative.dev/class]"
         );
         assert_eq!(e.0[0].value, "hpa.autoscaling.knative.dev");
         assert!(e.0[0].reason.contains("no HPA"), "{e}");
@@ -366,8 +366,8 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "services[0]: spec.template.spec.containerConcurrency",
-                "services[0]: spec.template.metadata.annotations[autoscaling.knative.dev/window]",
+                "services[0].spec.template.spec.containerConcurrency",
+                "services[0].spec.template.metadata.annotations[autoscaling.knative.dev/window]",
             ]
         );
     }

@@ -96,37 +96,37 @@ impl AutoscalerMetrics {
         reg.register(
             "autoscaler_desired_pods",
             "Replicas the autoscaler asked the platform for",
-            m.desired_pods.clone(),
+            super::Listed(m.desired_pods.clone()),
         );
         reg.register(
             "autoscaler_ready_pods",
             "Ready endpoints seen at the last decision",
-            m.ready_pods.clone(),
+            super::Listed(m.ready_pods.clone()),
         );
         reg.register(
             "autoscaler_panic_mode",
             "1 while the revision's decider is in panic mode",
-            m.panic_mode.clone(),
+            super::Listed(m.panic_mode.clone()),
         );
         reg.register(
             "autoscaler_excess_burst_capacity",
             "Spare capacity beyond the target burst capacity; negative keeps the activator in the path",
-            m.excess_burst_capacity.clone(),
+            super::Listed(m.excess_burst_capacity.clone()),
         );
         reg.register(
             "autoscaler_observed_stable",
             "Stable-window average of the revision's load at the last decision (requests in flight, or per second)",
-            m.observed_stable.clone(),
+            super::Listed(m.observed_stable.clone()),
         );
         reg.register(
             "autoscaler_observed_panic",
             "Panic-window average of the revision's load at the last decision (requests in flight, or per second)",
-            m.observed_panic.clone(),
+            super::Listed(m.observed_panic.clone()),
         );
         reg.register(
             "autoscaler_target_per_pod",
             "Load one pod should carry: the target times the utilization",
-            m.target_per_pod.clone(),
+            super::Listed(m.target_per_pod.clone()),
         );
         reg.register(
             "autoscaler_decision_seconds",
@@ -136,7 +136,7 @@ impl AutoscalerMetrics {
         reg.register(
             "autoscaler_stats_rejected",
             "Stats the collector did not record, by reason",
-            m.stats_rejected.clone(),
+            super::Listed(m.stats_rejected.clone()),
         );
         reg.register(
             "autoscaler_scale_errors",

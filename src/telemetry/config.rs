@@ -26,12 +26,12 @@ impl ConfigMetrics {
         reg.register(
             "config_reloads",
             "Configuration updates applied",
-            m.reloads.clone(),
+            super::Listed(m.reloads.clone()),
         );
         reg.register(
             "config_reload_rejected",
             "Configuration updates rejected as invalid; the last good configuration kept serving",
-            m.rejected.clone(),
+            super::Listed(m.rejected.clone()),
         );
         m
     }

@@ -19,6 +19,32 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
+/// A metric registered so that its family's HELP and TYPE lines are exposed from the start,
+/// before its first series: prometheus-client leaves out a family with no series
+/// (`EncodeMetric::is_empty`), which breaks dashboards and alerts written against it until
+/// the first event. Wrap a per-revision `Family` in it when registering.
+#[derive(Debug, Clone)]
+pub struct Listed<M>(pub M);
+
+impl<M: prometheus_client::encoding::EncodeMetric> prometheus_client::encoding::EncodeMetric
+    for Listed<M>
+{
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
 /// Every metric family thaw exports, and the registry that encodes them.
 #[derive(Debug)]
 pub struct Telemetry {

@@ -151,23 +151,23 @@ impl PlatformMetrics {
         reg.register(
             "platform_replicas",
             "Replica processes per revision and state",
-            m.replicas.clone(),
+            super::Listed(m.replicas.clone()),
         );
         reg.register_with_unit(
             "platform_replica_startup",
             "Time from spawning a replica to its first successful readiness probe",
             Unit::Seconds,
-            m.startup.clone(),
+            super::Listed(m.startup.clone()),
         );
         reg.register(
             "platform_replica_exits",
             "Replica processes that ended, by reason",
-            m.exits.clone(),
+            super::Listed(m.exits.clone()),
         );
         reg.register(
             "platform_replica_restarts",
             "Replicas started to replace one that exited on its own",
-            m.restarts.clone(),
+            super::Listed(m.restarts.clone()),
         );
         m
     }
