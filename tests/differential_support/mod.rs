@@ -1,0 +1,164 @@
+//! What the differential tests share: the property runner (fixed seed, case count from
+//! `THAW_PROPTEST_CASES`), bounded socket reads, and a byte-string wrapper that prints escaped.
+
+#![allow(dead_code)] // each test crate uses its own part
+
+use std::fmt;
+use std::time::Duration;
+
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Cases per property when `THAW_PROPTEST_CASES` is not set: a few seconds in `cargo test`.
+pub const DEFAULT_CASES: u32 = 256;
+
+/// The cases to run: `THAW_PROPTEST_CASES` if set (a long run), else `default`.
+pub fn cases(default: u32) -> u32 {
+    match std::env::var("THAW_PROPTEST_CASES") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("THAW_PROPTEST_CASES: not a number: {v:?}")),
+        Err(_) => default,
+    }
+}
+
+/// Runs `test` on `cases` values of `strategy` drawn from a fixed seed (the same inputs on
+/// every run, so a failure in CI is reproduced by running the test again), shrinking a failure
+/// a bounded number of steps. No failure file is written: a disagreement found becomes a named
+/// regression test instead.
+pub fn run_property<S: Strategy>(
+    seed: u8,
+    cases: u32,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) where
+    S::Value: fmt::Debug,
+{
+    let config = Config {
+        cases,
+        max_shrink_iters: 256,
+        max_global_rejects: cases.saturating_mul(4).max(1024),
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    match runner.run(&strategy, test) {
+        Ok(()) => {}
+        Err(TestError::Fail(why, input)) => {
+            panic!("property failed: {why}\nminimal input: {input:#?}")
+        }
+        Err(TestError::Abort(why)) => panic!("property aborted: {why}"),
+    }
+}
+
+/// Bytes that print as an escaped byte string (`b"GET / HTTP/1.1\r\n..."`), so a failing
+/// input or a recorded request reads as what went over the wire.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct B(pub Vec<u8>);
+
+impl fmt::Debug for B {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "b\"{}\"", self.0.escape_ascii())
+    }
+}
+
+impl From<&[u8]> for B {
+    fn from(b: &[u8]) -> Self {
+        Self(b.to_vec())
+    }
+}
+
+/// Every socket operation in these tests is bounded by this.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Writes all of `bytes` within [`IO_TIMEOUT`]; an error or timeout is returned, not panicked
+/// (the peer may close first, which is itself an outcome).
+pub async fn write_all_bounded<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+) -> Result<(), String> {
+    match tokio::time::timeout(IO_TIMEOUT, w.write_all(bytes)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("write: {e}")),
+        Err(_) => Err("write timed out".into()),
+    }
+}
+
+/// How reading a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The peer closed (a clean end of stream or a reset).
+    Closed,
+    /// Nothing more arrived within the quiet period: the peer waits for more.
+    Open,
+}
+
+/// Reads until the peer closes, or until nothing arrives for `quiet` (the peer is waiting),
+/// or until [`IO_TIMEOUT`] in all.
+pub async fn read_to_end_or_quiet<R: AsyncRead + Unpin>(
+    r: &mut R,
+    quiet: Duration,
+) -> (Vec<u8>, End) {
+    let deadline = tokio::time::Instant::now() + IO_TIMEOUT;
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let wait = quiet.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        match tokio::time::timeout(wait, r.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, End::Closed),
+            Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
+            Err(_) => return (out, End::Open),
+        }
+    }
+}
+
+/// A chunked body decoded off the front of `buf` (RFC 9112 §7.1, strictly): the data and the
+/// trailer section's lines, and how many bytes it took; `Err` if malformed, `Ok(None)` if
+/// incomplete.
+pub fn dechunk(buf: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>, usize)>, String> {
+    let mut at = 0;
+    let mut data = Vec::new();
+    loop {
+        let Some(eol) = find(&buf[at..], b"\r\n") else {
+            return Ok(None);
+        };
+        let line = &buf[at..at + eol];
+        let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        if digits == 0 || digits > 16 {
+            return Err(format!("bad chunk size line {:?}", B(line.to_vec())));
+        }
+        let size = u64::from_str_radix(std::str::from_utf8(&line[..digits]).unwrap(), 16)
+            .map_err(|e| e.to_string())?;
+        at += eol + 2;
+        if size == 0 {
+            // Trailer section: lines up to an empty one.
+            let start = at;
+            loop {
+                let Some(eol) = find(&buf[at..], b"\r\n") else {
+                    return Ok(None);
+                };
+                at += eol + 2;
+                if eol == 0 {
+                    return Ok(Some((data, buf[start..at - 2].to_vec(), at)));
+                }
+            }
+        }
+        let size = size as usize;
+        if buf.len() < at + size + 2 {
+            return Ok(None);
+        }
+        data.extend_from_slice(&buf[at..at + size]);
+        at += size;
+        if &buf[at..at + 2] != b"\r\n" {
+            return Err("no CRLF after chunk data".into());
+        }
+        at += 2;
+    }
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
