@@ -11,7 +11,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Cases per property when `THAW_PROPTEST_CASES` is not set: a few seconds in `cargo test`.
-pub const DEFAULT_CASES: u32 = 256;
+pub const DEFAULT_CASES: u32 = 512;
 
 /// The cases to run: `THAW_PROPTEST_CASES` if set (a long run), else `default`.
 pub fn cases(default: u32) -> u32 {
@@ -115,10 +115,12 @@ pub async fn read_to_end_or_quiet<R: AsyncRead + Unpin>(
     }
 }
 
-/// A chunked body decoded off the front of `buf` (RFC 9112 §7.1, strictly): the data and the
-/// trailer section's lines, and how many bytes it took; `Err` if malformed, `Ok(None)` if
-/// incomplete.
-pub fn dechunk(buf: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>, usize)>, String> {
+/// A decoded chunked body: the data, the trailer section's lines, and how many bytes it took.
+pub type Dechunked = (Vec<u8>, Vec<u8>, usize);
+
+/// A chunked body decoded off the front of `buf` (RFC 9112 §7.1, strictly); `Err` if
+/// malformed, `Ok(None)` if incomplete.
+pub fn dechunk(buf: &[u8]) -> Result<Option<Dechunked>, String> {
     let mut at = 0;
     let mut data = Vec::new();
     loop {
