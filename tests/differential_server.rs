@@ -43,24 +43,14 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use proptest::prelude::*;
 use proptest::sample::select;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use thaw::activator::testing::StaticEndpoints;
-use thaw::activator::{Activator, ActivatorDeps, NextHop};
-use thaw::config::ActivatorConfig;
-use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
-use thaw::stats::stat_channel;
-use thaw::telemetry::Telemetry;
-
 use differential_support::*;
 
-/// The host routed to the one revision.
-const HOST: &str = "r.example";
 /// How long a connection may stay silent before it counts as waiting for more bytes.
 const QUIET: Duration = Duration::from_millis(300);
 /// Ends every input: answered, then the connection closes.
@@ -305,38 +295,9 @@ struct Side {
 async fn start_side(fast_lane: bool) -> Side {
     let rec = Arc::new(Recorder::default());
     let upstream = start_upstream(rec.clone()).await;
-    let mut spec = RevisionSpec::test("default", "r");
-    spec.hosts = vec![HOST.to_string()];
-    let key: RevisionKey = spec.key.clone();
-    let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(vec![spec], [])));
-    let endpoints = StaticEndpoints::new();
-    endpoints.set_ready(&key, vec![upstream]);
-    let (sink, mut stats) = stat_channel(1024);
-    tokio::spawn(async move { while stats.recv().await.is_some() {} });
-    let config = ActivatorConfig {
-        fast_lane,
-        ..ActivatorConfig::default()
-    };
-    let activator = Activator::new(ActivatorDeps {
-        catalog,
-        endpoints,
-        stats: Arc::new(sink),
-        scale_states: None,
-        config: Arc::new(ArcSwap::from_pointee(config)),
-        telemetry: Arc::new(Telemetry::new()),
-        source_name: "differential".into(),
-        // The client's Host goes upstream as it came: differences in Host handling show.
-        next_hop: NextHop::Container,
-    });
-    let data = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = data.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(activator.serve(data, admin, async {
-        let _ = stopped.await;
-    }));
+    let (data, stop) = start_activator(upstream, fast_lane).await;
     Side {
-        data: addr,
+        data,
         upstream,
         rec,
         _stop: stop,

@@ -6,9 +6,64 @@
 use std::fmt;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use thaw::activator::testing::StaticEndpoints;
+use thaw::activator::{Activator, ActivatorDeps, NextHop};
+use thaw::config::ActivatorConfig;
+use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionSpec};
+use thaw::stats::stat_channel;
+use thaw::telemetry::Telemetry;
+
+/// The host routed to the one revision of [`start_activator`].
+pub const HOST: &str = "r.example";
+
+/// An activator on an ephemeral loopback port with one revision (`default/r`, routed by
+/// `Host: r.example`) whose one ready endpoint is `upstream`, forwarding to it as to a container
+/// (the client's `Host` goes as it came). Serves until the returned sender is dropped.
+pub async fn start_activator(
+    upstream: SocketAddr,
+    fast_lane: bool,
+) -> (SocketAddr, oneshot::Sender<()>) {
+    let mut spec = RevisionSpec::test("default", "r");
+    spec.hosts = vec![HOST.to_string()];
+    let key = spec.key.clone();
+    let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(vec![spec], [])));
+    let endpoints = StaticEndpoints::new();
+    endpoints.set_ready(&key, vec![upstream]);
+    let (sink, mut stats) = stat_channel(1024);
+    tokio::spawn(async move { while stats.recv().await.is_some() {} });
+    let config = ActivatorConfig {
+        fast_lane,
+        ..ActivatorConfig::default()
+    };
+    let activator = Activator::new(ActivatorDeps {
+        catalog,
+        endpoints,
+        stats: Arc::new(sink),
+        scale_states: None,
+        config: Arc::new(ArcSwap::from_pointee(config)),
+        telemetry: Arc::new(Telemetry::new()),
+        source_name: "differential".into(),
+        next_hop: NextHop::Container,
+    });
+    let data = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = data.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(activator.serve(data, admin, async {
+        let _ = stopped.await;
+    }));
+    (addr, stop)
+}
 
 /// Cases per property when `THAW_PROPTEST_CASES` is not set: a few seconds in `cargo test`.
 pub const DEFAULT_CASES: u32 = 512;
