@@ -30,6 +30,9 @@
 //! THAW_PROPTEST_CASES=20000 THAW_PROPTEST_SEED=7 cargo test --release --test differential_client
 //! ```
 //!
+//! With `THAW_DIFF_SURVEY=1` (and `-- --nocapture`) the property prints every disagreeing input
+//! and goes on, instead of stopping at the first: a survey for new input classes.
+//!
 //! Disagreements found are named regression tests at the end of this file; those still open are
 //! `#[ignore]`d with the reason, and the property skips their input class (`known_disagreement`).
 //! Each is also checked as the activator's client sees it (`client_paths_agree`): one upstream
