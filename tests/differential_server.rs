@@ -320,7 +320,7 @@ struct Outcome {
     /// The status codes the client got, in order.
     statuses: Vec<u16>,
     /// The responses (normalised: see [`normalise`]).
-    responses: Vec<Answer>,
+    responses: Vec<Reply>,
     /// Bytes after the last response that do not parse as one.
     garbage: Option<B>,
     /// Whether the activator closed the connection or waits for more.
@@ -369,132 +369,6 @@ async fn run(side: &Side, epoch: u64, input: &[u8]) -> Outcome {
         end,
         upstream,
     }
-}
-
-/// Leaves out what differs by design between the two paths or two runs: the HTTP version of
-/// the status line and the `Connection`/`Keep-Alive` fields (see below), the `Date` field, a
-/// generated request id (in `X-Request-Id` and in error bodies), and the upstream's address in
-/// error bodies (each side has its own upstream).
-fn normalise(r: &mut Answer, endpoint: &str) {
-    r.fields
-        .retain(|(name, _)| !matches!(name.as_str(), "date" | "connection" | "keep-alive"));
-    // The version: the lane answers HTTP/1.1 (with `Connection: close` to an HTTP/1.0 client),
-    // hyper echoes HTTP/1.0; both are valid (RFC 9110 §6.2). Whether the connection stays open
-    // is compared through `Outcome::end`.
-    if r.line.0.starts_with(b"HTTP/1.") {
-        r.line.0.drain(..8);
-    }
-    for (name, value) in &mut r.fields {
-        if name == "x-request-id" && !value.0.starts_with(b"diff-") {
-            *value = B(b"<generated>".to_vec());
-        }
-    }
-    let mut body = String::from_utf8_lossy(&r.body.0).replace(endpoint, "<endpoint>");
-    // UUID-shaped ids (8-4-4-4-12 hex digits).
-    let is_uuid = |w: &[u8]| {
-        w.len() == 36
-            && w.iter().enumerate().all(|(i, b)| match i {
-                8 | 13 | 18 | 23 => *b == b'-',
-                _ => b.is_ascii_hexdigit(),
-            })
-    };
-    let mut i = 0;
-    while i + 36 <= body.len() {
-        if body.is_char_boundary(i)
-            && body.is_char_boundary(i + 36)
-            && is_uuid(&body.as_bytes()[i..i + 36])
-        {
-            body.replace_range(i..i + 36, "<uuid>");
-        }
-        i += 1;
-    }
-    let changed = body.as_bytes() != r.body.0.as_slice();
-    if changed {
-        // The length fields follow the body.
-        r.fields.retain(|(name, _)| name != "content-length");
-        r.body = B(body.into_bytes());
-    }
-}
-
-/// The status codes of the responses in `buf`, and what is left that is not a response.
-fn statuses(buf: &[u8]) -> (Vec<u16>, Option<B>) {
-    let (responses, garbage) = responses(buf);
-    (responses.iter().map(|r| r.status).collect(), garbage)
-}
-
-/// One response as the client received it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Answer {
-    status: u16,
-    /// The status line.
-    line: B,
-    /// Lowercased names and raw values, stably sorted by name.
-    fields: Vec<(String, B)>,
-    /// The body (de-chunked).
-    body: B,
-}
-
-/// The responses in `buf`, and what is left that is not a response.
-fn responses(mut buf: &[u8]) -> (Vec<Answer>, Option<B>) {
-    let mut out = Vec::new();
-    while !buf.is_empty() {
-        let mut slots = [httparse::EMPTY_HEADER; 64];
-        let mut r = httparse::Response::new(&mut slots);
-        let Ok(httparse::Status::Complete(n)) = r.parse(buf) else {
-            return (out, Some(B(buf.to_vec())));
-        };
-        let code = r.code.unwrap_or(0);
-        let end = buf.iter().position(|&b| b == b'\n').unwrap_or(0);
-        let mut fields: Vec<(String, B)> = r
-            .headers
-            .iter()
-            .map(|h| (h.name.to_ascii_lowercase(), B(h.value.to_vec())))
-            .collect();
-        fields.sort_by(|a, b| a.0.cmp(&b.0));
-        out.push(Answer {
-            status: code,
-            line: B(buf[..end]
-                .strip_suffix(b"\r")
-                .unwrap_or(&buf[..end])
-                .to_vec()),
-            fields,
-            body: B::default(),
-        });
-        let header = |name: &str| {
-            r.headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name))
-                .map(|h| h.value.to_vec())
-        };
-        let chunked =
-            header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case(b"chunked"));
-        let length = header("content-length")
-            .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<usize>().ok());
-        buf = &buf[n..];
-        if (100..200).contains(&code) || code == 204 || code == 304 {
-            continue;
-        }
-        let last = out.len() - 1;
-        if chunked {
-            match dechunk(buf) {
-                Ok(Some((data, _, used))) => {
-                    out[last].body = B(data);
-                    buf = &buf[used..];
-                }
-                _ => return (out, Some(B(buf.to_vec()))),
-            }
-        } else if let Some(n) = length {
-            if buf.len() < n {
-                return (out, Some(B(buf.to_vec())));
-            }
-            out[last].body = B(buf[..n].to_vec());
-            buf = &buf[n..];
-        } else {
-            out[last].body = B(buf.to_vec());
-            buf = &[];
-        }
-    }
-    (out, None)
 }
 
 // ---------------------------------------------------------------------------------------------

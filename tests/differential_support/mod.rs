@@ -219,3 +219,175 @@ pub fn dechunk(buf: &[u8]) -> Result<Option<Dechunked>, String> {
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// Leaves out what differs by design between the two paths or two runs: the status line but
+/// for its code, the `Connection`/`Keep-Alive` fields, the body's framing fields (see below),
+/// the `Date` field, a
+/// generated request id (in `X-Request-Id` and in error bodies), and the upstream's address in
+/// error bodies (each side has its own upstream).
+pub fn normalise(r: &mut Reply, endpoint: &str) {
+    r.fields
+        .retain(|(name, _)| !matches!(name.as_str(), "date" | "connection" | "keep-alive"));
+    // The status line: only the code (`status`) counts. The lane answers HTTP/1.1 (with
+    // `Connection: close` to an HTTP/1.0 client) where hyper echoes HTTP/1.0, both valid (RFC
+    // 9110 §6.2), and writes the code's own reason phrase where hyper's server passes on the
+    // upstream's (a reason phrase carries no meaning, RFC 9112 §4). Whether the connection
+    // stays open is compared apart.
+    r.line = B::default();
+    // A `Content-Length` as its number: the lane writes the value it parsed (`026` as `26`, a
+    // list of equal values `26, 26` as `26`, as RFC 9110 §8.6 allows), hyper's server passes on
+    // the upstream's.
+    for (name, value) in &mut r.fields {
+        if name != "content-length" {
+            continue;
+        }
+        let numbers: Option<Vec<u64>> = std::str::from_utf8(&value.0)
+            .ok()
+            .and_then(|v| v.split(',').map(|p| p.trim().parse().ok()).collect());
+        if let Some(numbers) = numbers
+            && !numbers.is_empty()
+            && numbers.iter().all(|&n| n == numbers[0])
+        {
+            *value = B(numbers[0].to_string().into_bytes());
+        }
+    }
+    // How a body is framed to the client is each writer's choice (the lane sends a body of
+    // unknown length chunked where hyper's server may close instead; either may use a length):
+    // the body is compared de-chunked. A 304's or 204's fields are kept, as there they say
+    // something about the representation, not the framing.
+    if !matches!(r.status, 100..=199 | 204 | 304) {
+        r.fields.retain(|(name, value)| {
+            name != "content-length"
+                && !(name == "transfer-encoding" && value.0.eq_ignore_ascii_case(b"chunked"))
+        });
+    }
+    for (name, value) in &mut r.fields {
+        if name == "x-request-id" && !value.0.starts_with(b"diff-") {
+            *value = B(b"<generated>".to_vec());
+        }
+    }
+    let mut body = String::from_utf8_lossy(&r.body.0).replace(endpoint, "<endpoint>");
+    // UUID-shaped ids (8-4-4-4-12 hex digits).
+    let is_uuid = |w: &[u8]| {
+        w.len() == 36
+            && w.iter().enumerate().all(|(i, b)| match i {
+                8 | 13 | 18 | 23 => *b == b'-',
+                _ => b.is_ascii_hexdigit(),
+            })
+    };
+    let mut i = 0;
+    while i + 36 <= body.len() {
+        if body.is_char_boundary(i)
+            && body.is_char_boundary(i + 36)
+            && is_uuid(&body.as_bytes()[i..i + 36])
+        {
+            body.replace_range(i..i + 36, "<uuid>");
+        }
+        i += 1;
+    }
+    let changed = body.as_bytes() != r.body.0.as_slice();
+    if changed {
+        // The length fields follow the body.
+        r.fields.retain(|(name, _)| name != "content-length");
+        r.body = B(body.into_bytes());
+    }
+}
+
+/// The status codes of the responses in `buf`, and what is left that is not a response.
+pub fn statuses(buf: &[u8]) -> (Vec<u16>, Option<B>) {
+    let (responses, garbage) = responses(buf);
+    (responses.iter().map(|r| r.status).collect(), garbage)
+}
+
+/// One response as the client received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    /// The status line.
+    pub line: B,
+    /// Lowercased names and raw values, stably sorted by name.
+    pub fields: Vec<(String, B)>,
+    /// The body (de-chunked).
+    pub body: B,
+    /// The trailer section's raw lines (chunked bodies).
+    pub trailers: B,
+}
+
+/// The responses in `buf`, and what is left that is not a response.
+pub fn responses(mut buf: &[u8]) -> (Vec<Reply>, Option<B>) {
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        // An incomplete response is not one: its bytes are what is left.
+        let start = buf;
+        let mut slots = [httparse::EMPTY_HEADER; 64];
+        let mut r = httparse::Response::new(&mut slots);
+        let Ok(httparse::Status::Complete(n)) = r.parse(buf) else {
+            return (out, Some(B(buf.to_vec())));
+        };
+        let code = r.code.unwrap_or(0);
+        let end = buf.iter().position(|&b| b == b'\n').unwrap_or(0);
+        let mut fields: Vec<(String, B)> = r
+            .headers
+            .iter()
+            .map(|h| (h.name.to_ascii_lowercase(), B(h.value.to_vec())))
+            .collect();
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        out.push(Reply {
+            status: code,
+            line: B(buf[..end]
+                .strip_suffix(b"\r")
+                .unwrap_or(&buf[..end])
+                .to_vec()),
+            fields,
+            body: B::default(),
+            trailers: B::default(),
+        });
+        let header = |name: &str| {
+            r.headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| h.value.to_vec())
+        };
+        let chunked =
+            header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case(b"chunked"));
+        // A list of equal values is that value (RFC 9110 §8.6).
+        let length = header("content-length").and_then(|v| {
+            let parts: Option<Vec<usize>> = std::str::from_utf8(&v)
+                .ok()?
+                .split(',')
+                .map(|p| p.trim().parse().ok())
+                .collect();
+            let parts = parts?;
+            parts.iter().all(|&n| n == parts[0]).then(|| parts[0])
+        });
+        buf = &buf[n..];
+        if (100..200).contains(&code) || code == 204 || code == 304 {
+            continue;
+        }
+        let last = out.len() - 1;
+        if chunked {
+            match dechunk(buf) {
+                Ok(Some((data, trailers, used))) => {
+                    out[last].body = B(data);
+                    out[last].trailers = B(trailers);
+                    buf = &buf[used..];
+                }
+                _ => {
+                    out.pop();
+                    return (out, Some(B(start.to_vec())));
+                }
+            }
+        } else if let Some(n) = length {
+            if buf.len() < n {
+                out.pop();
+                return (out, Some(B(start.to_vec())));
+            }
+            out[last].body = B(buf[..n].to_vec());
+            buf = &buf[n..];
+        } else {
+            out[last].body = B(buf.to_vec());
+            buf = &[];
+        }
+    }
+    (out, None)
+}
