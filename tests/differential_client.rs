@@ -27,7 +27,7 @@
 //! cases every time (a few seconds). A long run with other inputs:
 //!
 //! ```text
-//! THAW_PROPTEST_CASES=20000 THAW_PROPTEST_SEED=7 cargo test --release --test differential_client
+//! THAW_PROPTEST_CASES=20000 THAW_PROPTEST_SEED=7 cargo test --test differential_client
 //! ```
 //!
 //! With `THAW_DIFF_SURVEY=1` (and `-- --nocapture`) the property prints every disagreeing input
@@ -224,7 +224,10 @@ fn get(path: &str) -> Request<Empty<Bytes>> {
 /// `GET /` over a new hyper client connection to `addr` (built as the activator's pool builds
 /// it).
 async fn hyper_client(addr: SocketAddr) -> Outcome {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let tcp = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .expect("connect within the timeout")
+        .expect("connect");
     let (mut tx, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
         .await
@@ -716,10 +719,7 @@ async fn both(answer: &[u8], close: bool) -> (Outcome, Outcome) {
 #[test]
 fn direct_and_hyper_client_agree_on_generated_responses() {
     let rt = runtime();
-    let seed = std::env::var("THAW_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(21);
+    let seed = seed(21);
     run_property(seed, cases(DEFAULT_CASES), answer(), |answer| {
         if let Some(why) = known_disagreement(&answer) {
             return Err(TestCaseError::reject(why));
@@ -846,7 +846,10 @@ fn an_http10_answer_with_transfer_encoding_is_read_alike() {
 async fn through_activator(answer: &[u8], with_body: bool) -> (u16, B) {
     let upstream = serve_once(answer.to_vec(), true).await;
     let (data, _stop) = start_activator(upstream, true).await;
-    let mut tcp = TcpStream::connect(data).await.expect("connect");
+    let mut tcp = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(data))
+        .await
+        .expect("connect within the timeout")
+        .expect("connect");
     let request: &[u8] = if with_body {
         b"POST / HTTP/1.1\r\nHost: r.example\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
     } else {
@@ -1050,10 +1053,7 @@ fn both_client_paths_of_the_activator_give_the_same_answer() {
         let (data, stop) = start_activator(up.addr, true).await;
         (up, data, stop)
     });
-    let seed = std::env::var("THAW_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(22);
+    let seed = seed(22);
     run_property(seed, cases(DEFAULT_CASES / 2), answer(), |answer| {
         if let Some(why) =
             known_disagreement(&answer).or_else(|| known_activator_disagreement(&answer))

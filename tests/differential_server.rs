@@ -36,7 +36,7 @@
 //! [`DEFAULT_CASES`] cases every time (a few seconds). A long run with other inputs:
 //!
 //! ```text
-//! THAW_PROPTEST_CASES=20000 THAW_PROPTEST_SEED=7 cargo test --release --test differential_server
+//! THAW_PROPTEST_CASES=20000 THAW_PROPTEST_SEED=7 cargo test --test differential_server
 //! ```
 //!
 //! With `THAW_DIFF_SURVEY=1` (and `-- --nocapture`) the property prints every disagreeing input
@@ -910,10 +910,7 @@ fn both(
 fn lane_and_hyper_server_agree_on_generated_request_heads() {
     let (rt, lane, hyper) = sides();
     let epoch = AtomicU64::new(1);
-    let seed = std::env::var("THAW_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let seed = seed(20);
     run_property(seed, cases(DEFAULT_CASES), input(), |input| {
         if let Some(why) = known_disagreement(&input) {
             return Err(TestCaseError::reject(why));

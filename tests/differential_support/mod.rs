@@ -79,6 +79,17 @@ pub fn cases(default: u32) -> u32 {
     }
 }
 
+/// The seed: `THAW_PROPTEST_SEED` (0-255) if set, else `default` (each property has its own).
+pub fn seed(default: u8) -> u8 {
+    match std::env::var("THAW_PROPTEST_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("THAW_PROPTEST_SEED: not a number from 0 to 255: {v:?}")),
+        Err(_) => default,
+    }
+}
+
 /// Runs `test` on `cases` values of `strategy` drawn from a fixed seed (the same inputs on
 /// every run, so a failure in CI is reproduced by running the test again), shrinking a failure
 /// a bounded number of steps. No failure file is written: a disagreement found becomes a named
