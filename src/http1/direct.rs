@@ -383,13 +383,7 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
             _ => {}
         }
     }
-    if http10 && seen.transfer_encoding {
-        // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (as
-        // hyper's client also refuses it).
-        return Err(DirectError::Invalid(
-            "Transfer-Encoding in an HTTP/1.0 response",
-        ));
-    }
+    seen.http10 = http10;
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = if http10 {
@@ -409,6 +403,8 @@ fn parse_head_with<const N: usize>(buf: &mut BytesMut) -> Result<Option<Parsed>,
 /// lookups in the map afterwards).
 #[derive(Debug, Default, Clone, Copy)]
 struct FramingHeaders {
+    /// An HTTP/1.0 response: `Transfer-Encoding` there is faulty framing (RFC 9112 §6.1).
+    http10: bool,
     transfer_encoding: bool,
     /// The last `Transfer-Encoding` field ends in `chunked`.
     chunked_last: bool,
@@ -501,6 +497,13 @@ fn framing(
 ) -> Result<Framing, DirectError> {
     if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Done);
+    }
+    if seen.transfer_encoding && seen.http10 {
+        // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (hyper's
+        // client refuses it too); a bodiless answer above never reads it.
+        return Err(DirectError::Invalid(
+            "Transfer-Encoding in an HTTP/1.0 response",
+        ));
     }
     if seen.transfer_encoding {
         fields.drop_all(Known::ContentLength);

@@ -26,7 +26,8 @@
 //!   handler left them; `Date` added when missing (RFC 9110 §6.6.1), then framing: the response's
 //!   `Content-Length`, else the body's exact size, else chunked (HTTP/1.1 clients) or
 //!   close-delimited (HTTP/1.0). No body for `HEAD`, 1xx, 204 and 304. Trailers are sent only to
-//!   a client that asked for them (`TE: trailers`) on a chunked body. A head and a small body go
+//!   a client that asked for them (`TE: trailers`) on a chunked body, and only the fields the
+//!   response announced in `Trailer` (as hyper's server sends them). A head and a small body go
 //!   out in one write; body frames are written as they arrive, never buffered whole.
 //! - **Keep-alive.** HTTP/1.1 unless the client sent `Connection: close`; HTTP/1.0 only with
 //!   `Connection: keep-alive` (echoed back). Pipelined requests are answered in order. A body
@@ -55,7 +56,7 @@ use std::task::Poll;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 
 use tokio::io::AsyncWriteExt;
@@ -685,8 +686,11 @@ fn write_response<'a>(
     let upstream = body.take_upstream_fields();
     let exact = body.size_hint().exact();
     let (framing, keep_alive) = encode_head(&parts, upstream.as_deref(), exact, opts, out);
+    // Trailers go to a client that asked for them, and only those the response announced in
+    // `Trailer` (as hyper's server does). Read only then: most requests never ask.
+    let announced = te_trailers.then(|| announced_trailers(&parts.headers, upstream.as_deref()));
     drop((parts, upstream));
-    write_body(stream, out, body, framing, keep_alive, te_trailers)
+    write_body(stream, out, body, framing, keep_alive, announced)
 }
 
 /// The body part of [`write_response`], after the head is in `out` (a plain function returning
@@ -698,7 +702,7 @@ fn write_body<'a>(
     mut body: impl ResponseBody,
     framing: Framing,
     keep_alive: bool,
-    te_trailers: bool,
+    announced: Option<Vec<HeaderName>>,
 ) -> impl Future<Output = io::Result<bool>> + Send + 'a {
     async move {
         if framing == Framing::None {
@@ -739,9 +743,9 @@ fn write_body<'a>(
                 Ok(data) => data,
                 Err(frame) => {
                     if let (Framing::Chunked, Ok(trailers)) = (framing, frame.into_trailers())
-                        && te_trailers
+                        && let Some(announced) = &announced
                     {
-                        write_trailers(out, &trailers);
+                        write_trailers(out, &trailers, announced);
                         stream.write_all(out).await?;
                         return Ok(keep_alive);
                     }
@@ -819,12 +823,34 @@ fn chunk_line(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap) {
+fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap, announced: &[HeaderName]) {
     out.extend_from_slice(b"0\r\n");
     for (name, value) in trailers {
-        put_field(out, name, value);
+        if announced.contains(name) {
+            put_field(out, name, value);
+        }
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The field names a response announces in `Trailer` (its map's, or a direct upstream's raw
+/// fields').
+fn announced_trailers(map: &HeaderMap, upstream: Option<&UpstreamFields>) -> Vec<HeaderName> {
+    let mut names = Vec::new();
+    let mut add = |value: &[u8]| {
+        names.extend(tokens(value).filter_map(|t| HeaderName::from_bytes(t).ok()));
+    };
+    for v in map.get_all(header::TRAILER) {
+        add(v.as_bytes());
+    }
+    if let Some(f) = upstream {
+        f.for_each(|known, _, value| {
+            if known == Known::Trailer {
+                add(value);
+            }
+        });
+    }
+    names
 }
 
 /// Writes the pending bytes and then `data`, in as few writes as the socket allows.
