@@ -4,7 +4,6 @@
 
 mod kube_support;
 
-
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use thaw::knative::{Revision, RevisionStatus, Service};

@@ -5,6 +5,7 @@
 //! `terminating`) before its replica is signalled; the replica is stopped once the activator
 //! reports it has nothing in flight ([`EndpointSource::drained`]) or after a bounded grace.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::future::Future;
