@@ -445,3 +445,57 @@ async fn watches_resume_from_their_resource_version_after_the_connection_is_cut(
     assert!(rv.parse::<u64>().unwrap() >= seen && seen > 0, "{last}");
     p.shutdown();
 }
+
+#[tokio::test]
+async fn conflicts_and_server_errors_are_retried_without_holding_up_other_revisions() {
+    let api = kube_support::TestApi::start().await;
+    let relay = kube_support::relay::Relay::start(api.addr()).await;
+    let deps: Api<Deployment> = Api::namespaced(api.client(), NS);
+    for (name, rev) in [("a", "a-00001"), ("b", "b-00001")] {
+        deps.create(&PostParams::default(), &deployment(name, rev))
+            .await
+            .unwrap();
+    }
+    let metrics = PlatformMetrics::default();
+    let p = KubePlatform::start(
+        kube_support::client_at(relay.addr()),
+        KubeOptions {
+            // Long enough that revision a is still being retried when b is done.
+            retry_initial: Duration::from_millis(300),
+            retry_max: Duration::from_secs(1),
+            ..opts()
+        },
+        metrics.clone(),
+    );
+    timeout(DEADLINE, p.wait_synced()).await.unwrap();
+    // (429, 503 and 504 are first retried inside kube's client; these reach the platform.)
+    relay.fail_next("/deployments/a/scale", &[409, 500, 502]);
+    p.scale(&RevisionKey::new(NS, "a-00001"), 2).await.unwrap();
+    p.scale(&RevisionKey::new(NS, "b-00001"), 4).await.unwrap();
+    // b goes through while a is still in its retries.
+    wait_replicas(&deps, "b", 4).await;
+    assert!(
+        relay.faults_left() > 0 || replicas(&deps, "a").await != Some(2),
+        "a finished before b: the test shows nothing"
+    );
+    // a's latest value is applied after its three failures.
+    p.scale(&RevisionKey::new(NS, "a-00001"), 3).await.unwrap();
+    wait_replicas(&deps, "a", 3).await;
+    assert_eq!(relay.faults_left(), 0);
+    let patches: Vec<String> = relay
+        .requests()
+        .into_iter()
+        .filter(|l| l.starts_with("PATCH ") && l.contains("/deployments/a/scale"))
+        .collect();
+    assert!(patches.len() >= 4, "{patches:?}");
+    let retried = metrics
+        .scale_patches
+        .get_or_create(&thaw::telemetry::platform::ScaleLabels {
+            namespace: NS.into(),
+            revision: "a-00001".into(),
+            outcome: thaw::telemetry::platform::ScaleOutcome::Retried,
+        })
+        .get();
+    assert_eq!(retried, 3);
+    p.shutdown();
+}

@@ -81,7 +81,8 @@ pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {
 
 enum Outcome {
     Ok,
-    /// Retryable: 409, 429, 5xx, transport, timeout.
+    /// Retryable: 409, 429, 5xx, transport, timeout. (kube's client first retries 429, 503
+    /// and 504 itself, a few times with backoff; what still fails lands here.)
     Retry(String),
     /// The Deployment is not there (not in the index, or 404).
     Missing,
@@ -112,6 +113,7 @@ async fn apply(
             Some(name) => patch(inner, &entry.key, name, want).await,
         };
         count(inner, &entry.key, &outcome);
+        let missing = matches!(outcome, Outcome::Missing);
         let wait = match outcome {
             Outcome::Ok => {
                 tracing::info!(replicas = want, deployment = name.as_deref(), "scaled");
@@ -153,7 +155,8 @@ async fn apply(
         tokio::select! {
             _ = inner.shutdown.cancelled() => return None,
             _ = desired.changed() => {}
-            _ = deployments.changed() => {}
+            // A Deployment appearing ends the wait for it, not a backoff after an error.
+            _ = deployments.changed(), if missing => {}
             _ = sleep(wait) => {}
         }
         backoff = (backoff * 2).min(inner.opts.retry_max);
