@@ -11,6 +11,7 @@ pub mod autoscaler;
 pub mod clock;
 pub mod config;
 pub mod knative;
+pub mod leader;
 pub mod local;
 pub mod platform;
 pub mod revision;
