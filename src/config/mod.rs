@@ -19,6 +19,7 @@ pub mod autoscaler;
 pub mod check;
 pub mod defaults;
 pub mod keys;
+pub mod live;
 pub mod load;
 pub mod parse;
 pub mod reload;
