@@ -142,6 +142,9 @@ async fn scale_patches_the_deployment_found_by_label() {
     assert_eq!(replicas(&deps, "other").await, Some(0));
     p.scale(&rev, 0).await.unwrap();
     wait_replicas(&deps, "whatever-name", 0).await;
+    // At zero the revision's scaler task ends; the next scale starts another.
+    p.scale(&rev, 1).await.unwrap();
+    wait_replicas(&deps, "whatever-name", 1).await;
     p.shutdown();
 }
 
@@ -231,6 +234,16 @@ async fn slices_of_a_revision_are_merged_and_deduplicated_and_updates_arrive_on_
         .unwrap();
     let want = addrs(&["10.0.0.5:8013"]);
     wait_snapshot(&mut rx, "slice deleted", |s| s.ready == want).await;
+
+    // The revision is removed (deleted from the cluster): its subscribers are told at once.
+    p.remove(&rev);
+    let snap = wait_snapshot(&mut rx, "removed", |s| s.status != EndpointStatus::Ok).await;
+    assert_eq!(
+        snap.status,
+        EndpointStatus::Failing {
+            reason: "revision unavailable (Removed)".into()
+        }
+    );
     p.shutdown();
 }
 

@@ -183,6 +183,18 @@ impl KubePlatform {
         });
     }
 
+    /// Forgets a revision deleted from the cluster: its subscribers get `Failing` (reason
+    /// `revision unavailable (Removed)`, so held requests are answered 503 at once), its scaler
+    /// task ends, and a later subscription or scale starts from a fresh entry. Unknown
+    /// revisions: no-op.
+    pub fn remove(&self, key: &RevisionKey) {
+        if let Some((_, entry)) = self.inner.revisions.remove(key) {
+            tracing::info!(revision = %key, "revision removed");
+            entry.update(|st| st.removed = true);
+            entry.desired.send_replace(None);
+        }
+    }
+
     /// Stops the watches and every scaler task. Scale requests not yet applied are dropped.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();

@@ -3,6 +3,7 @@
 //! Tasks are independent, so one revision's retries never delay another's patch.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -32,6 +33,9 @@ pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {
         // Deadline of the current activation (scale-up from zero with no ready endpoint).
         let mut activating: Option<Instant> = None;
         loop {
+            if entry.read(|st| st.removed) {
+                return;
+            }
             let want = *desired.borrow_and_update();
             if let Some(want) = want
                 && Some(want) != applied
@@ -50,6 +54,10 @@ pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {
                 }
                 applied = Some(n);
                 continue;
+            }
+            if applied == Some(0) && activating.is_none() && idle_exit(&entry) {
+                tracing::debug!("at zero; scaler task ends until the next scale");
+                return;
             }
             let deadline = activating.unwrap_or_else(Instant::now);
             tokio::select! {
@@ -77,6 +85,20 @@ pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {
     }
     .instrument(span)
     .await
+}
+
+/// Whether a scaler at zero may end (so idle revisions hold no task). Exactly one task runs
+/// per revision: [`super::KubePlatform`]'s `scale` starts one when `scaler_started` was false,
+/// and this only returns true after clearing it with no newer count pending, or after a
+/// newer count's `scale` has started a successor.
+fn idle_exit(entry: &RevEntry) -> bool {
+    entry.scaler_started.store(false, Ordering::SeqCst);
+    let pending = entry.desired.borrow().is_some_and(|n| n != 0);
+    if !pending {
+        return true;
+    }
+    // A count arrived meanwhile: keep going, unless its `scale` already started a successor.
+    entry.scaler_started.swap(true, Ordering::SeqCst)
 }
 
 enum Outcome {

@@ -40,6 +40,8 @@ pub(crate) struct RevState {
     pub timed_out: bool,
     /// The Deployment was still missing after the grace period.
     pub deployment_missing: bool,
+    /// The revision was removed ([`super::KubePlatform::remove`]): failing for good.
+    pub removed: bool,
 }
 
 /// The client-facing reason of a failing revision: a Kubernetes reason word, nothing else
@@ -117,7 +119,11 @@ impl RevState {
 
     fn snapshot(&self) -> EndpointSnapshot {
         let (ready, terminating) = slices::merge(self.slices.values().map(|(_, e)| e));
-        let status = if self.deployment_missing {
+        let status = if self.removed {
+            EndpointStatus::Failing {
+                reason: failing_reason("Removed"),
+            }
+        } else if self.deployment_missing {
             EndpointStatus::Failing {
                 reason: failing_reason("DeploymentMissing"),
             }
