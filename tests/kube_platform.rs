@@ -539,7 +539,8 @@ async fn measure_slice_update_to_subscriber() {
         s.endpoints = slice("x", "m-00001", &[&ip], &[]).endpoints;
         let want: SocketAddr = format!("{ip}:8012").parse().unwrap();
         let start = tokio::time::Instant::now();
-        let write = slices.replace("m-00001-private", &PostParams::default(), &s);
+        let pp = PostParams::default();
+        let write = slices.replace("m-00001-private", &pp, &s);
         let seen = wait_snapshot(&mut rx, "update", |s| s.ready == [want]);
         let (written, _) = tokio::join!(write, seen);
         took.push(start.elapsed());
