@@ -5,8 +5,9 @@
 //! [`http1`] (the HTTP/1 engine), [`activator`] (the proxy that holds cold requests, a handler
 //! of the engine), [`autoscaler`] (Knative's KPA), [`stats`] (what reporters send it),
 //! [`limiter`] (concurrency limits with a bounded queue), [`percore`] (the per-core runtime),
-//! [`platform`] (where replicas run), [`knative`] (the serving.knative.dev/v1 types) and
-//! [`telemetry`] (tracing and the one metrics registry).
+//! [`platform`] (where replicas run: local processes or Kubernetes Deployments), [`knative`]
+//! (the `serving.knative.dev/v1` types, their CRDs, child names and labels), [`leader`] (Lease
+//! leader election) and [`telemetry`] (tracing and the one metrics registry).
 #![forbid(unsafe_code)]
 
 pub mod activator;
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod http1;
 pub mod knative;
+pub mod leader;
 pub mod limiter;
 pub mod local;
 pub mod percore;

@@ -25,6 +25,7 @@ pub mod check;
 pub mod defaults;
 pub mod gc;
 pub mod keys;
+pub mod live;
 pub mod load;
 pub mod parse;
 pub mod reload;

@@ -126,23 +126,7 @@ where
                 if now.is_some() && now == last {
                     continue;
                 }
-                let outcome = match load(&path) {
-                    Ok(v) => {
-                        target.store(Arc::new(v));
-                        metrics.reloads.get_or_create(&labels).inc();
-                        info!("configuration reloaded");
-                        Outcome::Applied
-                    }
-                    Err(problems) => {
-                        metrics.rejected.get_or_create(&labels).inc();
-                        for p in &problems.0 {
-                            warn!(key = %p.key, value = %p.value, reason = %p.reason,
-                                "configuration update rejected; the last good configuration \
-                                 stays in force");
-                        }
-                        Outcome::Rejected(problems)
-                    }
-                };
+                let outcome = apply(load(&path), &target, &metrics, &labels);
                 last = now;
                 tx.send_modify(|e| {
                     e.generation += 1;
@@ -157,6 +141,34 @@ where
         _watcher: watcher,
         task,
     })
+}
+
+/// Stores a valid update into `target`, or rejects an invalid one: each problem is logged with
+/// its key, value and reason, the rejection is counted, and the last good value stays. The one
+/// place both the file watch and the ConfigMap watch ([`super::live`]) decide.
+pub fn apply<T>(
+    update: Result<T, Problems>,
+    target: &ArcSwap<T>,
+    metrics: &ConfigMetrics,
+    labels: &ConfigLabels,
+) -> Outcome {
+    match update {
+        Ok(v) => {
+            target.store(Arc::new(v));
+            metrics.reloads.get_or_create(labels).inc();
+            info!("configuration reloaded");
+            Outcome::Applied
+        }
+        Err(problems) => {
+            metrics.rejected.get_or_create(labels).inc();
+            for p in &problems.0 {
+                warn!(key = %p.key, value = %p.value, reason = %p.reason,
+                    "configuration update rejected; the last good configuration \
+                     stays in force");
+            }
+            Outcome::Rejected(problems)
+        }
+    }
 }
 
 fn absolute(p: &Path) -> PathBuf {

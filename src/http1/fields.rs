@@ -378,6 +378,10 @@ impl<'a> HeadersRef<'a> {
             HeadersRef::Map(map) => return is_upgrade(map),
             HeadersRef::Raw(raw) => raw,
         };
+        // Most heads have no `Upgrade` field: no pass over the fields then.
+        if raw.present & Known::Upgrade.bit() == 0 {
+            return false;
+        }
         let mut upgrade = false;
         let mut connection_upgrade = false;
         for (known, _, value) in raw.known() {

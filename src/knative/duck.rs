@@ -71,8 +71,11 @@ pub struct Status {
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The object's conditions; at most one per type.
+    /// The object's conditions; at most one per type. A map keyed by `type` for server-side
+    /// apply, so each writer owns its own conditions (the autoscaler `Active`, the controller
+    /// the others).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// Status annotations (Knative uses them for data that is not a condition).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -28,6 +28,7 @@ pub mod names;
 mod revision;
 mod route;
 mod service;
+pub mod status;
 
 pub use configuration::{
     Configuration, ConfigurationSpec, ConfigurationStatus, ConfigurationStatusFields,

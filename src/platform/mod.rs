@@ -9,6 +9,7 @@
 //! test double). May use: `revision`, `config`, `telemetry`, `clock`; never the activator or
 //! the autoscaler, which both use it.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::future::Future;

@@ -1,5 +1,6 @@
-//! Metrics of the process platform (`platform::local`): replicas by state, spawn-to-ready time,
-//! exits and restarts.
+//! Metrics of the platforms: the process platform (`platform::local`: replicas by state,
+//! spawn-to-ready time, exits and restarts) and the Kubernetes platform
+//! (`platform::kubernetes`: watch events and errors, scale patches by outcome).
 
 use std::fmt::Write as _;
 
@@ -110,6 +111,55 @@ pub struct ExitLabels {
     pub reason: ExitReason,
 }
 
+/// Labels: one watched kind (`endpointslices`, `pods`, `deployments`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// The plural of the watched kind.
+    pub resource: String,
+}
+
+/// How one `/scale` patch ended (label values: `ok`, `retried`, `missing`, `failed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScaleOutcome {
+    /// Accepted by the API server.
+    Ok,
+    /// A 409, 429, 5xx or transport error: retried with backoff.
+    Retried,
+    /// The revision's Deployment was not there (yet): retried.
+    Missing,
+    /// Rejected (another 4xx): retried at the longest backoff, logged.
+    Failed,
+}
+
+impl ScaleOutcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Retried => "retried",
+            Self::Missing => "missing",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl EncodeLabelValue for ScaleOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// Labels: one revision and one scale outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ScaleLabels {
+    /// The revision's namespace.
+    pub namespace: String,
+    /// The revision's name.
+    pub revision: String,
+    /// How the patch ended.
+    pub outcome: ScaleOutcome,
+}
+
 type HistogramFamily = Family<RevisionLabels, Histogram, fn() -> Histogram>;
 
 fn startup_histogram() -> Histogram {
@@ -131,6 +181,15 @@ pub struct PlatformMetrics {
     /// `thaw_platform_replica_restarts_total{namespace,revision}`: replacements started after an
     /// exit thaw did not ask for.
     pub restarts: Family<RevisionLabels, Counter>,
+    /// `thaw_platform_watch_events_total{resource}`: events the Kubernetes platform's watches
+    /// received (applied, deleted, listed).
+    pub watch_events: Family<WatchLabels, Counter>,
+    /// `thaw_platform_watch_errors_total{resource}`: watch errors (each followed by a resumed
+    /// watch after backoff, or a re-list after a 410).
+    pub watch_errors: Family<WatchLabels, Counter>,
+    /// `thaw_platform_scale_patches_total{namespace,revision,outcome}`: `/scale` patches of
+    /// revisions' Deployments and how each ended.
+    pub scale_patches: Family<ScaleLabels, Counter>,
 }
 
 impl Default for PlatformMetrics {
@@ -140,6 +199,9 @@ impl Default for PlatformMetrics {
             startup: Family::new_with_constructor(startup_histogram),
             exits: Family::default(),
             restarts: Family::default(),
+            watch_events: Family::default(),
+            watch_errors: Family::default(),
+            scale_patches: Family::default(),
         }
     }
 }
@@ -168,6 +230,21 @@ impl PlatformMetrics {
             "platform_replica_restarts",
             "Replicas started to replace one that exited on its own",
             super::Listed(m.restarts.clone()),
+        );
+        reg.register(
+            "platform_watch_events",
+            "Events received by the Kubernetes platform's watches",
+            m.watch_events.clone(),
+        );
+        reg.register(
+            "platform_watch_errors",
+            "Errors of the Kubernetes platform's watches (each is retried)",
+            m.watch_errors.clone(),
+        );
+        reg.register(
+            "platform_scale_patches",
+            "Scale patches of revisions' Deployments, by outcome",
+            m.scale_patches.clone(),
         );
         m
     }

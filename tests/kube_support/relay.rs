@@ -1,6 +1,7 @@
 //! A loopback TCP relay between a client and the API server that a test can cut (every open
 //! connection closed, new ones refused) and restore, and that records each request line the
-//! client sends (to count LISTs and WATCHes).
+//! client sends (to count LISTs and WATCHes). It can also answer chosen requests itself with
+//! an error status instead of forwarding them ([`Relay::fail_next`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,12 @@ pub struct Relay {
     /// `true` while cut. Connection tasks watch it and close when it turns true.
     cut: watch::Sender<bool>,
     requests: Arc<Mutex<Vec<String>>>,
+    faults: Faults,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Status codes to answer, in order, to requests whose request line contains the fragment.
+type Faults = Arc<Mutex<Vec<(String, u16)>>>;
 
 impl Drop for Relay {
     fn drop(&mut self) {
@@ -33,6 +38,8 @@ impl Relay {
         let (cut, cut_rx) = watch::channel(false);
         let requests = Arc::new(Mutex::new(Vec::new()));
         let reqs = requests.clone();
+        let faults: Faults = Arc::new(Mutex::new(Vec::new()));
+        let f = faults.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
@@ -42,15 +49,28 @@ impl Relay {
                     drop(down);
                     continue;
                 }
-                tokio::spawn(pipe(down, target, cut_rx.clone(), reqs.clone()));
+                tokio::spawn(pipe(down, target, cut_rx.clone(), reqs.clone(), f.clone()));
             }
         });
         Self {
             addr,
             cut,
             requests,
+            faults,
             task,
         }
+    }
+
+    /// Answers the next requests whose request line contains `fragment` with `codes`, one
+    /// each, in order (a Kubernetes `Status` body), instead of forwarding them.
+    pub fn fail_next(&self, fragment: &str, codes: &[u16]) {
+        let mut f = self.faults.lock().unwrap();
+        f.extend(codes.iter().map(|c| (fragment.to_string(), *c)));
+    }
+
+    /// Faults not yet used.
+    pub fn faults_left(&self) -> usize {
+        self.faults.lock().unwrap().len()
     }
 
     /// Where clients connect.
@@ -93,15 +113,18 @@ impl Relay {
 }
 
 async fn pipe(
-    mut down: TcpStream,
+    down: TcpStream,
     target: SocketAddr,
     mut cut: watch::Receiver<bool>,
     requests: Arc<Mutex<Vec<String>>>,
+    faults: Faults,
 ) {
     let Ok(mut up) = TcpStream::connect(target).await else {
         return;
     };
-    let (mut dr, mut dw) = down.split();
+    let (mut dr, dw) = down.into_split();
+    // Written by both directions: server bytes, or an injected answer.
+    let dw = tokio::sync::Mutex::new(dw);
     let (mut ur, mut uw) = up.split();
     let client_to_server = async {
         let mut buf = vec![0u8; 16 * 1024];
@@ -113,6 +136,7 @@ async fn pipe(
             // hyper writes a request head in one write: a chunk starting with a method is a
             // new request.
             let chunk = &buf[..n];
+            let mut skip = false;
             for method in ["GET ", "POST ", "PUT ", "PATCH ", "DELETE "] {
                 if chunk.starts_with(method.as_bytes()) {
                     let line_end = chunk
@@ -120,10 +144,31 @@ async fn pipe(
                         .position(|w| w == b"\r\n")
                         .unwrap_or(chunk.len());
                     let line = String::from_utf8_lossy(&chunk[..line_end]).into_owned();
+                    let fault = {
+                        let mut f = faults.lock().unwrap();
+                        let i = f.iter().position(|(frag, _)| line.contains(frag.as_str()));
+                        i.map(|i| f.remove(i).1)
+                    };
                     requests.lock().unwrap().push(line);
+                    if let Some(code) = fault {
+                        let body = format!(
+                            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected","reason":"Injected","code":{code}}}"#
+                        );
+                        let resp = format!(
+                            "HTTP/1.1 {code} Injected\r\ncontent-type: application/json\r\n\
+                             content-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        // The connection stays usable: hyper writes a small request's head
+                        // and body in one write, so the whole request is this chunk.
+                        if dw.lock().await.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        skip = true;
+                    }
                 }
             }
-            if uw.write_all(chunk).await.is_err() {
+            if !skip && uw.write_all(chunk).await.is_err() {
                 return;
             }
         }
@@ -135,7 +180,7 @@ async fn pipe(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if dw.write_all(&buf[..n]).await.is_err() {
+            if dw.lock().await.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }

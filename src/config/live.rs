@@ -1,0 +1,152 @@
+//! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults` and
+//! `config-activator` in the system namespace (`--system-namespace`, default `thaw-system`),
+//! followed through one watch of that namespace and validated exactly as the files are
+//! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
+//! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
+//! last good configuration keeps serving. A ConfigMap that is missing (or deleted) leaves the
+//! value in force (the defaults, or the last good one) and says so in the log.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap as KubeConfigMap;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::keys::ConfigMap;
+use super::reload::{Outcome, apply};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
+use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
+
+/// The default system namespace (`--system-namespace`).
+pub const SYSTEM_NAMESPACE: &str = "thaw-system";
+
+/// Where each ConfigMap's valid value lives; readers load from these.
+#[derive(Debug, Clone, Default)]
+pub struct LiveConfig {
+    pub autoscaler: Arc<ArcSwap<AutoscalerConfig>>,
+    pub defaults: Arc<ArcSwap<DefaultsConfig>>,
+    pub activator: Arc<ArcSwap<ActivatorConfig>>,
+}
+
+/// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveEvent {
+    pub generation: u64,
+    /// The ConfigMap's name; empty for the initial value.
+    pub name: String,
+    /// `None` for the initial value.
+    pub outcome: Option<Outcome>,
+}
+
+/// Watches the three ConfigMaps in `namespace` and keeps `config` at their last valid values
+/// until `stop`. A `data` map equal to the one last seen for that ConfigMap (a re-list after a
+/// reconnect) is not applied again. Returns the events at once; the watch runs in a task.
+pub fn watch_configmaps(
+    client: kube::Client,
+    namespace: &str,
+    config: LiveConfig,
+    metrics: ConfigMetrics,
+    stop: CancellationToken,
+) -> watch::Receiver<LiveEvent> {
+    let (tx, rx) = watch::channel(LiveEvent {
+        generation: 0,
+        name: String::new(),
+        outcome: None,
+    });
+    let api: Api<KubeConfigMap> = Api::namespaced(client, namespace);
+    let span = tracing::info_span!("watch", resource = "configmaps", namespace = %namespace);
+    tokio::spawn(
+        async move {
+            let mut s =
+                std::pin::pin!(watch_stream(api, watcher::Config::default()).default_backoff());
+            let mut last: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = s.next() => ev,
+                };
+                let cm = match ev {
+                    None => return,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "configmap watch error; resuming");
+                        continue;
+                    }
+                    Some(Ok(Event::Apply(cm) | Event::InitApply(cm))) => cm,
+                    Some(Ok(Event::Delete(cm))) => {
+                        if is_ours(&cm.name_any()) {
+                            tracing::warn!(config = %cm.name_any(),
+                                "ConfigMap deleted; the last good configuration stays in force");
+                            last.remove(&cm.name_any());
+                        }
+                        continue;
+                    }
+                    Some(Ok(Event::Init | Event::InitDone)) => continue,
+                };
+                let name = cm.name_any();
+                if !is_ours(&name) {
+                    continue;
+                }
+                let data = cm.data.unwrap_or_default();
+                if last.get(&name) == Some(&data) {
+                    continue;
+                }
+                let labels = ConfigLabels {
+                    config: name.clone(),
+                };
+                let span = tracing::info_span!("configmap", config = %name);
+                let outcome = span.in_scope(|| match name.as_str() {
+                    super::autoscaler::NAME => apply(
+                        parse::<AutoscalerConfig>(&data),
+                        &config.autoscaler,
+                        &metrics,
+                        &labels,
+                    ),
+                    super::defaults::NAME => apply(
+                        parse::<DefaultsConfig>(&data),
+                        &config.defaults,
+                        &metrics,
+                        &labels,
+                    ),
+                    _ => apply(
+                        parse::<ActivatorConfig>(&data),
+                        &config.activator,
+                        &metrics,
+                        &labels,
+                    ),
+                });
+                last.insert(name.clone(), data);
+                tx.send_modify(|e| {
+                    e.generation += 1;
+                    e.name = name;
+                    e.outcome = Some(outcome);
+                });
+            }
+        }
+        .instrument(span),
+    );
+    rx
+}
+
+fn is_ours(name: &str) -> bool {
+    [
+        super::autoscaler::NAME,
+        super::defaults::NAME,
+        super::activator::NAME,
+    ]
+    .contains(&name)
+}
+
+fn parse<T: ConfigMap>(data: &BTreeMap<String, String>) -> Result<T, super::Problems> {
+    for w in T::warnings(data) {
+        tracing::warn!(config = T::NAME, "{w}");
+    }
+    T::parse(data).map(|p| p.config)
+}

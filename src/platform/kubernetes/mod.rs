@@ -1,0 +1,259 @@
+//! The Kubernetes platform: a revision's replicas are its Deployment's pods.
+//!
+//! [`KubePlatform`] implements [`Platform`] and [`EndpointSource`] with three watches, each
+//! one for all revisions, selected by label (never by recomputed names):
+//! - **EndpointSlices** labelled `networking.internal.knative.dev/serviceType=Private` and
+//!   carrying `serving.knative.dev/revision`: the revision's private Service's slices. Merged
+//!   per revision across all its slices, deduplicated, `ready`/`terminating` from the slice
+//!   conditions, the port chosen by the revision's protocol (`http`, or `http2` / appProtocol
+//!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel.
+//! - **Pods** carrying `serving.knative.dev/revision`: a container waiting in
+//!   `CrashLoopBackOff`, `ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError` (or
+//!   `InvalidImageName`), or restarted [`KubeOptions::restart_limit`] times, makes the revision
+//!   `Failing` while it has no ready endpoint.
+//! - **Deployments** carrying `serving.knative.dev/revision`: which Deployment scales which
+//!   revision.
+//!
+//! [`Platform::scale`] records the latest replica count and returns at once; the revision's
+//! own scaler task applies it as a merge patch of the Deployment's `/scale` subresource. A
+//! 409, 429, 5xx or transport error is retried with backoff in that task, so one revision's
+//! trouble never holds another's decision up, and a newer count replaces an older one not yet
+//! applied. A Deployment not there yet is waited for and reported failing
+//! (`DeploymentMissing`) only after [`KubeOptions::missing_deployment_grace`].
+//!
+//! **Activation timeout** (Knative's): after a scale-up from zero, a revision with no ready
+//! endpoint within its progress deadline + 30 s is `Failing` with reason `TimedOut`, until an
+//! endpoint is ready or it is scaled to zero.
+//!
+//! Client-facing reasons are generic (`revision unavailable (CrashLoopBackOff)`); pod names,
+//! messages and exit codes go to the logs.
+//!
+//! Watches resume from their last resourceVersion after an error (kube-runtime's watcher,
+//! with backoff) and re-list only after a 410. [`EndpointSource::drained`] is ignored: on
+//! Kubernetes the pod's preStop hook waits for its own drain.
+
+mod pods;
+mod scaler;
+mod slices;
+mod state;
+mod watch;
+
+pub use pods::{FAILING_WAITING_REASONS, PodFailure, pod_failure};
+pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::sync::watch as tokio_watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::platform::{BoxFuture, EndpointSnapshot, EndpointSource, Platform, PlatformError};
+use crate::revision::{Protocol, RevisionKey};
+use crate::telemetry::platform::PlatformMetrics;
+use state::RevEntry;
+
+/// Settings of the Kubernetes platform, fixed at construction.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// Watch only this namespace; `None`: all namespaces.
+    pub namespace: Option<String>,
+    /// A revision's Deployment may be missing this long after a scale request before the
+    /// revision is reported failing (default 60 s; it keeps being retried).
+    pub missing_deployment_grace: Duration,
+    /// First retry delay of a failed scale patch; doubles per failure (default 100 ms).
+    pub retry_initial: Duration,
+    /// Longest retry delay of a failed scale patch (default 10 s).
+    pub retry_max: Duration,
+    /// Progress deadline of revisions that set none (Knative's `progress-deadline`, 600 s);
+    /// the activation timeout is this + 30 s.
+    pub progress_deadline: Duration,
+    /// Restarts after which a container whose last run ended counts as failing (default 3).
+    pub restart_limit: i32,
+    /// Added to the progress deadline to make the activation timeout (Knative: 30 s).
+    pub activation_buffer: Duration,
+}
+
+impl Default for KubeOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            missing_deployment_grace: Duration::from_secs(60),
+            retry_initial: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
+            progress_deadline: Duration::from_secs(600),
+            restart_limit: 3,
+            activation_buffer: ACTIVATION_TIMEOUT_BUFFER,
+        }
+    }
+}
+
+/// Knative's buffer on top of the progress deadline before an activation counts as failed
+/// (the default of [`KubeOptions::activation_buffer`]).
+pub const ACTIVATION_TIMEOUT_BUFFER: Duration = Duration::from_secs(30);
+
+/// What the platform needs to know of a revision beyond its key (from the catalog).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeRevision {
+    pub key: RevisionKey,
+    /// Chooses the slice port: `http` for HTTP/1, `http2` / `kubernetes.io/h2c` for h2c.
+    pub protocol: Protocol,
+    /// The revision's progress deadline (`serving.knative.dev/progress-deadline`); `None`:
+    /// [`KubeOptions::progress_deadline`].
+    pub progress_deadline: Option<Duration>,
+}
+
+/// Deployments and EndpointSlices through the Kubernetes API. Cheap to clone.
+///
+/// Must be created inside a tokio runtime: [`KubePlatform::start`] spawns the watches. They
+/// and every scaler task stop on [`KubePlatform::shutdown`] (or when the runtime ends).
+#[derive(Clone)]
+pub struct KubePlatform {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub client: kube::Client,
+    pub opts: KubeOptions,
+    pub metrics: PlatformMetrics,
+    /// Every revision seen (subscribed to, scaled, or found in a watch). Bounded by the
+    /// revisions in the watched namespaces, plus those asked about.
+    pub revisions: DashMap<RevisionKey, Arc<RevEntry>>,
+    /// Revision -> the name of its Deployment (from the Deployment watch).
+    pub deployments: DashMap<RevisionKey, String>,
+    /// Bumped on every change of `deployments`, so scalers waiting for one wake up.
+    pub deployments_changed: tokio_watch::Sender<u64>,
+    /// Set once each watch has finished its first list.
+    pub synced: tokio_watch::Sender<u8>,
+    pub shutdown: CancellationToken,
+}
+
+impl fmt::Debug for KubePlatform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubePlatform")
+            .field("opts", &self.inner.opts)
+            .field("revisions", &self.inner.revisions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The three watches; [`KubePlatform::wait_synced`] waits for all of them.
+const WATCHES: u8 = 3;
+
+impl KubePlatform {
+    /// Starts the three watches on `client`. `metrics` are the registered families
+    /// (`Telemetry::platform`).
+    pub fn start(client: kube::Client, opts: KubeOptions, metrics: PlatformMetrics) -> Self {
+        let inner = Arc::new(Inner {
+            client,
+            opts,
+            metrics,
+            revisions: DashMap::new(),
+            deployments: DashMap::new(),
+            deployments_changed: tokio_watch::channel(0).0,
+            synced: tokio_watch::channel(0).0,
+            shutdown: CancellationToken::new(),
+        });
+        tokio::spawn(watch::endpoint_slices(inner.clone()));
+        tokio::spawn(watch::pods(inner.clone()));
+        tokio::spawn(watch::deployments(inner.clone()));
+        Self { inner }
+    }
+
+    /// Returns once every watch has listed its objects once (the first snapshot is complete).
+    pub async fn wait_synced(&self) {
+        let mut rx = self.inner.synced.subscribe();
+        let _ = rx.wait_for(|n| *n >= WATCHES).await;
+    }
+
+    /// Registers or updates what the platform needs of a revision (protocol, progress
+    /// deadline). A protocol change re-reads the revision's slices for the other port.
+    pub fn upsert(&self, rev: KubeRevision) {
+        let entry = self.inner.entry(&rev.key);
+        let timeout = rev
+            .progress_deadline
+            .unwrap_or(self.inner.opts.progress_deadline)
+            + self.inner.opts.activation_buffer;
+        entry.update(|st| {
+            st.set_protocol(rev.protocol);
+            st.activation_timeout = Some(timeout);
+        });
+    }
+
+    /// Forgets a revision deleted from the cluster: its subscribers get `Failing` (reason
+    /// `revision unavailable (Removed)`, so held requests are answered 503 at once), its scaler
+    /// task ends, and a later subscription or scale starts from a fresh entry. Unknown
+    /// revisions: no-op.
+    pub fn remove(&self, key: &RevisionKey) {
+        if let Some((_, entry)) = self.inner.revisions.remove(key) {
+            tracing::info!(revision = %key, "revision removed");
+            entry.update(|st| st.removed = true);
+            entry.desired.send_replace(None);
+        }
+    }
+
+    /// Stops the watches and every scaler task. Scale requests not yet applied are dropped.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+}
+
+impl Inner {
+    pub fn entry(&self, key: &RevisionKey) -> Arc<RevEntry> {
+        if let Some(e) = self.revisions.get(key) {
+            return e.clone();
+        }
+        self.revisions
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(RevEntry::new(key.clone())))
+            .clone()
+    }
+
+    /// The activation timeout of `entry`.
+    pub fn activation_timeout(&self, entry: &RevEntry) -> Duration {
+        entry
+            .read(|st| st.activation_timeout)
+            .unwrap_or(self.opts.progress_deadline + self.opts.activation_buffer)
+    }
+}
+
+impl EndpointSource for KubePlatform {
+    fn endpoints(&self, revision: &RevisionKey) -> tokio_watch::Receiver<Arc<EndpointSnapshot>> {
+        self.inner.entry(revision).subscribe()
+    }
+
+    /// Ignored: the pod's preStop hook waits for its drain, and Kubernetes stops it.
+    fn drained(&self, _revision: &RevisionKey, _addr: SocketAddr) {}
+}
+
+impl Platform for KubePlatform {
+    /// Accepted at once: the revision's scaler task patches `/scale` (retrying as needed);
+    /// the latest count wins. Fails only after [`KubePlatform::shutdown`].
+    fn scale(
+        &self,
+        revision: &RevisionKey,
+        replicas: u32,
+    ) -> BoxFuture<'_, Result<(), PlatformError>> {
+        let revision = revision.clone();
+        Box::pin(async move {
+            if self.inner.shutdown.is_cancelled() {
+                return Err(PlatformError::Scale {
+                    revision,
+                    reason: "the platform is shutting down".into(),
+                });
+            }
+            let entry = self.inner.entry(&revision);
+            entry.desired.send_replace(Some(replicas));
+            if !entry.scaler_started.swap(true, Ordering::SeqCst) {
+                tokio::spawn(scaler::run(self.inner.clone(), entry));
+            }
+            Ok(())
+        })
+    }
+}
+
+// The integrator holds the platform as `Arc<dyn Platform>` beside the activator and scaler.
+const _: fn(KubePlatform) -> Arc<dyn Platform> = |p| Arc::new(p);

@@ -1,0 +1,151 @@
+//! Why a revision's pod cannot serve, read from its container statuses. Pure; the pod watch
+//! calls it on every pod event.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+/// Waiting reasons that mean the pod will not come up without a change (Knative treats them
+/// the same way once the deployment's progress deadline has passed; thaw reports them at once
+/// so held requests do not wait for nothing).
+pub const FAILING_WAITING_REASONS: &[&str] = &[
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "InvalidImageName",
+];
+
+/// A pod that cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFailure {
+    /// A Kubernetes reason word (`CrashLoopBackOff`, `OOMKilled`, `ExitCode1`): shown to
+    /// clients, so it names no pod, image or message.
+    pub reason: String,
+    /// For the logs: container, message, exit code.
+    pub detail: String,
+}
+
+/// The first failing container of `pod` (init containers first), if any:
+/// - a container waiting for one of [`FAILING_WAITING_REASONS`];
+/// - a container that has restarted at least `restart_limit` times and whose last run ended:
+///   reason its termination reason (`OOMKilled`, `Error`, ...) or `ExitCode<N>`.
+pub fn pod_failure(pod: &Pod, restart_limit: i32) -> Option<PodFailure> {
+    let status = pod.status.as_ref()?;
+    let all = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    all.filter_map(|c| container_failure(c, restart_limit))
+        .next()
+}
+
+fn container_failure(c: &ContainerStatus, restart_limit: i32) -> Option<PodFailure> {
+    if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref())
+        && let Some(reason) = w.reason.as_deref()
+        && FAILING_WAITING_REASONS.contains(&reason)
+    {
+        return Some(PodFailure {
+            reason: reason.to_string(),
+            detail: format!(
+                "container {} waiting: {reason}: {}",
+                c.name,
+                w.message.as_deref().unwrap_or("")
+            ),
+        });
+    }
+    if c.restart_count >= restart_limit
+        && let Some(t) = c.last_state.as_ref().and_then(|s| s.terminated.as_ref())
+    {
+        let reason = match t.reason.as_deref() {
+            Some(r) if r != "Error" && r != "Completed" => r.to_string(),
+            _ => format!("ExitCode{}", t.exit_code),
+        };
+        return Some(PodFailure {
+            detail: format!(
+                "container {} restarted {} times, last exit {} ({}): {}",
+                c.name,
+                c.restart_count,
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("-"),
+                t.message.as_deref().unwrap_or("")
+            ),
+            reason,
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(statuses: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"containerStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    fn status(
+        state: serde_json::Value,
+        restarts: i32,
+        last: serde_json::Value,
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "name": "user-container", "image": "i", "imageID": "", "ready": false,
+            "restartCount": restarts, "state": state, "lastState": last
+        })
+    }
+
+    #[test]
+    fn crash_loop_and_image_pull_fail() {
+        for reason in ["CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull"] {
+            let p = pod(serde_json::json!([status(
+                serde_json::json!({"waiting": {"reason": reason, "message": "secret detail"}}),
+                0,
+                serde_json::json!({})
+            )]));
+            let f = pod_failure(&p, 3).unwrap();
+            assert_eq!(f.reason, reason);
+            assert!(f.detail.contains("secret detail"));
+            assert!(!f.reason.contains("secret"));
+        }
+    }
+
+    #[test]
+    fn starting_pods_do_not_fail() {
+        let p = pod(serde_json::json!([status(
+            serde_json::json!({"waiting": {"reason": "ContainerCreating"}}),
+            0,
+            serde_json::json!({})
+        )]));
+        assert_eq!(pod_failure(&p, 3), None);
+        let p = pod(serde_json::json!([status(
+            serde_json::json!({"running": {}}),
+            0,
+            serde_json::json!({})
+        )]));
+        assert_eq!(pod_failure(&p, 3), None);
+    }
+
+    #[test]
+    fn repeated_terminations_fail_with_their_reason() {
+        let last = |reason: &str, code: i32| serde_json::json!({"terminated": {"reason": reason, "exitCode": code}});
+        let running = serde_json::json!({"running": {}});
+        let p = pod(serde_json::json!([status(
+            running.clone(),
+            2,
+            last("OOMKilled", 137)
+        )]));
+        assert_eq!(pod_failure(&p, 3), None, "under the restart limit");
+        let p = pod(serde_json::json!([status(
+            running.clone(),
+            3,
+            last("OOMKilled", 137)
+        )]));
+        assert_eq!(pod_failure(&p, 3).unwrap().reason, "OOMKilled");
+        let p = pod(serde_json::json!([status(running, 5, last("Error", 1))]));
+        assert_eq!(pod_failure(&p, 3).unwrap().reason, "ExitCode1");
+    }
+}
