@@ -1,6 +1,7 @@
 //! Cold-start phases of one revision: poke -> scaler decision -> first ready endpoint -> first
 //! response forwarded. Each phase is observed into
-//! `thaw_activator_cold_start_phase_seconds{phase}` and the whole cold start is logged at info.
+//! `thaw_activator_cold_start_phase_seconds{namespace,revision,phase}` and the whole cold start
+//! is logged at info.
 //!
 //! The request path touches this only through two atomics ([`ColdStart::is_cold_pending`] and
 //! [`ColdStart::awaiting_first_byte`]); the mutex is taken once per phase transition.
@@ -106,12 +107,12 @@ impl ColdStart {
         let since = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
         match e.decided_at {
             Some(d) => {
-                metrics.observe_phase(ColdStartPhase::PokeToDecision, since(e.poked_at, d));
-                metrics.observe_phase(ColdStartPhase::DecisionToReady, since(d, now));
+                metrics.observe_phase(key, ColdStartPhase::PokeToDecision, since(e.poked_at, d));
+                metrics.observe_phase(key, ColdStartPhase::DecisionToReady, since(d, now));
             }
             None => tracing::debug!(revision = %key, "cold start without a recorded decision"),
         }
-        metrics.observe_phase(ColdStartPhase::PokeToReady, since(e.poked_at, now));
+        metrics.observe_phase(key, ColdStartPhase::PokeToReady, since(e.poked_at, now));
         self.cold.store(false, SeqCst);
         self.first_byte_pending.store(true, SeqCst);
     }
@@ -132,6 +133,7 @@ impl ColdStart {
         drop(ep);
         let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_millis() as u64;
         metrics.observe_phase(
+            key,
             ColdStartPhase::ReadyToFirstByte,
             now.saturating_duration_since(ready_at).as_secs_f64(),
         );
@@ -181,8 +183,10 @@ mod tests {
             "poke_to_ready",
             "ready_to_first_byte",
         ] {
-            let line =
-                format!("thaw_activator_cold_start_phase_seconds_count{{phase=\"{phase}\"}} 1");
+            let line = format!(
+                "thaw_activator_cold_start_phase_seconds_count{{namespace=\"{}\",revision=\"{}\",phase=\"{phase}\"}} 1",
+                key.namespace, key.name
+            );
             assert!(text.contains(&line), "{line} missing in\n{text}");
         }
         // A new cold start can begin afterwards.

@@ -20,10 +20,9 @@ use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
 use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::EndpointSource;
-use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::revision::RevisionCatalog;
 use crate::stats::StatSink;
 use crate::telemetry::Telemetry;
-use crate::telemetry::activator::RevisionMetrics;
 
 /// What the activator needs from the rest of thaw.
 pub struct ActivatorDeps {
@@ -98,8 +97,6 @@ pub struct Activator {
     /// drain timeout.
     pub(crate) tunnels: TaskTracker,
     pub(crate) tunnel_cancel: CancellationToken,
-    /// Answers that matched no revision are counted here (empty namespace and revision labels).
-    pub(crate) unrouted: RevisionMetrics,
 }
 
 impl Activator {
@@ -107,7 +104,6 @@ impl Activator {
     /// its endpoints). Must be called inside a tokio runtime.
     pub fn new(deps: ActivatorDeps) -> Arc<Self> {
         let connect_timeout = deps.config.load().connect_timeout;
-        let unrouted = deps.telemetry.activator.revision(&RevisionKey::new("", ""));
         let act = Arc::new(Self {
             catalog_version: deps.catalog.subscribe(),
             deps,
@@ -119,7 +115,6 @@ impl Activator {
             draining: AtomicBool::new(false),
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
-            unrouted,
         });
         act.sync();
         act

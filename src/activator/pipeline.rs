@@ -96,7 +96,7 @@ impl Handler for Activator {
                 if let Err((what, actual, limit)) =
                     fields.check_limits(cfg.max_header_count, cfg.max_header_bytes)
                 {
-                    act.unrouted.answered(431);
+                    act.deps.telemetry.activator.unmatched(431);
                     let err = ActivatorError::HeadersTooLarge {
                         what,
                         actual,
@@ -105,7 +105,7 @@ impl Handler for Activator {
                     return err.into_response(cfg.retry_after);
                 }
                 if let Err(e) = supported(act, req.method(), fields) {
-                    act.unrouted.answered(e.status().as_u16());
+                    act.deps.telemetry.activator.unmatched(e.status().as_u16());
                     return e.into_response(cfg.retry_after);
                 }
                 // An early hold routed this request already: it stays with the revision it was held
@@ -124,7 +124,7 @@ impl Handler for Activator {
             let state = match routed {
                 Ok(state) => state,
                 Err(e) => {
-                    act.unrouted.answered(e.status().as_u16());
+                    act.deps.telemetry.activator.unmatched(e.status().as_u16());
                     tracing::debug!(%method, %path, error = %e, "not routed");
                     return e.into_response(cfg.retry_after);
                 }
@@ -146,7 +146,11 @@ impl Handler for Activator {
                 }
                 e.into_response(cfg.retry_after)
             });
-            state.metrics.answered(resp.status().as_u16());
+            let code = resp.status().as_u16();
+            state.metrics.answered(code);
+            state
+                .metrics
+                .observe_latency(code, started.elapsed().as_secs_f64());
             tracing::debug!(
                 revision = %state.key,
                 %method,

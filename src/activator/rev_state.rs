@@ -60,7 +60,7 @@ impl RevisionState {
         scale_states: Option<Arc<ScaleStates>>,
     ) -> Arc<Self> {
         let key = spec.key.clone();
-        let rev_metrics = metrics.revision(&key);
+        let rev_metrics = metrics.revision(&key, spec.service.as_deref());
         let source = endpoints.clone();
         let drained_key = key.clone();
         let throttler = Throttler::new(
@@ -147,7 +147,8 @@ impl RevisionState {
         if let Some(task) = self.watcher_lock().take() {
             task.abort();
         }
-        self.all_metrics.forget(&self.key);
+        self.all_metrics
+            .forget(&self.key, self.spec.load().service.as_deref());
     }
 
     fn watcher_lock(&self) -> MutexGuard<'_, Option<AbortHandle>> {

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::Listed;
 use crate::percore::spread::{SpreadCounter, SpreadGauge};
 use crate::revision::RevisionKey;
 
@@ -63,10 +64,38 @@ impl EncodeLabelValue for ColdStartPhase {
     }
 }
 
-/// Labels of `thaw_activator_cold_start_phase_seconds`.
+/// Labels of `thaw_activator_cold_start_phase_seconds`: the revision and the phase.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct PhaseLabels {
+    pub namespace: String,
+    pub revision: String,
     pub phase: ColdStartPhase,
+}
+
+/// Labels of `thaw_activator_request_latencies_seconds`, Knative's
+/// `activator_request_latencies` set: the revision, its service and configuration (a Knative
+/// Service's configuration shares its name), and the response code class.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct LatencyLabels {
+    pub namespace: String,
+    pub service: String,
+    pub configuration: String,
+    pub revision: String,
+    pub response_code_class: &'static str,
+}
+
+/// Labels of `thaw_activator_unmatched_requests_total`: why a request matched no revision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// The response code classes, in the order of [`RevisionMetrics`]' latency handles.
+const CODE_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s: a warm request (about 1 ms) and a cold start (seconds) both resolve.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -109,8 +138,14 @@ pub struct ActivatorMetrics {
     pub ejections: Family<RevisionLabels, Counter>,
     /// `thaw_activator_cold_starts_total{namespace,revision}`: pokes sent for a cold revision.
     pub cold_starts: Family<RevisionLabels, Counter>,
-    /// `thaw_activator_cold_start_phase_seconds{phase}`.
+    /// `thaw_activator_cold_start_phase_seconds{namespace,revision,phase}`.
     pub cold_start_phase: HistogramFamily<PhaseLabels>,
+    /// `thaw_activator_request_latencies_seconds{namespace,service,configuration,revision,
+    /// response_code_class}`: arrival to the response head, hold included.
+    pub latencies: HistogramFamily<LatencyLabels>,
+    /// `thaw_activator_unmatched_requests_total{reason}`: requests that matched no revision
+    /// (not found, bad request, headers too large, not implemented), in one counter.
+    pub unmatched: Family<ReasonLabels, Counter>,
     /// `thaw_activator_connections`: open client connections on the data port.
     pub connections: Gauge,
     /// `thaw_activator_stats_dropped_total`: stats and pokes dropped because the channel to
@@ -135,6 +170,8 @@ impl ActivatorMetrics {
             ejections: Family::default(),
             cold_starts: Family::default(),
             cold_start_phase: Family::new_with_constructor(hold_histogram),
+            latencies: Family::new_with_constructor(latency_histogram),
+            unmatched: Family::default(),
             connections: Gauge::default(),
             stats_dropped: Counter::default(),
         };
@@ -142,63 +179,77 @@ impl ActivatorMetrics {
         r.register(
             "activator_requests",
             "Requests answered by the activator",
-            m.requests.clone(),
+            Listed(m.requests.clone()),
         );
         r.register(
             "activator_held_requests",
             "Requests held now",
-            m.held.clone(),
+            Listed(m.held.clone()),
         );
         r.register(
             "activator_in_flight_requests",
             "Requests forwarded now",
-            m.in_flight.clone(),
+            Listed(m.in_flight.clone()),
         );
         r.register(
             "activator_ready_endpoints",
             "Ready endpoints",
-            m.ready_endpoints.clone(),
+            Listed(m.ready_endpoints.clone()),
         );
         r.register(
             "activator_hold_seconds",
             "Time requests were held",
-            m.hold_seconds.clone(),
+            Listed(m.hold_seconds.clone()),
         );
         r.register(
             "activator_overflow",
             "Requests refused: queue full",
-            m.overflow.clone(),
+            Listed(m.overflow.clone()),
         );
         r.register(
             "activator_hold_timeouts",
             "Held past cold-wait",
-            m.hold_timeouts.clone(),
+            Listed(m.hold_timeouts.clone()),
         );
         r.register(
             "activator_upstream_errors",
             "Upstream failures",
-            m.upstream_errors.clone(),
+            Listed(m.upstream_errors.clone()),
         );
         r.register(
             "activator_client_errors",
             "Requests whose own body failed while forwarded (answered 400)",
-            m.client_errors.clone(),
+            Listed(m.client_errors.clone()),
         );
-        r.register("activator_retries", "Connect retries", m.retries.clone());
+        r.register(
+            "activator_retries",
+            "Connect retries",
+            Listed(m.retries.clone()),
+        );
         r.register(
             "activator_endpoint_ejections",
             "Endpoints passed over for a while after a failed connect",
-            m.ejections.clone(),
+            Listed(m.ejections.clone()),
         );
         r.register(
             "activator_cold_starts",
             "Cold starts (pokes)",
-            m.cold_starts.clone(),
+            Listed(m.cold_starts.clone()),
         );
         r.register(
             "activator_cold_start_phase_seconds",
             "Cold-start phases: poke, decision, ready, first byte",
-            m.cold_start_phase.clone(),
+            Listed(m.cold_start_phase.clone()),
+        );
+        r.register(
+            "activator_request_latencies_seconds",
+            "Time from a request's arrival to its response head, hold included",
+            Listed(m.latencies.clone()),
+        );
+        r.register(
+            "activator_unmatched_requests",
+            "Requests that matched no revision, by reason",
+            Listed(m.unmatched.clone()),
         );
         r.register(
             "activator_connections",
@@ -215,12 +266,17 @@ impl ActivatorMetrics {
 
     /// Resolves every per-revision child once. Call when a revision's state is created; call
     /// [`ActivatorMetrics::forget`] when it is removed.
-    pub fn revision(&self, key: &RevisionKey) -> RevisionMetrics {
+    /// `service` is the Knative Service the revision belongs to, if any (the latency series'
+    /// service and configuration labels).
+    pub fn revision(&self, key: &RevisionKey, service: Option<&str>) -> RevisionMetrics {
         let labels = RevisionLabels {
             namespace: key.namespace.to_string(),
             revision: key.name.to_string(),
         };
         RevisionMetrics {
+            latency: Default::default(),
+            latencies: self.latencies.clone(),
+            service: service.unwrap_or_default().to_string(),
             held: self.held.get_or_create_owned(&labels),
             in_flight: self.in_flight.get_or_create_owned(&labels),
             ready_endpoints: self.ready_endpoints.get_or_create_owned(&labels),
@@ -238,8 +294,9 @@ impl ActivatorMetrics {
         }
     }
 
-    /// Removes a removed revision's series so the exposition does not grow without bound.
-    pub fn forget(&self, key: &RevisionKey) {
+    /// Removes a removed revision's series so the exposition does not grow without bound (and
+    /// a dashboard shows no revision that is gone).
+    pub fn forget(&self, key: &RevisionKey, service: Option<&str>) {
         let labels = RevisionLabels {
             namespace: key.namespace.to_string(),
             revision: key.name.to_string(),
@@ -255,14 +312,63 @@ impl ActivatorMetrics {
         self.retries.remove(&labels);
         self.ejections.remove(&labels);
         self.cold_starts.remove(&labels);
-        // Codes are few and not enumerable cheaply; keep them (they stay correct totals).
+        // Every status code a response can carry (removal is rare; a family is not iterable).
+        for code in 100..=599 {
+            self.requests.remove(&CodeLabels {
+                namespace: labels.namespace.clone(),
+                revision: labels.revision.clone(),
+                code,
+            });
+        }
+        let service = service.unwrap_or_default().to_string();
+        for class in CODE_CLASSES {
+            self.latencies.remove(&latency_labels(key, &service, class));
+        }
+        for phase in [
+            ColdStartPhase::PokeToDecision,
+            ColdStartPhase::DecisionToReady,
+            ColdStartPhase::PokeToReady,
+            ColdStartPhase::ReadyToFirstByte,
+        ] {
+            self.cold_start_phase.remove(&PhaseLabels {
+                namespace: labels.namespace.clone(),
+                revision: labels.revision.clone(),
+                phase,
+            });
+        }
     }
 
-    /// Observes one cold-start phase.
-    pub fn observe_phase(&self, phase: ColdStartPhase, seconds: f64) {
+    /// Observes one cold-start phase of `key`.
+    pub fn observe_phase(&self, key: &RevisionKey, phase: ColdStartPhase, seconds: f64) {
         self.cold_start_phase
-            .get_or_create(&PhaseLabels { phase })
+            .get_or_create(&PhaseLabels {
+                namespace: key.namespace.to_string(),
+                revision: key.name.to_string(),
+                phase,
+            })
             .observe(seconds);
+    }
+
+    /// Counts a request that matched no revision, by the status it was answered with.
+    pub fn unmatched(&self, status: u16) {
+        let reason = match status {
+            404 => "not_found",
+            431 => "headers_too_large",
+            501 => "not_implemented",
+            400 => "bad_request",
+            _ => "other",
+        };
+        self.unmatched.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
+fn latency_labels(key: &RevisionKey, service: &str, class: &'static str) -> LatencyLabels {
+    LatencyLabels {
+        namespace: key.namespace.to_string(),
+        service: service.to_string(),
+        configuration: service.to_string(),
+        revision: key.name.to_string(),
+        response_code_class: class,
     }
 }
 
@@ -296,6 +402,10 @@ pub struct RevisionMetrics {
     pub ejections: Counter,
     /// `thaw_activator_cold_starts_total`.
     pub cold_starts: Counter,
+    /// Latency histograms per code class, each resolved on first use.
+    latency: [OnceLock<Histogram>; CODE_CLASSES.len()],
+    latencies: HistogramFamily<LatencyLabels>,
+    service: String,
     /// Counters of the common codes, each resolved on first use.
     codes: [OnceLock<SpreadCounter>; CACHED_CODES.len()],
     family: Family<CodeLabels, SpreadCounter>,
@@ -312,6 +422,21 @@ impl RevisionMetrics {
                 .inc(),
             None => self.family.get_or_create(&self.code_labels(code)).inc(),
         };
+    }
+
+    /// Observes one answer's latency (arrival to response head) under its code class.
+    pub fn observe_latency(&self, code: u16, seconds: f64) {
+        let class = (usize::from(code / 100)).clamp(1, 5) - 1;
+        self.latency[class]
+            .get_or_init(|| {
+                let key = RevisionKey::new(&self.labels.namespace, &self.labels.revision);
+                self.latencies.get_or_create_owned(&latency_labels(
+                    &key,
+                    &self.service,
+                    CODE_CLASSES[class],
+                ))
+            })
+            .observe(seconds);
     }
 
     fn code_labels(&self, code: u16) -> CodeLabels {

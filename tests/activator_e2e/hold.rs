@@ -65,8 +65,8 @@ async fn cold_request_is_held_poked_and_answered_once_an_endpoint_appears() {
     for needle in [
         "thaw_activator_requests_total{namespace=\"default\",revision=\"cold\",code=\"200\"} 1",
         "thaw_activator_hold_seconds_count{namespace=\"default\",revision=\"cold\"} 1",
-        "thaw_activator_cold_start_phase_seconds_count{phase=\"poke_to_ready\"} 1",
-        "thaw_activator_cold_start_phase_seconds_count{phase=\"ready_to_first_byte\"} 1",
+        "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"poke_to_ready\"} 1",
+        "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"ready_to_first_byte\"} 1",
     ] {
         assert!(metrics.contains(needle), "{needle} missing:\n{metrics}");
     }
@@ -256,7 +256,10 @@ async fn cold_start_phases_include_the_scaler_decision() {
         "poke_to_ready",
         "ready_to_first_byte",
     ] {
-        let line = format!("thaw_activator_cold_start_phase_seconds_count{{phase=\"{phase}\"}} 1");
+        let line = format!(
+            "thaw_activator_cold_start_phase_seconds_count{{namespace=\"{}\",revision=\"{}\",phase=\"{phase}\"}} 1",
+            rev.namespace, rev.name
+        );
         assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
     }
     h.shutdown();

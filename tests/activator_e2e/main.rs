@@ -8,5 +8,6 @@ mod harness;
 mod hold;
 mod lane;
 mod listener;
+mod metrics;
 mod proxy;
 mod timeouts;
