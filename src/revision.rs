@@ -201,6 +201,11 @@ impl CatalogSnapshot {
         self.revisions.get(key)
     }
 
+    /// Every traffic split: a route host (lower-case) and its (revision, percent) shares.
+    pub fn splits(&self) -> impl Iterator<Item = (&str, &[(RevisionKey, u32)])> {
+        self.splits.iter().map(|(h, s)| (h.as_str(), s.as_slice()))
+    }
+
     /// Every routed host (lower-case, without port) and the revision it routes to.
     pub fn hosts(&self) -> impl Iterator<Item = (&str, &RevisionKey)> {
         self.hosts.iter().map(|(h, k)| (h.as_str(), k))

@@ -65,6 +65,25 @@ struct RevisionTable {
     /// Host (lower-case, no port) -> the state of the revision it routes to, from the same
     /// catalog snapshot.
     by_host: FastMap<Box<str>, PerCoreArc<RevisionState>>,
+    /// Route hosts whose traffic is split by percent: each request draws its revision from
+    /// the shares (in order, each taking its percent of 0..100). Checked before `by_host`.
+    splits: FastMap<Box<str>, Vec<(PerCoreArc<RevisionState>, u32)>>,
+}
+
+/// The share a `roll` in 0..100 falls in: the shares in order, each taking its percent; the
+/// last share takes what is left (percents that sum below 100).
+fn pick_share(
+    shares: &[(PerCoreArc<RevisionState>, u32)],
+    roll: u32,
+) -> Option<&PerCoreArc<RevisionState>> {
+    let mut upto = 0;
+    for (state, percent) in shares {
+        upto += percent;
+        if roll < upto {
+            return Some(state);
+        }
+    }
+    shares.last().map(|(s, _)| s)
 }
 
 impl RevisionTable {
@@ -178,6 +197,17 @@ impl Activator {
                 next.by_host.insert(Box::from(host), state);
             }
         }
+        for (host, split) in snapshot.splits() {
+            let shares: Vec<_> = split
+                .iter()
+                .filter_map(|(key, percent)| {
+                    Some((next.get(&key.namespace, &key.name)?.clone(), *percent))
+                })
+                .collect();
+            if !shares.is_empty() {
+                next.splits.insert(Box::from(host), shares);
+            }
+        }
         for state in old.iter() {
             if next.get(&state.key.namespace, &state.key.name).is_none() {
                 tracing::info!(revision = %state.key, "revision removed; held requests answered 503");
@@ -212,7 +242,17 @@ impl Activator {
         let table = self.table.load();
         match target {
             Target::Named { namespace, name } => table.get(namespace, name),
-            Target::Host(host) => table.by_host.get(&*crate::revision::normalize_host(host)),
+            Target::Host(host) => {
+                let host = crate::revision::normalize_host(host);
+                // Most hosts have no split: one emptiness check on the warm path.
+                match (!table.splits.is_empty())
+                    .then(|| table.splits.get(&*host))
+                    .flatten()
+                {
+                    Some(shares) => pick_share(shares, rand::random_range(0..100)),
+                    None => table.by_host.get(&*host),
+                }
+            }
         }
         .map(PerCoreArc::local)
     }
