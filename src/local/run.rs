@@ -55,6 +55,11 @@ pub struct LocalArgs {
     /// Log JSON lines instead of text.
     #[arg(long)]
     pub log_json: bool,
+    /// Quote a crashing replica's last output line in its revision's failing reason (shown on
+    /// the admin port's /revisions). Off by default: output can carry secrets; it is logged
+    /// either way, and never sent to clients.
+    #[arg(long)]
+    pub reason_quotes_output: bool,
 }
 
 /// Runs `thaw local` to completion (a signal); the exit code says whether it started.
@@ -143,7 +148,9 @@ async fn run(args: LocalArgs) -> Result<Stopped, String> {
     let model = Arc::new(model);
 
     let telemetry = Arc::new(Telemetry::new());
-    let platform = LocalPlatform::new(LocalOptions::default(), telemetry.platform.clone());
+    let mut options = LocalOptions::default();
+    options.restart.reason_quotes_output = args.reason_quotes_output;
+    let platform = LocalPlatform::new(options, telemetry.platform.clone());
     let catalog = Arc::new(RevisionCatalog::default());
     let controller = LocalController::start(platform.clone(), catalog.clone(), model.clone());
     let scale_states = ScaleStates::new();
