@@ -184,13 +184,15 @@ fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
                 // Only the custom resources and Istio's kinds are not built in.
                 let (api, k) = kind(&d);
                 assert!(
-                    api.starts_with("serving.knative.dev/") || api.starts_with("networking.istio.io/"),
+                    api.starts_with("serving.knative.dev/")
+                        || api.starts_with("networking.istio.io/"),
                     "{}: {api} {k}: a kind this test has no k8s-openapi type for (add it to round_trip)",
                     rel(f)
                 );
                 continue;
             };
-            let back = back.unwrap_or_else(|e| panic!("{}: {} {}: {e}", rel(f), kind(&d).1, name(&d)));
+            let back =
+                back.unwrap_or_else(|e| panic!("{}: {} {}: {e}", rel(f), kind(&d).1, name(&d)));
             let mut diffs = Vec::new();
             differences(&d, &back, "", &mut diffs);
             for x in diffs {
@@ -199,20 +201,24 @@ fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
             checked += 1;
         }
     }
-    assert!(problems.is_empty(), "round trip changed fields:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "round trip changed fields:\n{}",
+        problems.join("\n")
+    );
     assert!(checked >= 20, "only {checked} built-in documents found");
 }
 
 #[test]
 fn the_round_trip_detects_an_unknown_field() {
     let mut d = find(&applied(), "Deployment", "activator").clone();
-    d["spec"]["template"]["spec"]["containers"][0]["readinesProbe"]["httpGett"] = json!({});
+    d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGett"] = json!({});
     let back = round_trip(&d).unwrap().unwrap();
     let mut diffs = Vec::new();
     differences(&d, &back, "", &mut diffs);
     assert_eq!(
         diffs,
-        [".spec.template.spec.containers[0].readinesProbe.httpGett: dropped (unknown field)"]
+        [".spec.template.spec.containers[0].readinessProbe.httpGett: dropped (unknown field)"]
     );
 }
 
@@ -274,21 +280,29 @@ fn built_in_files() -> Vec<PathBuf> {
 
 #[test]
 fn built_in_manifests_pass_kubernetes_validate_strict() {
-    let Some(version) = tool("kubernetes-validate") else { return };
+    let Some(version) = tool("kubernetes-validate") else {
+        return;
+    };
     eprintln!("kubernetes-validate {version}");
     let files = built_in_files();
     let expected: usize = files.iter().map(|f| docs(f).len()).sum();
-    let (ok, out) =
-        run(Command::new("kubernetes-validate").args(["-k", K8S_VERSION, "--strict"]).args(&files));
+    let (ok, out) = run(Command::new("kubernetes-validate")
+        .args(["-k", K8S_VERSION, "--strict"])
+        .args(&files));
     assert!(ok, "kubernetes-validate --strict failed:\n{out}");
     // Every document was validated (none skipped as unknown).
-    let passed = out.lines().filter(|l| l.contains(" passed for resource ")).count();
+    let passed = out
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
     assert_eq!(passed, expected, "{out}");
 }
 
 #[test]
 fn kubernetes_validate_strict_rejects_an_unknown_field() {
-    let Some(_) = tool("kubernetes-validate") else { return };
+    let Some(_) = tool("kubernetes-validate") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut d = find(&applied(), "Deployment", "activator").clone();
     d["spec"]["template"]["spec"]["terminationGracePeriod"] = json!(30);
@@ -329,7 +343,9 @@ fn closed_crd_schema(api_version: &str, kind_: &str) -> Value {
             match k.as_str() {
                 "properties" => child.as_object_mut().unwrap().values_mut().for_each(close),
                 "items" | "additionalProperties" | "not" => close(child),
-                "allOf" | "anyOf" | "oneOf" => child.as_array_mut().unwrap().iter_mut().for_each(close),
+                "allOf" | "anyOf" | "oneOf" => {
+                    child.as_array_mut().unwrap().iter_mut().for_each(close)
+                }
                 _ => {}
             }
         }
@@ -348,9 +364,16 @@ fn check_custom(doc: &Value, dir: &Path, label: &str) -> (bool, String) {
     let (api, k) = kind(doc);
     let schema = dir.join(format!("{label}.schema.json"));
     let instance = dir.join(format!("{label}.json"));
-    std::fs::write(&schema, serde_json::to_string(&closed_crd_schema(api, k)).unwrap()).unwrap();
+    std::fs::write(
+        &schema,
+        serde_json::to_string(&closed_crd_schema(api, k)).unwrap(),
+    )
+    .unwrap();
     std::fs::write(&instance, serde_json::to_string(doc).unwrap()).unwrap();
-    run(Command::new("check-jsonschema").arg("--schemafile").arg(&schema).arg(&instance))
+    run(Command::new("check-jsonschema")
+        .arg("--schemafile")
+        .arg(&schema)
+        .arg(&instance))
 }
 
 fn custom_resources() -> Vec<(PathBuf, Value)> {
@@ -363,20 +386,33 @@ fn custom_resources() -> Vec<(PathBuf, Value)> {
 
 #[test]
 fn custom_resources_pass_their_crd_schemas() {
-    let Some(version) = tool("check-jsonschema") else { return };
+    let Some(version) = tool("check-jsonschema") else {
+        return;
+    };
     eprintln!("{version}");
     let dir = tempfile::tempdir().unwrap();
     let crs = custom_resources();
-    assert!(!crs.is_empty(), "deploy/examples/ has no serving.knative.dev resource");
+    assert!(
+        !crs.is_empty(),
+        "deploy/examples/ has no serving.knative.dev resource"
+    );
     for (i, (f, d)) in crs.iter().enumerate() {
         let (ok, out) = check_custom(d, dir.path(), &format!("cr{i}"));
-        assert!(ok, "{} {} {}: not valid against its CRD:\n{out}", rel(f), kind(d).1, name(d));
+        assert!(
+            ok,
+            "{} {} {}: not valid against its CRD:\n{out}",
+            rel(f),
+            kind(d).1,
+            name(d)
+        );
     }
 }
 
 #[test]
 fn a_custom_resource_with_an_unknown_or_mistyped_field_fails_its_schema() {
-    let Some(_) = tool("check-jsonschema") else { return };
+    let Some(_) = tool("check-jsonschema") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (_, good) = custom_resources().remove(0);
     let mut unknown = good.clone();
@@ -395,7 +431,10 @@ fn a_custom_resource_with_an_unknown_or_mistyped_field_fails_its_schema() {
 #[test]
 fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     let k = kustomization();
-    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1beta1", "Kustomization"));
+    assert_eq!(
+        kind(&k),
+        ("kustomize.config.k8s.io/v1beta1", "Kustomization")
+    );
     let keys: BTreeSet<&str> = k.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
         keys,
@@ -405,7 +444,11 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     );
     let files = listed();
     for f in &files {
-        assert!(f.is_file(), "kustomization.yaml lists {} which is missing", rel(f));
+        assert!(
+            f.is_file(),
+            "kustomization.yaml lists {} which is missing",
+            rel(f)
+        );
     }
     let unique: BTreeSet<&PathBuf> = files.iter().collect();
     assert_eq!(unique.len(), files.len(), "a file is listed twice");
@@ -418,8 +461,11 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
             && !p.ends_with("kustomization.yaml")
             && !p.ends_with("rbac-table.yaml")
     });
-    let missing: Vec<String> =
-        present.iter().filter(|p| !unique.contains(p)).map(|p| rel(p)).collect();
+    let missing: Vec<String> = present
+        .iter()
+        .filter(|p| !unique.contains(p))
+        .map(|p| rel(p))
+        .collect();
     assert!(missing.is_empty(), "not in kustomization.yaml: {missing:?}");
 
     // The Namespace, then every CRD, then the rest.
@@ -427,10 +473,15 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     let order: Vec<&str> = all.iter().map(|(_, d)| kind(d).1).collect();
     assert_eq!(order[0], "Namespace");
     assert_eq!(name(&all[0].1), SYSTEM_NAMESPACE);
-    let crds = order.iter().filter(|k| **k == "CustomResourceDefinition").count();
+    let crds = order
+        .iter()
+        .filter(|k| **k == "CustomResourceDefinition")
+        .count();
     assert_eq!(crds, thaw::knative::crds().len());
     assert!(
-        order[1..=crds].iter().all(|k| *k == "CustomResourceDefinition"),
+        order[1..=crds]
+            .iter()
+            .all(|k| *k == "CustomResourceDefinition"),
         "the CRDs come right after the Namespace: {order:?}"
     );
 
@@ -442,16 +493,33 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
         );
         let ns = str_at(d, "/metadata/namespace");
         if cluster_scoped {
-            assert_eq!(ns, "", "{}: {} {} is cluster-scoped", rel(f), kind(d).1, name(d));
+            assert_eq!(
+                ns,
+                "",
+                "{}: {} {} is cluster-scoped",
+                rel(f),
+                kind(d).1,
+                name(d)
+            );
         } else {
-            assert_eq!(ns, SYSTEM_NAMESPACE, "{}: {} {}", rel(f), kind(d).1, name(d));
+            assert_eq!(
+                ns,
+                SYSTEM_NAMESPACE,
+                "{}: {} {}",
+                rel(f),
+                kind(d).1,
+                name(d)
+            );
         }
     }
 
     // The image the Deployments name is the one kustomization.yaml retags.
     let image = k["images"][0]["name"].as_str().unwrap();
     for (_, d) in all.iter().filter(|(_, d)| kind(d).1 == "Deployment") {
-        for c in d["spec"]["template"]["spec"]["containers"].as_array().unwrap() {
+        for c in d["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
             let img = c["image"].as_str().unwrap();
             assert_eq!(img.split(':').next().unwrap(), image, "{}", name(d));
         }
@@ -498,10 +566,18 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
         }
         let want = read_manifest(&src).unwrap_or_else(|e| panic!("{}: {e}", rel(&src)));
         let got = read_manifest(&copy).unwrap_or_else(|e| {
-            panic!("{}: {e} (THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests)", rel(&copy))
+            panic!(
+                "{}: {e} (THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests)",
+                rel(&copy)
+            )
         });
         assert_eq!(got.name, want.name, "{}", rel(&copy));
-        assert_eq!(got.namespace.as_deref(), Some(SYSTEM_NAMESPACE), "{}", rel(&copy));
+        assert_eq!(
+            got.namespace.as_deref(),
+            Some(SYSTEM_NAMESPACE),
+            "{}",
+            rel(&copy)
+        );
         assert!(
             got.data == want.data,
             "{}: data differ from {}: refresh with THAW_BLESS_DEPLOY=1 cargo test --test \
@@ -512,13 +588,24 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
             got.data
         );
         let (shown, warnings) = check_named(&got);
-        assert!(shown.is_ok() && warnings.is_empty(), "{}: {shown:?} {warnings:?}", rel(&copy));
+        assert!(
+            shown.is_ok() && warnings.is_empty(),
+            "{}: {shown:?} {warnings:?}",
+            rel(&copy)
+        );
     }
-    assert!(expected.len() >= 3, "config/ has {} ConfigMaps", expected.len());
+    assert!(
+        expected.len() >= 3,
+        "config/ has {} ConfigMaps",
+        expected.len()
+    );
     let mut present = Vec::new();
     yaml_files(&deploy().join("config"), &mut present);
     let present: BTreeSet<PathBuf> = present.into_iter().collect();
-    assert_eq!(present, expected, "deploy/config/ has a file config/ does not");
+    assert_eq!(
+        present, expected,
+        "deploy/config/ has a file config/ does not"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -563,7 +650,11 @@ fn strings(v: &Value, what: &str) -> Vec<String> {
 
 fn policy_grants(scope: &str, role: &Value, out: &mut BTreeSet<Grant>) {
     for r in role["rules"].as_array().unwrap() {
-        assert!(r.get("nonResourceURLs").is_none(), "{}: nonResourceURLs", name(role));
+        assert!(
+            r.get("nonResourceURLs").is_none(),
+            "{}: nonResourceURLs",
+            name(role)
+        );
         let groups = strings(&r["apiGroups"], "apiGroups");
         let resources = strings(&r["resources"], "resources");
         let verbs = strings(&r["verbs"], "verbs");
@@ -574,12 +665,22 @@ fn policy_grants(scope: &str, role: &Value, out: &mut BTreeSet<Grant>) {
         for x in groups.iter().chain(&resources).chain(&verbs).chain(&names) {
             assert!(!x.contains('*'), "{}: wildcard {x:?}", name(role));
         }
-        let names = if names.is_empty() { vec!["*".to_string()] } else { names };
+        let names = if names.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            names
+        };
         for g in &groups {
             for res in &resources {
                 for verb in &verbs {
                     for n in &names {
-                        out.insert((scope.into(), g.clone(), res.clone(), n.clone(), verb.clone()));
+                        out.insert((
+                            scope.into(),
+                            g.clone(),
+                            res.clone(),
+                            n.clone(),
+                            verb.clone(),
+                        ));
                     }
                 }
             }
@@ -590,7 +691,10 @@ fn policy_grants(scope: &str, role: &Value, out: &mut BTreeSet<Grant>) {
 /// What the manifests grant the ServiceAccount `sa` in thaw-system, through every binding.
 fn manifest_grants(all: &[(PathBuf, Value)], sa: &str) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
-    for (_, b) in all.iter().filter(|(_, d)| matches!(kind(d).1, "RoleBinding" | "ClusterRoleBinding")) {
+    for (_, b) in all
+        .iter()
+        .filter(|(_, d)| matches!(kind(d).1, "RoleBinding" | "ClusterRoleBinding"))
+    {
         let binds_sa = b["subjects"].as_array().unwrap().iter().any(|s| {
             s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == SYSTEM_NAMESPACE
         });
@@ -639,7 +743,8 @@ fn each_role_is_granted_exactly_the_calls_in_the_rbac_table() {
     for (f, b) in all.iter().filter(|(_, d)| kind(d).1.ends_with("Binding")) {
         for s in b["subjects"].as_array().unwrap() {
             assert!(
-                s["kind"] == "ServiceAccount" && service_accounts.contains(s["name"].as_str().unwrap()),
+                s["kind"] == "ServiceAccount"
+                    && service_accounts.contains(s["name"].as_str().unwrap()),
                 "{}: {} binds {s}",
                 rel(f),
                 name(b)
@@ -675,7 +780,10 @@ fn the_rbac_table_cites_the_code_that_makes_each_call() {
                     }
                 }
                 (None, Some(p)) => {
-                    assert!(p.as_str().unwrap().starts_with("issue "), "{what}: planned: name the issue")
+                    assert!(
+                        p.as_str().unwrap().starts_with("issue "),
+                        "{what}: planned: name the issue"
+                    )
                 }
                 _ => panic!("{what}: exactly one of code or planned"),
             }
@@ -705,7 +813,8 @@ fn the_rbac_table_cites_the_code_that_makes_each_call() {
     let mut uncited = Vec::new();
     for f in files {
         let r = rel(&f);
-        let test_file = r.ends_with("tests.rs") || r.contains("/tests/") || r.contains("/testdata/");
+        let test_file =
+            r.ends_with("tests.rs") || r.contains("/tests/") || r.contains("/testdata/");
         let text = std::fs::read_to_string(&f).unwrap();
         if !test_file && markers.iter().any(|m| text.contains(m)) && !cited.contains(&r) {
             uncited.push(r);
@@ -747,14 +856,24 @@ fn listen_port(container: &Value, flag: &str) -> i64 {
 #[test]
 fn every_container_is_locked_down() {
     let all = applied();
-    let deps: Vec<&Value> = all.iter().map(|(_, d)| d).filter(|d| kind(d).1 == "Deployment").collect();
+    let deps: Vec<&Value> = all
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| kind(d).1 == "Deployment")
+        .collect();
     assert_eq!(deps.len(), 2);
     let ns = find(&all, "Namespace", SYSTEM_NAMESPACE);
-    assert_eq!(str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"), "restricted");
+    assert_eq!(
+        str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"),
+        "restricted"
+    );
     for d in deps {
         let pod = &d["spec"]["template"]["spec"];
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{}", name(d));
-        assert_eq!(str_at(pod, "/securityContext/seccompProfile/type"), "RuntimeDefault");
+        assert_eq!(
+            str_at(pod, "/securityContext/seccompProfile/type"),
+            "RuntimeDefault"
+        );
         for c in pod["containers"].as_array().unwrap() {
             let sc = &c["securityContext"];
             assert_eq!(sc["runAsNonRoot"], true, "{}", name(d));
@@ -763,10 +882,21 @@ fn every_container_is_locked_down() {
             assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", name(d));
             assert!(sc["capabilities"].get("add").is_none());
             for r in ["cpu", "memory"] {
-                assert!(c["resources"]["requests"][r].is_string(), "{}: requests.{r}", name(d));
-                assert!(c["resources"]["limits"][r].is_string(), "{}: limits.{r}", name(d));
+                assert!(
+                    c["resources"]["requests"][r].is_string(),
+                    "{}: requests.{r}",
+                    name(d)
+                );
+                assert!(
+                    c["resources"]["limits"][r].is_string(),
+                    "{}: limits.{r}",
+                    name(d)
+                );
             }
-            assert_eq!(arg_value(c, "--system-namespace"), Some("$(SYSTEM_NAMESPACE)"));
+            assert_eq!(
+                arg_value(c, "--system-namespace"),
+                Some("$(SYSTEM_NAMESPACE)")
+            );
         }
         assert_eq!(d["spec"]["replicas"], 2, "{}", name(d));
     }
@@ -780,8 +910,11 @@ fn the_activator_drains_within_its_grace_period() {
     let d = find(&all, "Deployment", "activator");
     let pod = &d["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
-    let cfg: ActivatorConfig = from_manifest(&deploy().join("config/config-activator.yaml")).unwrap();
-    let pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64().expect("a preStop sleep");
+    let cfg: ActivatorConfig =
+        from_manifest(&deploy().join("config/config-activator.yaml")).unwrap();
+    let pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .expect("a preStop sleep");
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
     let drain = pre_stop + cfg.drain_delay.as_secs() + cfg.drain_timeout.as_secs();
     assert!(
@@ -800,7 +933,10 @@ fn the_activator_drains_within_its_grace_period() {
 
     // The PDB keeps one activator through voluntary disruptions.
     let pdb = find(&all, "PodDisruptionBudget", "activator");
-    assert_eq!(pdb["spec"]["selector"]["matchLabels"], d["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
     let min = pdb["spec"]["minAvailable"].as_i64().unwrap();
     assert!(min >= 1 && min < d["spec"]["replicas"].as_i64().unwrap());
 }
@@ -827,11 +963,21 @@ fn activator_service_carries_the_data_port_only() {
     let ports = svc["spec"]["ports"].as_array().unwrap();
     let shape: Vec<(&str, i64, i64, &str)> = ports
         .iter()
-        .map(|p| (str_at(p, "/name"), p["port"].as_i64().unwrap(), target(p), str_at(p, "/appProtocol")))
+        .map(|p| {
+            (
+                str_at(p, "/name"),
+                p["port"].as_i64().unwrap(),
+                target(p),
+                str_at(p, "/appProtocol"),
+            )
+        })
         .collect();
     assert_eq!(
         shape,
-        [(PORT_NAME_HTTP, 80, data, "http"), (PORT_NAME_HTTP2, 81, data, APP_PROTOCOL_H2C)]
+        [
+            (PORT_NAME_HTTP, 80, data, "http"),
+            (PORT_NAME_HTTP2, 81, data, APP_PROTOCOL_H2C)
+        ]
     );
     for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
         assert_eq!(&pod_labels[k], v);
@@ -845,14 +991,21 @@ fn activator_service_carries_the_data_port_only() {
         if !selects_activator {
             continue;
         }
-        let to_admin = s["spec"]["ports"].as_array().unwrap().iter().any(|p| target(p) == admin);
+        let to_admin = s["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| target(p) == admin);
         assert_eq!(to_admin, name(s) == "activator-metrics", "{}", name(s));
     }
 
     // The NetworkPolicy opens the data port to all and the admin port to the autoscaler and
     // labelled (Prometheus) namespaces only.
     let np = find(&all, "NetworkPolicy", "activator");
-    assert_eq!(np["spec"]["podSelector"]["matchLabels"], d["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
     assert_eq!(np["spec"]["policyTypes"], json!(["Ingress"]));
     let autoscaler = find(&all, "Deployment", "autoscaler");
     let mut admin_from = Vec::new();
@@ -864,21 +1017,34 @@ fn activator_service_carries_the_data_port_only() {
         if !ports.contains(&admin) {
             continue;
         }
-        let from = rule["from"].as_array().expect("a rule to the admin port names its peers");
+        let from = rule["from"]
+            .as_array()
+            .expect("a rule to the admin port names its peers");
         assert!(!from.is_empty());
         admin_from.extend(from.iter().cloned());
     }
     for peer in &admin_from {
         if let Some(sel) = peer.get("podSelector") {
             assert!(peer.get("namespaceSelector").is_none());
-            assert_eq!(sel["matchLabels"], autoscaler["spec"]["selector"]["matchLabels"]);
+            assert_eq!(
+                sel["matchLabels"],
+                autoscaler["spec"]["selector"]["matchLabels"]
+            );
         } else {
-            let labels = peer["namespaceSelector"]["matchLabels"].as_object().expect("by label");
-            assert!(!labels.is_empty(), "an empty namespaceSelector is every namespace");
+            let labels = peer["namespaceSelector"]["matchLabels"]
+                .as_object()
+                .expect("by label");
+            assert!(
+                !labels.is_empty(),
+                "an empty namespaceSelector is every namespace"
+            );
         }
         assert!(peer.get("ipBlock").is_none());
     }
-    assert!(admin_from.iter().any(|p| p.get("podSelector").is_some()), "the autoscaler");
+    assert!(
+        admin_from.iter().any(|p| p.get("podSelector").is_some()),
+        "the autoscaler"
+    );
 }
 
 #[test]
@@ -889,9 +1055,20 @@ fn the_autoscaler_is_leader_elected_behind_its_stats_service() {
     let stats = listen_port(c, "--stats-listen");
     assert_eq!(container_port(c, "stats"), stats);
     // The Lease's holderIdentity: this pod's own stats address.
-    assert_eq!(arg_value(c, "--stats-advertise"), Some(format!("$(POD_IP):{stats}").as_str()));
-    let env_ip = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "POD_IP").unwrap();
-    assert_eq!(str_at(env_ip, "/valueFrom/fieldRef/fieldPath"), "status.podIP");
+    assert_eq!(
+        arg_value(c, "--stats-advertise"),
+        Some(format!("$(POD_IP):{stats}").as_str())
+    );
+    let env_ip = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_IP")
+        .unwrap();
+    assert_eq!(
+        str_at(env_ip, "/valueFrom/fieldRef/fieldPath"),
+        "status.podIP"
+    );
     let svc = find(&all, "Service", "autoscaler");
     let ports = svc["spec"]["ports"].as_array().unwrap();
     assert_eq!(ports.len(), 1);
@@ -920,7 +1097,11 @@ fn the_example_revision_s_objects_are_found_by_label() {
         .filter(|f| f.starts_with(&dir))
         .flat_map(|f| docs(&f).into_iter().map(move |d| (f.clone(), d)))
         .collect();
-    let rev = all.iter().map(|(_, d)| d).find(|d| kind(d).1 == "Revision").unwrap();
+    let rev = all
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| kind(d).1 == "Revision")
+        .unwrap();
     let rev_name = name(rev);
     let ns = str_at(rev, "/metadata/namespace");
     let label = format!("/metadata/labels/{}", labels::REVISION.replace('/', "~1"));
@@ -930,27 +1111,53 @@ fn the_example_revision_s_objects_are_found_by_label() {
     assert_eq!(str_at(&dep["spec"]["template"], &label), rev_name);
 
     // The private Service's labels (copied onto its EndpointSlices) match the watch's selector.
-    let private = find(&all, "Service", &child_name(rev_name, PRIVATE_SERVICE_SUFFIX));
+    let private = find(
+        &all,
+        "Service",
+        &child_name(rev_name, PRIVATE_SERVICE_SUFFIX),
+    );
     for term in labels::private_endpoint_slices().split(',') {
         match term.split_once('=') {
             Some((k, v)) => assert_eq!(private["metadata"]["labels"][k], v),
             None => assert!(private["metadata"]["labels"][term].is_string()),
         }
     }
-    assert_eq!(str_at(&private["spec"]["selector"], &label.replace("/metadata/labels", "")), rev_name);
+    assert_eq!(
+        str_at(
+            &private["spec"]["selector"],
+            &label.replace("/metadata/labels", "")
+        ),
+        rev_name
+    );
     assert_eq!(private["spec"]["ports"][0]["name"], PORT_NAME_HTTP);
 
     // The public Service has no selector (the autoscaler writes its slices), and the
     // VirtualService routes to it with the revision named for the activator.
     let public = find(&all, "Service", rev_name);
     assert!(public["spec"].get("selector").is_none());
-    assert_eq!(public["metadata"]["labels"][labels::SERVICE_TYPE], labels::SERVICE_TYPE_PUBLIC);
-    let vs = all.iter().map(|(_, d)| d).find(|d| kind(d).1 == "VirtualService").unwrap();
+    assert_eq!(
+        public["metadata"]["labels"][labels::SERVICE_TYPE],
+        labels::SERVICE_TYPE_PUBLIC
+    );
+    let vs = all
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| kind(d).1 == "VirtualService")
+        .unwrap();
     let route = &vs["spec"]["http"][0];
     let dest = &route["route"][0]["destination"];
-    assert_eq!(str_at(dest, "/host"), format!("{rev_name}.{ns}.svc.cluster.local"));
+    assert_eq!(
+        str_at(dest, "/host"),
+        format!("{rev_name}.{ns}.svc.cluster.local")
+    );
     let port = dest["port"]["number"].as_i64().unwrap();
-    assert!(public["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"] == port));
+    assert!(
+        public["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == port)
+    );
     let set = &route["headers"]["request"]["set"];
     assert_eq!(set["Knative-Serving-Revision"], rev_name);
     assert_eq!(set["Knative-Serving-Namespace"], ns);
@@ -959,30 +1166,55 @@ fn the_example_revision_s_objects_are_found_by_label() {
 #[test]
 fn the_dockerfile_builds_a_minimal_nonroot_image_of_thaw() {
     let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
-    let froms: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("FROM ")).collect();
+    let froms: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
     assert_eq!(froms.len(), 2, "two stages: {froms:?}");
     // The builder's Rust is at least the crate's rust-version.
     let builder = froms[0].split_whitespace().next().unwrap();
-    let tag = builder.strip_prefix("rust:").expect("the builder is rust:<version>");
-    let version = |s: &str| -> Vec<u32> { s.split(['.', '-']).map_while(|x| x.parse().ok()).collect() };
+    let tag = builder
+        .strip_prefix("rust:")
+        .expect("the builder is rust:<version>");
+    let version =
+        |s: &str| -> Vec<u32> { s.split(['.', '-']).map_while(|x| x.parse().ok()).collect() };
     let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
     let msrv = cargo
         .lines()
         .find_map(|l| l.strip_prefix("rust-version = "))
         .unwrap()
         .trim_matches('"');
-    assert!(version(tag) >= version(msrv), "builder {tag} < rust-version {msrv}");
+    assert!(
+        version(tag) >= version(msrv),
+        "builder {tag} < rust-version {msrv}"
+    );
     assert!(text.contains("cargo build --release --locked --bin thaw"));
     // The runtime is distroless, nonroot, with the binary as its entrypoint.
-    assert!(froms[1].starts_with("gcr.io/distroless/cc-debian12:nonroot"), "{}", froms[1]);
+    assert!(
+        froms[1].starts_with("gcr.io/distroless/cc-debian12:nonroot"),
+        "{}",
+        froms[1]
+    );
     assert!(text.contains("COPY --from=build /thaw /usr/local/bin/thaw"));
     assert!(text.contains("ENTRYPOINT [\"/usr/local/bin/thaw\"]"));
-    let user = text.lines().rev().find_map(|l| l.strip_prefix("USER ")).unwrap();
+    let user = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .unwrap();
     // The Deployments run as that user.
     for (_, d) in applied().iter().filter(|(_, d)| kind(d).1 == "Deployment") {
         let sc = &d["spec"]["template"]["spec"]["securityContext"];
-        assert_eq!(user, format!("{}:{}", sc["runAsUser"], sc["runAsGroup"]), "{}", name(d));
+        assert_eq!(
+            user,
+            format!("{}:{}", sc["runAsUser"], sc["runAsGroup"]),
+            "{}",
+            name(d)
+        );
     }
     let ignore = std::fs::read_to_string(root().join(".dockerignore")).unwrap();
-    assert!(ignore.lines().any(|l| l == "target/"), ".dockerignore keeps target/ out");
+    assert!(
+        ignore.lines().any(|l| l == "target/"),
+        ".dockerignore keeps target/ out"
+    );
 }
