@@ -555,7 +555,7 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
     let mut expected = BTreeSet::new();
     for src in sources {
         // config/ also holds local.yaml, which is not a ConfigMap.
-        if docs(&src).first().map(|d| kind(d)) != Some(("v1", "ConfigMap")) {
+        if docs(&src).first().map(kind) != Some(("v1", "ConfigMap")) {
             continue;
         }
         let copy = deploy().join("config").join(src.file_name().unwrap());
