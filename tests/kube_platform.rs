@@ -512,3 +512,48 @@ async fn conflicts_and_server_errors_are_retried_without_holding_up_other_revisi
     assert_eq!(retried, 3);
     p.shutdown();
 }
+
+/// Not a check but a measurement (docs/benchmarks.md): from sending an EndpointSlice update
+/// to the API server to the platform's subscriber holding the new snapshot, over real HTTP
+/// and the server's watch. Run: `cargo test --release --test kube_platform -- --ignored
+/// --nocapture measure_slice_update_to_subscriber`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run by hand"]
+async fn measure_slice_update_to_subscriber() {
+    let api = kube_support::TestApi::start().await;
+    let slices: Api<EndpointSlice> = Api::namespaced(api.client(), NS);
+    let p = platform(api.client(), opts()).await;
+    let rev = RevisionKey::new(NS, "m-00001");
+    let mut rx = p.endpoints(&rev);
+    let mut s = slices
+        .create(
+            &PostParams::default(),
+            &slice("m-00001-private", "m-00001", &["10.9.0.0"], &[]),
+        )
+        .await
+        .unwrap();
+    wait_snapshot(&mut rx, "first", |s| !s.ready.is_empty()).await;
+    let mut took = Vec::new();
+    for i in 1..=300u32 {
+        let ip = format!("10.9.{}.{}", i / 250, i % 250);
+        s.endpoints = slice("x", "m-00001", &[&ip], &[]).endpoints;
+        let want: SocketAddr = format!("{ip}:8012").parse().unwrap();
+        let start = tokio::time::Instant::now();
+        let pp = PostParams::default();
+        let write = slices.replace("m-00001-private", &pp, &s);
+        let seen = wait_snapshot(&mut rx, "update", |s| s.ready == [want]);
+        let (written, _) = tokio::join!(write, seen);
+        took.push(start.elapsed());
+        s = written.unwrap();
+    }
+    took.sort();
+    let q = |f: f64| took[((took.len() as f64 - 1.0) * f) as usize];
+    println!(
+        "slice update sent -> subscriber notified, {} updates: median {:?}, p90 {:?}, p99 {:?}",
+        took.len(),
+        q(0.5),
+        q(0.9),
+        q(0.99)
+    );
+    p.shutdown();
+}
