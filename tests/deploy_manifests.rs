@@ -529,11 +529,15 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
 // ---------------------------------------------------------------------------------------
 // ConfigMaps: deploy/config/ mirrors config/.
 
+/// Rewrites deploy/config/ from config/ (this test alone, so no other test reads a half-written
+/// copy).
+const BLESS: &str = "THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests config_maps";
+
 fn deploy_copy_text(source: &Path, text: &str) -> String {
     let file = source.file_name().unwrap().to_string_lossy();
     let mut out = format!(
-        "# Generated from config/{file} with the namespace set to {SYSTEM_NAMESPACE}: edit that\n\
-         # file, then `THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests` (fails while they differ).\n"
+        "# Generated from config/{file} with the namespace set to {SYSTEM_NAMESPACE}. Edit that\n\
+         # file, then: {BLESS}\n"
     );
     for line in text.lines() {
         if line.starts_with("  namespace: ") {
@@ -567,7 +571,7 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
         let want = read_manifest(&src).unwrap_or_else(|e| panic!("{}: {e}", rel(&src)));
         let got = read_manifest(&copy).unwrap_or_else(|e| {
             panic!(
-                "{}: {e} (THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests)",
+                "{}: {e} (write the copies: {BLESS}; list a new one in kustomization.yaml)",
                 rel(&copy)
             )
         });
@@ -580,8 +584,7 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
         );
         assert!(
             got.data == want.data,
-            "{}: data differ from {}: refresh with THAW_BLESS_DEPLOY=1 cargo test --test \
-             deploy_manifests\n  config/: {:?}\n  deploy/: {:?}",
+            "{}: data differ from {}: refresh with {BLESS}\n  config/: {:?}\n  deploy/: {:?}",
             rel(&copy),
             rel(&src),
             want.data,
