@@ -1,0 +1,1223 @@
+//! deploy/: the Kubernetes manifests, checked without a cluster.
+//!
+//! - Built-in kinds pass `kubernetes-validate -k 1.33.0 --strict` (unknown fields rejected), and
+//!   survive a round trip through their k8s-openapi types unchanged (a dropped field is one the
+//!   type does not know).
+//! - Custom resources (deploy/examples/) pass `check-jsonschema` against the openAPIV3Schema of
+//!   their CRD in deploy/crds/, closed so that unknown fields fail as the API server's pruning
+//!   would drop them.
+//! - deploy/rbac/ grants each role exactly the calls in deploy/rbac-table.yaml, both ways, and
+//!   the table cites the code that makes them.
+//! - deploy/config/ holds config/'s ConfigMaps with the same data, in thaw-system.
+//! - The activator's Deployment drains within its grace period; the admin port stays off
+//!   activator-service; every container is locked down; the Dockerfile builds a nonroot image.
+//!
+//! The tools come from PyPI (.ci/run installs them). A missing tool fails the test unless
+//! THAW_SKIP_MANIFEST_TOOLS is set, which skips the tool's checks with a message.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+const SYSTEM_NAMESPACE: &str = "thaw-system";
+const K8S_VERSION: &str = "1.33.0";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn deploy() -> PathBuf {
+    root().join("deploy")
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+/// Every YAML document of a file (empty documents skipped).
+fn docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", rel(path)));
+    let all: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", rel(path)));
+    all.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", rel(dir)))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
+        }
+    }
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn kind(v: &Value) -> (&str, &str) {
+    (str_at(v, "/apiVersion"), str_at(v, "/kind"))
+}
+
+fn name(v: &Value) -> &str {
+    str_at(v, "/metadata/name")
+}
+
+fn kustomization() -> Value {
+    docs(&deploy().join("kustomization.yaml")).remove(0)
+}
+
+/// The files kustomization.yaml lists, in its order.
+fn listed() -> Vec<PathBuf> {
+    kustomization()["resources"]
+        .as_array()
+        .expect("kustomization.yaml: resources: a list")
+        .iter()
+        .map(|r| deploy().join(r.as_str().expect("a resource is a path")))
+        .collect()
+}
+
+/// Every document applied by `kubectl apply -k deploy/`, with its file.
+fn applied() -> Vec<(PathBuf, Value)> {
+    listed()
+        .into_iter()
+        .flat_map(|p| docs(&p).into_iter().map(move |d| (p.clone(), d)))
+        .collect()
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    yaml_files(&deploy().join("examples"), &mut out);
+    out
+}
+
+fn find<'a>(all: &'a [(PathBuf, Value)], kind_: &str, name_: &str) -> &'a Value {
+    all.iter()
+        .map(|(_, d)| d)
+        .find(|d| kind(d).1 == kind_ && name(d) == name_)
+        .unwrap_or_else(|| panic!("deploy/: no {kind_} {name_}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Round trip through k8s-openapi: what the type drops is an unknown field.
+
+/// `Some(round-tripped JSON)` for a built-in kind thaw knows the type of; `None` otherwise.
+fn round_trip(doc: &Value) -> Option<Result<Value, String>> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    fn via<T: serde::de::DeserializeOwned + serde::Serialize>(
+        doc: &Value,
+    ) -> Result<Value, String> {
+        let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+        serde_json::to_value(&typed).map_err(|e| e.to_string())
+    }
+    Some(match kind(doc) {
+        ("v1", "Namespace") => via::<Namespace>(doc),
+        ("v1", "ServiceAccount") => via::<ServiceAccount>(doc),
+        ("v1", "ConfigMap") => via::<ConfigMap>(doc),
+        ("v1", "Service") => via::<Service>(doc),
+        ("apps/v1", "Deployment") => via::<Deployment>(doc),
+        ("policy/v1", "PodDisruptionBudget") => via::<PodDisruptionBudget>(doc),
+        ("networking.k8s.io/v1", "NetworkPolicy") => via::<NetworkPolicy>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => via::<ClusterRole>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => via::<ClusterRoleBinding>(doc),
+        ("rbac.authorization.k8s.io/v1", "Role") => via::<Role>(doc),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => via::<RoleBinding>(doc),
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+            via::<CustomResourceDefinition>(doc)
+        }
+        _ => return None,
+    })
+}
+
+fn is_built_in(doc: &Value) -> bool {
+    round_trip(doc).is_some()
+}
+
+/// Paths where `after` differs from `before`.
+fn differences(before: &Value, after: &Value, path: &str, out: &mut Vec<String>) {
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, va) in a {
+                let p = format!("{path}.{k}");
+                match b.get(k) {
+                    Some(vb) => differences(va, vb, &p, out),
+                    None => out.push(format!("{p}: dropped (unknown field)")),
+                }
+            }
+            for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                out.push(format!("{path}.{k}: added"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (va, vb)) in a.iter().zip(b).enumerate() {
+                differences(va, vb, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if before == after => {}
+        _ => out.push(format!("{path}: {before} became {after}")),
+    }
+}
+
+#[test]
+fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
+    let mut files: Vec<PathBuf> = listed();
+    files.extend(examples());
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for f in &files {
+        for d in docs(f) {
+            let Some(back) = round_trip(&d) else {
+                // Only the custom resources and Istio's kinds are not built in.
+                let (api, k) = kind(&d);
+                assert!(
+                    api.starts_with("serving.knative.dev/")
+                        || api.starts_with("networking.istio.io/"),
+                    "{}: {api} {k}: a kind this test has no k8s-openapi type for (add it to round_trip)",
+                    rel(f)
+                );
+                continue;
+            };
+            let back =
+                back.unwrap_or_else(|e| panic!("{}: {} {}: {e}", rel(f), kind(&d).1, name(&d)));
+            let mut diffs = Vec::new();
+            differences(&d, &back, "", &mut diffs);
+            for x in diffs {
+                problems.push(format!("{} {} {}: {x}", rel(f), kind(&d).1, name(&d)));
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "round trip changed fields:\n{}",
+        problems.join("\n")
+    );
+    assert!(checked >= 20, "only {checked} built-in documents found");
+}
+
+#[test]
+fn the_round_trip_detects_an_unknown_field() {
+    let mut d = find(&applied(), "Deployment", "activator").clone();
+    d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGett"] = json!({});
+    let back = round_trip(&d).unwrap().unwrap();
+    let mut diffs = Vec::new();
+    differences(&d, &back, "", &mut diffs);
+    assert_eq!(
+        diffs,
+        [".spec.template.spec.containers[0].readinessProbe.httpGett: dropped (unknown field)"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The external validators.
+
+/// `Some(version line)` if `tool` runs; `None` (skip) only when it is missing and
+/// THAW_SKIP_MANIFEST_TOOLS is set.
+fn tool(tool: &str) -> Option<String> {
+    match Command::new(tool).arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        other => {
+            let why = match other {
+                Ok(out) => format!("exited {}", out.status),
+                Err(e) => e.to_string(),
+            };
+            if std::env::var_os("THAW_SKIP_MANIFEST_TOOLS").is_some() {
+                eprintln!("SKIPPED: {tool} not available ({why}); THAW_SKIP_MANIFEST_TOOLS is set");
+                None
+            } else {
+                panic!(
+                    "{tool} not available ({why}): `pip install kubernetes-validate==1.37.0 \
+                     check-jsonschema==0.39.0` (.ci/run does), or set THAW_SKIP_MANIFEST_TOOLS=1 \
+                     to skip these checks"
+                );
+            }
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The files whose documents are all built-in kinds: what kubernetes-validate checks.
+fn built_in_files() -> Vec<PathBuf> {
+    let mut files = listed();
+    files.extend(examples());
+    files.retain(|f| {
+        let d = docs(f);
+        let built_in = d.iter().filter(|d| is_built_in(d)).count();
+        assert!(
+            built_in == 0 || built_in == d.len(),
+            "{}: built-in and custom kinds mixed in one file",
+            rel(f)
+        );
+        built_in > 0
+    });
+    files
+}
+
+#[test]
+fn built_in_manifests_pass_kubernetes_validate_strict() {
+    let Some(version) = tool("kubernetes-validate") else {
+        return;
+    };
+    eprintln!("kubernetes-validate {version}");
+    let files = built_in_files();
+    let expected: usize = files.iter().map(|f| docs(f).len()).sum();
+    let (ok, out) = run(Command::new("kubernetes-validate")
+        .args(["-k", K8S_VERSION, "--strict"])
+        .args(&files));
+    assert!(ok, "kubernetes-validate --strict failed:\n{out}");
+    // Every document was validated (none skipped as unknown).
+    let passed = out
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
+    assert_eq!(passed, expected, "{out}");
+}
+
+#[test]
+fn kubernetes_validate_strict_rejects_an_unknown_field() {
+    let Some(_) = tool("kubernetes-validate") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = find(&applied(), "Deployment", "activator").clone();
+    d["spec"]["template"]["spec"]["terminationGracePeriod"] = json!(30);
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, serde_json::to_string(&d).unwrap()).unwrap();
+    let (ok, out) = run(Command::new("kubernetes-validate")
+        .args(["-k", K8S_VERSION, "--strict"])
+        .arg(&path));
+    assert!(!ok && out.contains("terminationGracePeriod"), "{out}");
+}
+
+/// The CRD's schema for `api_version`/`kind`, closed: every object that names its properties
+/// and does not preserve unknown fields rejects others (what the API server would prune).
+fn closed_crd_schema(api_version: &str, kind_: &str) -> Value {
+    let (group, version) = api_version.split_once('/').unwrap();
+    let mut crds = Vec::new();
+    yaml_files(&deploy().join("crds"), &mut crds);
+    let crd = crds
+        .iter()
+        .flat_map(|f| docs(f))
+        .find(|c| str_at(c, "/spec/group") == group && str_at(c, "/spec/names/kind") == kind_)
+        .unwrap_or_else(|| panic!("deploy/crds: no CRD for {api_version} {kind_}"));
+    let v = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == version)
+        .unwrap_or_else(|| panic!("{kind_}: no version {version}"));
+    let mut schema = v["schema"]["openAPIV3Schema"].clone();
+    fn close(s: &mut Value) {
+        let Some(obj) = s.as_object_mut() else { return };
+        let preserve = obj.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true));
+        if obj.contains_key("properties") && !obj.contains_key("additionalProperties") && !preserve
+        {
+            obj.insert("additionalProperties".into(), json!(false));
+        }
+        for (k, child) in obj.iter_mut() {
+            match k.as_str() {
+                "properties" => child.as_object_mut().unwrap().values_mut().for_each(close),
+                "items" | "additionalProperties" | "not" => close(child),
+                "allOf" | "anyOf" | "oneOf" => {
+                    child.as_array_mut().unwrap().iter_mut().for_each(close)
+                }
+                _ => {}
+            }
+        }
+    }
+    close(&mut schema);
+    let props = schema["properties"].as_object_mut().unwrap();
+    props.insert("apiVersion".into(), json!({"const": api_version}));
+    props.insert("kind".into(), json!({"const": kind_}));
+    props.entry("metadata").or_insert(json!({"type": "object"}));
+    schema["required"] = json!(["apiVersion", "kind", "metadata"]);
+    schema["$schema"] = json!("http://json-schema.org/draft-07/schema#");
+    schema
+}
+
+fn check_custom(doc: &Value, dir: &Path, label: &str) -> (bool, String) {
+    let (api, k) = kind(doc);
+    let schema = dir.join(format!("{label}.schema.json"));
+    let instance = dir.join(format!("{label}.json"));
+    std::fs::write(
+        &schema,
+        serde_json::to_string(&closed_crd_schema(api, k)).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&instance, serde_json::to_string(doc).unwrap()).unwrap();
+    run(Command::new("check-jsonschema")
+        .arg("--schemafile")
+        .arg(&schema)
+        .arg(&instance))
+}
+
+fn custom_resources() -> Vec<(PathBuf, Value)> {
+    examples()
+        .into_iter()
+        .flat_map(|f| docs(&f).into_iter().map(move |d| (f.clone(), d)))
+        .filter(|(_, d)| kind(d).0.starts_with("serving.knative.dev/"))
+        .collect()
+}
+
+#[test]
+fn custom_resources_pass_their_crd_schemas() {
+    let Some(version) = tool("check-jsonschema") else {
+        return;
+    };
+    eprintln!("{version}");
+    let dir = tempfile::tempdir().unwrap();
+    let crs = custom_resources();
+    assert!(
+        !crs.is_empty(),
+        "deploy/examples/ has no serving.knative.dev resource"
+    );
+    for (i, (f, d)) in crs.iter().enumerate() {
+        let (ok, out) = check_custom(d, dir.path(), &format!("cr{i}"));
+        assert!(
+            ok,
+            "{} {} {}: not valid against its CRD:\n{out}",
+            rel(f),
+            kind(d).1,
+            name(d)
+        );
+    }
+}
+
+#[test]
+fn a_custom_resource_with_an_unknown_or_mistyped_field_fails_its_schema() {
+    let Some(_) = tool("check-jsonschema") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_, good) = custom_resources().remove(0);
+    let mut unknown = good.clone();
+    unknown["spec"]["containers"][0]["imagePullPolice"] = json!("Always");
+    let (ok, out) = check_custom(&unknown, dir.path(), "unknown");
+    assert!(!ok && out.contains("imagePullPolice"), "{out}");
+    let mut mistyped = good.clone();
+    mistyped["spec"]["containerConcurrency"] = json!("ten");
+    let (ok, out) = check_custom(&mistyped, dir.path(), "mistyped");
+    assert!(!ok && out.contains("ten"), "{out}");
+}
+
+// ---------------------------------------------------------------------------------------
+// kustomization.yaml
+
+#[test]
+fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
+    let k = kustomization();
+    assert_eq!(
+        kind(&k),
+        ("kustomize.config.k8s.io/v1beta1", "Kustomization")
+    );
+    let keys: BTreeSet<&str> = k.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["apiVersion", "kind", "resources", "images"]),
+        "kustomization.yaml: unexpected keys (a namespace: transformer would also rewrite the \
+         ClusterRoleBindings' subjects)"
+    );
+    let files = listed();
+    for f in &files {
+        assert!(
+            f.is_file(),
+            "kustomization.yaml lists {} which is missing",
+            rel(f)
+        );
+    }
+    let unique: BTreeSet<&PathBuf> = files.iter().collect();
+    assert_eq!(unique.len(), files.len(), "a file is listed twice");
+
+    // Every manifest under deploy/ is listed, except the examples and the RBAC table.
+    let mut present = Vec::new();
+    yaml_files(&deploy(), &mut present);
+    present.retain(|p| {
+        !p.starts_with(deploy().join("examples"))
+            && !p.ends_with("kustomization.yaml")
+            && !p.ends_with("rbac-table.yaml")
+    });
+    let missing: Vec<String> = present
+        .iter()
+        .filter(|p| !unique.contains(p))
+        .map(|p| rel(p))
+        .collect();
+    assert!(missing.is_empty(), "not in kustomization.yaml: {missing:?}");
+
+    // The Namespace, then every CRD, then the rest.
+    let all = applied();
+    let order: Vec<&str> = all.iter().map(|(_, d)| kind(d).1).collect();
+    assert_eq!(order[0], "Namespace");
+    assert_eq!(name(&all[0].1), SYSTEM_NAMESPACE);
+    let crds = order
+        .iter()
+        .filter(|k| **k == "CustomResourceDefinition")
+        .count();
+    assert_eq!(crds, thaw::knative::crds().len());
+    assert!(
+        order[1..=crds]
+            .iter()
+            .all(|k| *k == "CustomResourceDefinition"),
+        "the CRDs come right after the Namespace: {order:?}"
+    );
+
+    // Everything namespaced lives in thaw-system.
+    for (f, d) in &all {
+        let cluster_scoped = matches!(
+            kind(d).1,
+            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        let ns = str_at(d, "/metadata/namespace");
+        if cluster_scoped {
+            assert_eq!(
+                ns,
+                "",
+                "{}: {} {} is cluster-scoped",
+                rel(f),
+                kind(d).1,
+                name(d)
+            );
+        } else {
+            assert_eq!(
+                ns,
+                SYSTEM_NAMESPACE,
+                "{}: {} {}",
+                rel(f),
+                kind(d).1,
+                name(d)
+            );
+        }
+    }
+
+    // The image the Deployments name is the one kustomization.yaml retags.
+    let image = k["images"][0]["name"].as_str().unwrap();
+    for (_, d) in all.iter().filter(|(_, d)| kind(d).1 == "Deployment") {
+        for c in d["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            let img = c["image"].as_str().unwrap();
+            assert_eq!(img.split(':').next().unwrap(), image, "{}", name(d));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ConfigMaps: deploy/config/ mirrors config/.
+
+/// Rewrites deploy/config/ from config/ (this test alone, so no other test reads a half-written
+/// copy).
+const BLESS: &str = "THAW_BLESS_DEPLOY=1 cargo test --test deploy_manifests config_maps";
+
+fn deploy_copy_text(source: &Path, text: &str) -> String {
+    let file = source.file_name().unwrap().to_string_lossy();
+    let mut out = format!(
+        "# Generated from config/{file} with the namespace set to {SYSTEM_NAMESPACE}. Edit that\n\
+         # file, then: {BLESS}\n"
+    );
+    for line in text.lines() {
+        if line.starts_with("  namespace: ") {
+            out.push_str(&format!("  namespace: {SYSTEM_NAMESPACE}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
+    use thaw::config::load::{check_named, read_manifest};
+    let bless = std::env::var_os("THAW_BLESS_DEPLOY").is_some();
+    let mut sources = Vec::new();
+    yaml_files(&root().join("config"), &mut sources);
+    let mut expected = BTreeSet::new();
+    for src in sources {
+        // config/ also holds local.yaml, which is not a ConfigMap.
+        if docs(&src).first().map(kind) != Some(("v1", "ConfigMap")) {
+            continue;
+        }
+        let copy = deploy().join("config").join(src.file_name().unwrap());
+        expected.insert(copy.clone());
+        if bless {
+            let text = std::fs::read_to_string(&src).unwrap();
+            std::fs::write(&copy, deploy_copy_text(&src, &text)).unwrap();
+        }
+        let want = read_manifest(&src).unwrap_or_else(|e| panic!("{}: {e}", rel(&src)));
+        let got = read_manifest(&copy).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (write the copies: {BLESS}; list a new one in kustomization.yaml)",
+                rel(&copy)
+            )
+        });
+        assert_eq!(got.name, want.name, "{}", rel(&copy));
+        assert_eq!(
+            got.namespace.as_deref(),
+            Some(SYSTEM_NAMESPACE),
+            "{}",
+            rel(&copy)
+        );
+        assert!(
+            got.data == want.data,
+            "{}: data differ from {}: refresh with {BLESS}\n  config/: {:?}\n  deploy/: {:?}",
+            rel(&copy),
+            rel(&src),
+            want.data,
+            got.data
+        );
+        let (shown, warnings) = check_named(&got);
+        assert!(
+            shown.is_ok() && warnings.is_empty(),
+            "{}: {shown:?} {warnings:?}",
+            rel(&copy)
+        );
+    }
+    assert!(
+        expected.len() >= 3,
+        "config/ has {} ConfigMaps",
+        expected.len()
+    );
+    let mut present = Vec::new();
+    yaml_files(&deploy().join("config"), &mut present);
+    let present: BTreeSet<PathBuf> = present.into_iter().collect();
+    assert_eq!(
+        present, expected,
+        "deploy/config/ has a file config/ does not"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// RBAC: deploy/rbac/ grants exactly what deploy/rbac-table.yaml lists.
+
+/// One permission: (scope, group, resource, resource name or "*", verb).
+type Grant = (String, String, String, String, String);
+
+fn table() -> Value {
+    docs(&deploy().join("rbac-table.yaml")).remove(0)
+}
+
+fn table_grants(role: &Value) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for r in role["rules"].as_array().unwrap() {
+        let names: Vec<String> = match r["resourceNames"].as_array() {
+            Some(n) => n.iter().map(|x| x.as_str().unwrap().to_string()).collect(),
+            None => vec!["*".into()],
+        };
+        for verb in r["verbs"].as_array().unwrap() {
+            for n in &names {
+                out.insert((
+                    r["scope"].as_str().unwrap().to_string(),
+                    r["group"].as_str().unwrap().to_string(),
+                    r["resource"].as_str().unwrap().to_string(),
+                    n.clone(),
+                    verb.as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn strings(v: &Value, what: &str) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("{what}: a list"))
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn policy_grants(scope: &str, role: &Value, out: &mut BTreeSet<Grant>) {
+    for r in role["rules"].as_array().unwrap() {
+        assert!(
+            r.get("nonResourceURLs").is_none(),
+            "{}: nonResourceURLs",
+            name(role)
+        );
+        let groups = strings(&r["apiGroups"], "apiGroups");
+        let resources = strings(&r["resources"], "resources");
+        let verbs = strings(&r["verbs"], "verbs");
+        let names = match r.get("resourceNames") {
+            Some(n) => strings(n, "resourceNames"),
+            None => Vec::new(),
+        };
+        for x in groups.iter().chain(&resources).chain(&verbs).chain(&names) {
+            assert!(!x.contains('*'), "{}: wildcard {x:?}", name(role));
+        }
+        let names = if names.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            names
+        };
+        for g in &groups {
+            for res in &resources {
+                for verb in &verbs {
+                    for n in &names {
+                        out.insert((
+                            scope.into(),
+                            g.clone(),
+                            res.clone(),
+                            n.clone(),
+                            verb.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the manifests grant the ServiceAccount `sa` in thaw-system, through every binding.
+fn manifest_grants(all: &[(PathBuf, Value)], sa: &str) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for (_, b) in all
+        .iter()
+        .filter(|(_, d)| matches!(kind(d).1, "RoleBinding" | "ClusterRoleBinding"))
+    {
+        let binds_sa = b["subjects"].as_array().unwrap().iter().any(|s| {
+            s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == SYSTEM_NAMESPACE
+        });
+        if !binds_sa {
+            continue;
+        }
+        let ref_kind = str_at(b, "/roleRef/kind");
+        let role = find(all, ref_kind, str_at(b, "/roleRef/name"));
+        let scope = match (kind(b).1, ref_kind) {
+            ("ClusterRoleBinding", "ClusterRole") => "cluster".to_string(),
+            ("RoleBinding", _) => str_at(b, "/metadata/namespace").to_string(),
+            other => panic!("{}: binding {other:?}", name(b)),
+        };
+        policy_grants(&scope, role, &mut out);
+    }
+    out
+}
+
+#[test]
+fn each_role_is_granted_exactly_the_calls_in_the_rbac_table() {
+    let all = applied();
+    let t = table();
+    let roles = t["roles"].as_object().unwrap();
+    assert_eq!(
+        roles.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["activator", "autoscaler"]
+    );
+    let mut service_accounts = BTreeSet::new();
+    for (role, spec) in roles {
+        let sa = spec["serviceAccount"].as_str().unwrap();
+        service_accounts.insert(sa.to_string());
+        find(&all, "ServiceAccount", sa);
+        let want = table_grants(spec);
+        let got = manifest_grants(&all, sa);
+        let missing: Vec<_> = want.difference(&got).collect();
+        let extra: Vec<_> = got.difference(&want).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{role}: needed but not granted: {missing:?}\n{role}: granted but not in the table: {extra:?}"
+        );
+        // The role's Deployment runs as it.
+        let dep = find(&all, "Deployment", role);
+        assert_eq!(str_at(dep, "/spec/template/spec/serviceAccountName"), sa);
+    }
+    // No binding grants anything to another subject.
+    for (f, b) in all.iter().filter(|(_, d)| kind(d).1.ends_with("Binding")) {
+        for s in b["subjects"].as_array().unwrap() {
+            assert!(
+                s["kind"] == "ServiceAccount"
+                    && service_accounts.contains(s["name"].as_str().unwrap()),
+                "{}: {} binds {s}",
+                rel(f),
+                name(b)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_rbac_table_cites_the_code_that_makes_each_call() {
+    let t = table();
+    let mut cited: BTreeSet<String> = BTreeSet::new();
+    for (role, spec) in t["roles"].as_object().unwrap() {
+        for r in spec["rules"].as_array().unwrap() {
+            let what = format!("{role}: {} {:?}", r["resource"], r["verbs"]);
+            assert!(
+                r["why"].as_str().is_some_and(|w| !w.is_empty()),
+                "{what}: say why"
+            );
+            assert!(
+                matches!(r["scope"].as_str(), Some("cluster" | SYSTEM_NAMESPACE)),
+                "{what}: scope"
+            );
+            match (r.get("code"), r.get("planned")) {
+                (Some(code), None) => {
+                    for c in code.as_array().unwrap() {
+                        let file = c["file"].as_str().unwrap();
+                        let call = c["call"].as_str().unwrap();
+                        let text = std::fs::read_to_string(root().join(file))
+                            .unwrap_or_else(|e| panic!("{what}: {file}: {e}"));
+                        assert!(text.contains(call), "{what}: {file} no longer has `{call}`");
+                        cited.insert(file.to_string());
+                    }
+                }
+                (None, Some(p)) => {
+                    assert!(
+                        p.as_str().unwrap().starts_with("issue "),
+                        "{what}: planned: name the issue"
+                    )
+                }
+                _ => panic!("{what}: exactly one of code or planned"),
+            }
+        }
+    }
+    // Every file under src/ that talks to the API server is cited: a new call needs a row.
+    let mut files = Vec::new();
+    fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rs_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    rs_files(&root().join("src"), &mut files);
+    let markers = [
+        "kube::api::",
+        "kube::Api",
+        "k8s_controller::",
+        "Api::namespaced(",
+        "Api::all(",
+        "Api::default_namespaced(",
+    ];
+    let mut uncited = Vec::new();
+    for f in files {
+        let r = rel(&f);
+        let test_file =
+            r.ends_with("tests.rs") || r.contains("/tests/") || r.contains("/testdata/");
+        let text = std::fs::read_to_string(&f).unwrap();
+        if !test_file && markers.iter().any(|m| text.contains(m)) && !cited.contains(&r) {
+            uncited.push(r);
+        }
+    }
+    assert!(
+        uncited.is_empty(),
+        "these files call the API server but deploy/rbac-table.yaml cites none of their calls: {uncited:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The activator and the autoscaler.
+
+fn arg_value<'a>(container: &'a Value, flag: &str) -> Option<&'a str> {
+    container["args"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+}
+
+fn container_port(container: &Value, port_name: &str) -> i64 {
+    container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port_name)
+        .unwrap_or_else(|| panic!("no container port {port_name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+fn listen_port(container: &Value, flag: &str) -> i64 {
+    let addr = arg_value(container, flag).unwrap_or_else(|| panic!("no {flag}="));
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn every_container_is_locked_down() {
+    let all = applied();
+    let deps: Vec<&Value> = all
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| kind(d).1 == "Deployment")
+        .collect();
+    assert_eq!(deps.len(), 2);
+    let ns = find(&all, "Namespace", SYSTEM_NAMESPACE);
+    assert_eq!(
+        str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"),
+        "restricted"
+    );
+    for d in deps {
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{}", name(d));
+        assert_eq!(
+            str_at(pod, "/securityContext/seccompProfile/type"),
+            "RuntimeDefault"
+        );
+        for c in pod["containers"].as_array().unwrap() {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["runAsNonRoot"], true, "{}", name(d));
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", name(d));
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", name(d));
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", name(d));
+            assert!(sc["capabilities"].get("add").is_none());
+            for r in ["cpu", "memory"] {
+                assert!(
+                    c["resources"]["requests"][r].is_string(),
+                    "{}: requests.{r}",
+                    name(d)
+                );
+                assert!(
+                    c["resources"]["limits"][r].is_string(),
+                    "{}: limits.{r}",
+                    name(d)
+                );
+            }
+            assert_eq!(
+                arg_value(c, "--system-namespace"),
+                Some("$(SYSTEM_NAMESPACE)")
+            );
+        }
+        assert_eq!(d["spec"]["replicas"], 2, "{}", name(d));
+    }
+}
+
+#[test]
+fn the_activator_drains_within_its_grace_period() {
+    use thaw::config::ActivatorConfig;
+    use thaw::config::load::from_manifest;
+    let all = applied();
+    let d = find(&all, "Deployment", "activator");
+    let pod = &d["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let cfg: ActivatorConfig =
+        from_manifest(&deploy().join("config/config-activator.yaml")).unwrap();
+    let pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .expect("a preStop sleep");
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let drain = pre_stop + cfg.drain_delay.as_secs() + cfg.drain_timeout.as_secs();
+    assert!(
+        grace > drain,
+        "terminationGracePeriodSeconds {grace} must exceed preStop {pre_stop}s + drain-delay \
+         {:?} + drain-timeout {:?}",
+        cfg.drain_delay,
+        cfg.drain_timeout
+    );
+    // Readiness is /readyz on the admin port the binary listens on.
+    let admin = listen_port(c, "--admin-listen");
+    assert_eq!(container_port(c, "admin"), admin);
+    assert_eq!(str_at(c, "/readinessProbe/httpGet/path"), "/readyz");
+    assert_eq!(str_at(c, "/readinessProbe/httpGet/port"), "admin");
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+
+    // The PDB keeps one activator through voluntary disruptions.
+    let pdb = find(&all, "PodDisruptionBudget", "activator");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    let min = pdb["spec"]["minAvailable"].as_i64().unwrap();
+    assert!(min >= 1 && min < d["spec"]["replicas"].as_i64().unwrap());
+}
+
+#[test]
+fn activator_service_carries_the_data_port_only() {
+    use thaw::platform::kubernetes::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2};
+    let all = applied();
+    let d = find(&all, "Deployment", "activator");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    let data = listen_port(c, "--listen");
+    let admin = listen_port(c, "--admin-listen");
+    assert_ne!(data, admin);
+    assert_eq!(container_port(c, "http"), data);
+    let pod_labels = &d["spec"]["template"]["metadata"]["labels"];
+    let target = |p: &Value| -> i64 {
+        match &p["targetPort"] {
+            Value::String(n) => container_port(c, n),
+            v => v.as_i64().unwrap(),
+        }
+    };
+
+    let svc = find(&all, "Service", "activator-service");
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    let shape: Vec<(&str, i64, i64, &str)> = ports
+        .iter()
+        .map(|p| {
+            (
+                str_at(p, "/name"),
+                p["port"].as_i64().unwrap(),
+                target(p),
+                str_at(p, "/appProtocol"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (PORT_NAME_HTTP, 80, data, "http"),
+            (PORT_NAME_HTTP2, 81, data, APP_PROTOCOL_H2C)
+        ]
+    );
+    for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&pod_labels[k], v);
+    }
+
+    // The admin port is reachable through the metrics Service only.
+    for (_, s) in all.iter().filter(|(_, d)| kind(d).1 == "Service") {
+        let selects_activator = s["spec"]["selector"]
+            .as_object()
+            .is_some_and(|sel| sel.iter().all(|(k, v)| &pod_labels[k] == v));
+        if !selects_activator {
+            continue;
+        }
+        let to_admin = s["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| target(p) == admin);
+        assert_eq!(to_admin, name(s) == "activator-metrics", "{}", name(s));
+    }
+
+    // The NetworkPolicy opens the data port to all and the admin port to the autoscaler and
+    // labelled (Prometheus) namespaces only.
+    let np = find(&all, "NetworkPolicy", "activator");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress"]));
+    let autoscaler = find(&all, "Deployment", "autoscaler");
+    let mut admin_from = Vec::new();
+    for rule in np["spec"]["ingress"].as_array().unwrap() {
+        let ports: Vec<i64> = match rule["ports"].as_array() {
+            Some(p) => p.iter().map(|p| p["port"].as_i64().unwrap()).collect(),
+            None => vec![data, admin], // no ports: every port
+        };
+        if !ports.contains(&admin) {
+            continue;
+        }
+        let from = rule["from"]
+            .as_array()
+            .expect("a rule to the admin port names its peers");
+        assert!(!from.is_empty());
+        admin_from.extend(from.iter().cloned());
+    }
+    for peer in &admin_from {
+        if let Some(sel) = peer.get("podSelector") {
+            assert!(peer.get("namespaceSelector").is_none());
+            assert_eq!(
+                sel["matchLabels"],
+                autoscaler["spec"]["selector"]["matchLabels"]
+            );
+        } else {
+            let labels = peer["namespaceSelector"]["matchLabels"]
+                .as_object()
+                .expect("by label");
+            assert!(
+                !labels.is_empty(),
+                "an empty namespaceSelector is every namespace"
+            );
+        }
+        assert!(peer.get("ipBlock").is_none());
+    }
+    assert!(
+        admin_from.iter().any(|p| p.get("podSelector").is_some()),
+        "the autoscaler"
+    );
+}
+
+#[test]
+fn the_autoscaler_is_leader_elected_behind_its_stats_service() {
+    let all = applied();
+    let d = find(&all, "Deployment", "autoscaler");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    let stats = listen_port(c, "--stats-listen");
+    assert_eq!(container_port(c, "stats"), stats);
+    // The Lease's holderIdentity: this pod's own stats address.
+    assert_eq!(
+        arg_value(c, "--stats-advertise"),
+        Some(format!("$(POD_IP):{stats}").as_str())
+    );
+    let env_ip = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_IP")
+        .unwrap();
+    assert_eq!(
+        str_at(env_ip, "/valueFrom/fieldRef/fieldPath"),
+        "status.podIP"
+    );
+    let svc = find(&all, "Service", "autoscaler");
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["targetPort"], "stats");
+    // Its Lease is the one its RBAC names.
+    let t = table();
+    assert!(
+        t["roles"]["autoscaler"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["resource"] == "leases" && r["resourceNames"] == json!(["thaw-autoscaler"]))
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Examples and the Dockerfile.
+
+#[test]
+fn the_example_revision_s_objects_are_found_by_label() {
+    use thaw::knative::names::{DEPLOYMENT_SUFFIX, PRIVATE_SERVICE_SUFFIX, child_name, labels};
+    use thaw::platform::kubernetes::PORT_NAME_HTTP;
+    let dir = deploy().join("examples/hello");
+    let all: Vec<(PathBuf, Value)> = examples()
+        .into_iter()
+        .filter(|f| f.starts_with(&dir))
+        .flat_map(|f| docs(&f).into_iter().map(move |d| (f.clone(), d)))
+        .collect();
+    let rev = all
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| kind(d).1 == "Revision")
+        .unwrap();
+    let rev_name = name(rev);
+    let ns = str_at(rev, "/metadata/namespace");
+    let label = format!("/metadata/labels/{}", labels::REVISION.replace('/', "~1"));
+
+    let dep = find(&all, "Deployment", &child_name(rev_name, DEPLOYMENT_SUFFIX));
+    assert_eq!(str_at(dep, &label), rev_name);
+    assert_eq!(str_at(&dep["spec"]["template"], &label), rev_name);
+
+    // The private Service's labels (copied onto its EndpointSlices) match the watch's selector.
+    let private = find(
+        &all,
+        "Service",
+        &child_name(rev_name, PRIVATE_SERVICE_SUFFIX),
+    );
+    for term in labels::private_endpoint_slices().split(',') {
+        match term.split_once('=') {
+            Some((k, v)) => assert_eq!(private["metadata"]["labels"][k], v),
+            None => assert!(private["metadata"]["labels"][term].is_string()),
+        }
+    }
+    assert_eq!(
+        str_at(
+            &private["spec"]["selector"],
+            &label.replace("/metadata/labels", "")
+        ),
+        rev_name
+    );
+    assert_eq!(private["spec"]["ports"][0]["name"], PORT_NAME_HTTP);
+
+    // The public Service has no selector (the autoscaler writes its slices), and the
+    // VirtualService routes to it with the revision named for the activator.
+    let public = find(&all, "Service", rev_name);
+    assert!(public["spec"].get("selector").is_none());
+    assert_eq!(
+        public["metadata"]["labels"][labels::SERVICE_TYPE],
+        labels::SERVICE_TYPE_PUBLIC
+    );
+    let vs = all
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| kind(d).1 == "VirtualService")
+        .unwrap();
+    let route = &vs["spec"]["http"][0];
+    let dest = &route["route"][0]["destination"];
+    assert_eq!(
+        str_at(dest, "/host"),
+        format!("{rev_name}.{ns}.svc.cluster.local")
+    );
+    let port = dest["port"]["number"].as_i64().unwrap();
+    assert!(
+        public["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == port)
+    );
+    let set = &route["headers"]["request"]["set"];
+    assert_eq!(set["Knative-Serving-Revision"], rev_name);
+    assert_eq!(set["Knative-Serving-Namespace"], ns);
+}
+
+#[test]
+fn the_dockerfile_builds_a_minimal_nonroot_image_of_thaw() {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let froms: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(froms.len(), 2, "two stages: {froms:?}");
+    // The builder's Rust is at least the crate's rust-version.
+    let builder = froms[0].split_whitespace().next().unwrap();
+    let tag = builder
+        .strip_prefix("rust:")
+        .expect("the builder is rust:<version>");
+    let version =
+        |s: &str| -> Vec<u32> { s.split(['.', '-']).map_while(|x| x.parse().ok()).collect() };
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let msrv = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .unwrap()
+        .trim_matches('"');
+    assert!(
+        version(tag) >= version(msrv),
+        "builder {tag} < rust-version {msrv}"
+    );
+    assert!(text.contains("cargo build --release --locked --bin thaw"));
+    // The runtime is distroless, nonroot, with the binary as its entrypoint.
+    assert!(
+        froms[1].starts_with("gcr.io/distroless/cc-debian12:nonroot"),
+        "{}",
+        froms[1]
+    );
+    assert!(text.contains("COPY --from=build /thaw /usr/local/bin/thaw"));
+    assert!(text.contains("ENTRYPOINT [\"/usr/local/bin/thaw\"]"));
+    let user = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .unwrap();
+    // The Deployments run as that user.
+    for (_, d) in applied().iter().filter(|(_, d)| kind(d).1 == "Deployment") {
+        let sc = &d["spec"]["template"]["spec"]["securityContext"];
+        assert_eq!(
+            user,
+            format!("{}:{}", sc["runAsUser"], sc["runAsGroup"]),
+            "{}",
+            name(d)
+        );
+    }
+    let ignore = std::fs::read_to_string(root().join(".dockerignore")).unwrap();
+    assert!(
+        ignore.lines().any(|l| l == "target/"),
+        ".dockerignore keeps target/ out"
+    );
+}
