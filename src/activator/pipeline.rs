@@ -147,16 +147,15 @@ impl Handler for Activator {
                 e.into_response(cfg.retry_after)
             });
             let code = resp.status().as_u16();
+            let elapsed = started.elapsed();
             state.metrics.answered(code);
-            state
-                .metrics
-                .observe_latency(code, started.elapsed().as_secs_f64());
+            state.metrics.observe_latency(code, elapsed.as_secs_f64());
             tracing::debug!(
                 revision = %state.key,
                 %method,
                 %path,
                 status = resp.status().as_u16(),
-                ms = started.elapsed().as_millis() as u64,
+                ms = elapsed.as_millis() as u64,
                 "access"
             );
             resp
