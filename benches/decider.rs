@@ -61,6 +61,8 @@ fn stat(i: usize, s: u64) -> StatMessage {
         at: s,
         average_concurrency: load(i, s),
         requests: 1,
+        proxied_concurrency: 0.0,
+        proxied_requests: 0,
     })
 }
 

@@ -25,7 +25,41 @@ pub struct Stat {
     pub average_concurrency: f64,
     /// Requests that arrived in that second.
     pub requests: u64,
+    /// The part of `average_concurrency` that came through an activator. A queue sidecar
+    /// counts requests carrying `K-Proxy-Request`; an activator reports 0. The activator
+    /// reports those requests itself, so the collector subtracts this share from pod stats
+    /// and no request counts twice (as Knative's autoscaler does).
+    pub proxied_concurrency: f64,
+    /// The part of `requests` that came through an activator (see `proxied_concurrency`).
+    pub proxied_requests: u64,
 }
+
+/// What a queue sidecar serves on its admin port at [`POD_STATS_PATH`] for the autoscaler to
+/// pull each second (JSON, camelCase): the last complete second of its pod. The autoscaler
+/// stamps it with its own receipt second and the pod's name as the source.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStats {
+    /// The pod's name (`Stat::source`).
+    pub pod: String,
+    /// Time-weighted average requests in the sidecar (queued and in the user container).
+    pub average_concurrency: f64,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// The share of `average_concurrency` from requests carrying `K-Proxy-Request` (through
+    /// an activator).
+    pub proxied_concurrency: f64,
+    /// The share of `requests` that carried `K-Proxy-Request`.
+    pub proxied_requests: u64,
+}
+
+/// The sidecar admin path the autoscaler pulls [`PodStats`] from.
+pub const POD_STATS_PATH: &str = "/stats";
+
+/// The name of the private Service's (and so its EndpointSlices') port that reaches the
+/// sidecar's admin port (Knative's name for the queue-proxy's autoscaler metrics port). A
+/// revision whose slices carry no such port has no pod stats: the activator stays in its path.
+pub const POD_STATS_PORT_NAME: &str = "http-autometric";
 
 /// Where reporters send stats. Implementations never block and are bounded: when the receiver
 /// falls behind, stats are dropped and counted, never queued without limit.
@@ -109,6 +143,8 @@ mod tests {
             at: 1,
             average_concurrency: 1.0,
             requests: 1,
+            proxied_concurrency: 0.0,
+            proxied_requests: 0,
         };
         sink.poke(stat.clone());
         sink.record(stat.clone());

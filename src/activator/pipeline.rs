@@ -536,6 +536,8 @@ fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
         at: clock::second_of(now),
         average_concurrency: f64::from(current.max(1)),
         requests: 1,
+        proxied_concurrency: 0.0,
+        proxied_requests: 0,
     });
 }
 

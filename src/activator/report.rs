@@ -29,6 +29,8 @@ pub(crate) async fn run(act: Arc<super::core::Activator>) {
                     at,
                     average_concurrency: r.average,
                     requests: r.requests,
+                    proxied_concurrency: 0.0,
+                    proxied_requests: 0,
                 });
             }
         }

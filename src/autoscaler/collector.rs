@@ -199,7 +199,16 @@ impl Collector {
         let windows = self
             .windows_mut(&stat.revision)
             .ok_or(Rejected::UnknownRevision)?;
-        let concurrency = stat.average_concurrency;
+        // A pod's stat counts only what did not come through an activator: the activators
+        // report those requests themselves (Knative's proxied share).
+        if !stat.proxied_concurrency.is_finite()
+            || stat.proxied_concurrency < 0.0
+            || stat.proxied_concurrency > stat.average_concurrency
+            || stat.proxied_requests > stat.requests
+        {
+            return Err(Rejected::Invalid);
+        }
+        let concurrency = stat.average_concurrency - stat.proxied_concurrency;
         if !concurrency.is_finite() || concurrency < 0.0 {
             return Err(Rejected::Invalid);
         }
@@ -209,7 +218,7 @@ impl Collector {
         if stat.at + LATE_SECONDS < now {
             return Err(Rejected::TooLate);
         }
-        let rps = stat.requests as f64;
+        let rps = (stat.requests - stat.proxied_requests) as f64;
 
         let fresh = |c: &Contribution| c.0 + LATE_SECONDS >= now;
         if !windows.sources.contains_key(&stat.source) && windows.sources.len() >= MAX_SOURCES {

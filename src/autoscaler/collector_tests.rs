@@ -14,6 +14,8 @@ fn stat(source: &str, at: u64, concurrency: f64) -> Stat {
         at,
         average_concurrency: concurrency,
         requests: 0,
+        proxied_concurrency: 0.0,
+        proxied_requests: 0,
     }
 }
 
@@ -119,6 +121,8 @@ fn the_spec_picks_metric_and_aggregation() {
     c.record(
         &Stat {
             requests: 40,
+            proxied_concurrency: 0.0,
+            proxied_requests: 0,
             ..stat("a", 1, 2.0)
         },
         1,
@@ -166,4 +170,36 @@ fn sources_are_bounded_and_silent_ones_make_room() {
     // Once the others have been silent for LATE_SECONDS, a new source fits.
     let later = 10 + LATE_SECONDS + 1;
     assert!(c.record(&stat("newcomer", later, 1.0), later).is_ok());
+}
+
+/// A pod's stat counts only the share that did not come through an activator (the activator
+/// reports that share itself): 5 in the pod, 3 of them proxied, plus the activator's 3 = 5.
+/// A proxied share larger than the whole is rejected.
+#[test]
+fn the_proxied_share_of_pod_stats_is_not_counted_twice() {
+    let spec = AutoscalingSpec::default();
+    let mut c = collector(&spec);
+    c.record(
+        &Stat {
+            requests: 10,
+            proxied_concurrency: 3.0,
+            proxied_requests: 6,
+            ..stat("pod-1", 1, 5.0)
+        },
+        1,
+    )
+    .unwrap();
+    c.record(&stat("activator", 1, 3.0), 1).unwrap();
+    assert_eq!(stable(&c, &spec, 1), 5.0);
+    let bad = Stat {
+        proxied_concurrency: 6.0,
+        ..stat("pod-2", 1, 5.0)
+    };
+    assert_eq!(c.record(&bad, 1), Err(Rejected::Invalid));
+    let bad = Stat {
+        requests: 1,
+        proxied_requests: 2,
+        ..stat("pod-2", 1, 5.0)
+    };
+    assert_eq!(c.record(&bad, 1), Err(Rejected::Invalid));
 }

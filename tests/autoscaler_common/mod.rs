@@ -31,6 +31,8 @@ pub fn stat(name: &str, at: u64, concurrency: f64) -> Stat {
         at,
         average_concurrency: concurrency,
         requests: concurrency.ceil() as u64,
+        proxied_concurrency: 0.0,
+        proxied_requests: 0,
     }
 }
 

@@ -443,6 +443,8 @@ async fn step(scaler: &mut Scaler, world: &mut World, s: u64, load: f64) {
         at: s,
         average_concurrency: load,
         requests: load.round() as u64,
+        proxied_concurrency: 0.0,
+        proxied_requests: 0,
     };
     let msg = if load > 0.0 && ready == 0 {
         StatMessage::Poke(stat)
