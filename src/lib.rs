@@ -7,7 +7,8 @@
 //! [`limiter`] (concurrency limits with a bounded queue), [`percore`] (the per-core runtime),
 //! [`platform`] (where replicas run: local processes or Kubernetes Deployments), [`knative`]
 //! (the `serving.knative.dev/v1` types, their CRDs, child names and labels), [`leader`] (Lease
-//! leader election) and [`telemetry`] (tracing and the one metrics registry).
+//! leader election), [`remote`] (the stats push and decision feed between roles), [`roles`]
+//! (the `thaw activator` and `thaw autoscaler` processes) and [`telemetry`] (tracing and the one metrics registry).
 #![forbid(unsafe_code)]
 
 pub mod activator;
@@ -22,7 +23,9 @@ pub mod limiter;
 pub mod local;
 pub mod percore;
 pub mod platform;
+pub mod remote;
 pub mod revision;
+pub mod roles;
 pub mod sample_app;
 pub mod stats;
 pub mod telemetry;

@@ -2,16 +2,21 @@
 //! ([`ScalerOptions`], [`ActivatorPath`]), why a decision ran ([`Trigger`]), and what it
 //! knows about a revision ([`RevisionStatus`]). Re-exported from [`super::scaler`].
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use tokio::time::Instant;
+
+use crate::revision::RevisionKey;
 
 use super::collector::Observed;
 use super::lifecycle::Activity;
 
 /// Since when the activator fronts a revision: the "activator in the path" input of the
 /// scale-to-zero grace period (docs/architecture.md, "Knative's rules").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum ActivatorPath {
     /// Every request passes the activator (`thaw local`): it has been in the path since
     /// `since` (normally the scaler's start), or since the revision appeared if later. An
@@ -24,6 +29,35 @@ pub enum ActivatorPath {
     /// `activator_in_path = true` (the serving side applies it promptly); the grace period
     /// counts from the last switch into the path.
     FollowsDecision,
+    /// Kubernetes: the activator is in a revision's path from the moment the writer of the
+    /// revision's public endpoints confirms it ([`InPath::confirm`]), not from the decision:
+    /// the grace period before scale to zero counts from the successful write.
+    Confirmed(Arc<InPath>),
+}
+
+/// Since when each revision's public endpoints point at the activators, as confirmed by the
+/// writer of those endpoints (the serving-mode swap). A revision never confirmed is not
+/// fronted by the activator, so it is never taken to zero.
+#[derive(Debug, Default)]
+pub struct InPath {
+    since: DashMap<RevisionKey, Instant>,
+}
+
+impl InPath {
+    /// The activators front `revision` since `since` (a successful write).
+    pub fn confirm(&self, revision: &RevisionKey, since: Instant) {
+        self.since.entry(revision.clone()).or_insert(since);
+    }
+
+    /// `revision`'s traffic goes to its pods now (or the revision is gone).
+    pub fn clear(&self, revision: &RevisionKey) {
+        self.since.remove(revision);
+    }
+
+    /// Since when the activators front `revision`, if they do.
+    pub fn since(&self, revision: &RevisionKey) -> Option<Instant> {
+        self.since.get(revision).map(|s| *s)
+    }
 }
 
 /// How the scaler runs.
@@ -36,6 +70,11 @@ pub struct ScalerOptions {
     /// The longest one [`crate::platform::Platform::scale`] call may take; a call that takes longer is
     /// abandoned, counted, and retried at the next decision.
     pub scale_timeout: Duration,
+    /// Ready activators sharing each revision's pods (Kubernetes: `activator-service`'s ready
+    /// endpoints; 1 in `thaw local`). With containerConcurrency `cc` > 0, an active revision
+    /// gets at least ceil(activators / cc) pods, so each activator's share of the pods'
+    /// concurrency is at least one request.
+    pub activators: Arc<AtomicU32>,
 }
 
 impl Default for ScalerOptions {
@@ -47,6 +86,7 @@ impl Default for ScalerOptions {
             },
             tick: Duration::from_secs(2),
             scale_timeout: Duration::from_secs(5),
+            activators: Arc::new(AtomicU32::new(1)),
         }
     }
 }

@@ -23,7 +23,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::collector::Collector;
-pub use super::options::{ActivatorPath, RevisionStatus, ScalerOptions, Trigger};
+pub use super::options::{ActivatorPath, InPath, RevisionStatus, ScalerOptions, Trigger};
 use super::state::{Env, RevisionState, Revisions};
 use crate::clock;
 use crate::config::annotations::KPA_CLASS;
@@ -304,14 +304,17 @@ fn env<'a>(
     platform: &'a dyn Platform,
     scale_states: &'a ScaleStates,
     metrics: &'a AutoscalerMetrics,
-    options: &ScalerOptions,
+    options: &'a ScalerOptions,
 ) -> Env<'a> {
     Env {
         collector,
         platform,
         scale_states,
         metrics,
-        activator_path: options.activator_path,
+        activator_path: &options.activator_path,
+        activators: options
+            .activators
+            .load(std::sync::atomic::Ordering::Relaxed),
         scale_timeout: options.scale_timeout,
     }
 }
@@ -338,11 +341,27 @@ impl Default for ScaleState {
 }
 
 /// Every revision's [`ScaleState`] on a watch channel, shared by the scaler (writer) and the
-/// activator and admin API (readers).
-#[derive(Debug, Default)]
+/// activator and admin API (readers). Each change is also announced by key on a bounded
+/// broadcast ([`ScaleStates::changes`]), so a follower (the decision feed) sends only what
+/// changed; one that falls behind re-reads them all.
+#[derive(Debug)]
 pub struct ScaleStates {
     map: DashMap<RevisionKey, watch::Sender<ScaleState>>,
+    changes: tokio::sync::broadcast::Sender<RevisionKey>,
 }
+
+impl Default for ScaleStates {
+    fn default() -> Self {
+        Self {
+            map: DashMap::new(),
+            changes: tokio::sync::broadcast::channel(CHANGES_BACKLOG).0,
+        }
+    }
+}
+
+/// Changes a follower of [`ScaleStates::changes`] may fall behind by before it must re-read
+/// every state.
+const CHANGES_BACKLOG: usize = 4096;
 
 impl ScaleStates {
     /// An empty, shareable set.
@@ -365,7 +384,7 @@ impl ScaleStates {
             .entry(revision.clone())
             .or_insert_with(|| watch::channel(ScaleState::default()).0)
             .clone();
-        tx.send_if_modified(|cur| {
+        let changed = tx.send_if_modified(|cur| {
             if *cur == state {
                 false
             } else {
@@ -373,6 +392,9 @@ impl ScaleStates {
                 true
             }
         });
+        if changed {
+            let _ = self.changes.send(revision.clone());
+        }
     }
 
     /// The current state of `revision`, if it was ever published or subscribed.
@@ -382,6 +404,21 @@ impl ScaleStates {
 
     /// Forgets a removed revision; its receivers see the channel close.
     pub fn remove(&self, revision: &RevisionKey) {
-        self.map.remove(revision);
+        if self.map.remove(revision).is_some() {
+            let _ = self.changes.send(revision.clone());
+        }
+    }
+
+    /// Every revision's current state.
+    pub fn all(&self) -> Vec<(RevisionKey, ScaleState)> {
+        self.map
+            .iter()
+            .map(|e| (e.key().clone(), e.value().borrow().clone()))
+            .collect()
+    }
+
+    /// The keys of revisions whose state changes (or that are removed) from now on.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<RevisionKey> {
+        self.changes.subscribe()
     }
 }

@@ -111,8 +111,10 @@ pub(super) struct Env<'a> {
     pub platform: &'a dyn Platform,
     pub scale_states: &'a ScaleStates,
     pub metrics: &'a AutoscalerMetrics,
-    pub activator_path: ActivatorPath,
+    pub activator_path: &'a ActivatorPath,
     pub scale_timeout: Duration,
+    /// Ready activators sharing the pods (see `ScalerOptions::activators`).
+    pub activators: u32,
 }
 
 #[derive(Debug)]
@@ -285,7 +287,7 @@ impl RevisionState {
         trigger: Trigger,
         now: Instant,
     ) {
-        let spec = self.spec.clone();
+        let spec = with_activator_share(&self.spec, env.activators);
         let second = clock::second_of(now);
         let ready = self.ready_now();
         self.ready = ready;
@@ -297,8 +299,13 @@ impl RevisionState {
                 // No stat for a whole stable window. When every request passes the activator
                 // (and it reports every revision it holds requests for), silence is zero load;
                 // otherwise it is only zero load when no pod could be serving.
-                let silent_is_idle =
-                    matches!(env.activator_path, ActivatorPath::Always { .. }) || ready == 0;
+                let silent_is_idle = match env.activator_path {
+                    ActivatorPath::Always { .. } => true,
+                    ActivatorPath::FollowsDecision => ready == 0,
+                    ActivatorPath::Confirmed(in_path) => {
+                        ready == 0 || in_path.since(key).is_some()
+                    }
+                };
                 silent_is_idle.then_some(Observed {
                     stable: 0.0,
                     panic: 0.0,
@@ -329,18 +336,18 @@ impl RevisionState {
 
         let mut verdict = self
             .lifecycle
-            .verdict(&spec, self.decided, &self.facts(ready, env, now));
+            .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
         let turned_inactive =
             self.lifecycle
-                .observe(&spec, verdict.want, &self.facts(ready, env, now));
+                .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
         self.update_path(verdict, ready, now);
         if turned_inactive {
             // Knative reconciles again as soon as the activator is in the path; do it now.
             verdict = self
                 .lifecycle
-                .verdict(&spec, self.decided, &self.facts(ready, env, now));
+                .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
             self.lifecycle
-                .observe(&spec, verdict.want, &self.facts(ready, env, now));
+                .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
             self.update_path(verdict, ready, now);
         }
 
@@ -387,10 +394,11 @@ impl RevisionState {
         self.gauges.set_load(&spec, observed, env.metrics);
     }
 
-    fn facts(&self, ready: u32, env: &Env<'_>, now: Instant) -> Facts {
+    fn facts(&self, key: &RevisionKey, ready: u32, env: &Env<'_>, now: Instant) -> Facts {
         let activator_since = match env.activator_path {
-            ActivatorPath::Always { since } => Some(since.max(self.added_at)),
+            ActivatorPath::Always { since } => Some((*since).max(self.added_at)),
             ActivatorPath::FollowsDecision => self.in_path_since,
+            ActivatorPath::Confirmed(in_path) => in_path.since(key),
         };
         Facts {
             ready,
@@ -410,6 +418,27 @@ impl RevisionState {
             self.in_path_since = in_path.then_some(now);
         }
     }
+}
+
+/// With several activators sharing a revision's pods (containerConcurrency `cc` > 0), each
+/// activator's share of a pod must be at least one request: an active revision gets at least
+/// ceil(activators / cc) pods (within max-scale), by raising its activation scale.
+fn with_activator_share(spec: &Arc<AutoscalingSpec>, activators: u32) -> Arc<AutoscalingSpec> {
+    let cc = spec.container_concurrency;
+    if activators <= 1 || cc == 0 {
+        return spec.clone();
+    }
+    let mut needed = activators.div_ceil(cc);
+    if spec.max_scale > 0 {
+        needed = needed.min(spec.max_scale);
+    }
+    if needed <= spec.activation_scale {
+        return spec.clone();
+    }
+    Arc::new(AutoscalingSpec {
+        activation_scale: needed,
+        ..(**spec).clone()
+    })
 }
 
 fn ready_count(rx: &watch::Receiver<Arc<EndpointSnapshot>>) -> u32 {

@@ -83,6 +83,7 @@ impl Rev {
                 },
                 None => EndpointStatus::Ok,
             },
+            capacity: None,
         };
         self.tx.send_if_modified(|cur| {
             if **cur == snap {

@@ -14,6 +14,7 @@ pub mod config;
 pub mod exposition;
 pub mod platform;
 pub mod process;
+pub mod remote;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -53,6 +54,7 @@ pub struct Telemetry {
     pub platform: platform::PlatformMetrics,
     pub activator: activator::ActivatorMetrics,
     pub autoscaler: autoscaler::AutoscalerMetrics,
+    pub remote: remote::RemoteMetrics,
 }
 
 impl Telemetry {
@@ -67,12 +69,14 @@ impl Telemetry {
         let platform = platform::PlatformMetrics::register(thaw);
         let activator = activator::ActivatorMetrics::register(thaw);
         let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
+        let remote = remote::RemoteMetrics::register(thaw);
         Self {
             registry,
             config,
             platform,
             activator,
             autoscaler,
+            remote,
         }
     }
 

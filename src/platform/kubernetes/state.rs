@@ -144,6 +144,7 @@ impl RevState {
             ready,
             terminating,
             status,
+            capacity: None,
         }
     }
 }

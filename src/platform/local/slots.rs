@@ -81,6 +81,7 @@ impl RevState {
             ready,
             terminating,
             status,
+            capacity: None,
         }
     }
 

@@ -1,0 +1,187 @@
+//! The activator's side of the stats push: [`HttpStatSink`], a [`StatSink`] that never blocks
+//! the request path (a bounded channel; what does not fit is dropped and counted) and a task
+//! that sends each second's records as one batch, and each poke at once, to the autoscaler
+//! leader it learns from the Lease (`holderIdentity` is the leader's stats address).
+//!
+//! A POST per batch over a kept-alive connection (hyper's pooled client) rather than one
+//! long-lived streaming request: docs/benchmarks.md ("Stats push") has the comparison. A 503
+//! (not the leader) or a failed send is retried once if the Lease names another leader by then,
+//! else the batch is dropped and counted: stats are a stream of 1 s samples, and the next one
+//! supersedes it.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Duration, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::token::Token;
+use super::wire::{CONTENT_TYPE, STATS_PATH, StatsBatch, WireStat};
+use crate::stats::{StatMessage, StatSink};
+use crate::telemetry::remote::RemoteMetrics;
+
+/// Stats the sink holds before dropping: several seconds of reports for thousands of revisions.
+pub const SINK_CAPACITY: usize = 16 * 1024;
+/// The longest one push may take.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the sender waits for more records of the same second before sending the batch.
+const GATHER: Duration = Duration::from_millis(5);
+
+/// A [`StatSink`] that pushes to the autoscaler leader. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct HttpStatSink {
+    tx: mpsc::Sender<StatMessage>,
+    dropped: Counter,
+}
+
+impl StatSink for HttpStatSink {
+    fn record(&self, stat: crate::stats::Stat) {
+        if self.tx.try_send(StatMessage::Record(stat)).is_err() {
+            self.dropped.inc();
+        }
+    }
+
+    fn poke(&self, stat: crate::stats::Stat) {
+        if self.tx.try_send(StatMessage::Poke(stat)).is_err() {
+            self.dropped.inc();
+        }
+    }
+}
+
+/// Where and how to push.
+pub struct PushSettings {
+    /// The leader's stats address (`host:port`), `None` while there is none.
+    pub leader: watch::Receiver<Option<String>>,
+    pub token: Token,
+    /// This activator's name (the stats' source).
+    pub source: String,
+    pub metrics: RemoteMetrics,
+    /// Counts stats dropped before sending (`thaw_activator_stats_dropped_total`).
+    pub dropped: Counter,
+}
+
+/// Starts the sender task; returns the sink. The task ends on `stop` or when every sink clone
+/// is dropped.
+pub fn start(settings: PushSettings, stop: CancellationToken) -> HttpStatSink {
+    let (tx, rx) = mpsc::channel(SINK_CAPACITY);
+    let sink = HttpStatSink {
+        tx,
+        dropped: settings.dropped.clone(),
+    };
+    tokio::spawn(
+        run(settings, rx, stop).instrument(tracing::info_span!("stats_push")),
+    );
+    sink
+}
+
+async fn run(
+    settings: PushSettings,
+    mut rx: mpsc::Receiver<StatMessage>,
+    stop: CancellationToken,
+) {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build_http();
+    loop {
+        let first = tokio::select! {
+            _ = stop.cancelled() => return,
+            m = rx.recv() => match m { Some(m) => m, None => return },
+        };
+        let mut batch = Vec::new();
+        let mut poked = push_into(&mut batch, first);
+        // A poke goes at once; records of one second arrive together: gather them.
+        while !poked {
+            match timeout(GATHER, rx.recv()).await {
+                Ok(Some(m)) => poked = push_into(&mut batch, m),
+                Ok(None) | Err(_) => break,
+            }
+            if batch.len() >= 50_000 {
+                break;
+            }
+        }
+        let body = StatsBatch {
+            source: settings.source.clone(),
+            stats: batch,
+        };
+        let body = Bytes::from(serde_json::to_vec(&body).expect("stats serialize"));
+        send(&client, &settings, body).await;
+    }
+}
+
+/// Adds a message to the batch; true for a poke (send now).
+fn push_into(batch: &mut Vec<WireStat>, m: StatMessage) -> bool {
+    match m {
+        StatMessage::Record(s) => {
+            batch.push(WireStat::from_stat(&s, false));
+            false
+        }
+        StatMessage::Poke(s) => {
+            batch.push(WireStat::from_stat(&s, true));
+            true
+        }
+    }
+}
+
+async fn send(client: &Client<HttpConnector, Full<Bytes>>, s: &PushSettings, body: Bytes) {
+    let mut tried: Option<String> = None;
+    for _ in 0..2 {
+        let Some(leader) = s.leader.borrow().clone() else {
+            s.metrics.pushed("no_leader");
+            return;
+        };
+        if tried.as_ref() == Some(&leader) {
+            break;
+        }
+        let result = post(client, &leader, &s.token, body.clone()).await;
+        s.metrics.pushed(result);
+        if result == "ok" || result == "unauthorized" || result == "rejected" {
+            if result != "ok" {
+                tracing::warn!(leader = %leader, result, "stats push refused");
+            }
+            return;
+        }
+        tracing::debug!(leader = %leader, result, "stats push failed");
+        tried = Some(leader);
+    }
+}
+
+async fn post(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    leader: &str,
+    token: &Token,
+    body: Bytes,
+) -> &'static str {
+    let Ok(req) = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{leader}{STATS_PATH}"))
+        .header(header::AUTHORIZATION, token.header())
+        .header(header::CONTENT_TYPE, CONTENT_TYPE)
+        .body(Full::new(body))
+    else {
+        return "error";
+    };
+    match timeout(PUSH_TIMEOUT, client.request(req)).await {
+        Err(_) => "timeout",
+        Ok(Err(_)) => "error",
+        Ok(Ok(resp)) => match resp.status() {
+            StatusCode::ACCEPTED | StatusCode::OK => "ok",
+            StatusCode::SERVICE_UNAVAILABLE => "not_leader",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "rejected",
+            _ => "error",
+        },
+    }
+}
+
+impl HttpStatSink {
+    /// Stats dropped before sending.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+}

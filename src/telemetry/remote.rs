@@ -1,0 +1,81 @@
+//! Metrics of the transport between roles on Kubernetes: the stats push (activator side and
+//! autoscaler side), the decision feed and the pod-stats pull.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of a push or pull outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok`, `not_leader`, `unauthorized`, `no_leader`, `error`, `full` (dropped before
+    /// sending), `rejected` (400/413), `timeout`.
+    pub result: &'static str,
+}
+
+/// Labels of a request the autoscaler's stats port answered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// `stats` or `decisions`.
+    pub path: &'static str,
+    /// The status code.
+    pub code: u16,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RemoteMetrics {
+    /// `thaw_activator_stats_push_total{result}`: stat batches the activator tried to push
+    /// (pokes are batches of one).
+    pub pushes: Family<ResultLabels, Counter>,
+    /// `thaw_activator_decision_feed_connected`: 1 while the activator follows the leader's
+    /// decisions.
+    pub feed_connected: Gauge,
+    /// `thaw_autoscaler_stats_requests_total{path,code}`: requests on the stats port.
+    pub requests: Family<CodeLabels, Counter>,
+    /// `thaw_autoscaler_pod_stats_pulls_total{result}`: pod-stats pulls.
+    pub pulls: Family<ResultLabels, Counter>,
+}
+
+impl RemoteMetrics {
+    pub fn register(reg: &mut Registry) -> Self {
+        let m = Self::default();
+        reg.register(
+            "activator_stats_push",
+            "Stat batches the activator pushed to the autoscaler leader, by result",
+            super::Listed(m.pushes.clone()),
+        );
+        reg.register(
+            "activator_decision_feed_connected",
+            "1 while the activator follows the autoscaler leader's decisions",
+            m.feed_connected.clone(),
+        );
+        reg.register(
+            "autoscaler_stats_requests",
+            "Requests on the autoscaler's stats port, by path and status code",
+            super::Listed(m.requests.clone()),
+        );
+        reg.register(
+            "autoscaler_pod_stats_pulls",
+            "Pod-stats pulls from queue sidecars, by result",
+            super::Listed(m.pulls.clone()),
+        );
+        m
+    }
+
+    /// Counts one push outcome.
+    pub fn pushed(&self, result: &'static str) {
+        self.pushes.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts one pull outcome.
+    pub fn pulled(&self, result: &'static str) {
+        self.pulls.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts one answer of the stats port.
+    pub fn answered(&self, path: &'static str, code: u16) {
+        self.requests.get_or_create(&CodeLabels { path, code }).inc();
+    }
+}
