@@ -196,6 +196,53 @@ impl KubePlatform {
         }
     }
 
+    /// Where `revision`'s ready pods serve their stats (the queue sidecar's admin port): each
+    /// ready, non-terminating endpoint of its private slices that has a port named
+    /// [`crate::stats::POD_STATS_PORT_NAME`], with its pod's name (from the endpoint's
+    /// `targetRef`, else its address). Empty when the slices carry no such port.
+    pub fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
+        let Some(entry) = self.inner.revisions.get(revision).map(|e| e.clone()) else {
+            return Vec::new();
+        };
+        entry.read(|st| {
+            let mut out: Vec<(String, SocketAddr)> = Vec::new();
+            for (slice, _) in st.slices.values() {
+                let Some(port) = slice
+                    .ports
+                    .iter()
+                    .flatten()
+                    .find(|p| p.name.as_deref() == Some(crate::stats::POD_STATS_PORT_NAME))
+                    .and_then(|p| u16::try_from(p.port?).ok())
+                else {
+                    continue;
+                };
+                for ep in &slice.endpoints {
+                    let cond = ep.conditions.as_ref();
+                    if !cond.and_then(|c| c.ready).unwrap_or(true)
+                        || cond.and_then(|c| c.terminating).unwrap_or(false)
+                    {
+                        continue;
+                    }
+                    for a in &ep.addresses {
+                        let Ok(ip) = a.parse::<std::net::IpAddr>() else {
+                            continue;
+                        };
+                        let addr = SocketAddr::new(ip, port);
+                        let pod = ep
+                            .target_ref
+                            .as_ref()
+                            .and_then(|r| r.name.clone())
+                            .unwrap_or_else(|| addr.to_string());
+                        out.push((pod, addr));
+                    }
+                }
+            }
+            out.sort();
+            out.dedup();
+            out
+        })
+    }
+
     /// Stops the watches and every scaler task. Scale requests not yet applied are dropped.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
