@@ -71,8 +71,42 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{s:?}: {host:?} has no address"))
 }
 
+/// A duration as operators write it: `15s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with a unit (500ms, 15s, 2m, 1h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_as_operators_write_them() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("3x").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("s").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -27,6 +27,12 @@ enum Command {
     /// Run the activator, the autoscaler and local replicas in one process (no cluster).
     #[command(after_help = EXIT_CODES)]
     Local(thaw::local::run::LocalArgs),
+    /// The activator on Kubernetes: holds cold requests, balances, reports to the autoscaler.
+    #[command(after_help = EXIT_CODES)]
+    Activator(thaw::roles::activator::ActivatorArgs),
+    /// The autoscaler on Kubernetes: Knative's KPA over every Revision, leader-elected.
+    #[command(after_help = EXIT_CODES)]
+    Autoscaler(thaw::roles::autoscaler::AutoscalerArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -53,6 +59,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Local(args) => thaw::local::run::main(args),
+        Command::Activator(args) => thaw::roles::activator::main(args),
+        Command::Autoscaler(args) => thaw::roles::autoscaler::main(args),
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),

@@ -4,4 +4,10 @@
 //!
 //! Room: composition only. May use every other room; none uses it.
 
+pub mod activator;
+pub mod admin;
+pub mod autoscaler;
+pub mod pull;
+pub mod revisions;
+pub mod serving;
 pub mod share;

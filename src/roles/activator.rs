@@ -1,0 +1,223 @@
+//! `thaw activator`: the data plane proxy on Kubernetes.
+//!
+//! The same activator as in `thaw local` (data port, admin port, drain), fed from the cluster:
+//! the catalog from a Revision watch, endpoints from the Kubernetes platform (private
+//! EndpointSlices, failing pods), split with the other activators ([`super::share`]), its
+//! limits from the live `config-activator`. It pushes its stats to the autoscaler leader it
+//! finds in the Lease and follows the leader's decisions; when the autoscaler or the API
+//! server is away it keeps serving warm traffic and holding cold traffic (a held request still
+//! ends by its cold-wait deadline). `/readyz` depends on neither after the first sync.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::autoscaler::{signal_stop, wait_for_token};
+use super::share::SharedEndpoints;
+use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
+use crate::autoscaler::scaler::ScaleStates;
+use crate::cli::parse_listen;
+use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
+use crate::leader::watch_leader;
+use crate::percore::Workers;
+use crate::platform::EndpointSource;
+use crate::platform::kubernetes::service_slices::watch_service;
+use crate::platform::kubernetes::{KubeOptions, KubePlatform};
+use crate::remote::{feed, push};
+use crate::revision::RevisionCatalog;
+use crate::telemetry::{Telemetry, init_tracing};
+
+/// Arguments of `thaw activator`.
+#[derive(Debug, clap::Args)]
+pub struct ActivatorArgs {
+    /// Where the ConfigMaps, the autoscaler's Lease, the stats token and activator-service live.
+    #[arg(long, default_value = SYSTEM_NAMESPACE, env = "SYSTEM_NAMESPACE")]
+    pub system_namespace: String,
+    /// Serve only this namespace's Revisions (default: every namespace).
+    #[arg(long, env = "THAW_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Data port (activator-service's `http` and `http2` ports lead here).
+    #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen)]
+    pub listen: SocketAddr,
+    /// Admin port: /metrics, /healthz, /readyz, /revisions. Not on activator-service.
+    #[arg(long, default_value = "0.0.0.0:9090", value_parser = parse_listen)]
+    pub admin_listen: SocketAddr,
+    /// This activator's data address as activator-service's EndpointSlices list it (its
+    /// place in the capacity split). Default: `$POD_IP` and the data port.
+    #[arg(long)]
+    pub advertise: Option<SocketAddr>,
+    /// This activator's name in its stats (default: `$POD_NAME`, else the advertised address).
+    #[arg(long, env = "POD_NAME")]
+    pub name: Option<String>,
+    /// The Service in front of the activators (its EndpointSlices are the activator set).
+    #[arg(long, default_value = "activator-service")]
+    pub activator_service: String,
+    /// The autoscaler's Lease (its holder is the leader's stats address).
+    #[arg(long, default_value = "thaw-autoscaler")]
+    pub autoscaler_lease: String,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// Runs `thaw activator` until SIGTERM (drain) or SIGINT.
+pub fn main(args: ActivatorArgs) -> ExitCode {
+    init_tracing(args.log_json);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("thaw-control")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::cli::say(format_args!("thaw activator: cannot start the runtime: {e}"));
+            return crate::cli::invalid();
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            crate::cli::say(msg);
+            crate::cli::invalid()
+        }
+    }
+}
+
+async fn run(args: ActivatorArgs) -> Result<(), String> {
+    if let Err(e) = raise_nofile_limit() {
+        warn!(error = %e, "cannot raise the open-files limit; keeping the current one");
+    }
+    let data = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("thaw activator: cannot listen on {} (--listen): {e}", args.listen))?;
+    let admin = TcpListener::bind(args.admin_listen).await.map_err(|e| {
+        format!("thaw activator: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+    })?;
+    let data_addr = data.local_addr().map_err(|e| e.to_string())?;
+    let advertise = match args.advertise {
+        Some(a) => a,
+        None => {
+            let ip = std::env::var("POD_IP")
+                .ok()
+                .and_then(|ip| ip.parse().ok())
+                .unwrap_or(data_addr.ip());
+            SocketAddr::new(ip, data_addr.port())
+        }
+    };
+    let name = args.name.clone().unwrap_or_else(|| advertise.to_string());
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("thaw activator: no Kubernetes client configuration: {e}"))?;
+    let stop = CancellationToken::new();
+    let telemetry = Arc::new(Telemetry::new());
+    info!(data = %data_addr, advertise = %advertise, name = %name, "thaw activator starting");
+
+    let token = wait_for_token(&client, &args.system_namespace, &stop).await?;
+    let live = LiveConfig::default();
+    let _config_events = watch_configmaps(
+        client.clone(),
+        &args.system_namespace,
+        live.clone(),
+        telemetry.config.clone(),
+        stop.clone(),
+    );
+    let platform = KubePlatform::start(
+        client.clone(),
+        KubeOptions {
+            namespace: args.namespace.clone(),
+            ..KubeOptions::default()
+        },
+        telemetry.platform.clone(),
+    );
+    let catalog = Arc::new(RevisionCatalog::default());
+    let mut catalog_synced = super::revisions::follow(
+        client.clone(),
+        args.namespace.as_deref(),
+        live.clone(),
+        catalog.clone(),
+        platform.clone(),
+        stop.clone(),
+    );
+    let activators = watch_service(
+        client.clone(),
+        &args.system_namespace,
+        &args.activator_service,
+        stop.clone(),
+    );
+    let leader = watch_leader(
+        client.clone(),
+        &args.system_namespace,
+        &args.autoscaler_lease,
+        stop.clone(),
+    );
+    let scale_states = ScaleStates::new();
+    feed::follow(
+        leader.clone(),
+        token.clone(),
+        scale_states.clone(),
+        telemetry.remote.clone(),
+        stop.clone(),
+    );
+    let sink = push::start(
+        push::PushSettings {
+            leader,
+            token,
+            source: name.clone(),
+            metrics: telemetry.remote.clone(),
+            dropped: telemetry.activator.stats_dropped.clone(),
+        },
+        stop.clone(),
+    );
+    // The first sync: revisions, endpoints and the activator set listed once.
+    let mut act_rx = activators.clone();
+    tokio::select! {
+        _ = async {
+            platform.wait_synced().await;
+            let _ = catalog_synced.wait_for(|s| *s).await;
+            let _ = act_rx.wait_for(|a| a.synced).await;
+        } => {}
+        _ = signal_stop() => return Ok(()),
+    }
+    info!(revisions = catalog.load().len(), "first sync done");
+
+    let shared = SharedEndpoints::new(
+        Arc::new(platform.clone()),
+        activators,
+        advertise,
+        catalog.clone(),
+    );
+    let activator = Activator::new(ActivatorDeps {
+        catalog: catalog.clone(),
+        endpoints: Arc::new(shared) as Arc<dyn EndpointSource>,
+        stats: Arc::new(sink),
+        scale_states: Some(scale_states),
+        config: live.activator.clone(),
+        telemetry: telemetry.clone(),
+        source_name: name.into(),
+        next_hop: NextHop::Sidecar,
+    });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = Arc::new(
+        Workers::start(cores).map_err(|e| format!("thaw activator: cannot start data workers: {e}"))?,
+    );
+    activator.use_workers(workers.clone());
+    let served = activator
+        .clone()
+        .serve(data, admin, async {
+            signal_stop().await;
+            info!("draining");
+        })
+        .await;
+    workers.stop();
+    stop.cancel();
+    platform.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    info!("thaw activator stopped");
+    served.map_err(|e| format!("thaw activator: serving failed: {e}"))
+}

@@ -1,0 +1,370 @@
+//! `thaw autoscaler`: the KPA over every Revision (or one namespace's) on Kubernetes.
+//!
+//! Every replica follows the Revisions, the ConfigMaps (`config-autoscaler`,
+//! `config-defaults`, `config-activator` in `--system-namespace`, validated and reloaded as
+//! the files are), the private EndpointSlices and pods (the Kubernetes platform), the
+//! activator set and the public Services, and runs for the Lease `thaw-autoscaler`. Only the
+//! leader acts: it accepts the activators' stats (others answer 503), pulls pod stats, decides,
+//! patches Deployments' `/scale`, swaps the public endpoints (serving mode) and writes its part
+//! of the Revision status. Its stats address is the Lease's `holderIdentity`, which is how the
+//! activators find it. On losing the Lease all of that stops at once; on SIGTERM the Lease is
+//! released so another replica takes over without waiting for it to expire.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use super::serving::{self, Swap};
+use super::{admin, pull};
+use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
+use crate::cli::{parse_duration, parse_listen};
+use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
+use crate::leader::{LeaseSettings, elect};
+use crate::platform::Platform;
+use crate::platform::kubernetes::service_slices::watch_service;
+use crate::platform::kubernetes::{KubeOptions, KubePlatform};
+use crate::remote::server::{StatsPort, serve as serve_stats};
+use crate::remote::token::Token;
+use crate::revision::RevisionCatalog;
+use crate::stats::StatMessage;
+use crate::telemetry::{Telemetry, init_tracing};
+
+/// Bound of the stats channel into the scaler (pushes and pulls): ten activators' seconds of
+/// reports for a thousand revisions each fit; beyond it stats are dropped and counted.
+const STATS_CHANNEL: usize = 64 * 1024;
+
+/// Arguments of `thaw autoscaler`.
+#[derive(Debug, clap::Args)]
+pub struct AutoscalerArgs {
+    /// Where the ConfigMaps, the Lease, the stats token and activator-service live.
+    #[arg(long, default_value = SYSTEM_NAMESPACE, env = "SYSTEM_NAMESPACE")]
+    pub system_namespace: String,
+    /// Scale only this namespace's Revisions (default: every namespace).
+    #[arg(long, env = "THAW_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Stats port: the activators' pushes and the decision feed.
+    #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen)]
+    pub stats_listen: SocketAddr,
+    /// The stats address the activators reach this replica at (written into the Lease while
+    /// it leads), e.g. `$(POD_IP):8080`. Default: the bound stats address.
+    #[arg(long)]
+    pub stats_advertise: Option<String>,
+    /// Admin port: /metrics, /healthz, /readyz, /leader.
+    #[arg(long, default_value = "0.0.0.0:9090", value_parser = parse_listen)]
+    pub admin_listen: SocketAddr,
+    /// The Service in front of the activators (its EndpointSlices are the activator set).
+    #[arg(long, default_value = "activator-service")]
+    pub activator_service: String,
+    /// The Lease the replicas run for.
+    #[arg(long, default_value = "thaw-autoscaler")]
+    pub lease_name: String,
+    /// How long candidates wait after the Lease's last renewal before taking it (whole
+    /// seconds).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops leading.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often the leader renews and candidates retry.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// Runs `thaw autoscaler` until SIGTERM or SIGINT.
+pub fn main(args: AutoscalerArgs) -> ExitCode {
+    init_tracing(args.log_json);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("thaw-autoscaler")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::cli::say(format_args!("thaw autoscaler: cannot start the runtime: {e}"));
+            return crate::cli::invalid();
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            crate::cli::say(msg);
+            crate::cli::invalid()
+        }
+    }
+}
+
+async fn run(args: AutoscalerArgs) -> Result<(), String> {
+    let stats_listener = TcpListener::bind(args.stats_listen).await.map_err(|e| {
+        format!("thaw autoscaler: cannot listen on {} (--stats-listen): {e}", args.stats_listen)
+    })?;
+    let admin_listener = TcpListener::bind(args.admin_listen).await.map_err(|e| {
+        format!("thaw autoscaler: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+    })?;
+    let stats_addr = stats_listener.local_addr().map_err(|e| e.to_string())?;
+    let identity = args
+        .stats_advertise
+        .clone()
+        .unwrap_or_else(|| stats_addr.to_string());
+    let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
+    lease.lease_duration = args.lease_duration;
+    lease.renew_deadline = args.renew_deadline;
+    lease.retry_period = args.retry_period;
+    lease
+        .validate()
+        .map_err(|e| format!("thaw autoscaler: invalid lease settings: {e}"))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("thaw autoscaler: no Kubernetes client configuration: {e}"))?;
+    let stop = CancellationToken::new();
+    let telemetry = Arc::new(Telemetry::new());
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let leading_now = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scale_states = ScaleStates::new();
+    {
+        let (identity, leading_now, states) =
+            (identity.clone(), leading_now.clone(), scale_states.clone());
+        let state = Arc::new(admin::AdminState {
+            telemetry: telemetry.clone(),
+            ready: ready_rx,
+            leader: Box::new(move || {
+                serde_json::json!({
+                    "identity": identity,
+                    "leading": leading_now.load(Ordering::Relaxed),
+                    "revisions": states.all().len(),
+                })
+            }),
+        });
+        tokio::spawn(admin::serve(state, admin_listener, stop.clone()));
+    }
+    info!(stats = %stats_addr, identity = %identity, admin = %args.admin_listen, "thaw autoscaler starting");
+
+    let token = wait_for_token(&client, &args.system_namespace, &stop).await?;
+    let live = LiveConfig::default();
+    let _config_events = watch_configmaps(
+        client.clone(),
+        &args.system_namespace,
+        live.clone(),
+        telemetry.config.clone(),
+        stop.clone(),
+    );
+    let platform = KubePlatform::start(
+        client.clone(),
+        KubeOptions {
+            namespace: args.namespace.clone(),
+            ..KubeOptions::default()
+        },
+        telemetry.platform.clone(),
+    );
+    let catalog = Arc::new(RevisionCatalog::default());
+    let mut catalog_synced = super::revisions::follow(
+        client.clone(),
+        args.namespace.as_deref(),
+        live.clone(),
+        catalog.clone(),
+        platform.clone(),
+        stop.clone(),
+    );
+    let activators = watch_service(
+        client.clone(),
+        &args.system_namespace,
+        &args.activator_service,
+        stop.clone(),
+    );
+    let services =
+        serving::watch_public_services(client.clone(), args.namespace.as_deref(), stop.clone());
+    tokio::select! {
+        _ = async {
+            platform.wait_synced().await;
+            let _ = catalog_synced.wait_for(|s| *s).await;
+        } => {}
+        _ = signal_stop() => return Ok(()),
+    }
+    info!(revisions = catalog.load().len(), "first sync done");
+    let _ = ready_tx.send(true);
+
+    let options = ScalerOptions {
+        activator_path: ActivatorPath::Confirmed(Arc::new(InPath::default())),
+        ..ScalerOptions::default()
+    };
+    let ActivatorPath::Confirmed(in_path) = options.activator_path.clone() else {
+        unreachable!("set just above")
+    };
+    follow_activator_count(activators.clone(), options.activators.clone());
+
+    let (stats_tx, stats_rx) = mpsc::channel::<StatMessage>(STATS_CHANNEL);
+    let stats_rx = Arc::new(Mutex::new(stats_rx));
+    let flow = Arc::new(pull::PodStatsFlow::default());
+    let swap = Arc::new(Swap {
+        client: client.clone(),
+        platform: platform.clone(),
+        catalog: catalog.clone(),
+        states: scale_states.clone(),
+        in_path,
+        flow: flow.clone(),
+        activators,
+        services,
+    });
+    let work = {
+        let (catalog, platform, states, telemetry, options, stats_tx, flow) = (
+            catalog.clone(),
+            platform.clone(),
+            scale_states.clone(),
+            telemetry.clone(),
+            options,
+            stats_tx.clone(),
+            flow.clone(),
+        );
+        let leading_now = leading_now.clone();
+        move || {
+            let (catalog, platform, states, telemetry, options, stats_tx, flow, swap, stats_rx) = (
+                catalog.clone(),
+                platform.clone(),
+                states.clone(),
+                telemetry.clone(),
+                options.clone(),
+                stats_tx.clone(),
+                flow.clone(),
+                swap.clone(),
+                stats_rx.clone(),
+            );
+            let leading_now = leading_now.clone();
+            async move {
+                let term = CancellationToken::new();
+                let _end = term.clone().drop_guard();
+                leading_now.store(true, Ordering::Relaxed);
+                let _not_leading = Flag(leading_now);
+                info!("leading: scaling, pulling pod stats, swapping serving modes");
+                let mut shared_rx = stats_rx.lock().await;
+                // Stats from before this term are stale: start from an empty channel.
+                while shared_rx.try_recv().is_ok() {}
+                let (tx, rx) = mpsc::channel(STATS_CHANNEL);
+                let scaler = Scaler::new(
+                    catalog.clone(),
+                    Arc::new(platform.clone()) as Arc<dyn Platform>,
+                    states,
+                    &telemetry,
+                    options,
+                );
+                tokio::spawn(
+                    pull::run(
+                        platform,
+                        catalog,
+                        stats_tx,
+                        flow,
+                        telemetry.remote.clone(),
+                        term.child_token(),
+                    )
+                    .instrument(tracing::info_span!("pod_stats")),
+                );
+                tokio::spawn(serving::run(swap, term.child_token()));
+                let t = term.clone();
+                let scaling = tokio::spawn(scaler.run(rx, async move { t.cancelled().await }));
+                loop {
+                    tokio::select! {
+                        m = shared_rx.recv() => match m {
+                            Some(m) => if tx.try_send(m).is_err() {
+                                telemetry.activator.stats_dropped.inc();
+                            },
+                            None => break,
+                        },
+                        _ = term.cancelled() => break,
+                    }
+                }
+                drop(scaling);
+            }
+        }
+    };
+    let leadership = elect(client.clone(), lease, stop.clone(), work)
+        .map_err(|e| format!("thaw autoscaler: {e}"))?;
+    let port = Arc::new(StatsPort {
+        token,
+        leading: leadership.subscribe(),
+        stats: stats_tx,
+        states: scale_states,
+        metrics: telemetry.remote.clone(),
+        dropped: telemetry.activator.stats_dropped.clone(),
+    });
+    tokio::spawn(serve_stats(port, stats_listener, stop.clone()));
+
+    signal_stop().await;
+    info!("stopping: releasing the lease");
+    let _ = ready_tx.send(false);
+    stop.cancel();
+    // The election task releases the Lease on stop; give it a moment to finish.
+    let mut l = leadership.subscribe();
+    let _ = tokio::time::timeout(Duration::from_secs(5), l.wait_for(|v| !*v)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    platform.shutdown();
+    info!("thaw autoscaler stopped");
+    Ok(())
+}
+
+/// Clears the "leading" flag of `/leader` when a term ends.
+struct Flag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Keeps the scaler's activator count at the number of ready activators (at least 1).
+fn follow_activator_count(
+    mut rx: watch::Receiver<Arc<crate::platform::kubernetes::service_slices::ServiceEndpoints>>,
+    count: Arc<std::sync::atomic::AtomicU32>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let n = rx.borrow_and_update().port(super::share::ACTIVATOR_PORT).len();
+            count.store(u32::try_from(n.max(1)).unwrap_or(u32::MAX), Ordering::Relaxed);
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Reads the stats token, retrying while the Secret is missing or invalid (logged).
+pub(super) async fn wait_for_token(
+    client: &kube::Client,
+    namespace: &str,
+    stop: &CancellationToken,
+) -> Result<Token, String> {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match Token::from_secret(client.clone(), namespace).await {
+            Ok(t) => return Ok(t),
+            Err(e) => warn!(error = %e, "no stats token yet; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Err("stopped before the stats token was read".into()),
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub(super) async fn signal_stop() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => info!("SIGTERM"),
+                _ = i.recv() => info!("SIGINT"),
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}

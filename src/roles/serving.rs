@@ -1,0 +1,449 @@
+//! The serving-mode swap (Knative's ServerlessService): the autoscaler leader owns each
+//! revision's **public** EndpointSlices (the public Service `<revision>` has no selector) and
+//! points them at the ready activators (Proxy) or at the revision's ready pods (Serve).
+//!
+//! - **Serve** only when the scaler says the activator may leave the path (the revision wants
+//!   pods and its excess burst capacity is not negative; `target-burst-capacity: -1` never),
+//!   the pods are ready in the private slices, and the revision's pod stats flow (else the
+//!   autoscaler would be blind to the traffic that bypasses the activators). Otherwise Proxy.
+//! - Slices are applied server-side with the field manager `autoscaler.thaw.dev`, labelled
+//!   `endpointslice.kubernetes.io/managed-by: autoscaler.thaw.dev` and
+//!   `kubernetes.io/service-name: <service>`, owned by the Service, with the Service's port
+//!   names, one slice per distinct set of ports (activators in a test listen on different
+//!   ports; pods do not). Slices it no longer needs are deleted after the new ones are written.
+//! - **Order.** Back to Proxy: the activators' slices are written first; the
+//!   "activator in path since" of the revision ([`InPath::confirm`]) starts at that successful
+//!   write, and the scaler takes the revision to zero only a grace period after it. To Serve:
+//!   [`InPath::clear`] after the pods' slices are written.
+//! - Also writes the autoscaler's part of the Revision status (`actualReplicas`,
+//!   `desiredReplicas`, `Active`).
+//!
+//! One task per revision with a public Service, on the leader only; each wakes on its scale
+//! state, its endpoints, the activator set, its public Service, and (while it wants pods) each
+//! second to see whether its pod stats started flowing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use tokio::sync::watch;
+use tokio::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::pull::PodStatsFlow;
+use crate::autoscaler::scaler::{InPath, ScaleState, ScaleStates};
+use crate::knative::names::{child_name, labels};
+use crate::knative::status::{AUTOSCALER_FIELD_MANAGER, Activity, active_condition};
+use crate::platform::kubernetes::service_slices::ServiceEndpoints;
+use crate::platform::kubernetes::{APP_PROTOCOL_H2C, KubePlatform, PORT_NAME_HTTP2};
+use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
+use crate::revision::{Protocol, RevisionCatalog, RevisionKey};
+
+/// A revision's public Service as the swap needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicService {
+    pub name: String,
+    pub uid: String,
+    /// (port name, appProtocol).
+    pub ports: Vec<(String, Option<String>)>,
+}
+
+/// Where a revision's public endpoints point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Proxy,
+    Serve,
+}
+
+/// One endpoint of a public slice: an IP and its port per port name.
+type Backend = (std::net::IpAddr, BTreeMap<String, u16>);
+
+/// The mode a revision should be in.
+pub fn mode(state: &ScaleState, snap: &EndpointSnapshot, stats_flow: bool) -> Mode {
+    if state.activator_in_path || snap.ready.is_empty() || !stats_flow {
+        Mode::Proxy
+    } else {
+        Mode::Serve
+    }
+}
+
+/// The backends of the public slices: the activators' ports of the same names (Proxy), or the
+/// pods' serving port under the port name of the revision's protocol (Serve).
+pub fn backends(
+    mode: Mode,
+    svc: &PublicService,
+    protocol: Protocol,
+    activators: &ServiceEndpoints,
+    snap: &EndpointSnapshot,
+) -> Vec<Backend> {
+    let mut by_ip: BTreeMap<std::net::IpAddr, BTreeMap<String, u16>> = BTreeMap::new();
+    for (port_name, app) in &svc.ports {
+        let h2c = port_name == PORT_NAME_HTTP2 || app.as_deref() == Some(APP_PROTOCOL_H2C);
+        let addrs: &[SocketAddr] = match mode {
+            Mode::Proxy => activators.port(port_name),
+            Mode::Serve if h2c == (protocol == Protocol::H2c) => &snap.ready,
+            Mode::Serve => &[],
+        };
+        for a in addrs {
+            by_ip
+                .entry(a.ip())
+                .or_default()
+                .insert(port_name.clone(), a.port());
+        }
+    }
+    by_ip.into_iter().collect()
+}
+
+/// The slices for `backends`: one per distinct port map (and address family).
+pub fn slices(
+    key: &RevisionKey,
+    svc: &PublicService,
+    backends: &[Backend],
+) -> BTreeMap<String, serde_json::Value> {
+    let mut groups: BTreeMap<(bool, Vec<(String, u16)>), BTreeSet<std::net::IpAddr>> =
+        BTreeMap::new();
+    for (ip, ports) in backends {
+        let ports: Vec<(String, u16)> = ports.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        groups.entry((ip.is_ipv6(), ports)).or_default().insert(*ip);
+    }
+    let mut out = BTreeMap::new();
+    for ((v6, ports), ips) in groups {
+        let sig: String = ports
+            .iter()
+            .map(|(n, p)| format!("{n}{p}"))
+            .collect::<Vec<_>>()
+            .join("-");
+        let name = child_name(&svc.name, &format!("-{}{:x}", if v6 { "6-" } else { "" }, fnv(&sig)));
+        let slice_ports: Vec<serde_json::Value> = ports
+            .iter()
+            .map(|(n, p)| {
+                let app = svc
+                    .ports
+                    .iter()
+                    .find(|(pn, _)| pn == n)
+                    .and_then(|(_, a)| a.clone());
+                let mut v = serde_json::json!({"name": n, "port": p, "protocol": "TCP"});
+                if let Some(a) = app {
+                    v["appProtocol"] = a.into();
+                }
+                v
+            })
+            .collect();
+        let endpoints: Vec<serde_json::Value> = ips
+            .iter()
+            .map(|ip| {
+                serde_json::json!({"addresses": [ip.to_string()],
+                    "conditions": {"ready": true, "serving": true, "terminating": false}})
+            })
+            .collect();
+        let body = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": name,
+                "namespace": &*key.namespace,
+                "labels": {
+                    labels::ENDPOINTSLICE_SERVICE_NAME: svc.name,
+                    labels::ENDPOINTSLICE_MANAGED_BY: labels::MANAGED_BY_AUTOSCALER,
+                    labels::REVISION: &*key.name,
+                    labels::SERVICE_TYPE: labels::SERVICE_TYPE_PUBLIC,
+                },
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Service", "name": svc.name, "uid": svc.uid,
+                    "controller": true, "blockOwnerDeletion": true,
+                }],
+            },
+            "addressType": if v6 { "IPv6" } else { "IPv4" },
+            "ports": slice_ports,
+            "endpoints": endpoints,
+        });
+        out.insert(name, body);
+    }
+    out
+}
+
+fn fnv(s: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Follows the public Services (label `networking.internal.knative.dev/serviceType=Public`)
+/// of every revision in `namespace` (all when `None`).
+pub fn watch_public_services(
+    client: kube::Client,
+    namespace: Option<&str>,
+    stop: CancellationToken,
+) -> watch::Receiver<Arc<BTreeMap<RevisionKey, PublicService>>> {
+    let (tx, rx) = watch::channel(Arc::new(BTreeMap::new()));
+    let api: Api<Service> = match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let cfg = watcher::Config::default().labels(&format!(
+        "{}={},{}",
+        labels::SERVICE_TYPE,
+        labels::SERVICE_TYPE_PUBLIC,
+        labels::REVISION
+    ));
+    tokio::spawn(
+        async move {
+            let mut s = std::pin::pin!(watch_stream(api, cfg).default_backoff());
+            let mut all: BTreeMap<RevisionKey, PublicService> = BTreeMap::new();
+            let mut listing: Option<BTreeMap<RevisionKey, PublicService>> = None;
+            let parse = |svc: &Service| -> Option<(RevisionKey, PublicService)> {
+                let rev = svc.labels().get(labels::REVISION)?;
+                let key = RevisionKey::new(svc.namespace()?, rev);
+                let ports = svc
+                    .spec
+                    .as_ref()?
+                    .ports
+                    .iter()
+                    .flatten()
+                    .filter_map(|p| Some((p.name.clone()?, p.app_protocol.clone())))
+                    .collect();
+                Some((
+                    key,
+                    PublicService {
+                        name: svc.name_any(),
+                        uid: svc.uid()?,
+                        ports,
+                    },
+                ))
+            };
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = s.next() => ev,
+                };
+                match ev {
+                    None => return,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watch error; resuming");
+                        continue;
+                    }
+                    Some(Ok(Event::Init)) => {
+                        listing = Some(BTreeMap::new());
+                        continue;
+                    }
+                    Some(Ok(Event::InitApply(svc))) => {
+                        if let (Some(l), Some((k, p))) = (listing.as_mut(), parse(&svc)) {
+                            l.insert(k, p);
+                        }
+                        continue;
+                    }
+                    Some(Ok(Event::InitDone)) => all = listing.take().unwrap_or_default(),
+                    Some(Ok(Event::Apply(svc))) => {
+                        if let Some((k, p)) = parse(&svc) {
+                            all.insert(k, p);
+                        }
+                    }
+                    Some(Ok(Event::Delete(svc))) => {
+                        if let Some((k, _)) = parse(&svc) {
+                            all.remove(&k);
+                        }
+                    }
+                }
+                tx.send_replace(Arc::new(all.clone()));
+            }
+        }
+        .instrument(tracing::info_span!("watch", resource = "services")),
+    );
+    rx
+}
+
+/// What every revision's swap task shares.
+pub struct Swap {
+    pub client: kube::Client,
+    pub platform: KubePlatform,
+    pub catalog: Arc<RevisionCatalog>,
+    pub states: Arc<ScaleStates>,
+    pub in_path: Arc<InPath>,
+    pub flow: Arc<PodStatsFlow>,
+    pub activators: watch::Receiver<Arc<ServiceEndpoints>>,
+    pub services: watch::Receiver<Arc<BTreeMap<RevisionKey, PublicService>>>,
+}
+
+/// Runs a swap task for each revision that has a public Service, until `stop` (the end of
+/// leadership). Tasks start and stop as revisions and Services come and go.
+pub async fn run(swap: Arc<Swap>, stop: CancellationToken) {
+    let tasks: DashMap<RevisionKey, CancellationToken> = DashMap::new();
+    let mut services = swap.services.clone();
+    let mut catalog = swap.catalog.subscribe();
+    loop {
+        let svcs = services.borrow_and_update().clone();
+        let snapshot = swap.catalog.load();
+        for (key, _) in svcs.iter() {
+            if snapshot.get(key).is_some() && !tasks.contains_key(key) {
+                let token = stop.child_token();
+                tasks.insert(key.clone(), token.clone());
+                tokio::spawn(
+                    revision_task(swap.clone(), key.clone(), token)
+                        .instrument(tracing::info_span!("serving_mode", revision = %key)),
+                );
+            }
+        }
+        tasks.retain(|key, token| {
+            let keep = svcs.contains_key(key) && snapshot.get(key).is_some();
+            if !keep {
+                token.cancel();
+                swap.in_path.clear(key);
+            }
+            keep
+        });
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = services.changed() => if r.is_err() { return },
+            r = catalog.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToken) {
+    let mut state_rx = swap.states.subscribe(&key);
+    let mut endpoints = swap.platform.endpoints(&key);
+    let mut activators = swap.activators.clone();
+    let mut services = swap.services.clone();
+    let api: Api<EndpointSlice> = Api::namespaced(swap.client.clone(), &key.namespace);
+    let mut written: Option<(Mode, BTreeMap<String, serde_json::Value>)> = None;
+    let mut owned: Option<BTreeSet<String>> = None;
+    let mut status_written: Option<(i32, i32, Activity)> = None;
+    let mut activity_since = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut retry = Duration::from_millis(100);
+    loop {
+        let state = state_rx.borrow_and_update().clone();
+        let snap = endpoints.borrow_and_update().clone();
+        let acts = activators.borrow_and_update().clone();
+        let svc = services.borrow_and_update().get(&key).cloned();
+        let protocol = swap
+            .catalog
+            .load()
+            .get(&key)
+            .map_or(Protocol::Http1, |s| s.protocol);
+        let mut failed = false;
+        if let Some(svc) = svc {
+            let mode = mode(&state, &snap, swap.flow.flows(&key));
+            let want = slices(&key, &svc, &backends(mode, &svc, protocol, &acts, &snap));
+            if written.as_ref() != Some(&(mode, want.clone())) {
+                match write(&api, &key, &svc, &want, &mut owned).await {
+                    Ok(()) => {
+                        tracing::info!(mode = ?mode, slices = want.len(), "public endpoints written");
+                        match mode {
+                            Mode::Proxy => swap.in_path.confirm(&key, Instant::now()),
+                            Mode::Serve => swap.in_path.clear(&key),
+                        }
+                        written = Some((mode, want));
+                        retry = Duration::from_millis(100);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "writing public endpoints failed; retrying");
+                        failed = true;
+                    }
+                }
+            }
+        }
+        // The autoscaler's part of the Revision status.
+        let ready = i32::try_from(snap.ready.len()).unwrap_or(i32::MAX);
+        let activity = match (&snap.status, ready, state.desired) {
+            (EndpointStatus::Failing { reason }, 0, _) if reason.contains("TimedOut") => {
+                Activity::TimedOut
+            }
+            (_, r, _) if r > 0 => Activity::Active,
+            (_, _, d) if d > 0 => Activity::Activating,
+            _ => Activity::Inactive,
+        };
+        let status = (state.desired, ready, activity);
+        if state.desired >= 0 && status_written != Some(status) {
+            if status_written.is_none_or(|(_, _, a)| a != activity) {
+                activity_since = Time(k8s_openapi::jiff::Timestamp::now());
+            }
+            match crate::knative::status::apply_autoscaler_status(
+                swap.client.clone(),
+                &key,
+                Some(state.desired),
+                ready,
+                active_condition(activity, activity_since.clone()),
+            )
+            .await
+            {
+                Ok(_) => status_written = Some(status),
+                Err(e) => {
+                    tracing::debug!(error = %e, "revision status not written; retrying");
+                    failed = true;
+                }
+            }
+        }
+        let wants_pods = !state.activator_in_path && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
+        let wait = if failed {
+            let w = retry;
+            retry = (retry * 2).min(Duration::from_secs(10));
+            Some(w)
+        } else if wants_pods {
+            Some(Duration::from_secs(1))
+        } else {
+            None
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = state_rx.changed() => if r.is_err() { return },
+            r = endpoints.changed() => if r.is_err() { return },
+            r = activators.changed() => if r.is_err() { return },
+            r = services.changed() => if r.is_err() { return },
+            () = async { match wait { Some(w) => tokio::time::sleep(w).await, None => std::future::pending().await } } => {}
+        }
+    }
+}
+
+/// Applies `want` and deletes the other slices this autoscaler owns for the Service.
+async fn write(
+    api: &Api<EndpointSlice>,
+    key: &RevisionKey,
+    svc: &PublicService,
+    want: &BTreeMap<String, serde_json::Value>,
+    owned: &mut Option<BTreeSet<String>>,
+) -> Result<(), kube::Error> {
+    if owned.is_none() {
+        let lp = ListParams::default().labels(&format!(
+            "{}={},{}={}",
+            labels::ENDPOINTSLICE_SERVICE_NAME,
+            svc.name,
+            labels::ENDPOINTSLICE_MANAGED_BY,
+            labels::MANAGED_BY_AUTOSCALER
+        ));
+        *owned = Some(api.list(&lp).await?.items.iter().map(|s| s.name_any()).collect());
+    }
+    let pp = PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force();
+    for (name, body) in want {
+        api.patch(name, &pp, &Patch::Apply(body)).await?;
+        owned.get_or_insert_default().insert(name.clone());
+    }
+    let stale: Vec<String> = owned
+        .iter()
+        .flatten()
+        .filter(|n| !want.contains_key(*n))
+        .cloned()
+        .collect();
+    for name in stale {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        owned.get_or_insert_default().remove(&name);
+    }
+    tracing::debug!(revision = %key, "public slices in place");
+    Ok(())
+}
