@@ -302,9 +302,7 @@ impl RevisionState {
                 let silent_is_idle = match env.activator_path {
                     ActivatorPath::Always { .. } => true,
                     ActivatorPath::FollowsDecision => ready == 0,
-                    ActivatorPath::Confirmed(in_path) => {
-                        ready == 0 || in_path.since(key).is_some()
-                    }
+                    ActivatorPath::Confirmed(in_path) => ready == 0 || in_path.since(key).is_some(),
                 };
                 silent_is_idle.then_some(Observed {
                     stable: 0.0,
@@ -334,18 +332,18 @@ impl RevisionState {
             debug!(revision = %key, "no stats for a stable window; keeping the last decision");
         }
 
-        let mut verdict = self
-            .lifecycle
-            .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
+        let mut verdict =
+            self.lifecycle
+                .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
         let turned_inactive =
             self.lifecycle
                 .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
         self.update_path(verdict, ready, now);
         if turned_inactive {
             // Knative reconciles again as soon as the activator is in the path; do it now.
-            verdict = self
-                .lifecycle
-                .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
+            verdict =
+                self.lifecycle
+                    .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
             self.lifecycle
                 .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
             self.update_path(verdict, ready, now);

@@ -138,7 +138,9 @@ fn apply(states: &ScaleStates, line: &[u8]) {
         states.remove(&key);
         return;
     }
-    let desired = d.desired.map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX));
+    let desired = d
+        .desired
+        .map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX));
     let current = states.get(&key);
     let decided_at = match &current {
         Some(c) if c.desired == desired => c.decided_at,

@@ -74,17 +74,11 @@ pub fn start(settings: PushSettings, stop: CancellationToken) -> HttpStatSink {
         tx,
         dropped: settings.dropped.clone(),
     };
-    tokio::spawn(
-        run(settings, rx, stop).instrument(tracing::info_span!("stats_push")),
-    );
+    tokio::spawn(run(settings, rx, stop).instrument(tracing::info_span!("stats_push")));
     sink
 }
 
-async fn run(
-    settings: PushSettings,
-    mut rx: mpsc::Receiver<StatMessage>,
-    stop: CancellationToken,
-) {
+async fn run(settings: PushSettings, mut rx: mpsc::Receiver<StatMessage>, stop: CancellationToken) {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .build_http();

@@ -96,7 +96,11 @@ fn text(code: StatusCode, msg: &'static str) -> Response<Body> {
     r
 }
 
-async fn route(port: &StatsPort, req: Request<Incoming>, stop: CancellationToken) -> Response<Body> {
+async fn route(
+    port: &StatsPort,
+    req: Request<Incoming>,
+    stop: CancellationToken,
+) -> Response<Body> {
     let path: &'static str = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
         (&Method::POST, STATS_PATH) => "stats",
@@ -120,7 +124,10 @@ async fn route(port: &StatsPort, req: Request<Incoming>, stop: CancellationToken
 }
 
 async fn accept_stats(port: &StatsPort, req: Request<Incoming>) -> Response<Body> {
-    let body = match Limited::new(req.into_body(), MAX_BATCH_BYTES).collect().await {
+    let body = match Limited::new(req.into_body(), MAX_BATCH_BYTES)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return text(StatusCode::PAYLOAD_TOO_LARGE, "batch too large\n");

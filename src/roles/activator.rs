@@ -76,7 +76,9 @@ pub fn main(args: ActivatorArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            crate::cli::say(format_args!("thaw activator: cannot start the runtime: {e}"));
+            crate::cli::say(format_args!(
+                "thaw activator: cannot start the runtime: {e}"
+            ));
             return crate::cli::invalid();
         }
     };
@@ -93,11 +95,17 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     if let Err(e) = raise_nofile_limit() {
         warn!(error = %e, "cannot raise the open-files limit; keeping the current one");
     }
-    let data = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("thaw activator: cannot listen on {} (--listen): {e}", args.listen))?;
+    let data = TcpListener::bind(args.listen).await.map_err(|e| {
+        format!(
+            "thaw activator: cannot listen on {} (--listen): {e}",
+            args.listen
+        )
+    })?;
     let admin = TcpListener::bind(args.admin_listen).await.map_err(|e| {
-        format!("thaw activator: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+        format!(
+            "thaw activator: cannot listen on {} (--admin-listen): {e}",
+            args.admin_listen
+        )
     })?;
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
     let advertise = match args.advertise {
@@ -204,7 +212,8 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = Arc::new(
-        Workers::start(cores).map_err(|e| format!("thaw activator: cannot start data workers: {e}"))?,
+        Workers::start(cores)
+            .map_err(|e| format!("thaw activator: cannot start data workers: {e}"))?,
     );
     activator.use_workers(workers.clone());
     let served = activator

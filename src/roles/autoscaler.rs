@@ -91,7 +91,9 @@ pub fn main(args: AutoscalerArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            crate::cli::say(format_args!("thaw autoscaler: cannot start the runtime: {e}"));
+            crate::cli::say(format_args!(
+                "thaw autoscaler: cannot start the runtime: {e}"
+            ));
             return crate::cli::invalid();
         }
     };
@@ -106,10 +108,16 @@ pub fn main(args: AutoscalerArgs) -> ExitCode {
 
 async fn run(args: AutoscalerArgs) -> Result<(), String> {
     let stats_listener = TcpListener::bind(args.stats_listen).await.map_err(|e| {
-        format!("thaw autoscaler: cannot listen on {} (--stats-listen): {e}", args.stats_listen)
+        format!(
+            "thaw autoscaler: cannot listen on {} (--stats-listen): {e}",
+            args.stats_listen
+        )
     })?;
     let admin_listener = TcpListener::bind(args.admin_listen).await.map_err(|e| {
-        format!("thaw autoscaler: cannot listen on {} (--admin-listen): {e}", args.admin_listen)
+        format!(
+            "thaw autoscaler: cannot listen on {} (--admin-listen): {e}",
+            args.admin_listen
+        )
     })?;
     let stats_addr = stats_listener.local_addr().map_err(|e| e.to_string())?;
     let identity = args
@@ -326,8 +334,14 @@ fn follow_activator_count(
 ) {
     tokio::spawn(async move {
         loop {
-            let n = rx.borrow_and_update().port(super::share::ACTIVATOR_PORT).len();
-            count.store(u32::try_from(n.max(1)).unwrap_or(u32::MAX), Ordering::Relaxed);
+            let n = rx
+                .borrow_and_update()
+                .port(super::share::ACTIVATOR_PORT)
+                .len();
+            count.store(
+                u32::try_from(n.max(1)).unwrap_or(u32::MAX),
+                Ordering::Relaxed,
+            );
             if rx.changed().await.is_err() {
                 return;
             }
@@ -358,7 +372,10 @@ pub(super) async fn wait_for_token(
 /// Completes on SIGTERM or SIGINT.
 pub(super) async fn signal_stop() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {
                 _ = t.recv() => info!("SIGTERM"),

@@ -94,10 +94,8 @@ pub async fn run(
                 continue;
             }
             let n = sample_size(targets.len());
-            let sample: Vec<(String, SocketAddr)> = targets
-                .sample(&mut rand::rng(), n)
-                .cloned()
-                .collect();
+            let sample: Vec<(String, SocketAddr)> =
+                targets.sample(&mut rand::rng(), n).cloned().collect();
             let (client, key, metrics) = (client.clone(), spec.key.clone(), metrics.clone());
             let population = targets.len();
             round.spawn(
@@ -119,7 +117,9 @@ pub async fn run(
         }
         let at = crate::clock::now_second().saturating_sub(1);
         while let Some(done) = round.join_next().await {
-            let Ok((key, population, got)) = done else { continue };
+            let Ok((key, population, got)) = done else {
+                continue;
+            };
             if got.is_empty() {
                 continue;
             }
@@ -154,11 +154,14 @@ async fn pull(
     if resp.status() != StatusCode::OK {
         return Err("error");
     }
-    let body = timeout(PULL_TIMEOUT, Limited::new(resp.into_body(), 64 * 1024).collect())
-        .await
-        .map_err(|_| "timeout")?
-        .map_err(|_| "error")?
-        .to_bytes();
+    let body = timeout(
+        PULL_TIMEOUT,
+        Limited::new(resp.into_body(), 64 * 1024).collect(),
+    )
+    .await
+    .map_err(|_| "timeout")?
+    .map_err(|_| "error")?
+    .to_bytes();
     let s: PodStats = serde_json::from_slice(&body).map_err(|_| "rejected")?;
     let valid = s.average_concurrency.is_finite()
         && s.average_concurrency >= 0.0

@@ -86,7 +86,9 @@ pub fn backends(
     activators: &ServiceEndpoints,
     snap: &EndpointSnapshot,
 ) -> Vec<Backend> {
-    let mut by_ip: BTreeMap<std::net::IpAddr, BTreeMap<String, u16>> = BTreeMap::new();
+    // Normally one IP is one pod; several listeners on one IP (a test's loopback) are kept
+    // apart: an address joins the IP's first backend that has no port of that name yet.
+    let mut out: Vec<Backend> = Vec::new();
     for (port_name, app) in &svc.ports {
         let h2c = port_name == PORT_NAME_HTTP2 || app.as_deref() == Some(APP_PROTOCOL_H2C);
         let addrs: &[SocketAddr] = match mode {
@@ -95,13 +97,19 @@ pub fn backends(
             Mode::Serve => &[],
         };
         for a in addrs {
-            by_ip
-                .entry(a.ip())
-                .or_default()
-                .insert(port_name.clone(), a.port());
+            match out
+                .iter_mut()
+                .find(|(ip, ports)| *ip == a.ip() && !ports.contains_key(port_name))
+            {
+                Some((_, ports)) => {
+                    ports.insert(port_name.clone(), a.port());
+                }
+                None => out.push((a.ip(), BTreeMap::from([(port_name.clone(), a.port())]))),
+            }
         }
     }
-    by_ip.into_iter().collect()
+    out.sort();
+    out
 }
 
 /// The slices for `backends`: one per distinct port map (and address family).
@@ -123,7 +131,10 @@ pub fn slices(
             .map(|(n, p)| format!("{n}{p}"))
             .collect::<Vec<_>>()
             .join("-");
-        let name = child_name(&svc.name, &format!("-{}{:x}", if v6 { "6-" } else { "" }, fnv(&sig)));
+        let name = child_name(
+            &svc.name,
+            &format!("-{}{:x}", if v6 { "6-" } else { "" }, fnv(&sig)),
+        );
         let slice_ports: Vec<serde_json::Value> = ports
             .iter()
             .map(|(n, p)| {
@@ -386,7 +397,8 @@ async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToke
                 }
             }
         }
-        let wants_pods = !state.activator_in_path && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
+        let wants_pods =
+            !state.activator_in_path && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
         let wait = if failed {
             let w = retry;
             retry = (retry * 2).min(Duration::from_secs(10));
@@ -423,7 +435,14 @@ async fn write(
             labels::ENDPOINTSLICE_MANAGED_BY,
             labels::MANAGED_BY_AUTOSCALER
         ));
-        *owned = Some(api.list(&lp).await?.items.iter().map(|s| s.name_any()).collect());
+        *owned = Some(
+            api.list(&lp)
+                .await?
+                .items
+                .iter()
+                .map(|s| s.name_any())
+                .collect(),
+        );
     }
     let pp = PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force();
     for (name, body) in want {

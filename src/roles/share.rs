@@ -184,7 +184,9 @@ mod tests {
     use super::*;
 
     fn addrs(n: u16, base: u16) -> Vec<SocketAddr> {
-        (0..n).map(|i| SocketAddr::from(([10, 0, 0, 1], base + i))).collect()
+        (0..n)
+            .map(|i| SocketAddr::from(([10, 0, 0, 1], base + i)))
+            .collect()
     }
 
     /// Over many shapes: the activators' shares of every pod add up to exactly cc, and every
@@ -228,8 +230,14 @@ mod tests {
         let me = SocketAddr::from(([10, 0, 0, 1], 8000));
         let key = RevisionKey::new("ns", "r");
         assert_eq!(share(&pods, 1, &[me], me, &key), (pods.clone(), None));
-        assert_eq!(share(&pods, 0, &addrs(3, 8000), me, &key), (pods.clone(), None));
+        assert_eq!(
+            share(&pods, 0, &addrs(3, 8000), me, &key),
+            (pods.clone(), None)
+        );
         let stranger = SocketAddr::from(([10, 0, 0, 9], 1));
-        assert_eq!(share(&pods, 1, &addrs(3, 8000), stranger, &key), (pods, None));
+        assert_eq!(
+            share(&pods, 1, &addrs(3, 8000), stranger, &key),
+            (pods, None)
+        );
     }
 }

@@ -76,6 +76,8 @@ impl RemoteMetrics {
 
     /// Counts one answer of the stats port.
     pub fn answered(&self, path: &'static str, code: u16) {
-        self.requests.get_or_create(&CodeLabels { path, code }).inc();
+        self.requests
+            .get_or_create(&CodeLabels { path, code })
+            .inc();
     }
 }

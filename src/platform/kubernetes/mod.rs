@@ -34,10 +34,10 @@
 
 mod pods;
 mod scaler;
+pub mod service_slices;
 mod slices;
 mod state;
 mod watch;
-pub mod service_slices;
 
 pub use pods::{FAILING_WAITING_REASONS, PodFailure, pod_failure};
 pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};

@@ -42,7 +42,12 @@ pub fn slice_ports(slice: &EndpointSlice) -> BTreeMap<String, BTreeSet<SocketAdd
         .ports
         .iter()
         .flatten()
-        .filter_map(|p| Some((p.name.clone().unwrap_or_default(), u16::try_from(p.port?).ok()?)))
+        .filter_map(|p| {
+            Some((
+                p.name.clone().unwrap_or_default(),
+                u16::try_from(p.port?).ok()?,
+            ))
+        })
         .collect();
     for ep in &slice.endpoints {
         let cond = ep.conditions.as_ref();
@@ -52,7 +57,9 @@ pub fn slice_ports(slice: &EndpointSlice) -> BTreeMap<String, BTreeSet<SocketAdd
             continue;
         }
         for a in &ep.addresses {
-            let Ok(ip) = a.parse::<IpAddr>() else { continue };
+            let Ok(ip) = a.parse::<IpAddr>() else {
+                continue;
+            };
             for (name, port) in &ports {
                 out.entry(name.clone())
                     .or_default()
@@ -80,8 +87,7 @@ pub fn watch_service(
             let mut s = std::pin::pin!(watch_stream(api, cfg).default_backoff());
             let mut slices: HashMap<String, BTreeMap<String, BTreeSet<SocketAddr>>> =
                 HashMap::new();
-            let mut listing: Option<HashMap<String, BTreeMap<String, BTreeSet<SocketAddr>>>> =
-                None;
+            let mut listing: Option<HashMap<String, BTreeMap<String, BTreeSet<SocketAddr>>>> = None;
             let mut synced = false;
             loop {
                 let ev = tokio::select! {

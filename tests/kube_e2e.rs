@@ -1,0 +1,404 @@
+//! `thaw activator` and `thaw autoscaler` as real processes against the in-process API server
+//! (through a cuttable relay, with a kubeconfig), with a test kubelet that runs real
+//! `thaw sample-app` pods. Real clock; every wait polls a condition with a deadline.
+
+mod kube_e2e_support;
+mod kube_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube_e2e_support::*;
+use tokio::time::Instant;
+
+const LONG: Duration = Duration::from_secs(40);
+
+fn autoscaler(c: &Cluster, name: &str, stats: u16, admin: u16) -> Proc {
+    c.spawn(
+        name,
+        &[
+            "autoscaler".into(),
+            format!("--system-namespace={SYSTEM}"),
+            format!("--stats-listen=127.0.0.1:{stats}"),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            "--lease-duration=3s".into(),
+            "--renew-deadline=2s".into(),
+            "--retry-period=500ms".into(),
+        ],
+    )
+}
+
+fn activator(c: &Cluster, name: &str, data: SocketAddr, admin: u16) -> Proc {
+    c.spawn(
+        name,
+        &[
+            "activator".into(),
+            format!("--system-namespace={SYSTEM}"),
+            format!("--listen={data}"),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            format!("--name={name}"),
+        ],
+    )
+}
+
+async fn leader(c: &Cluster) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), SYSTEM);
+    leases
+        .get_opt("thaw-autoscaler")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+async fn ready(admin: u16) -> bool {
+    get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/readyz").await == "ok\n"
+}
+
+fn admin_addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Cold start through two activators, their capacity split, the serving-mode swap and its
+/// order back to zero, the stats token, and a live ConfigMap edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_split_swap_and_scale_to_zero() {
+    let c = Cluster::start(serde_json::json!({
+        "stable-window": "6s",
+        "scale-to-zero-grace-period": "2s",
+        "allow-zero-initial-scale": "true",
+    }))
+    .await;
+    let acts: Vec<SocketAddr> = (0..2)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .collect();
+    c.activator_service(&acts).await;
+    c.revision(
+        "hello-00001",
+        1,
+        serde_json::json!({"autoscaling.knative.dev/target-burst-capacity": "0",
+            "autoscaling.knative.dev/initial-scale": "0"}),
+    )
+    .await;
+    let kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![(
+            "hello-00001".into(),
+            PodKind {
+                stats: true,
+                crash: false,
+            },
+        )],
+    );
+    let (s1, s2, a1, a2, aa1, aa2) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);
+    let _as2 = autoscaler(&c, "autoscaler-2", s2, a2);
+    let act1 = activator(&c, "activator-1", acts[0], aa1);
+    let act2 = activator(&c, "activator-2", acts[1], aa2);
+    until(LONG, "activators ready", || async {
+        (ready(aa1).await && ready(aa2).await).then_some(())
+    })
+    .await;
+    let lead = until(LONG, "a leader", || leader(&c)).await;
+    let lead_addr: SocketAddr = lead.parse().unwrap();
+
+    // The stats port refuses a sender without the token, and one with a wrong token.
+    let client = http();
+    for auth in [None, Some("Bearer not-the-token-at-all-000")] {
+        let mut req = http::Request::post(format!("http://{lead_addr}/stats"));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let body = r#"{"source":"x","stats":[{"namespace":"default","name":"hello-00001","concurrency":50,"requests":1,"poke":true}]}"#;
+        let resp = client
+            .request(
+                req.body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401, "{auth:?}");
+    }
+
+    // A request at zero is held, the leader scales up, the kubelet publishes pods, 200.
+    assert_eq!(c.replicas("hello-00001").await, 0);
+    let (status, timing, body) = get(&client, acts[0], "hello-00001", "/").await;
+    assert_eq!(status, 200, "{body}\n{}", act1.logs());
+    assert!(
+        timing.is_some_and(|t| t.contains("cold")),
+        "Server-Timing names the cold start"
+    );
+    assert!(c.replicas("hello-00001").await >= 1);
+
+    // Two activators, containerConcurrency 1: a pod never gets two requests at once.
+    let mut all = Vec::new();
+    for i in 0..16 {
+        let client = client.clone();
+        let a = acts[i % 2];
+        all.push(tokio::spawn(async move {
+            get(&client, a, "hello-00001", "/").await.0
+        }));
+    }
+    for h in all {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    assert_eq!(
+        kubelet.peak.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a pod had more than containerConcurrency requests at once"
+    );
+
+    // With burst capacity to spare and pod stats flowing, the public endpoints go to the pods.
+    let on_pods = |eps: &[SocketAddr]| !eps.is_empty() && eps.iter().all(|e| !acts.contains(e));
+    until(LONG, "public endpoints on the pods", || async {
+        on_pods(&c.public_endpoints("hello-00001").await).then_some(())
+    })
+    .await;
+
+    // Idle: back to the activators first, then zero a grace period later.
+    until(LONG, "scale to zero", || async {
+        (c.replicas("hello-00001").await == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let timeline = kubelet.timeline();
+    let zero_at = timeline
+        .iter()
+        .rposition(|(_, s)| *s == Seen::Scale("hello-00001".into(), 0))
+        .unwrap();
+    let back = timeline[..zero_at]
+        .iter()
+        .rposition(|(_, s)| matches!(s, Seen::Public(_, eps) if !eps.is_empty() && eps.iter().all(|e| acts.contains(e))))
+        .expect("the public endpoints went back to the activators before the scale to zero");
+    let served_by_pods = timeline[..back]
+        .iter()
+        .any(|(_, s)| matches!(s, Seen::Public(_, eps) if on_pods(eps)));
+    assert!(served_by_pods, "{timeline:?}");
+    if std::env::var("E2E_DEBUG").is_ok() {
+        for (t, s) in &timeline {
+            eprintln!("{:?} {s:?}", t.elapsed());
+        }
+        eprintln!(
+            "{}",
+            std::fs::read_to_string(c.dir.path().join("autoscaler-1.log")).unwrap()
+        );
+    }
+    let gap = timeline[zero_at].0 - timeline[back].0;
+    assert!(
+        gap >= Duration::from_millis(1700),
+        "zero came {gap:?} after the swap back; the grace period is 2 s"
+    );
+
+    // A live ConfigMap edit applies; an invalid one is rejected, the last good one kept.
+    let metrics = |port| async move { get_text(admin_addr(port), "/metrics").await };
+    let applied = |t: &str| metric(t, "thaw_config_reloads_total", &["config-autoscaler"]);
+    let rejected = |t: &str| {
+        metric(
+            t,
+            "thaw_config_reload_rejected_total",
+            &["config-autoscaler"],
+        )
+    };
+    let before = applied(&metrics(a1).await);
+    c.config_map(
+        "config-autoscaler",
+        serde_json::json!({"stable-window": "8s", "scale-to-zero-grace-period": "2s",
+            "allow-zero-initial-scale": "true"}),
+    )
+    .await;
+    until(LONG, "the edit applied", || async {
+        (applied(&metrics(a1).await) > before).then_some(())
+    })
+    .await;
+    c.config_map(
+        "config-autoscaler",
+        serde_json::json!({"stable-window": "banana"}),
+    )
+    .await;
+    until(LONG, "the invalid edit rejected", || async {
+        (rejected(&metrics(a1).await) >= 1.0).then_some(())
+    })
+    .await;
+    let logs = std::fs::read_to_string(c.dir.path().join("autoscaler-1.log")).unwrap();
+    assert!(
+        logs.contains("stable-window"),
+        "the rejection names the key"
+    );
+    drop(act2);
+}
+
+/// A crash-looping revision answers held requests 503 at once; the leader is killed and the
+/// other replica takes over and keeps scaling; the API server is cut off for 10 s while warm
+/// traffic flows, and every watch resumes without re-listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_failover_and_api_server_cut() {
+    let c = Cluster::start(serde_json::json!({
+        "stable-window": "6s",
+        "allow-zero-initial-scale": "true",
+    }))
+    .await;
+    let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    c.activator_service(&[act]).await;
+    c.revision(
+        "warm-00001",
+        0,
+        serde_json::json!({"autoscaling.knative.dev/min-scale": "1"}),
+    )
+    .await;
+    c.revision(
+        "crashy-00001",
+        0,
+        serde_json::json!({"autoscaling.knative.dev/initial-scale": "0"}),
+    )
+    .await;
+    c.revision(
+        "late-00001",
+        0,
+        serde_json::json!({"autoscaling.knative.dev/initial-scale": "0"}),
+    )
+    .await;
+    let _kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![
+            (
+                "warm-00001".into(),
+                PodKind {
+                    stats: false,
+                    crash: false,
+                },
+            ),
+            (
+                "crashy-00001".into(),
+                PodKind {
+                    stats: false,
+                    crash: true,
+                },
+            ),
+            (
+                "late-00001".into(),
+                PodKind {
+                    stats: false,
+                    crash: false,
+                },
+            ),
+        ],
+    );
+    let (s1, s2, a1, a2, aa) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let mut as1 = autoscaler(&c, "autoscaler-1", s1, a1);
+    let mut as2 = autoscaler(&c, "autoscaler-2", s2, a2);
+    let activator = activator(&c, "activator-1", act, aa);
+    until(LONG, "activator ready", || async {
+        ready(aa).await.then_some(())
+    })
+    .await;
+    let client = http();
+    until(LONG, "warm revision serving", || async {
+        (get(&client, act, "warm-00001", "/").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // A crash-looping revision: its held request is answered 503 at once, not 504 at the end
+    // of its 30 s wait.
+    let (status, _, body) = get(&client, act, "crashy-00001", "/").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.contains("crashy-00001-pod"), "no internals: {body}");
+
+    // The leader dies: the other replica takes over within lease duration + 2 x retry period
+    // (3 s + 1 s; the deadline adds a second for the API round trips) and keeps scaling.
+    let old = until(LONG, "a leader", || leader(&c)).await;
+    let (dead, alive_admin) = if old.ends_with(&format!(":{s1}")) {
+        (&mut as1, a2)
+    } else {
+        (&mut as2, a1)
+    };
+    dead.kill();
+    let killed_at = Instant::now();
+    let new = until(Duration::from_secs(5), "a new leader", || async {
+        leader(&c).await.filter(|l| *l != old)
+    })
+    .await;
+    assert!(killed_at.elapsed() <= Duration::from_secs(5));
+    assert_eq!(c.replicas("late-00001").await, 0);
+    let (status, _, body) = get(&client, act, "late-00001", "/").await;
+    assert_eq!(status, 200, "the new leader ({new}) scales: {body}");
+    assert_eq!(c.replicas("late-00001").await, 1);
+    // Stats reach the new leader, and none go to the dead one any more.
+    let act_metrics = || async { get_text(admin_addr(aa), "/metrics").await };
+    let failed = |t: &str| {
+        metric(t, "thaw_activator_stats_push_total", &["error"])
+            + metric(t, "thaw_activator_stats_push_total", &["timeout"])
+    };
+    until(LONG, "stats accepted by the new leader", || async {
+        let t = get_text(admin_addr(alive_admin), "/metrics").await;
+        (metric(
+            &t,
+            "thaw_autoscaler_stats_requests_total",
+            &["path=\"stats\"", "code=\"202\""],
+        ) > 0.0)
+            .then_some(())
+    })
+    .await;
+    let f1 = failed(&act_metrics().await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        failed(&act_metrics().await),
+        f1,
+        "stats still sent to the dead leader"
+    );
+
+    // The API server is away for 10 s: warm traffic keeps flowing; then each watch resumes
+    // from its resourceVersion, with no new LIST.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let resources = [
+        "/apis/serving.knative.dev/v1/revisions?",
+        "/apis/discovery.k8s.io/v1/endpointslices?",
+        "/api/v1/pods?",
+        "/apis/apps/v1/deployments?",
+        "/configmaps?",
+        "/api/v1/services?",
+    ];
+    let lists_before: Vec<usize> = resources.iter().map(|r| c.relay.lists(r).len()).collect();
+    let watches_before: Vec<usize> = resources.iter().map(|r| c.relay.watches(r).len()).collect();
+    c.relay.cut();
+    let cut_at = Instant::now();
+    let mut ok = 0;
+    while cut_at.elapsed() < Duration::from_secs(10) {
+        let (status, _, body) = get(&client, act, "warm-00001", "/").await;
+        assert_eq!(status, 200, "warm traffic during the cut: {body}");
+        ok += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ok >= 20);
+    c.relay.restore();
+    until(LONG, "every watch resumed", || async {
+        resources
+            .iter()
+            .zip(&watches_before)
+            .all(|(r, before)| c.relay.watches(r).len() > *before)
+            .then_some(())
+    })
+    .await;
+    let lists_after: Vec<usize> = resources.iter().map(|r| c.relay.lists(r).len()).collect();
+    assert_eq!(
+        lists_before, lists_after,
+        "a watch re-listed after the cut: {resources:?}"
+    );
+    assert_eq!(get(&client, act, "warm-00001", "/").await.0, 200);
+    drop(activator);
+}

@@ -1,0 +1,708 @@
+//! The end-to-end rig of `thaw activator` and `thaw autoscaler` on the in-process API server:
+//! real `thaw` processes reaching the server through a cuttable relay (with a kubeconfig, as
+//! in a cluster), the system namespace's objects, and a test kubelet and endpoints controller
+//! ([`Kubelet`]) that starts real `thaw sample-app` processes when a Deployment's scale goes
+//! up and writes their addresses into the revision's private EndpointSlices.
+//!
+//! Each "pod" is a sample app behind a counting proxy (the slice's `http` port) that records
+//! the most requests it ever had in flight at once, and, when asked, a pod-stats endpoint (the
+//! slice's `http-autometric` port) standing in for the queue sidecar.
+
+#![allow(dead_code, reason = "each test uses a different part of the rig")]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, PostParams};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use crate::kube_support::TestApi;
+use crate::kube_support::relay::Relay;
+
+pub const SYSTEM: &str = "thaw-system";
+pub const NS: &str = "default";
+pub const TOKEN: &str = "e2e-token-0123456789abcdef";
+
+/// A free loopback port (bound and released; the OS does not hand it out again at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+/// The API server, the relay thaw talks through, and the system namespace's objects.
+pub struct Cluster {
+    pub api: TestApi,
+    pub relay: Relay,
+    pub client: kube::Client,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// Starts the server and relay, writes the kubeconfig, the stats token Secret and
+    /// `config-autoscaler` with `autoscaler` data.
+    pub async fn start(autoscaler: serde_json::Value) -> Self {
+        let api = TestApi::start().await;
+        let relay = Relay::start(api.addr()).await;
+        let client = api.client();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: http://{}\n\
+                 contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: {SYSTEM}\n\
+                 current-context: e2e\nusers:\n- name: e2e\n  user: {{}}\n",
+                relay.addr()
+            ),
+        )
+        .unwrap();
+        let c = Self {
+            api,
+            relay,
+            client,
+            dir,
+            kubeconfig,
+        };
+        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), SYSTEM);
+        secrets
+            .create(
+                &PostParams::default(),
+                &obj(serde_json::json!({
+                    "metadata": {"name": "thaw-stats-token"},
+                    "stringData": {"token": TOKEN},
+                    "data": {"token": base64(TOKEN)},
+                })),
+            )
+            .await
+            .unwrap();
+        c.config_map("config-autoscaler", autoscaler).await;
+        c
+    }
+
+    /// Creates or replaces a ConfigMap in the system namespace.
+    pub async fn config_map(&self, name: &str, data: serde_json::Value) {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), SYSTEM);
+        let cm: ConfigMap = obj(serde_json::json!({"metadata": {"name": name}, "data": data}));
+        match api.get_opt(name).await.unwrap() {
+            Some(old) => {
+                let mut cm = cm;
+                cm.metadata.resource_version = old.metadata.resource_version;
+                api.replace(name, &PostParams::default(), &cm)
+                    .await
+                    .unwrap();
+            }
+            None => {
+                api.create(&PostParams::default(), &cm).await.unwrap();
+            }
+        }
+    }
+
+    /// `activator-service`'s slices: one per activator (each listens on its own port here).
+    pub async fn activator_service(&self, activators: &[SocketAddr]) {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), SYSTEM);
+        for (i, a) in activators.iter().enumerate() {
+            let s: EndpointSlice = obj(serde_json::json!({
+                "metadata": {"name": format!("activator-service-{i}"),
+                    "labels": {"kubernetes.io/service-name": "activator-service"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": a.port(), "protocol": "TCP"}],
+                "endpoints": [{"addresses": [a.ip().to_string()], "conditions": {"ready": true}}],
+            }));
+            api.create(&PostParams::default(), &s).await.unwrap();
+        }
+    }
+
+    /// A revision as the controller would make it: the Revision, its Deployment (at 0), and
+    /// its public Service without a selector.
+    pub async fn revision(&self, name: &str, cc: u32, annotations: serde_json::Value) {
+        let revs: Api<thaw::knative::Revision> = Api::namespaced(self.client.clone(), NS);
+        revs.create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
+                "metadata": {"name": name, "annotations": annotations,
+                    "labels": {"serving.knative.dev/service": "hello"}},
+                "spec": {"containerConcurrency": cc, "timeoutSeconds": 30,
+                    "containers": [{"image": "sample-app", "ports": [{"containerPort": 8080}]}]},
+            })),
+        )
+        .await
+        .unwrap();
+        let deps: Api<Deployment> = Api::namespaced(self.client.clone(), NS);
+        deps.create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "metadata": {"name": format!("{name}-deployment"),
+                    "labels": {"serving.knative.dev/revision": name}},
+                "spec": {"replicas": 0,
+                    "selector": {"matchLabels": {"serving.knative.dev/revision": name}},
+                    "template": {"metadata": {"labels": {"serving.knative.dev/revision": name}},
+                        "spec": {"containers": [{"name": "user-container", "image": "sample-app"}]}}},
+            })),
+        )
+        .await
+        .unwrap();
+        let svcs: Api<Service> = Api::namespaced(self.client.clone(), NS);
+        svcs.create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "metadata": {"name": name, "labels": {
+                    "serving.knative.dev/revision": name,
+                    "networking.internal.knative.dev/serviceType": "Public"}},
+                "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+            })),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// The Deployment's `spec.replicas`.
+    pub async fn replicas(&self, revision: &str) -> i32 {
+        let deps: Api<Deployment> = Api::namespaced(self.client.clone(), NS);
+        deps.get(&format!("{revision}-deployment"))
+            .await
+            .ok()
+            .and_then(|d| d.spec?.replicas)
+            .unwrap_or(0)
+    }
+
+    /// The public slices' endpoint addresses (`ip:port` of port `http`), sorted.
+    pub async fn public_endpoints(&self, revision: &str) -> Vec<SocketAddr> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), NS);
+        let lp = kube::api::ListParams::default().labels(&format!(
+            "kubernetes.io/service-name={revision},endpointslice.kubernetes.io/managed-by=autoscaler.thaw.dev"
+        ));
+        let mut out = Vec::new();
+        for s in api.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+            let port = s
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some("http"))
+                .and_then(|p| p.port);
+            for e in &s.endpoints {
+                for a in &e.addresses {
+                    if let (Ok(ip), Some(p)) = (a.parse(), port) {
+                        out.push(SocketAddr::new(ip, p as u16));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Spawns a `thaw` role with this cluster's kubeconfig; its output goes to a log file.
+    pub fn spawn(&self, name: &str, args: &[String]) -> Proc {
+        let log = self.dir.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_thaw"))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("POD_IP")
+            .env_remove("POD_NAME")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Proc {
+            child: Some(child),
+            log,
+            name: name.into(),
+        }
+    }
+}
+
+fn base64(s: &str) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let b = s.as_bytes();
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A running `thaw` process, killed on drop.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    /// Waits for the process to exit; its code.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                self.child = None;
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics after `within` naming `what`.
+pub async fn until<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A plain HTTP client for the tests' requests.
+pub fn http() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// GET `path` on `addr` for `revision` (routed by Knative's headers, as an ingress does).
+/// Status, `Server-Timing` and body.
+pub async fn get(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    revision: &str,
+    path: &str,
+) -> (u16, Option<String>, String) {
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .header("Knative-Serving-Namespace", NS)
+        .header("Knative-Serving-Revision", revision)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    match client.request(req).await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let timing = resp
+                .headers()
+                .get("server-timing")
+                .and_then(|v| v.to_str().ok())
+                .map(String::from);
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (status, timing, String::from_utf8_lossy(&body).into_owned())
+        }
+        Err(e) => (0, None, e.to_string()),
+    }
+}
+
+/// GET an admin/metrics text.
+pub async fn get_text(addr: SocketAddr, path: &str) -> String {
+    let c: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .body(Empty::new())
+        .unwrap();
+    match c.request(req).await {
+        Ok(r) => {
+            String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes()).into_owned()
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// The sum of a metric's samples whose line contains every `needle`.
+pub fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && needles.iter().all(|n| l.contains(n)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One pod the kubelet runs.
+struct PodRun {
+    name: String,
+    app: Child,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PodRun {
+    fn drop(&mut self) {
+        let _ = self.app.kill();
+        let _ = self.app.wait();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// What the kubelet does for one revision.
+#[derive(Debug, Clone, Copy)]
+pub struct PodKind {
+    /// Serve pod stats (as a queue sidecar would).
+    pub stats: bool,
+    /// Crash: the pod never becomes ready and its container waits in CrashLoopBackOff.
+    pub crash: bool,
+}
+
+/// Events the kubelet and the public-slice observer saw, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// The Deployment's replicas changed to n.
+    Scale(String, i32),
+    /// The public endpoints now point at these addresses.
+    Public(String, Vec<SocketAddr>),
+}
+
+/// The test kubelet and endpoints controller.
+pub struct Kubelet {
+    pub peak: Arc<AtomicU32>,
+    pub served: Arc<AtomicU64>,
+    pub timeline: Arc<Mutex<Vec<(Instant, Seen)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Kubelet {
+    /// Follows the Deployments of `revisions` every 50 ms.
+    pub fn start(client: kube::Client, revisions: Vec<(String, PodKind)>) -> Self {
+        let peak = Arc::new(AtomicU32::new(0));
+        let served = Arc::new(AtomicU64::new(0));
+        let timeline: Arc<Mutex<Vec<(Instant, Seen)>>> = Arc::default();
+        let (p, s, t) = (peak.clone(), served.clone(), timeline.clone());
+        let task = tokio::spawn(async move {
+            let mut pods: BTreeMap<String, Vec<PodRun>> = BTreeMap::new();
+            let mut last: BTreeMap<String, (i32, Vec<SocketAddr>)> = BTreeMap::new();
+            let mut n = 0u32;
+            loop {
+                for (rev, kind) in &revisions {
+                    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
+                    let Ok(d) = deps.get(&format!("{rev}-deployment")).await else {
+                        continue;
+                    };
+                    let want = d.spec.and_then(|s| s.replicas).unwrap_or(0);
+                    let entry = last.entry(rev.clone()).or_insert((0, Vec::new()));
+                    if entry.0 != want {
+                        entry.0 = want;
+                        t.lock()
+                            .unwrap()
+                            .push((Instant::now(), Seen::Scale(rev.clone(), want)));
+                    }
+                    let running = pods.entry(rev.clone()).or_default();
+                    while (running.len() as i32) < want {
+                        n += 1;
+                        let pod = start_pod(&client, rev, n, *kind, p.clone(), s.clone()).await;
+                        running.push(pod);
+                    }
+                    while (running.len() as i32) > want {
+                        let pod = running.pop().unwrap();
+                        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+                        let _ = slices.delete(&pod.name, &DeleteParams::default()).await;
+                        let podapi: Api<Pod> = Api::namespaced(client.clone(), NS);
+                        let _ = podapi.delete(&pod.name, &DeleteParams::default()).await;
+                    }
+                    // The public endpoints, for order assertions.
+                    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+                    let lp = kube::api::ListParams::default().labels(&format!(
+                        "kubernetes.io/service-name={rev},endpointslice.kubernetes.io/managed-by=autoscaler.thaw.dev"
+                    ));
+                    if let Ok(l) = api.list(&lp).await {
+                        let mut addrs: Vec<SocketAddr> = l
+                            .items
+                            .iter()
+                            .flat_map(|sl| {
+                                let port =
+                                    sl.ports.iter().flatten().find_map(|p| p.port).unwrap_or(0);
+                                sl.endpoints
+                                    .iter()
+                                    .flat_map(|e| e.addresses.clone())
+                                    .filter_map(move |a| {
+                                        Some(SocketAddr::new(a.parse().ok()?, port as u16))
+                                    })
+                                    .collect::<Vec<_>>()
+                            })
+                            .collect();
+                        addrs.sort();
+                        if entry.1 != addrs {
+                            entry.1 = addrs.clone();
+                            t.lock()
+                                .unwrap()
+                                .push((Instant::now(), Seen::Public(rev.clone(), addrs)));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Self {
+            peak,
+            served,
+            timeline,
+            task,
+        }
+    }
+
+    pub fn timeline(&self) -> Vec<(Instant, Seen)> {
+        self.timeline.lock().unwrap().clone()
+    }
+}
+
+async fn start_pod(
+    client: &kube::Client,
+    rev: &str,
+    n: u32,
+    kind: PodKind,
+    peak: Arc<AtomicU32>,
+    served: Arc<AtomicU64>,
+) -> PodRun {
+    let name = format!("{rev}-pod{n}");
+    let app_port = free_port();
+    let app = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args([
+            "sample-app",
+            "--port",
+            &app_port.to_string(),
+            "--response-delay",
+            "200ms",
+        ])
+        .args(if kind.crash {
+            &["--crash"][..]
+        } else {
+            &[][..]
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let state = if kind.crash {
+        serde_json::json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting"}})
+    } else {
+        serde_json::json!({"running": {}})
+    };
+    let _ = pods
+        .create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "metadata": {"name": name, "labels": {"serving.knative.dev/revision": rev}},
+                "spec": {"containers": [{"name": "user-container", "image": "sample-app"}]},
+            })),
+        )
+        .await;
+    let _ = pods
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Running",
+                "containerStatuses": [{"name": "user-container", "ready": !kind.crash,
+                    "restartCount": if kind.crash { 5 } else { 0 }, "image": "sample-app",
+                    "imageID": "", "state": state}]}})),
+        )
+        .await;
+    let mut tasks = Vec::new();
+    if kind.crash {
+        return PodRun { name, app, tasks };
+    }
+    // Wait for the app to listen.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", app_port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "sample app never listened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = proxy.local_addr().unwrap().port();
+    let inflight = Arc::new(AtomicU32::new(0));
+    tasks.push(tokio::spawn(counting_proxy(
+        proxy,
+        app_port,
+        inflight.clone(),
+        peak,
+        served,
+    )));
+    let mut ports =
+        vec![serde_json::json!({"name": "http", "port": proxy_port, "protocol": "TCP"})];
+    if kind.stats {
+        let stats = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stats_port = stats.local_addr().unwrap().port();
+        tasks.push(tokio::spawn(stats_endpoint(stats, name.clone(), inflight)));
+        ports.push(
+            serde_json::json!({"name": "http-autometric", "port": stats_port, "protocol": "TCP"}),
+        );
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    slices
+        .create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "metadata": {"name": name, "labels": {
+                    "serving.knative.dev/revision": rev,
+                    "networking.internal.knative.dev/serviceType": "Private",
+                    "kubernetes.io/service-name": format!("{rev}-private")}},
+                "addressType": "IPv4",
+                "ports": ports,
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                    "targetRef": {"kind": "Pod", "name": name, "namespace": NS}}],
+            })),
+        )
+        .await
+        .unwrap();
+    PodRun { name, app, tasks }
+}
+
+/// Forwards to the app, counting requests in flight and keeping the peak.
+async fn counting_proxy(
+    listener: TcpListener,
+    app_port: u16,
+    inflight: Arc<AtomicU32>,
+    peak: Arc<AtomicU32>,
+    served: Arc<AtomicU64>,
+) {
+    let client: Client<HttpConnector, Incoming> =
+        Client::builder(TokioExecutor::new()).build_http();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let (client, inflight, peak, served) = (
+            client.clone(),
+            inflight.clone(),
+            peak.clone(),
+            served.clone(),
+        );
+        tokio::spawn(async move {
+            let svc = service_fn(move |mut req: http::Request<Incoming>| {
+                let (client, inflight, peak, served) = (
+                    client.clone(),
+                    inflight.clone(),
+                    peak.clone(),
+                    served.clone(),
+                );
+                async move {
+                    let now = inflight.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    *req.uri_mut() = format!("http://127.0.0.1:{app_port}{}", req.uri().path())
+                        .parse()
+                        .unwrap();
+                    let out = match client.request(req).await {
+                        Ok(resp) => {
+                            let (parts, body) = resp.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            http::Response::from_parts(parts, Full::new(body))
+                        }
+                        Err(_) => {
+                            let mut r =
+                                http::Response::new(Full::new(Bytes::from_static(b"bad gateway")));
+                            *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+                            r
+                        }
+                    };
+                    inflight.fetch_sub(1, Ordering::SeqCst);
+                    served.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>(out)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Serves the pod's stats as a queue sidecar would: everything came through an activator.
+async fn stats_endpoint(listener: TcpListener, pod: String, inflight: Arc<AtomicU32>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let (pod, inflight) = (pod.clone(), inflight.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |_req: http::Request<Incoming>| {
+                let c = f64::from(inflight.load(Ordering::SeqCst));
+                let body = serde_json::json!({"pod": pod, "averageConcurrency": c,
+                    "requests": 0, "proxiedConcurrency": c, "proxiedRequests": 0});
+                async move {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
+                        body.to_string(),
+                    ))))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
