@@ -88,7 +88,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(format!("{s:?}: out of range"));
     }
     Ok(std::time::Duration::from_secs_f64(secs))

@@ -65,6 +65,9 @@ pub enum Mode {
     Serve,
 }
 
+/// What one public slice holds besides its addresses: IPv6 or not, and its (name, port)s.
+type SliceShape = (bool, Vec<(String, u16)>);
+
 /// One endpoint of a public slice: an IP and its port per port name.
 type Backend = (std::net::IpAddr, BTreeMap<String, u16>);
 
@@ -118,8 +121,7 @@ pub fn slices(
     svc: &PublicService,
     backends: &[Backend],
 ) -> BTreeMap<String, serde_json::Value> {
-    let mut groups: BTreeMap<(bool, Vec<(String, u16)>), BTreeSet<std::net::IpAddr>> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<SliceShape, BTreeSet<std::net::IpAddr>> = BTreeMap::new();
     for (ip, ports) in backends {
         let ports: Vec<(String, u16)> = ports.iter().map(|(k, v)| (k.clone(), *v)).collect();
         groups.entry((ip.is_ipv6(), ports)).or_default().insert(*ip);
