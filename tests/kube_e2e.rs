@@ -139,6 +139,20 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         "Server-Timing names the cold start"
     );
     assert!(c.replicas("hello-00001").await >= 1);
+    // The activators follow the leader's decisions (the feed).
+    for admin in [aa1, aa2] {
+        until(LONG, "the decision reached the activator", || async {
+            let v: serde_json::Value =
+                serde_json::from_str(&get_text(admin_addr(admin), "/revisions").await).ok()?;
+            let desired = v["revisions"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == "hello-00001")?["desired"]
+                .as_i64()?;
+            (desired >= 1).then_some(())
+        })
+        .await;
+    }
 
     // Two activators, containerConcurrency 1: a pod never gets two requests at once.
     let mut all = Vec::new();

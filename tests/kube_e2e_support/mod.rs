@@ -706,3 +706,25 @@ async fn stats_endpoint(listener: TcpListener, pod: String, inflight: Arc<Atomic
         });
     }
 }
+
+/// `promtool check metrics` on `text`: its exit code and what it said.
+pub fn promtool(text: &str) -> (i32, String) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's `prometheus` package; .ci/run installs it)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}

@@ -15,7 +15,7 @@ pub struct Relay {
     addr: SocketAddr,
     /// `true` while cut. Connection tasks watch it and close when it turns true.
     cut: watch::Sender<bool>,
-    requests: Arc<Mutex<Vec<String>>>,
+    requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
     task: tokio::task::JoinHandle<()>,
 }
@@ -90,6 +90,11 @@ impl Relay {
 
     /// Every request line seen so far (`GET /apis/...?... HTTP/1.1`).
     pub fn requests(&self) -> Vec<String> {
+        self.requests_at().into_iter().map(|(_, l)| l).collect()
+    }
+
+    /// Every request line seen so far, with when its first bytes arrived.
+    pub fn requests_at(&self) -> Vec<(tokio::time::Instant, String)> {
         self.requests.lock().unwrap().clone()
     }
 
@@ -116,7 +121,7 @@ async fn pipe(
     down: TcpStream,
     target: SocketAddr,
     mut cut: watch::Receiver<bool>,
-    requests: Arc<Mutex<Vec<String>>>,
+    requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
 ) {
     let Ok(mut up) = TcpStream::connect(target).await else {
@@ -149,7 +154,10 @@ async fn pipe(
                         let i = f.iter().position(|(frag, _)| line.contains(frag.as_str()));
                         i.map(|i| f.remove(i).1)
                     };
-                    requests.lock().unwrap().push(line);
+                    requests
+                        .lock()
+                        .unwrap()
+                        .push((tokio::time::Instant::now(), line));
                     if let Some(code) = fault {
                         let body = format!(
                             r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected","reason":"Injected","code":{code}}}"#
