@@ -64,7 +64,11 @@ async fn upstream(tx: mpsc::UnboundedSender<Instant>) -> SocketAddr {
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |_req| {
                     let _ = tx.send(Instant::now());
-                    async { Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"ok")))) }
+                    async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
@@ -157,7 +161,10 @@ async fn slice_to_held_request(api: &kube_support::TestApi) {
         let t_ev = ev_rx.recv().await.unwrap();
         assert_eq!(pending.await.unwrap().unwrap(), 200);
         lat.push(t_up.saturating_duration_since(t_ev));
-        slices.delete(&name, &DeleteParams::default()).await.unwrap();
+        slices
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
         while !platform.endpoints(&key).borrow().ready.is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -259,7 +266,9 @@ async fn poke_to_patch(api: &kube_support::TestApi) {
         let t1 = loop {
             let found = relay.requests_at()[seen..]
                 .iter()
-                .find(|(_, l)| l.starts_with("PATCH") && l.contains(&format!("{name}-deployment/scale")))
+                .find(|(_, l)| {
+                    l.starts_with("PATCH") && l.contains(&format!("{name}-deployment/scale"))
+                })
                 .map(|(t, _)| *t);
             if let Some(t) = found {
                 break t;

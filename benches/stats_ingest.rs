@@ -128,27 +128,30 @@ async fn stream_server(l: TcpListener, tx: mpsc::Sender<StatMessage>) {
         let (s, _) = l.accept().await.unwrap();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let tx = tx.clone();
-                async move {
-                    let mut body = req.into_body();
-                    let mut buf = Vec::new();
-                    while let Some(Ok(f)) = body.frame().await {
-                        let Ok(d) = f.into_data() else { continue };
-                        buf.extend_from_slice(&d);
-                        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                            let line: Vec<u8> = buf.drain(..=i).collect();
-                            let b: StatsBatch = serde_json::from_slice(&line[..i]).unwrap();
-                            let src: Arc<str> = b.source.as_str().into();
-                            let at = thaw::clock::now_second();
-                            for s in &b.stats {
-                                let _ = tx.try_send(StatMessage::Record(s.to_stat(&src, at)));
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let tx = tx.clone();
+                    async move {
+                        let mut body = req.into_body();
+                        let mut buf = Vec::new();
+                        while let Some(Ok(f)) = body.frame().await {
+                            let Ok(d) = f.into_data() else { continue };
+                            buf.extend_from_slice(&d);
+                            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                                let line: Vec<u8> = buf.drain(..=i).collect();
+                                let b: StatsBatch = serde_json::from_slice(&line[..i]).unwrap();
+                                let src: Arc<str> = b.source.as_str().into();
+                                let at = thaw::clock::now_second();
+                                for s in &b.stats {
+                                    let _ = tx.try_send(StatMessage::Record(s.to_stat(&src, at)));
+                                }
                             }
                         }
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::new(),
+                        )))
                     }
-                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::new())))
-                }
-            });
+                });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
                 .await;
@@ -170,7 +173,8 @@ async fn senders(addr: SocketAddr, stream: bool) {
                 let body = StreamBody::new(futures::stream::unfold(frx, |mut rx| async move {
                     rx.recv().await.map(|f| (f, rx))
                 }));
-                let c: Client<_, StreamBody<_>> = Client::builder(TokioExecutor::new()).build_http();
+                let c: Client<_, StreamBody<_>> =
+                    Client::builder(TokioExecutor::new()).build_http();
                 let req = hyper::Request::post(format!("http://{addr}/stream"))
                     .body(body)
                     .unwrap();

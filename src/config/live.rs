@@ -44,6 +44,9 @@ pub struct LiveEvent {
     pub name: String,
     /// `None` for the initial value.
     pub outcome: Option<Outcome>,
+    /// The namespace's ConfigMaps have been listed once (what was there is applied): a role
+    /// waits for this before resolving revisions against the configuration.
+    pub listed: bool,
 }
 
 /// Watches the three ConfigMaps in `namespace` and keeps `config` at their last valid values
@@ -60,6 +63,7 @@ pub fn watch_configmaps(
         generation: 0,
         name: String::new(),
         outcome: None,
+        listed: false,
     });
     let api: Api<KubeConfigMap> = Api::namespaced(client, namespace);
     let span = tracing::info_span!("watch", resource = "configmaps", namespace = %namespace);
@@ -88,7 +92,11 @@ pub fn watch_configmaps(
                         }
                         continue;
                     }
-                    Some(Ok(Event::Init | Event::InitDone)) => continue,
+                    Some(Ok(Event::InitDone)) => {
+                        tx.send_if_modified(|e| !std::mem::replace(&mut e.listed, true));
+                        continue;
+                    }
+                    Some(Ok(Event::Init)) => continue,
                 };
                 let name = cm.name_any();
                 if !is_ours(&name) {

@@ -159,13 +159,18 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
 
     let token = wait_for_token(&client, &args.system_namespace, &stop).await?;
     let live = LiveConfig::default();
-    let _config_events = watch_configmaps(
+    let mut config_events = watch_configmaps(
         client.clone(),
         &args.system_namespace,
         live.clone(),
         telemetry.config.clone(),
         stop.clone(),
     );
+    // Revisions are resolved against the ConfigMaps: list those first.
+    tokio::select! {
+        _ = config_events.wait_for(|e| e.listed) => {}
+        _ = signal_stop() => return Ok(()),
+    }
     let platform = KubePlatform::start(
         client.clone(),
         KubeOptions {

@@ -717,7 +717,12 @@ pub fn promtool(text: &str) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("promtool (Debian's `prometheus` package; .ci/run installs it)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     (
         out.status.code().unwrap_or(-1),
