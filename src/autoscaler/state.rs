@@ -490,3 +490,30 @@ impl Revisions {
         self.slots.iter_mut().flatten().map(|(k, s)| (&*k, s))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two activators and containerConcurrency 1: an active revision gets at least 2 pods
+    /// (each activator's share is one request), within max-scale; nothing changes with one
+    /// activator or unlimited concurrency.
+    #[test]
+    fn several_activators_raise_the_activation_scale() {
+        let spec = |cc, max| {
+            Arc::new(AutoscalingSpec {
+                container_concurrency: cc,
+                max_scale: max,
+                ..AutoscalingSpec::default()
+            })
+        };
+        assert_eq!(with_activator_share(&spec(1, 0), 2).activation_scale, 2);
+        assert_eq!(with_activator_share(&spec(2, 0), 5).activation_scale, 3);
+        assert_eq!(with_activator_share(&spec(1, 1), 3).activation_scale, 1);
+        assert_eq!(with_activator_share(&spec(10, 0), 3).activation_scale, 1);
+        let s = spec(1, 0);
+        assert!(Arc::ptr_eq(&with_activator_share(&s, 1), &s));
+        let s = spec(0, 0);
+        assert!(Arc::ptr_eq(&with_activator_share(&s, 4), &s));
+    }
+}
