@@ -22,6 +22,7 @@ pub mod limiter;
 pub mod local;
 pub mod percore;
 pub mod platform;
+pub mod queue;
 pub mod revision;
 pub mod sample_app;
 pub mod stats;

@@ -14,6 +14,7 @@ pub mod config;
 pub mod exposition;
 pub mod platform;
 pub mod process;
+pub mod queue;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
