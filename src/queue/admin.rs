@@ -80,7 +80,11 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
 }
 
-async fn route(sidecar: &Sidecar, mut state: AdminState, req: Request<Incoming>) -> Response<QueueBody> {
+async fn route(
+    sidecar: &Sidecar,
+    mut state: AdminState,
+    req: Request<Incoming>,
+) -> Response<QueueBody> {
     if req.method() != Method::GET {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
@@ -94,10 +98,13 @@ async fn route(sidecar: &Sidecar, mut state: AdminState, req: Request<Incoming>)
     };
     match req.uri().path() {
         "/healthz" => plain(StatusCode::OK, "ok\n"),
-        "/readyz" if sidecar.is_draining() => plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
-        "/readyz" if !sidecar.readiness.is_ready() => {
-            plain(StatusCode::SERVICE_UNAVAILABLE, "user container not ready\n")
+        "/readyz" if sidecar.is_draining() => {
+            plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
         }
+        "/readyz" if !sidecar.readiness.is_ready() => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "user container not ready\n",
+        ),
         "/readyz" => plain(StatusCode::OK, "ok\n"),
         POD_STATS_PATH => {
             let second = *state.last.lock().unwrap_or_else(|p| p.into_inner());

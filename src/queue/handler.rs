@@ -120,7 +120,10 @@ impl Sidecar {
 
     fn answer_probe(&self, value: &[u8]) -> Response<QueueBody> {
         if value != b"queue" {
-            return plain(StatusCode::BAD_REQUEST, "unexpected K-Network-Probe value\n");
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "unexpected K-Network-Probe value\n",
+            );
         }
         if self.is_draining() {
             plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
@@ -164,12 +167,9 @@ impl Sidecar {
                 plain(StatusCode::NOT_IMPLEMENTED, "CONNECT is not supported\n"),
             );
         }
-        let span = tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
-        let resp = match self
-            .proxy(conn, req, seen, started)
-            .instrument(span)
-            .await
-        {
+        let span =
+            tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
+        let resp = match self.proxy(conn, req, seen, started).instrument(span).await {
             Ok(resp) => resp,
             Err(e) => self.failed(e),
         };
@@ -223,10 +223,9 @@ impl Sidecar {
                 StatusCode::GATEWAY_TIMEOUT,
                 "the application did not answer in time\n",
             ),
-            Failure::Connect(_) | Failure::Upstream(_) => (
-                StatusCode::BAD_GATEWAY,
-                "the application did not answer\n",
-            ),
+            Failure::Connect(_) | Failure::Upstream(_) => {
+                (StatusCode::BAD_GATEWAY, "the application did not answer\n")
+            }
             Failure::ClientBody(_) => (StatusCode::BAD_REQUEST, "malformed request body\n"),
             Failure::QueueFull { .. } => unreachable!("answered above"),
         };
@@ -254,7 +253,12 @@ impl Sidecar {
         let protocol = self.settings.user_protocol;
         let (parts, body) = req.into_parts();
         let (mut headers, body) = B::split(parts.headers, body);
-        let host = prepare(&mut headers, seen.original_host, parts.uri.authority(), protocol);
+        let host = prepare(
+            &mut headers,
+            seen.original_host,
+            parts.uri.authority(),
+            protocol,
+        );
         let path = parts
             .uri
             .path_and_query()
@@ -267,7 +271,8 @@ impl Sidecar {
         let (mut resp, reusable) = if protocol == Protocol::Http1 && matches!(body, ReqBody::Empty)
         {
             let head_only = parts.method == Method::HEAD;
-            let head = direct::encode_head(&parts.method, path.as_str(), host.as_ref(), &headers, &[]);
+            let head =
+                direct::encode_head(&parts.method, path.as_str(), host.as_ref(), &headers, &[]);
             forward_direct(&upstream, user, head, head_only, start_deadline).await?
         } else {
             let mut map = headers.into_map();
@@ -283,7 +288,8 @@ impl Sidecar {
                         .or_else(|| map.remove(header::HOST))
                         .and_then(|h| Authority::try_from(h.as_bytes()).ok())
                         .unwrap_or_else(|| {
-                            Authority::try_from(user.to_string()).expect("an address is an authority")
+                            Authority::try_from(user.to_string())
+                                .expect("an address is an authority")
                         });
                     map.remove(header::HOST);
                     Uri::builder()
@@ -322,7 +328,9 @@ impl Sidecar {
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             // No upgrade is forwarded (the Upgrade field is hop-by-hop here), so a 101 is the
             // application breaking the exchange.
-            return Err(Failure::Upstream("101 Switching Protocols without an upgrade".into()));
+            return Err(Failure::Upstream(
+                "101 Switching Protocols without an upgrade".into(),
+            ));
         }
         crate::http1::fields::strip_hop_by_hop(resp.headers_mut(), false);
         let held = Held {
@@ -333,7 +341,10 @@ impl Sidecar {
         };
         let (head, incoming) = resp.into_parts();
         let body = TimedBody::new(incoming, t.idle, deadline, held, reusable);
-        Ok(Response::from_parts(head, QueueBody::Proxied(Box::new(body))))
+        Ok(Response::from_parts(
+            head,
+            QueueBody::Proxied(Box::new(body)),
+        ))
     }
 }
 
@@ -473,7 +484,10 @@ async fn forward_direct(
                 Err(_) => return Err(Failure::Timeout),
             },
         };
-        match conn.exchange(head, head_only, upstream.home(addr), deadline).await {
+        match conn
+            .exchange(head, head_only, upstream.home(addr), deadline)
+            .await
+        {
             Ok(resp) => return Ok((resp.map(RespBody::Direct), None)),
             Err(ExchangeError::Unsent(back, e)) if reused => {
                 tracing::debug!(error = %e, "pooled connection was closed; sending on a new one");

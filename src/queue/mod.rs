@@ -60,21 +60,18 @@ pub struct QueueArgs {
 /// settings or a port that cannot be bound.
 pub fn run(args: &QueueArgs) -> ExitCode {
     crate::telemetry::init_tracing(args.log_json);
-    let settings = match Settings::from_lookup(
-        |k| std::env::var(k).ok(),
-        args.listen,
-        args.admin_listen,
-    ) {
-        Ok(s) => s,
-        Err(errs) => {
-            let list: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
-            crate::cli::say(format_args!(
-                "thaw queue: invalid settings:\n{}",
-                list.join("\n")
-            ));
-            return crate::cli::invalid();
-        }
-    };
+    let settings =
+        match Settings::from_lookup(|k| std::env::var(k).ok(), args.listen, args.admin_listen) {
+            Ok(s) => s,
+            Err(errs) => {
+                let list: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
+                crate::cli::say(format_args!(
+                    "thaw queue: invalid settings:\n{}",
+                    list.join("\n")
+                ));
+                return crate::cli::invalid();
+            }
+        };
     let built = if args.threads > 1 {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(usize::from(args.threads))

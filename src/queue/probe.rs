@@ -130,7 +130,7 @@ pub async fn run(probe: UserProbe, readiness: std::sync::Arc<Readiness>, stop: C
             }
             (false, false) => {
                 failures += 1;
-                if failures % 1000 == 0 {
+                if failures.is_multiple_of(1000) {
                     tracing::info!(addr = %probe.addr(), waited = ?began.elapsed(), "user container not ready yet");
                 }
             }
@@ -187,11 +187,12 @@ mod tests {
                 let mut buf = vec![0u8; 1024];
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let head = String::from_utf8_lossy(&buf[..n]).to_string();
-                let status = if head.starts_with("GET /ok ") && head.contains("K-Network-Probe: queue") {
-                    "200 OK"
-                } else {
-                    "500 Internal Server Error"
-                };
+                let status =
+                    if head.starts_with("GET /ok ") && head.contains("K-Network-Probe: queue") {
+                        "200 OK"
+                    } else {
+                        "500 Internal Server Error"
+                    };
                 let _ = s
                     .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n").as_bytes())
                     .await;

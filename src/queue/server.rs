@@ -66,7 +66,11 @@ pub async fn serve(
     };
     sidecar.start_draining();
     let delay = sidecar.settings.drain_delay;
-    tracing::info!(?delay, in_flight = sidecar.window.current(), "draining: not ready; still serving for the drain delay");
+    tracing::info!(
+        ?delay,
+        in_flight = sidecar.window.current(),
+        "draining: not ready; still serving for the drain delay"
+    );
     if result.is_ok() {
         let delay = tokio::time::sleep(delay);
         tokio::pin!(delay);
@@ -84,13 +88,18 @@ pub async fn serve(
     drop(data);
     drain.cancel();
     let bound = sidecar.settings.timeouts.total;
-    tracing::info!(connections = conns.len(), in_flight = sidecar.window.current(), "draining: finishing in-flight requests");
-    let finished = tokio::time::timeout(bound, async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
+    tracing::info!(
+        connections = conns.len(),
+        in_flight = sidecar.window.current(),
+        "draining: finishing in-flight requests"
+    );
+    let finished =
+        tokio::time::timeout(bound, async { while conns.join_next().await.is_some() {} }).await;
     if finished.is_err() {
-        tracing::warn!(connections = conns.len(), "drain: the revision's timeout passed; cutting what is left");
+        tracing::warn!(
+            connections = conns.len(),
+            "drain: the revision's timeout passed; cutting what is left"
+        );
         conns.abort_all();
         while conns.join_next().await.is_some() {}
     }
@@ -153,7 +162,10 @@ async fn accept(listener: &TcpListener) -> io::Result<(tokio::net::TcpStream, So
 /// Every second: closes the pod's window into `last` (what `/stats` serves) and the
 /// `queue_*` gauges.
 async fn tick_stats(sidecar: Arc<Sidecar>, last: Arc<Mutex<Second>>) {
-    let mut tick = tokio::time::interval_at(Instant::now() + Duration::from_secs(1), Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(
+        Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

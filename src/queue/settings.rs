@@ -177,12 +177,19 @@ impl Settings {
     ) -> Result<Self, Vec<SettingError>> {
         let mut errs = Vec::new();
         let mut fail = |var: &'static str, reason: String| errs.push(SettingError { var, reason });
-        let value = |var: &str| get(var).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let value = |var: &str| {
+            get(var)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
 
         let mut required = |var: &'static str| match value(var) {
             Some(v) => v,
             None => {
-                fail(var, "is required (the revision's name and namespace)".into());
+                fail(
+                    var,
+                    "is required (the revision's name and namespace)".into(),
+                );
                 String::new()
             }
         };
@@ -210,7 +217,11 @@ impl Settings {
         let start = number(REVISION_RESPONSE_START_TIMEOUT_SECONDS, 0, 86_400);
         let idle = number(REVISION_IDLE_TIMEOUT_SECONDS, 0, 86_400);
         let user_port = port(number(USER_PORT, u64::from(DEFAULT_USER_PORT), 65_535));
-        let data_port = port(number(QUEUE_SERVING_PORT, u64::from(DEFAULT_DATA_PORT), 65_535));
+        let data_port = port(number(
+            QUEUE_SERVING_PORT,
+            u64::from(DEFAULT_DATA_PORT),
+            65_535,
+        ));
         let admin_port = port(number(
             THAW_QUEUE_ADMIN_PORT,
             u64::from(DEFAULT_ADMIN_PORT),
@@ -249,11 +260,17 @@ impl Settings {
             Some(v) => match crate::config::parse::parse_go_duration_nanos(&v) {
                 Ok(n) if n >= 0 => Duration::from_nanos(n as u64),
                 Ok(_) => {
-                    fail(THAW_DRAIN_DELAY, format!("expected a duration ≥ 0, got {v:?}"));
+                    fail(
+                        THAW_DRAIN_DELAY,
+                        format!("expected a duration ≥ 0, got {v:?}"),
+                    );
                     DEFAULT_DRAIN_DELAY
                 }
                 Err(e) => {
-                    fail(THAW_DRAIN_DELAY, format!("expected a duration such as 30s: {e}"));
+                    fail(
+                        THAW_DRAIN_DELAY,
+                        format!("expected a duration such as 30s: {e}"),
+                    );
                     DEFAULT_DRAIN_DELAY
                 }
             },
@@ -291,7 +308,11 @@ impl Settings {
         if user_port == data.port() || user_port == admin.port() {
             fail(
                 USER_PORT,
-                format!("{user_port} is one of the sidecar's own ports (data {}, admin {})", data.port(), admin.port()),
+                format!(
+                    "{user_port} is one of the sidecar's own ports (data {}, admin {})",
+                    data.port(),
+                    admin.port()
+                ),
             );
         }
         if !errs.is_empty() {
@@ -372,7 +393,10 @@ fn parse_probe(json: &str, user_port: u16) -> Result<UserProbe, String> {
             headers,
         });
     }
-    Err("expected a tcpSocket or httpGet probe (exec and grpc probes are not run by the sidecar)".into())
+    Err(
+        "expected a tcpSocket or httpGet probe (exec and grpc probes are not run by the sidecar)"
+            .into(),
+    )
 }
 
 #[cfg(test)]
@@ -446,7 +470,11 @@ mod tests {
         let mut v = BASE.to_vec();
         v.push((USER_PORT, "9091"));
         let errs = settings(&v).unwrap_err();
-        assert!(errs[0].to_string().contains("USER_PORT: 9091 is one of the sidecar's own ports"));
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("USER_PORT: 9091 is one of the sidecar's own ports")
+        );
     }
 
     #[test]
@@ -466,7 +494,10 @@ mod tests {
             }
         );
         v.pop();
-        v.push((SERVING_READINESS_PROBE, r#"{"tcpSocket":{"port":8082,"host":"127.0.0.1"}}"#));
+        v.push((
+            SERVING_READINESS_PROBE,
+            r#"{"tcpSocket":{"port":8082,"host":"127.0.0.1"}}"#,
+        ));
         assert_eq!(settings(&v).unwrap().probe, UserProbe::Tcp { port: 8082 });
     }
 
@@ -488,6 +519,10 @@ mod tests {
             (REVISION_RESPONSE_START_TIMEOUT_SECONDS, "11"),
         ]);
         let errs = settings(&v).unwrap_err();
-        assert!(errs[0].to_string().contains("11 exceeds REVISION_TIMEOUT_SECONDS (10)"));
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("11 exceeds REVISION_TIMEOUT_SECONDS (10)")
+        );
     }
 }

@@ -111,7 +111,7 @@ impl QueueTelemetry {
             ("pod_name".into(), labels.pod.clone().into()),
         ];
         let reg = registry.sub_registry_with_labels(consts.into_iter());
-        let hist = || Histogram::new(LATENCY_MS.into_iter());
+        let hist = || Histogram::new(LATENCY_MS);
         let (latency_ms, app_latency_ms) = (hist(), hist());
         reg.register(
             "revision_request_latencies",
