@@ -710,3 +710,43 @@ fn invalid_settings_are_refused_naming_each_variable() {
         assert!(err.contains(needle), "{needle} not in:\n{err}");
     }
 }
+
+mod local_e2e_support;
+
+/// `thaw local` with `sidecar: true`: each replica is `thaw queue -- COMMAND`, requests pass
+/// through it (a cold start included), and a stop drains and ends both processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thaw_local_runs_each_replica_behind_the_sidecar() {
+    use local_e2e_support as e2e;
+    let local = format!(
+        "sidecar: true\n{}",
+        e2e::local_yaml(&[e2e::service("hello", &[], "one", "")])
+    );
+    let mut thaw = e2e::Thaw::start(&local, e2e::FAST_AUTOSCALER, e2e::FAST_ACTIVATOR);
+    let (status, _, body) = thaw.get("hello.default.example.com", "/").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "Hello from one!\n"),
+        "{}",
+        thaw.dump_logs()
+    );
+    let replicas = thaw.replicas();
+    assert_eq!(replicas.len(), 1, "{}", thaw.dump_logs());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", replicas[0])).unwrap();
+    let words: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    assert_eq!(words[1..4], ["queue", "--", "thaw"], "{words:?}");
+    // The sidecar's child is the app.
+    let app = e2e::children_of(replicas[0]);
+    assert_eq!(app.len(), 1, "the sidecar runs the app");
+    thaw.signal(Signal::SIGTERM);
+    assert_eq!(thaw.wait_exit().await, 0, "{}", thaw.dump_logs());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", app[0])).exists()
+            || std::fs::read_to_string(format!("/proc/{}/stat", app[0]))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "the app outlived thaw"
+    );
+}
