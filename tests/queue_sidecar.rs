@@ -750,3 +750,87 @@ async fn thaw_local_runs_each_replica_behind_the_sidecar() {
         "the app outlived thaw"
     );
 }
+
+/// An upstream that accepts `Upgrade: echo` and then echoes every byte back.
+async fn upgrade_echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |mut req: hyper::Request<hyper::body::Incoming>| async move {
+                        let asked = req.headers().get("upgrade").cloned();
+                        let on = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            if let Ok(up) = on.await {
+                                let (mut r, mut w) = tokio::io::split(TokioIo::new(up));
+                                let _ = tokio::io::copy(&mut r, &mut w).await;
+                            }
+                        });
+                        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                        if let Some(p) = asked {
+                            *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                            resp.headers_mut().insert("upgrade", p);
+                            resp.headers_mut()
+                                .insert("connection", "upgrade".parse().unwrap());
+                        }
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_style_upgrade_becomes_a_tunnel_under_the_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (port, server) = upgrade_echo_server().await;
+    let q = Queue::start(
+        port,
+        &[("CONTAINER_CONCURRENCY", "1"), ("THAW_QUEUE_DEPTH", "0")],
+    );
+    q.admin_until("/readyz", 200).await;
+    let mut s = tokio::net::TcpStream::connect(q.data).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: ws.example.com\r\nConnection: Upgrade\r\nUpgrade: echo\r\nK-Proxy-Request: activator\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1, "closed: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&back, b"ping");
+    // The tunnel holds the one place under containerConcurrency 1 (no queue): another
+    // request is refused while it lives, and admitted once it closes.
+    assert_eq!(q.get("/", &[]).await.0, 503);
+    drop(s);
+    let deadline = Instant::now() + DEADLINE;
+    while q.get("/", &[]).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the tunnel's place was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.abort();
+}

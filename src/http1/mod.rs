@@ -39,6 +39,7 @@ pub mod lane;
 pub mod limits;
 pub mod pool;
 pub mod timed;
+pub mod tunnel;
 
 use std::convert::Infallible;
 use std::future::Future;

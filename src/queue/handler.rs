@@ -15,7 +15,8 @@
 //!    direct connection, anything else through hyper's client), the response head within the
 //!    response-start timeout;
 //! 7. the body streamed under the idle and total timeouts ([`TimedBody`]); the place and the
-//!    count are released when it ends.
+//!    count are released when it ends. An upgrade (websocket) answered 101 becomes a tunnel
+//!    (`http1::tunnel`) holding the place and the count while it lives (idle timeout only).
 //!
 //! Errors are answered here, generically (the log has the detail): 502 when the user container
 //! refused or dropped the connection (and it is probed at once), 504 on a timeout.
@@ -31,6 +32,8 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::body::{Held, QueueBody, plain};
@@ -68,6 +71,10 @@ pub struct Sidecar {
     pub readiness: Arc<Readiness>,
     draining: AtomicBool,
     pub telemetry: QueueTelemetry,
+    /// Upgraded (websocket) tunnels: drain waits for them within the revision's timeout,
+    /// then cancels what is left.
+    pub tunnels: TaskTracker,
+    pub tunnel_cancel: CancellationToken,
     /// The engine's per-connection limits (config-activator's defaults).
     pub limits: Limits,
     max_header_count: u32,
@@ -96,6 +103,8 @@ impl Sidecar {
             readiness: Arc::default(),
             draining: AtomicBool::new(false),
             telemetry,
+            tunnels: TaskTracker::new(),
+            tunnel_cancel: CancellationToken::new(),
             limits,
             max_header_count: defaults.max_header_count,
             max_header_bytes: defaults.max_header_bytes,
@@ -236,10 +245,17 @@ impl Sidecar {
     async fn proxy<B: ClientRequest + Send + 'static>(
         &self,
         conn: ConnActive,
-        req: Request<B>,
+        mut req: Request<B>,
         seen: Seen,
         started: Instant,
     ) -> Result<Response<QueueBody>, Failure> {
+        // A protocol upgrade (websocket) is forwarded over HTTP/1.1 and becomes a tunnel;
+        // `Upgrade: h2c` is not followed (served over HTTP/1.1 without it).
+        let upgrade = req.version() == Version::HTTP_11
+            && B::fields(&req).upgrade_protocols().is_some_and(|p| {
+                !crate::http1::fields::tokens(p).all(|t| t.eq_ignore_ascii_case(b"h2c"))
+            });
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let t = self.settings.timeouts;
         let deadline = started + t.total;
         let in_flight = self.window.arrive(seen.proxied, started);
@@ -250,7 +266,10 @@ impl Sidecar {
                 Rejected::Timeout { .. } => Failure::QueueTimeout,
             })?,
         };
-        let protocol = self.settings.user_protocol;
+        let protocol = match upgrade {
+            true => Protocol::Http1,
+            false => self.settings.user_protocol,
+        };
         let (parts, body) = req.into_parts();
         let (mut headers, body) = B::split(parts.headers, body);
         let host = prepare(
@@ -258,6 +277,7 @@ impl Sidecar {
             seen.original_host,
             parts.uri.authority(),
             protocol,
+            upgrade,
         );
         let path = parts
             .uri
@@ -268,8 +288,8 @@ impl Sidecar {
         let start_deadline = deadline.min(app_started + t.response_start);
         let upstream = self.upstream.for_this_thread();
         let user = self.settings.user;
-        let (mut resp, reusable) = if protocol == Protocol::Http1 && matches!(body, ReqBody::Empty)
-        {
+        let direct = protocol == Protocol::Http1 && !upgrade && matches!(body, ReqBody::Empty);
+        let (mut resp, reusable) = if direct {
             let head_only = parts.method == Method::HEAD;
             let head =
                 direct::encode_head(&parts.method, path.as_str(), host.as_ref(), &headers, &[]);
@@ -325,20 +345,37 @@ impl Sidecar {
                 f.drop_all(Known::ContentLength);
             }
         }
-        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // No upgrade is forwarded (the Upgrade field is hop-by-hop here), so a 101 is the
-            // application breaking the exchange.
-            return Err(Failure::Upstream(
-                "101 Switching Protocols without an upgrade".into(),
-            ));
-        }
-        crate::http1::fields::strip_hop_by_hop(resp.headers_mut(), false);
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         let held = Held {
             _permit: permit,
             _in_flight: in_flight,
             _conn: conn,
             user_errors: m.user_errors.clone(),
         };
+        match (switching, client_upgrade) {
+            (true, None) => {
+                // A 101 nobody asked for: the application broke the exchange.
+                return Err(Failure::Upstream(
+                    "101 Switching Protocols without an upgrade".into(),
+                ));
+            }
+            (true, Some(client)) => {
+                crate::http1::fields::strip_hop_by_hop(resp.headers_mut(), true);
+                let upstream = hyper::upgrade::on(&mut resp);
+                let (cancel, idle) = (self.tunnel_cancel.clone(), t.idle);
+                // The place under containerConcurrency and the count last as long as the tunnel.
+                self.tunnels.spawn(
+                    async move {
+                        let _held = held;
+                        crate::http1::tunnel::run(client, upstream, idle, cancel).await;
+                    }
+                    .instrument(tracing::debug_span!("tunnel")),
+                );
+                return Ok(resp.map(|_| QueueBody::Full(None)));
+            }
+            (false, _) => {}
+        }
+        crate::http1::fields::strip_hop_by_hop(resp.headers_mut(), false);
         let (head, incoming) = resp.into_parts();
         let body = TimedBody::new(incoming, t.idle, deadline, held, reusable);
         Ok(Response::from_parts(
@@ -423,11 +460,12 @@ fn prepare(
     original_host: Option<HeaderValue>,
     authority: Option<&Authority>,
     protocol: Protocol,
+    upgrade: bool,
 ) -> Option<HeaderValue> {
     let authority = || authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     match headers {
         ClientHeaders::Raw(raw) => {
-            let mut skip = raw.hop_by_hop(false);
+            let mut skip = raw.hop_by_hop(upgrade);
             let replace_host = original_host.is_some();
             for (i, (known, _, _)) in raw.known().enumerate() {
                 let drop = match known {
@@ -443,7 +481,7 @@ fn prepare(
             original_host
         }
         ClientHeaders::Map(map) => {
-            crate::http1::fields::strip_hop_by_hop(map, false);
+            crate::http1::fields::strip_hop_by_hop(map, upgrade);
             map.remove(K_PROXY_REQUEST);
             map.remove(K_ORIGINAL_HOST);
             // An h2c client's `:authority` is its Host (RFC 9113 §8.3.1).

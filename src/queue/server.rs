@@ -4,7 +4,7 @@
 //! -> new requests are still served for the drain delay (endpoints take time to update) -> the
 //! data listener closes and every connection is told to finish (HTTP/1: close after the current
 //! response; h2: GOAWAY) -> in-flight requests complete, bounded by the revision's timeout
-//! (what is left then is cut) -> `/wait-for-drain` answers -> the admin port stops and the
+//! (what is left then is cut; websocket tunnels too) -> `/wait-for-drain` answers -> the admin port stops and the
 //! process exits 0.
 
 use std::future::Future;
@@ -93,15 +93,22 @@ pub async fn serve(
         in_flight = sidecar.window.current(),
         "draining: finishing in-flight requests"
     );
-    let finished =
-        tokio::time::timeout(bound, async { while conns.join_next().await.is_some() {} }).await;
+    sidecar.tunnels.close();
+    let finished = tokio::time::timeout(bound, async {
+        while conns.join_next().await.is_some() {}
+        sidecar.tunnels.wait().await;
+    })
+    .await;
     if finished.is_err() {
         tracing::warn!(
             connections = conns.len(),
+            tunnels = sidecar.tunnels.len(),
             "drain: the revision's timeout passed; cutting what is left"
         );
         conns.abort_all();
+        sidecar.tunnel_cancel.cancel();
         while conns.join_next().await.is_some() {}
+        sidecar.tunnels.wait().await;
     }
     let _ = drained_tx.send(true);
     tracing::info!("drained");
