@@ -194,51 +194,53 @@ impl Sidecar {
         resp
     }
 
-    /// The answer for an error, counted and logged.
+    /// The answer for an error (generic: the log has the detail), counted.
     fn failed(&self, e: Failure) -> Response<QueueBody> {
         let m = &self.telemetry.queue;
-        match &e {
-            Failure::QueueFull { depth } => {
+        let (status, text) = match &e {
+            Failure::QueueFull { .. } => {
                 m.overflow.inc();
-                tracing::debug!(depth, "queue full");
-                let mut r = plain(
+                (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "overloaded: the request queue is full\n",
-                );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
+                )
             }
-            Failure::QueueTimeout | Failure::Timeout => {
+            Failure::QueueTimeout => {
                 m.timeouts.inc();
+                (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timed out waiting for the application\n",
+                )
+            }
+            Failure::Timeout => {
+                m.timeouts.inc();
+                (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the application did not answer in time\n",
+                )
             }
             Failure::Connect(_) => {
                 m.user_errors.inc();
                 self.readiness.lost();
+                (StatusCode::BAD_GATEWAY, "the application did not answer\n")
             }
             Failure::Upstream(_) => {
                 m.user_errors.inc();
                 self.readiness.recheck();
-            }
-            Failure::ClientBody(_) => {}
-        }
-        tracing::info!(error = %e, "request failed");
-        let (status, text) = match e {
-            Failure::QueueTimeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "timed out waiting for the application\n",
-            ),
-            Failure::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "the application did not answer in time\n",
-            ),
-            Failure::Connect(_) | Failure::Upstream(_) => {
                 (StatusCode::BAD_GATEWAY, "the application did not answer\n")
             }
             Failure::ClientBody(_) => (StatusCode::BAD_REQUEST, "malformed request body\n"),
-            Failure::QueueFull { .. } => unreachable!("answered above"),
         };
-        plain(status, text)
+        // Overflow is expected under load: not logged per request (it is counted).
+        if !matches!(e, Failure::QueueFull { .. }) {
+            tracing::info!(error = %e, status = status.as_u16(), "request failed");
+        }
+        let mut r = plain(status, text);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
     }
 
     /// Steps 3 to 7.
