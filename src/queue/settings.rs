@@ -81,7 +81,11 @@ Environment (Knative's queue-proxy names where one exists):
   SERVING_READINESS_PROBE               the container's readiness probe as JSON (default: TCP on USER_PORT)
   QUEUE_SERVING_PORT                    the data port (default 8012)
   THAW_QUEUE_ADMIN_PORT                 the admin port (default 9091)
-  THAW_DRAIN_DELAY                      requests still served after SIGTERM for this long (default 30s)";
+  THAW_DRAIN_DELAY                      requests still served after SIGTERM for this long (default 30s)
+  THAW_QUEUE_THREADS                    threads serving requests (default 1)
+
+Exit codes: 0 stopped after a drain; 1 invalid settings, a port that cannot be bound, or (wrapper
+mode) the user container exited; 2 usage.";
 
 /// The data port when `QUEUE_SERVING_PORT` is not set (Knative's).
 pub const DEFAULT_DATA_PORT: u16 = 8012;
