@@ -39,7 +39,6 @@ enum Command {
     #[command(after_help = EXIT_CODES)]
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
     /// The per-pod sidecar in front of the user container (settings from the environment).
-    #[command(after_help = EXIT_CODES)]
     Queue(thaw::queue::QueueArgs),
     /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
     Crds(thaw::knative::cmd::CrdsArgs),

@@ -37,7 +37,7 @@ use crate::telemetry::queue::{PodLabels, QueueTelemetry};
 
 /// Arguments of `thaw queue`. Everything else comes from the environment (see [`settings`]).
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_long_help = settings::HELP)]
+#[command(after_help = settings::HELP)]
 pub struct QueueArgs {
     /// Data port (HTTP/1.1 and h2c). Default: every interface, port $QUEUE_SERVING_PORT
     /// (8012). HOST:PORT, :PORT or PORT (loopback).
