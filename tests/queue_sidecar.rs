@@ -834,3 +834,13 @@ async fn a_websocket_style_upgrade_becomes_a_tunnel_under_the_limit() {
     }
     server.abort();
 }
+
+/// A preStop hook with no drain (the user container restarting alone) is answered within
+/// moments, not after the pod's whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_drain_without_a_drain_answers_not_draining() {
+    let port = free_port();
+    let q = Queue::start(port, &[]);
+    let (status, body) = q.admin("/wait-for-drain").await;
+    assert_eq!((status, body.as_str()), (200, "not draining\n"));
+}

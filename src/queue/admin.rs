@@ -3,8 +3,9 @@
 //! sidecar is not draining: the kubelet's readiness probe), `/stats` (the pod's last complete
 //! second as JSON [`crate::stats::PodStats`], for the autoscaler to pull) and
 //! `/wait-for-drain` (answers only once the sidecar has drained: the user container's `preStop`
-//! hook waits on it). HTTP/1.1 only; connections are watched so a stop lets open requests
-//! finish.
+//! hook waits on it; when no drain starts within 5 s, as on a lone restart of the user
+//! container, it answers `not draining`). HTTP/1.1 only; connections are watched so a stop
+//! lets open requests finish.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -80,6 +81,24 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
 }
 
+/// How long `/wait-for-drain` waits for a drain to start before answering that none did.
+pub const DRAIN_START_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the sidecar is draining, or starts to within [`DRAIN_START_WAIT`].
+async fn started_draining(sidecar: &Sidecar) -> bool {
+    let started = sidecar.drain_started.notified();
+    tokio::pin!(started);
+    // Registered before the check, so a drain starting in between is not missed.
+    started.as_mut().enable();
+    if sidecar.is_draining() {
+        return true;
+    }
+    tokio::time::timeout(DRAIN_START_WAIT, started)
+        .await
+        .is_ok()
+        || sidecar.is_draining()
+}
+
 async fn route(
     sidecar: &Sidecar,
     mut state: AdminState,
@@ -112,6 +131,12 @@ async fn route(
             json(serde_json::to_string(&stats).expect("stats serialise"))
         }
         "/wait-for-drain" => {
+            // The kubelet runs the preStop hook as it signals every container, so a drain
+            // starts within moments; a hook with no drain is a lone restart of the user
+            // container, which must not wait for the whole grace period.
+            if !started_draining(sidecar).await {
+                return plain(StatusCode::OK, "not draining\n");
+            }
             // Answers once drained; a closed sender (the sidecar stopping) counts as drained.
             let _ = state.drained.wait_for(|d| *d).await;
             plain(StatusCode::OK, "drained\n")

@@ -70,6 +70,8 @@ pub struct Sidecar {
     upstream: Upstream,
     pub readiness: Arc<Readiness>,
     draining: AtomicBool,
+    /// Woken when draining starts (`/wait-for-drain` waits for it).
+    pub drain_started: tokio::sync::Notify,
     pub telemetry: QueueTelemetry,
     /// Upgraded (websocket) tunnels: drain waits for them within the revision's timeout,
     /// then cancels what is left.
@@ -102,6 +104,7 @@ impl Sidecar {
             upstream: Upstream::new(defaults.connect_timeout),
             readiness: Arc::default(),
             draining: AtomicBool::new(false),
+            drain_started: tokio::sync::Notify::new(),
             telemetry,
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
@@ -120,6 +123,7 @@ impl Sidecar {
     /// Readiness fails from now on.
     pub fn start_draining(&self) {
         self.draining.store(true, SeqCst);
+        self.drain_started.notify_waiters();
     }
 
     /// Ready: the user container answers its probe and the sidecar is not draining.
