@@ -587,6 +587,11 @@ fn count_lines(b: &[u8]) -> usize {
 /// An in-process user container that echoes what it received: the Host, the header names, the
 /// method and the body length.
 async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    echo_server_speaking(false).await
+}
+
+/// [`echo_server`], speaking HTTP/1.1 or (with `h2`) h2c with prior knowledge only.
+async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
@@ -599,6 +604,8 @@ async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
                             .headers()
                             .get("host")
                             .map(|h| h.to_str().unwrap().to_string())
+                            // HTTP/2: the authority.
+                            .or_else(|| req.uri().authority().map(|a| a.to_string()))
                             .unwrap_or_default();
                         let mut names: Vec<String> =
                             req.headers().keys().map(|k| k.to_string()).collect();
@@ -616,9 +623,16 @@ async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
                         )))
                     },
                 );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                let io = TokioIo::new(stream);
+                let _ = if h2 {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await
+                };
             });
         }
     });
@@ -843,4 +857,76 @@ async fn wait_for_drain_without_a_drain_answers_not_draining() {
     let q = Queue::start(port, &[]);
     let (status, body) = q.admin("/wait-for-drain").await;
     assert_eq!((status, body.as_str()), (200, "not draining\n"));
+}
+
+/// A user container that speaks h2c only (`THAW_USER_PROTOCOL=h2c`): requests with and
+/// without a body reach it over HTTP/2, with the client's Host as the authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_user_container_is_reached_over_http2() {
+    let (port, server) = echo_server_speaking(true).await;
+    let q = Queue::start(port, &[("THAW_USER_PROTOCOL", "h2c")]);
+    q.admin_until("/readyz", 200).await;
+    for (method, body) in [("GET", ""), ("POST", "a body")] {
+        let headers = [
+            ("host", "grpc.example.com"),
+            ("k-proxy-request", "activator"),
+        ];
+        let (status, _, text) = q.send(method, "/echo", &headers, body).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("version=HTTP/2.0\n"), "{method}: {text}");
+        assert!(text.contains("host=grpc.example.com\n"), "{method}: {text}");
+        assert!(text.contains(&format!("method={method}\n")), "{text}");
+        assert!(text.contains(&format!("body={}\n", body.len())), "{text}");
+        assert!(!text.contains("k-proxy-request"), "{text}");
+    }
+    server.abort();
+}
+
+/// Wrapper mode (`thaw queue -- COMMAND`): the sidecar runs the user container as its child;
+/// the child's exit ends the sidecar with exit 1, before or after it was ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_wrapper_mode_the_user_containers_exit_ends_the_sidecar() {
+    let base = |port: u16| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
+        cmd.env_clear()
+            .env("SERVING_NAMESPACE", "default")
+            .env("SERVING_REVISION", "hello-00001")
+            .env("THAW_DRAIN_DELAY", "0s")
+            .env("PORT", port.to_string());
+        cmd
+    };
+    // Exits before it is ready.
+    let mut cmd = base(free_port());
+    cmd.args(["queue", "--", "thaw", "sample-app", "--crash"]);
+    let mut crashing = Proc::spawn(cmd);
+    assert_eq!(crashing.wait_exit().await, 1, "{}", crashing.logs());
+    assert!(
+        crashing
+            .logs()
+            .contains("the user container exited before it was ready")
+    );
+    // Serves, then its child dies.
+    let port = free_port();
+    let mut cmd = base(port);
+    cmd.args(["queue", "--", "thaw", "sample-app"]);
+    let mut sidecar = Proc::spawn(cmd);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + DEADLINE;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "{}", sidecar.logs());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, _, body) = send(&client, addr, "GET", "/", &[], "").await;
+    assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
+    let child = local_e2e_support::children_of(sidecar.child.id());
+    assert_eq!(child.len(), 1);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child[0] as i32), Signal::SIGKILL).unwrap();
+    assert_eq!(sidecar.wait_exit().await, 1, "{}", sidecar.logs());
+    assert!(
+        sidecar.logs().contains("the user container exited"),
+        "{}",
+        sidecar.logs()
+    );
 }
