@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod exec;
 pub mod handler;
 pub mod podstats;
 pub mod probe;
@@ -56,10 +57,9 @@ pub struct QueueArgs {
     pub log_json: bool,
     /// Wrapper mode (how `thaw local` runs a replica behind a sidecar): after `--`, the user
     /// container's command, started as this process's child with `PORT` set to `USER_PORT` (a
-    /// free port if unset). The data port defaults to 127.0.0.1:$PORT and is opened only once
-    /// the child answers its probe (so a TCP probe of it means "ready through the sidecar"),
-    /// the admin port to 127.0.0.1 on a free port. The child's exit ends the sidecar (exit 1);
-    /// after a drain the child is stopped (SIGTERM, SIGKILL 10 s later).
+    /// free port if unset). The data port defaults to 127.0.0.1:$PORT and opens once the child
+    /// answers its probe; the admin port to 127.0.0.1 on a free port. The child's exit ends the
+    /// sidecar (exit 1); after a drain the child is stopped.
     #[arg(last = true, value_name = "COMMAND")]
     pub exec: Vec<String>,
 }
@@ -68,37 +68,28 @@ pub struct QueueArgs {
 /// settings or a port that cannot be bound.
 pub fn run(args: &QueueArgs) -> ExitCode {
     crate::telemetry::init_tracing(args.log_json);
-    let wrapper = !args.exec.is_empty();
     let env = |k: &str| std::env::var(k).ok();
-    let (mut listen, mut admin_listen) = (args.listen, args.admin_listen);
-    let mut user_port = None;
-    if wrapper {
-        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-        if listen.is_none() && env(settings::QUEUE_SERVING_PORT).is_none() {
-            match env("PORT").map(|p| p.parse::<u16>()) {
-                Some(Ok(p)) => listen = Some(loopback(p)),
-                Some(Err(_)) => {
-                    crate::cli::say("thaw queue: PORT is not a port number");
-                    return crate::cli::invalid();
-                }
-                None => {}
+    let exec::Defaults {
+        listen,
+        admin_listen,
+        user_port,
+    } = if args.exec.is_empty() {
+        exec::Defaults {
+            listen: args.listen,
+            admin_listen: args.admin_listen,
+            user_port: None,
+        }
+    } else {
+        match exec::defaults(args.listen, args.admin_listen, env) {
+            Ok(d) => d,
+            Err(msg) => {
+                crate::cli::say(msg);
+                return crate::cli::invalid();
             }
         }
-        admin_listen = admin_listen.or(Some(loopback(0)));
-        if env(settings::USER_PORT).is_none() {
-            match std::net::TcpListener::bind(loopback(0)).and_then(|l| l.local_addr()) {
-                Ok(a) => user_port = Some(a.port().to_string()),
-                Err(e) => {
-                    crate::cli::say(format_args!(
-                        "thaw queue: no free port for the user container: {e}"
-                    ));
-                    return crate::cli::invalid();
-                }
-            }
-        }
-    }
+    };
     let lookup = |k: &str| match (k, &user_port) {
-        (settings::USER_PORT, Some(p)) => Some(p.clone()),
+        (settings::USER_PORT, Some(p)) => Some(p.to_string()),
         _ => env(k),
     };
     let settings = match Settings::from_lookup(lookup, listen, admin_listen) {
@@ -146,47 +137,13 @@ async fn serve(settings: Settings, exec: Vec<String>) -> Result<(), String> {
     // Handlers first: a SIGTERM right after the ports open must find them in place.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("thaw queue: cannot watch SIGTERM: {e}"))?;
-    let mut child = match exec.split_first() {
-        None => None,
-        Some((program, args)) => {
-            // A first word `thaw` is this executable, as the local platform runs it.
-            let program = match program.as_str() {
-                "thaw" => std::env::current_exe()
-                    .map_err(|e| format!("thaw queue: cannot find its own executable: {e}"))?,
-                other => other.into(),
-            };
-            let child = tokio::process::Command::new(&program)
-                .args(args)
-                .env("PORT", settings.user.port().to_string())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| format!("thaw queue: cannot start {program:?}: {e}"))?;
-            tracing::info!(
-                pid = child.id(),
-                port = settings.user.port(),
-                "user container started"
-            );
-            // The data port opens once the container answers (see `QueueArgs::exec`).
-            let mut c = child;
-            let mut delay = tokio::time::Duration::from_micros(250);
-            let began = tokio::time::Instant::now();
-            loop {
-                tokio::select! {
-                    ok = probe::probe_once(&settings.probe) => if ok { break },
-                    status = c.wait() => {
-                        return Err(format!("thaw queue: the user container exited before it was ready ({})",
-                            status.map_or_else(|e| e.to_string(), |s| s.to_string())));
-                    }
-                    _ = term.recv() => {
-                        tracing::info!("SIGTERM before the user container was ready");
-                        return Ok(());
-                    }
-                }
-                delay = probe::next_delay(delay, began.elapsed());
-                tokio::time::sleep(delay).await;
-            }
-            Some(c)
-        }
+    let mut child = match exec.is_empty() {
+        true => None,
+        false => match exec::start_until_ready(&exec, &settings, &mut term).await? {
+            Some(child) => Some(child),
+            // SIGTERM before the user container was ready: nothing to drain.
+            None => return Ok(()),
+        },
     };
     let bind = |addr: SocketAddr, what: &'static str| async move {
         TcpListener::bind(addr)
@@ -229,7 +186,7 @@ async fn serve(settings: Settings, exec: Vec<String>) -> Result<(), String> {
     };
     let served = server::serve(sidecar, data, admin, shutdown).await;
     if let Some(mut c) = child.filter(|_| child_exit.is_none()) {
-        stop_child(&mut c).await;
+        exec::stop(&mut c).await;
     }
     served.map_err(|e| format!("thaw queue: the data port failed: {e}"))?;
     tracing::info!("thaw queue stopped");
@@ -239,22 +196,5 @@ async fn serve(settings: Settings, exec: Vec<String>) -> Result<(), String> {
             status.map_or_else(|| "status unknown".to_string(), |s| s.to_string())
         )),
         None => Ok(()),
-    }
-}
-
-/// Stops the user container after a drain: SIGTERM, SIGKILL after 10 s.
-async fn stop_child(c: &mut tokio::process::Child) {
-    if let Some(pid) = c.id() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    if tokio::time::timeout(tokio::time::Duration::from_secs(10), c.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the user container did not stop within 10 s of SIGTERM: SIGKILL");
-        let _ = c.kill().await;
     }
 }
