@@ -170,10 +170,15 @@ async fn senders(addr: SocketAddr, stream: bool) {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             if stream {
                 let (ftx, frx) = mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(4);
-                let body = StreamBody::new(futures::stream::unfold(frx, |mut rx| async move {
-                    rx.recv().await.map(|f| (f, rx))
-                }));
-                let c: Client<_, StreamBody<_>> =
+                let body = StreamBody::new(futures::StreamExt::boxed(futures::stream::unfold(
+                    frx,
+                    |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
+                )));
+                type Frames = futures::stream::BoxStream<
+                    'static,
+                    Result<Frame<Bytes>, std::convert::Infallible>,
+                >;
+                let c: Client<_, StreamBody<Frames>> =
                     Client::builder(TokioExecutor::new()).build_http();
                 let req = hyper::Request::post(format!("http://{addr}/stream"))
                     .body(body)

@@ -8,7 +8,8 @@
 //! [`platform`] (where replicas run: local processes or Kubernetes Deployments), [`knative`]
 //! (the `serving.knative.dev/v1` types, their CRDs, child names and labels), [`leader`] (Lease
 //! leader election), [`remote`] (the stats push and decision feed between roles), [`roles`]
-//! (the `thaw activator` and `thaw autoscaler` processes) and [`telemetry`] (tracing and the one metrics registry).
+//! (the `thaw activator` and `thaw autoscaler` processes), [`queue`] (the per-pod sidecar) and
+//! [`telemetry`] (tracing and the one metrics registry).
 #![forbid(unsafe_code)]
 
 pub mod activator;
@@ -23,6 +24,7 @@ pub mod limiter;
 pub mod local;
 pub mod percore;
 pub mod platform;
+pub mod queue;
 pub mod remote;
 pub mod revision;
 pub mod roles;

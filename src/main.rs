@@ -44,6 +44,8 @@ enum Command {
     /// Replay a traffic trace through the autoscaler on a virtual clock.
     #[command(after_help = EXIT_CODES)]
     Simulate(thaw::autoscaler::simulate::SimulateArgs),
+    /// The per-pod sidecar in front of the user container (settings from the environment).
+    Queue(thaw::queue::QueueArgs),
     /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
     Crds(thaw::knative::cmd::CrdsArgs),
 }
@@ -67,5 +69,6 @@ fn main() -> ExitCode {
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
         Command::Crds(args) => thaw::knative::cmd::run(&args),
+        Command::Queue(args) => thaw::queue::run(&args),
     }
 }

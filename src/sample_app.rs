@@ -6,6 +6,8 @@
 //! - `GET /stream?chunks=N&delay=D` streams N lines (at most 10 000), D apart (default 5 and
 //!   100ms), for streaming tests.
 //! - `GET /healthz` answers `ok` at once.
+//! - `GET /inflight` answers `{"inFlight":N,"peak":M}`: requests to `/` and `/stream` being
+//!   handled now, and the most ever at once (tests check a concurrency limit in front of it).
 //! - Listens on `127.0.0.1:$PORT` (or `--port`) after `--startup-delay` (a slow cold start).
 //! - `--crash` writes one line to stderr and exits 1 at once (a crashing revision).
 //! - SIGTERM or SIGINT: stops accepting, finishes in-flight requests (at most 30 s), exits 0.
@@ -132,6 +134,33 @@ pub struct Settings {
     pub name: String,
     /// Sleep before answering `/` and `/stream` (models a slow handler).
     pub response_delay: Duration,
+    /// Requests to `/` and `/stream` in their handler now, and the most at once (`/inflight`).
+    pub counts: Arc<InFlight>,
+}
+
+/// The app's own count of requests in progress (`GET /inflight`).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    now: std::sync::atomic::AtomicU32,
+    peak: std::sync::atomic::AtomicU32,
+}
+
+/// Counts one request while it lives.
+struct Counted(Arc<InFlight>);
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> Counted {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(n, SeqCst);
+        Counted(self.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Settings {
@@ -146,6 +175,7 @@ impl Settings {
         Self {
             name,
             response_delay: args.response_delay,
+            counts: Arc::default(),
         }
     }
 }
@@ -201,11 +231,21 @@ async fn handle(req: Request<Incoming>, s: Arc<Settings>) -> Result<Response<Res
     };
     let res = match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/inflight" => {
+            use std::sync::atomic::Ordering::SeqCst;
+            let (now, peak) = (s.counts.now.load(SeqCst), s.counts.peak.load(SeqCst));
+            text(
+                StatusCode::OK,
+                format!("{{\"inFlight\":{now},\"peak\":{peak}}}\n"),
+            )
+        }
         "/" => {
+            let _counted = s.counts.enter();
             delay(s.response_delay).await;
             text(StatusCode::OK, format!("Hello from {}!\n", s.name))
         }
         "/stream" => {
+            let _counted = s.counts.enter();
             let (mut chunks, mut delay) = (5u32, Duration::from_millis(100));
             for (k, v) in req
                 .uri()

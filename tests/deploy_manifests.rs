@@ -1221,3 +1221,60 @@ fn the_dockerfile_builds_a_minimal_nonroot_image_of_thaw() {
         ".dockerignore keeps target/ out"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The queue sidecar's sample pod.
+
+#[test]
+fn the_sample_sidecar_pod_is_consistent_with_thaw_queues_settings() {
+    use thaw::queue::settings::{Settings, reserved_ports};
+    let file = deploy().join("examples/hello-sidecar/deployment.yaml");
+    let dep = docs(&file).remove(0);
+    let pod = &dep["spec"]["template"]["spec"];
+    let containers = pod["containers"].as_array().unwrap();
+    let by_name = |n: &str| containers.iter().find(|c| c["name"] == n).unwrap();
+    let (user, queue) = (by_name("user-container"), by_name("queue-proxy"));
+    assert_eq!(queue["args"][0], "queue");
+    // The sidecar accepts its environment as written (values from the downward API stand in).
+    let env: std::collections::BTreeMap<String, String> = queue["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let v = e["value"].as_str().unwrap_or("from-the-downward-api");
+            (e["name"].as_str().unwrap().to_string(), v.to_string())
+        })
+        .collect();
+    let s = Settings::from_lookup(|k| env.get(k).cloned(), None, None)
+        .unwrap_or_else(|e| panic!("{}: the sidecar refuses its settings: {e:?}", rel(&file)));
+    // Its ports are the ones the pod names: the data port, and the admin port the autoscaler
+    // pulls stats from, probed by the kubelet and waited on by the app's preStop hook.
+    let port = |name: &str| {
+        queue["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("queue-proxy has no port {name}"))["containerPort"]
+            .as_u64()
+            .unwrap() as u16
+    };
+    assert_eq!(port("http1"), s.data.port());
+    assert_eq!(port(thaw::stats::POD_STATS_PORT_NAME), s.admin.port());
+    assert_eq!(queue["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let pre_stop = &user["lifecycle"]["preStop"]["httpGet"];
+    assert_eq!(pre_stop["path"], "/wait-for-drain");
+    assert_eq!(pre_stop["port"].as_u64(), Some(u64::from(s.admin.port())));
+    // The user container is where the sidecar forwards, on no port of the sidecar's.
+    let user_port = user["ports"][0]["containerPort"].as_u64().unwrap() as u16;
+    assert_eq!(user_port, s.user.port());
+    assert!(!reserved_ports(&s).contains(&user_port));
+    // The grace period covers the drain delay and the revision's timeout.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(
+        grace >= (s.drain_delay + s.timeouts.total).as_secs(),
+        "terminationGracePeriodSeconds {grace} < drain delay {:?} + timeout {:?}",
+        s.drain_delay,
+        s.timeouts.total
+    );
+}

@@ -4,7 +4,9 @@
 //!   import each other is tolerated: a type and its tests, a state and its guard);
 //! - the HTTP/1 engine (`src/http1/`) imports nothing of the activator, the autoscaler, the
 //!   platform, the revision catalog or telemetry: it knows no revisions;
-//! - the autoscaler imports nothing of the activator (the shared stat types live in `stats`).
+//! - the autoscaler imports nothing of the activator (the shared stat types live in `stats`);
+//! - the queue sidecar (`src/queue/`) imports neither the activator nor the autoscaler: it is
+//!   the engine's other handler, over the shared limiter and stat types.
 //!
 //! A file is a node; an edge `a -> b` is any path in `a` that names `b`'s module (`super::b`,
 //! `crate::activator::b`, `self::b` in a `mod.rs`, or a name inside `use super::{b, ...}`).
@@ -350,9 +352,24 @@ fn the_autoscaler_does_not_import_the_activator() {
 }
 
 #[test]
+fn the_queue_sidecar_imports_no_other_role() {
+    let g = build_graph();
+    let bad: Vec<String> = imports_of(&g, "queue")
+        .into_iter()
+        .filter(|m| {
+            ["activator", "autoscaler", "local", "platform"]
+                .iter()
+                .any(|f| m == f || m.starts_with(&format!("{f}::")))
+        })
+        .collect();
+    assert!(bad.is_empty(), "the queue sidecar imports {bad:?}");
+}
+
+#[test]
 fn the_graph_sees_known_imports() {
     // guards the parser itself: a test that cannot see imports would pass on any code
     let g = build_graph();
     assert!(g.edges["activator::pipeline"].contains("activator::throttler"));
     assert!(g.edges["autoscaler::scaler"].contains("platform"));
+    assert!(g.edges["queue::handler"].contains("limiter"));
 }

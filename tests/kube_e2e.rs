@@ -90,6 +90,7 @@ async fn cold_start_split_swap_and_scale_to_zero() {
             PodKind {
                 stats: true,
                 crash: false,
+                sidecar: None,
             },
         )],
     );
@@ -289,6 +290,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                 PodKind {
                     stats: false,
                     crash: false,
+                    sidecar: None,
                 },
             ),
             (
@@ -296,6 +298,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                 PodKind {
                     stats: false,
                     crash: true,
+                    sidecar: None,
                 },
             ),
             (
@@ -303,6 +306,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                 PodKind {
                     stats: false,
                     crash: false,
+                    sidecar: None,
                 },
             ),
         ],
@@ -415,4 +419,117 @@ async fn crash_loop_failover_and_api_server_cut() {
     );
     assert_eq!(get(&client, act, "warm-00001", "/").await.0, 200);
     drop(activator);
+}
+
+/// With real `thaw queue` sidecars in the pods: their stats flow, so the public endpoints swap
+/// to the pods; a burst sent straight to the pods (the activator out of the path) keeps the
+/// revision scaled up; idle, it goes back through the activator to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_take_the_activator_out_of_the_path_and_back() {
+    let c = Cluster::start(serde_json::json!({
+        "stable-window": "6s",
+        "scale-to-zero-grace-period": "2s",
+        "allow-zero-initial-scale": "true",
+    }))
+    .await;
+    let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    c.activator_service(&[act]).await;
+    c.revision(
+        "side-00001",
+        2,
+        serde_json::json!({"autoscaling.knative.dev/target-burst-capacity": "0",
+            "autoscaling.knative.dev/initial-scale": "0"}),
+    )
+    .await;
+    let kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![(
+            "side-00001".into(),
+            PodKind {
+                stats: false,
+                crash: false,
+                sidecar: Some(2),
+            },
+        )],
+    );
+    let (s1, a1, aa) = (free_port(), free_port(), free_port());
+    let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);
+    let _act = activator(&c, "activator-1", act, aa);
+    until(LONG, "activator ready", || async {
+        ready(aa).await.then_some(())
+    })
+    .await;
+    let client = http();
+    let (status, _, body) = get(&client, act, "side-00001", "/").await;
+    assert_eq!(status, 200, "{body}");
+
+    // The sidecars' stats flow: the public endpoints go to the pods (their sidecars).
+    let pods = until(LONG, "public endpoints on the pods", || async {
+        let eps = c.public_endpoints("side-00001").await;
+        (!eps.is_empty() && !eps.contains(&act)).then_some(eps)
+    })
+    .await;
+
+    // A burst straight to the pods, as the public Service now sends it: 6 at a time for 8 s
+    // (longer than the stable window). Only the sidecars see it; the revision stays up.
+    let burst_end = Instant::now() + Duration::from_secs(8);
+    let mut workers = Vec::new();
+    for i in 0..6 {
+        let (client, pod) = (client.clone(), pods[i % pods.len()]);
+        workers.push(tokio::spawn(async move {
+            let mut ok = 0u32;
+            while Instant::now() < burst_end {
+                let req = http::Request::get(format!("http://{pod}/"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                if let Ok(r) = client.request(req).await
+                    && r.status() == 200
+                {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut lowest = i32::MAX;
+    while Instant::now() < burst_end {
+        lowest = lowest.min(c.replicas("side-00001").await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut served = 0;
+    for w in workers {
+        served += w.await.unwrap();
+    }
+    assert!(served > 20, "the burst was served by the pods: {served}");
+    assert!(
+        lowest >= 1,
+        "the revision went to zero while its pods served a burst"
+    );
+    assert!(
+        c.replicas("side-00001").await >= 2,
+        "6 at a time at containerConcurrency 2 wants more than one pod"
+    );
+    assert!(
+        kubelet.peak.load(std::sync::atomic::Ordering::SeqCst) <= 2,
+        "a user container saw more than containerConcurrency"
+    );
+
+    // Idle: back to the activator, then zero.
+    until(LONG, "scale to zero", || async {
+        (c.replicas("side-00001").await == 0).then_some(())
+    })
+    .await;
+    // The kubelet's next round records it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let timeline = kubelet.timeline();
+    let zero_at = timeline
+        .iter()
+        .rposition(|(_, s)| *s == Seen::Scale("side-00001".into(), 0))
+        .unwrap();
+    assert!(
+        timeline[..zero_at]
+            .iter()
+            .any(|(_, s)| *s == Seen::Public("side-00001".into(), vec![act])),
+        "the public endpoints went back to the activator before zero: {timeline:?}"
+    );
 }

@@ -108,3 +108,70 @@ async fn thaw_local_scrapes_pass_promtool_with_no_lint() {
     assert!(om.ends_with("# EOF\n"), "{om}");
     assert!(om.contains("# TYPE thaw_build info"), "{om}");
 }
+
+/// The queue sidecar's admin port, before and after traffic (a request its missing user
+/// container cannot answer counts too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thaw_queue_scrapes_pass_promtool_with_no_lint() {
+    use http_body_util::BodyExt;
+    use std::io::{BufRead, BufReader};
+    let user_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args([
+            "queue",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env("SERVING_NAMESPACE", "default")
+        .env("SERVING_REVISION", "hello-00001")
+        .env("USER_PORT", user_port.to_string())
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("thaw queue listening"))
+        .expect("thaw queue did not listen");
+    std::thread::spawn(move || lines.for_each(drop));
+    let addr = |name: &str| -> std::net::SocketAddr {
+        let rest = &line[line.find(&format!(" {name}=")).unwrap() + name.len() + 2..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (data, admin) = (addr("data"), addr("admin"));
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let get = |url: String| {
+        let client = client.clone();
+        async move {
+            let resp = client
+                .request(hyper::Request::get(url).body(Default::default()).unwrap())
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let (_, idle) = get(format!("http://{admin}/metrics")).await;
+    assert_eq!(get(format!("http://{data}/")).await.0, 502);
+    let (_, busy) = get(format!("http://{admin}/metrics")).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    for (what, text) in [("idle", &idle), ("after traffic", &busy)] {
+        let (code, said) = promtool(text);
+        assert_eq!(code, 0, "{what}: promtool failed:\n{said}\n{text}");
+        assert!(said.trim().is_empty(), "{what}: promtool lint:\n{said}");
+    }
+    assert!(busy.contains("revision_request_count_total{"), "{busy}");
+    assert!(busy.contains("process_resident_memory_bytes "), "{busy}");
+}

@@ -19,15 +19,12 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
-use tokio_util::io::InspectReader;
 use tracing::Instrument;
 
 use super::body::{ActivatorBody, ProxiedBody};
@@ -541,12 +538,11 @@ fn poke_if_needed(act: &Activator, state: &RevisionState, now: Instant) {
     });
 }
 
-/// Joins the client's and the upstream's upgraded connections and copies bytes both ways until
-/// either side closes, drain cancels the tunnel, or — when the revision has an idle timeout
-/// (`idleTimeoutSeconds`) — no byte has moved either way for that long (checked every `idle`,
-/// so an idle tunnel closes after one to two periods). The total timeout does not apply: a
-/// tunnel lives as long as it is used. The ticket (slot and concurrency) lives as long as the
-/// tunnel, so the idle timeout is also what frees the slot of a tunnel whose peer vanished.
+/// Runs the upgraded connection as a tunnel (`http1::tunnel::run`: until either side closes,
+/// drain cancels it, or — when the revision has an idle timeout (`idleTimeoutSeconds`) — no
+/// byte has moved either way for that long). The total timeout does not apply. The ticket
+/// (slot and concurrency) lives as long as the tunnel, so the idle timeout is also what frees
+/// the slot of a tunnel whose peer vanished.
 fn spawn_tunnel(
     act: &Activator,
     client: hyper::upgrade::OnUpgrade,
@@ -559,33 +555,7 @@ fn spawn_tunnel(
     act.tunnels.spawn(
         async move {
             let _ticket = ticket;
-            let (client, upstream) = match tokio::try_join!(client, upstream) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::debug!(error = %e, "upgrade failed");
-                    return;
-                }
-            };
-            // Bytes read from either side, for the idle timeout.
-            let moved = AtomicU64::new(0);
-            let count = |bytes: &[u8]| {
-                moved.fetch_add(bytes.len() as u64, Relaxed);
-            };
-            let mut c = InspectReader::new(TokioIo::new(client), count);
-            let mut u = InspectReader::new(TokioIo::new(upstream), count);
-            tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut c, &mut u) => {
-                    tracing::debug!(result = ?r, "tunnel closed");
-                }
-                _ = crate::http1::activity::quiet_for(
-                    idle.unwrap_or_default(),
-                    || moved.load(Relaxed),
-                    || false,
-                ) => {
-                    tracing::debug!(idle = ?idle, "tunnel closed: idle timeout");
-                }
-                _ = cancel.cancelled() => tracing::debug!("tunnel cancelled by drain"),
-            }
+            crate::http1::tunnel::run(client, upstream, idle, cancel).await;
         }
         .instrument(span),
     );

@@ -32,7 +32,7 @@
 //!   deadline the caller gives ([`DirectError::TimedOut`]). The timer lives with the connection
 //!   and is pushed later for each request, which costs one atomic update; a timer per request
 //!   was a timer-wheel insert and removal each time. The body is not under it (its idle and
-//!   total timeouts are [`super::body::ProxiedBody`]'s).
+//!   total timeouts are [`super::timed::TimedBody`]'s).
 //! - **Staleness.** [`DirectConn::is_usable`] checks an idle connection without a system call
 //!   when the reactor has seen nothing on it, and with one non-blocking read otherwise (the
 //!   upstream closed it, or sent something unasked: either way it is not reused).

@@ -38,6 +38,8 @@ pub mod head_clock;
 pub mod lane;
 pub mod limits;
 pub mod pool;
+pub mod timed;
+pub mod tunnel;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,6 +4,7 @@
 //!
 //! ```yaml
 //! domain: example.com                 # hosts are {service}.{namespace}.{domain}
+//! sidecar: false                      # true: a `thaw queue` sidecar in front of every replica
 //! configMaps:                         # paths relative to this file's folder
 //!   autoscaler: config-autoscaler.yaml
 //!   defaults: config-defaults.yaml    # optional
@@ -61,9 +62,22 @@ pub struct LocalFile {
     /// ConfigMap manifests, relative to the file's folder.
     #[serde(default)]
     pub config_maps: ConfigMapPaths,
+    /// Runs every replica behind its own `thaw queue` sidecar, as a revision pod on Kubernetes
+    /// runs (containerConcurrency enforced in the replica too, pod stats, drain). Off by
+    /// default: locally the activator is always in the path and enforces containerConcurrency
+    /// itself, so the sidecar is there to see and measure it.
+    #[serde(default)]
+    pub sidecar: bool,
     #[serde(default)]
     pub services: Vec<Service>,
 }
+
+/// The queue sidecar's data and admin ports: a user container may not declare them when
+/// `sidecar: true` (as the controller will refuse them on Kubernetes).
+pub const SIDECAR_PORTS: [u16; 2] = [
+    crate::queue::settings::DEFAULT_DATA_PORT,
+    crate::queue::settings::DEFAULT_ADMIN_PORT,
+];
 
 fn default_domain() -> String {
     "example.com".into()
@@ -466,6 +480,14 @@ fn validate(f: &LocalFile) -> Result<(), Problems> {
                     pt.container_port.to_string(),
                     "must be in [1, 65535]",
                 )),
+                Ok(port) if f.sidecar && SIDECAR_PORTS.contains(&port) => p.push(Problem::new(
+                    at,
+                    port.to_string(),
+                    format!(
+                        "reserved for the queue sidecar (its ports are {} and {}; sidecar: true)",
+                        SIDECAR_PORTS[0], SIDECAR_PORTS[1]
+                    ),
+                )),
                 Ok(port) => {
                     if let Some(other) = ports.get(&port) {
                         p.push(Problem::new(
@@ -772,6 +794,31 @@ mod tests {
         assert!(
             e.0[0].reason.contains("service default/a declares it too"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn with_the_sidecar_its_ports_are_refused_as_container_ports() {
+        let svc = |port: u16| {
+            format!(
+                "services:\n  - metadata: {{name: a}}\n    spec:\n      template:\n        spec:\n          containers: [{{command: [x], ports: [{{containerPort: {port}}}]}}]\n"
+            )
+        };
+        assert!(parse(&svc(9091), "f").is_ok(), "no sidecar: any port");
+        let e = parse(&format!("sidecar: true\n{}", svc(9091)), "f").unwrap_err();
+        assert_eq!(
+            e.0[0].key,
+            "services[0].spec.template.spec.containers[0].ports[0].containerPort"
+        );
+        assert!(
+            e.0[0].reason.contains("reserved for the queue sidecar"),
+            "{e}"
+        );
+        assert!(parse(&format!("sidecar: true\n{}", svc(8012)), "f").is_err());
+        assert!(
+            parse(&format!("sidecar: true\n{}", svc(8080)), "f")
+                .unwrap()
+                .sidecar
         );
     }
 

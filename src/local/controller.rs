@@ -31,7 +31,7 @@ use super::model::{LocalModel, ServiceModel};
 use crate::config::gc::{GcCandidate, collectable};
 use crate::platform::EndpointSource;
 use crate::platform::local::{LocalPlatform, LocalRevision};
-use crate::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
+use crate::revision::{CatalogSnapshot, Protocol, RevisionCatalog, RevisionKey, RevisionSpec};
 
 /// How often revision garbage collection runs besides after each change (its time rules need
 /// time to pass).
@@ -269,7 +269,8 @@ impl LocalController {
                 };
                 match as_of.revision_spec(*g, &model.domain, &model.configs) {
                     Ok(spec) => {
-                        self.platform.upsert(local_revision(&spec, template));
+                        self.platform
+                            .upsert(local_revision(&spec, template, model.sidecar));
                         svc.specs.insert(*g, spec);
                     }
                     Err(e) => warn!(revision = %as_of.key(*g), problems = %e,
@@ -424,8 +425,76 @@ async fn collect_periodically(controller: Weak<LocalController>) {
     }
 }
 
-/// How the platform runs a revision: its container's command, args, env and readiness probe.
-fn local_revision(spec: &RevisionSpec, template: &RevisionTemplateSpec) -> LocalRevision {
+/// How the platform runs a revision: its container's command, args, env and readiness probe;
+/// with `sidecar`, behind a `thaw queue` sidecar ([`behind_sidecar`]).
+fn local_revision(
+    spec: &RevisionSpec,
+    template: &RevisionTemplateSpec,
+    sidecar: bool,
+) -> LocalRevision {
+    let def = container_revision(spec, template);
+    if sidecar {
+        behind_sidecar(spec, def)
+    } else {
+        def
+    }
+}
+
+/// The replica as `thaw queue -- COMMAND`: the sidecar is the process the platform starts and
+/// probes (it opens `PORT` only once the container answers its own probe, given to it as
+/// `SERVING_READINESS_PROBE`), and it starts the container on the declared `containerPort`
+/// (else a free port) as `USER_PORT`. Its settings are the revision's, as the controller
+/// will set them on Kubernetes. No drain delay: the platform stops a replica only once the
+/// activator has nothing in flight to it.
+fn behind_sidecar(spec: &RevisionSpec, mut def: LocalRevision) -> LocalRevision {
+    use crate::queue::settings as q;
+    let mut command = vec!["thaw".to_string(), "queue".into(), "--".into()];
+    command.append(&mut def.command);
+    def.command = command;
+    let secs = |d: std::time::Duration| d.as_secs().to_string();
+    let t = spec.timeouts;
+    let service = spec.service.as_deref().unwrap_or_default().to_string();
+    let mut env = vec![
+        (q::SERVING_NAMESPACE, spec.key.namespace.to_string()),
+        (q::SERVING_REVISION, spec.key.name.to_string()),
+        (q::SERVING_CONFIGURATION, service.clone()),
+        (q::SERVING_SERVICE, service),
+        (
+            q::CONTAINER_CONCURRENCY,
+            spec.container_concurrency.to_string(),
+        ),
+        (q::REVISION_TIMEOUT_SECONDS, secs(t.total)),
+        (
+            q::REVISION_RESPONSE_START_TIMEOUT_SECONDS,
+            secs(t.response_start),
+        ),
+        (
+            q::REVISION_IDLE_TIMEOUT_SECONDS,
+            t.idle.map_or("0".into(), secs),
+        ),
+        (q::THAW_DRAIN_DELAY, "0s".into()),
+    ];
+    if let Some(port) = def.port.take() {
+        env.push((q::USER_PORT, port.to_string()));
+    }
+    if spec.protocol == Protocol::H2c {
+        env.push((q::THAW_USER_PROTOCOL, "h2c".into()));
+    }
+    if let Some(path) = def.readiness_path.take() {
+        let probe = serde_json::json!({"httpGet": {"path": path}});
+        env.push((q::SERVING_READINESS_PROBE, probe.to_string()));
+    }
+    // The sidecar's own lines at warn and above (the container's output is logged as ever).
+    if !def.env.iter().any(|(k, _)| k == "RUST_LOG") {
+        env.push(("RUST_LOG", "warn".into()));
+    }
+    def.env
+        .extend(env.into_iter().map(|(k, v)| (k.to_string(), v)));
+    def
+}
+
+/// The container as the platform runs it without a sidecar.
+fn container_revision(spec: &RevisionSpec, template: &RevisionTemplateSpec) -> LocalRevision {
     let Some(c) = local_config::container_of(template) else {
         // Validation guarantees one container; without it every start fails visibly.
         return LocalRevision::new(spec.key.clone(), Vec::<String>::new());

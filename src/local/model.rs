@@ -25,6 +25,8 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct LocalModel {
     pub domain: String,
+    /// Every replica behind a `thaw queue` sidecar (local.yaml's `sidecar`).
+    pub sidecar: bool,
     pub configs: ConfigSet,
     /// The ConfigMap files in use, as (ConfigMap name, absolute path), for live reload.
     pub config_files: Vec<(&'static str, PathBuf)>,
@@ -215,6 +217,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
     }
     Ok(LocalModel {
         domain: file.domain,
+        sidecar: file.sidecar,
         configs,
         config_files,
         services,

@@ -26,6 +26,7 @@ async fn start(delay: Duration) -> (SocketAddr, oneshot::Sender<()>, tokio::task
     let settings = Arc::new(Settings {
         name: "hello-00001".into(),
         response_delay: delay,
+        counts: Arc::default(),
     });
     let task = tokio::spawn(serve(listener, settings, async {
         let _ = rx.await;
@@ -56,6 +57,10 @@ async fn answers_hello_health_stream_and_404() {
         (StatusCode::OK, "chunk 0\nchunk 1\nchunk 2\n".into())
     );
     assert_eq!(get(addr, "/nope").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(addr, "/inflight").await,
+        (StatusCode::OK, "{\"inFlight\":0,\"peak\":1}\n".into())
+    );
     stop.send(()).unwrap();
     task.await.unwrap();
 }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod exposition;
 pub mod platform;
 pub mod process;
+pub mod queue;
 pub mod remote;
 
 use prometheus_client::encoding::text::encode;

@@ -385,6 +385,7 @@ pub fn metric(text: &str, name: &str, needles: &[&str]) -> f64 {
 struct PodRun {
     name: String,
     app: Child,
+    sidecar: Option<Child>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -392,6 +393,10 @@ impl Drop for PodRun {
     fn drop(&mut self) {
         let _ = self.app.kill();
         let _ = self.app.wait();
+        if let Some(s) = self.sidecar.as_mut() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
         for t in &self.tasks {
             t.abort();
         }
@@ -405,6 +410,10 @@ pub struct PodKind {
     pub stats: bool,
     /// Crash: the pod never becomes ready and its container waits in CrashLoopBackOff.
     pub crash: bool,
+    /// Run a real `thaw queue` sidecar (with this containerConcurrency) in front of the app:
+    /// the slice's `http` port is the sidecar's data port, `http-autometric` its admin port,
+    /// and the counting proxy sits between the sidecar and the app.
+    pub sidecar: Option<u32>,
 }
 
 /// Events the kubelet and the public-slice observer saw, in order.
@@ -568,7 +577,12 @@ async fn start_pod(
         .await;
     let mut tasks = Vec::new();
     if kind.crash {
-        return PodRun { name, app, tasks };
+        return PodRun {
+            name,
+            app,
+            sidecar: None,
+            tasks,
+        };
     }
     // Wait for the app to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -589,15 +603,48 @@ async fn start_pod(
         peak,
         served,
     )));
-    let mut ports =
-        vec![serde_json::json!({"name": "http", "port": proxy_port, "protocol": "TCP"})];
-    if kind.stats {
-        let stats = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stats_port = stats.local_addr().unwrap().port();
-        tasks.push(tokio::spawn(stats_endpoint(stats, name.clone(), inflight)));
-        ports.push(
-            serde_json::json!({"name": "http-autometric", "port": stats_port, "protocol": "TCP"}),
+    let mut sidecar = None;
+    let mut ports = Vec::new();
+    if let Some(cc) = kind.sidecar {
+        let (data, admin) = (free_port(), free_port());
+        sidecar = Some(
+            Command::new(env!("CARGO_BIN_EXE_thaw"))
+                .args([
+                    "queue".to_string(),
+                    format!("--listen=127.0.0.1:{data}"),
+                    format!("--admin-listen=127.0.0.1:{admin}"),
+                ])
+                .env("SERVING_NAMESPACE", NS)
+                .env("SERVING_REVISION", rev)
+                .env("SERVING_POD", &name)
+                .env("CONTAINER_CONCURRENCY", cc.to_string())
+                .env("USER_PORT", proxy_port.to_string())
+                .env("THAW_DRAIN_DELAY", "0s")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
         );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/readyz")
+            .await
+            .trim()
+            != "ok"
+        {
+            assert!(Instant::now() < deadline, "the sidecar never became ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ports.push(serde_json::json!({"name": "http", "port": data, "protocol": "TCP"}));
+        ports
+            .push(serde_json::json!({"name": "http-autometric", "port": admin, "protocol": "TCP"}));
+    } else {
+        ports.push(serde_json::json!({"name": "http", "port": proxy_port, "protocol": "TCP"}));
+        if kind.stats {
+            let stats = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let stats_port = stats.local_addr().unwrap().port();
+            tasks.push(tokio::spawn(stats_endpoint(stats, name.clone(), inflight)));
+            ports.push(serde_json::json!({"name": "http-autometric", "port": stats_port, "protocol": "TCP"}));
+        }
     }
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
     slices
@@ -616,7 +663,12 @@ async fn start_pod(
         )
         .await
         .unwrap();
-    PodRun { name, app, tasks }
+    PodRun {
+        name,
+        app,
+        sidecar,
+        tasks,
+    }
 }
 
 /// Forwards to the app, counting requests in flight and keeping the peak.

@@ -1,0 +1,932 @@
+//! `thaw queue` end to end: the real binary as the sidecar, `thaw sample-app` (or an in-process
+//! echo server) as the user container, real sockets. Real clock; every wait polls with a
+//! deadline, and no speed is asserted.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+/// Generous: the suite shares 2 cores with other test binaries.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A child process, SIGKILLed on drop if still running, its stderr kept.
+struct Proc {
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start thaw");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, logs }
+    }
+
+    fn signal(&self, signal: Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Waits for the process to exit; its exit code.
+    async fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + DEADLINE * 2;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "did not exit:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nothing listens on now (bound and released).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// `thaw sample-app` on `port` with extra arguments; returns once it accepts connections.
+async fn app(port: u16, args: &[&str]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
+    cmd.args(["sample-app", "--port", &port.to_string()])
+        .args(args);
+    let p = Proc::spawn(cmd);
+    let deadline = Instant::now() + DEADLINE;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the app did not listen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    p
+}
+
+/// A running `thaw queue` on ephemeral ports.
+struct Queue {
+    proc: Proc,
+    data: SocketAddr,
+    admin: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Queue {
+    /// Starts the sidecar in front of 127.0.0.1:`user_port` with `env` added to a base revision
+    /// (drain delay 0 unless set).
+    fn start(user_port: u16, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
+        cmd.args([
+            "queue",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env_clear()
+        .env("SERVING_NAMESPACE", "default")
+        .env("SERVING_REVISION", "hello-00001")
+        .env("SERVING_CONFIGURATION", "hello")
+        .env("SERVING_POD", "hello-00001-pod")
+        .env("USER_PORT", user_port.to_string())
+        .env("THAW_DRAIN_DELAY", "0s");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let proc = Proc::spawn(cmd);
+        let deadline = Instant::now() + DEADLINE;
+        let (data, admin) = loop {
+            if let Some(line) = proc
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains("thaw queue listening"))
+            {
+                let field = |name: &str| -> SocketAddr {
+                    let rest = &line[line.find(&format!(" {name}=")).unwrap() + name.len() + 2..];
+                    rest.split_whitespace().next().unwrap().parse().unwrap()
+                };
+                break (field("data"), field("admin"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "thaw queue did not listen:\n{}",
+                proc.logs()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Queue {
+            proc,
+            data,
+            admin,
+            client,
+        }
+    }
+
+    /// A request on the data port: (status, headers as a map, body).
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, HashMap<String, String>, String) {
+        send(&self.client, self.data, method, path, headers, body).await
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let (s, _, b) = self.send("GET", path, headers, "").await;
+        (s, b)
+    }
+
+    async fn admin(&self, path: &str) -> (u16, String) {
+        let (s, _, b) = send(&self.client, self.admin, "GET", path, &[], "").await;
+        (s, b)
+    }
+
+    /// Polls `path` on the admin port until it answers `status`.
+    async fn admin_until(&self, path: &str, status: u16) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if self.admin(path).await.0 == status {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} never answered {status}:\n{}",
+                self.proc.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A metric's value from /metrics (the first series whose line starts with `name{` or
+    /// `name `).
+    async fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.admin("/metrics").await;
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+    }
+}
+
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, HashMap<String, String>, String) {
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+    let resp = tokio::time::timeout(DEADLINE * 2, client.request(req))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string()))
+        .collect();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The sample app's own count: (in flight now, peak).
+async fn app_inflight(port: u16) -> (u64, u64) {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (_, _, body) = send(&client, addr, "GET", "/inflight", &[], "").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (v["inFlight"].as_u64().unwrap(), v["peak"].as_u64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_concurrency_1_admits_one_request_at_a_time() {
+    let port = free_port();
+    let _app = app(port, &["--response-delay", "20ms"]).await;
+    let q = Queue::start(
+        port,
+        &[("CONTAINER_CONCURRENCY", "1"), ("THAW_QUEUE_DEPTH", "100")],
+    );
+    q.admin_until("/readyz", 200).await;
+    let q = Arc::new(q);
+    let clients: Vec<_> = (0..50)
+        .map(|_| {
+            let q = q.clone();
+            tokio::spawn(async move { q.get("/", &[]).await })
+        })
+        .collect();
+    for c in clients {
+        let (status, body) = c.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
+    }
+    let (now, peak) = app_inflight(port).await;
+    assert_eq!(
+        (now, peak),
+        (0, 1),
+        "the app saw more than one request at once"
+    );
+    let (_, text) = q.admin("/metrics").await;
+    assert!(
+        text.contains("response_code_class=\"2xx\"} 50"),
+        "50 answers counted:\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflow_beyond_the_queue_answers_503_with_a_reason() {
+    let port = free_port();
+    let _app = app(port, &["--response-delay", "1s"]).await;
+    let q = Queue::start(
+        port,
+        &[("CONTAINER_CONCURRENCY", "1"), ("THAW_QUEUE_DEPTH", "2")],
+    );
+    q.admin_until("/readyz", 200).await;
+    let q = Arc::new(q);
+    let clients: Vec<_> = (0..10)
+        .map(|_| {
+            let q = q.clone();
+            tokio::spawn(async move { q.send("GET", "/", &[], "").await })
+        })
+        .collect();
+    let (mut ok, mut full) = (0, 0);
+    for c in clients {
+        let (status, headers, body) = c.await.unwrap();
+        match status {
+            200 => ok += 1,
+            503 => {
+                full += 1;
+                assert_eq!(body, "overloaded: the request queue is full\n");
+                assert_eq!(headers.get("retry-after").map(String::as_str), Some("1"));
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    // One in the app and two queued at once; a late arrival may find a place freed.
+    assert!(ok >= 3 && full >= 1, "{ok} answered, {full} refused");
+    assert_eq!(q.metric("thaw_queue_overflow_total").await, f64::from(full));
+    assert_eq!(app_inflight(port).await.1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
+    let port = free_port();
+    let _app = app(port, &["--threads", "2"]).await;
+    let q = Arc::new(Queue::start(port, &[]));
+    q.admin_until("/readyz", 200).await;
+    // Play the autoscaler: pull /stats five times a second (so no second is missed), keeping
+    // each distinct second once.
+    let puller = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<serde_json::Value> = Vec::new();
+            let end = Instant::now() + Duration::from_secs(7);
+            while Instant::now() < end {
+                let (status, body) = q.admin("/stats").await;
+                assert_eq!(status, 200, "{body}");
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                if seen.last() != Some(&v) {
+                    seen.push(v);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            seen
+        })
+    };
+    // Four requests in flight for 4 s, two of them through an activator.
+    let long: Vec<_> = (0..4)
+        .map(|i| {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let proxied = [("k-proxy-request", "activator")];
+                let h: &[(&str, &str)] = if i % 2 == 0 { &proxied } else { &[] };
+                q.get("/stream?chunks=2&delay=4s", h).await
+            })
+        })
+        .collect();
+    // And a burst of ten quick ones, three through an activator.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let quick: Vec<_> = (0..10)
+        .map(|i| {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let proxied = [("k-proxy-request", "activator")];
+                let h: &[(&str, &str)] = if i < 3 { &proxied } else { &[] };
+                q.get("/healthz", h).await
+            })
+        })
+        .collect();
+    for t in long.into_iter().chain(quick) {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+    let seen = puller.await.unwrap();
+    let sum = |k: &str| seen.iter().map(|v| v[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("requests"), 14, "{seen:#?}");
+    assert_eq!(sum("proxiedRequests"), 5, "{seen:#?}");
+    assert!(seen.iter().all(|v| v["pod"] == "hello-00001-pod"));
+    // A second wholly inside the long requests: 4 on average, 2 of them proxied.
+    let full = seen.iter().find(|v| {
+        (v["averageConcurrency"].as_f64().unwrap() - 4.0).abs() < 0.01
+            && (v["proxiedConcurrency"].as_f64().unwrap() - 2.0).abs() < 0.01
+    });
+    assert!(full.is_some(), "no second at 4 (2 proxied): {seen:#?}");
+    // The gauges follow the last second (the load is gone by now).
+    assert_eq!(q.metric("queue_average_concurrent_requests").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_with_the_apps_exit_gated_on_wait_for_drain() {
+    let port = free_port();
+    let app = app(port, &["--response-delay", "2s", "--threads", "2"]).await;
+    let mut q = Queue::start(port, &[("THAW_DRAIN_DELAY", "1s")]);
+    q.admin_until("/readyz", 200).await;
+    let data = q.data;
+    let client = q.client.clone();
+    let requests: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, data, "GET", "/", &[], "").await })
+        })
+        .collect();
+    let deadline = Instant::now() + DEADLINE;
+    while app_inflight(port).await.0 < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the 20 requests never reached the app"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The kubelet: SIGTERM to the sidecar, and at the same moment the app's preStop hook
+    // (GET /wait-for-drain), after which the app is killed at once (most apps exit at once:
+    // SIGKILL makes that certain).
+    q.proc.signal(Signal::SIGTERM);
+    let admin = q.admin;
+    let pre_stop = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, admin, "GET", "/wait-for-drain", &[], "").await })
+    };
+    // Readiness fails at once; new requests are still served during the drain delay.
+    q.admin_until("/readyz", 503).await;
+    let (status, body) = q.get("/", &[("k-network-probe", "queue")]).await;
+    assert_eq!((status, body.as_str()), (503, "shutting down\n"));
+    let late = q.get("/", &[]).await;
+    assert_eq!(late.0, 200, "a request during the drain delay: {}", late.1);
+    let (status, _, body) = pre_stop.await.unwrap();
+    assert_eq!((status, body.as_str()), (200, "drained\n"));
+    app.signal(Signal::SIGKILL);
+    for r in requests {
+        let (status, _, body) = r.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
+    }
+    assert_eq!(q.proc.wait_exit().await, 0, "{}", q.proc.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dying_user_container_gives_502_and_fails_readiness_until_back() {
+    let port = free_port();
+    let mut app1 = app(port, &["--response-delay", "3s"]).await;
+    let q = Arc::new(Queue::start(port, &[]));
+    q.admin_until("/readyz", 200).await;
+    let inflight = {
+        let q = q.clone();
+        tokio::spawn(async move { q.get("/", &[]).await })
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while app_inflight(port).await.0 < 1 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    app1.signal(Signal::SIGKILL);
+    app1.wait_exit().await;
+    let (status, body) = inflight.await.unwrap();
+    assert_eq!(status, 502);
+    assert_eq!(
+        body, "the application did not answer\n",
+        "generic, no internals"
+    );
+    q.admin_until("/readyz", 503).await;
+    let (status, body) = q.get("/", &[]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (502, "the application did not answer\n")
+    );
+    let (status, _) = q.get("/", &[("k-network-probe", "queue")]).await;
+    assert_eq!(status, 503, "the network probe fails with the container");
+    let _app2 = app(port, &[]).await;
+    q.admin_until("/readyz", 200).await;
+    assert_eq!(
+        q.get("/", &[]).await,
+        (200, "Hello from thaw!\n".to_string())
+    );
+    assert!(q.metric("thaw_queue_user_errors_total").await >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_answered_as_knatives_queue_proxy_answers_them() {
+    let port = free_port();
+    // No user container yet: not ready, and every probe says so.
+    let q = Queue::start(
+        port,
+        &[(
+            "SERVING_READINESS_PROBE",
+            r#"{"httpGet":{"path":"/healthz","port":0}}"#,
+        )],
+    );
+    assert_eq!(q.admin("/readyz").await.0, 503);
+    assert_eq!(q.admin("/healthz").await, (200, "ok\n".into()));
+    assert_eq!(q.get("/", &[("k-network-probe", "queue")]).await.0, 503);
+    assert_eq!(q.get("/", &[("k-kubelet-probe", "1")]).await.0, 503);
+    let _app = app(port, &[]).await;
+    q.admin_until("/readyz", 200).await;
+    let probe = q.get("/healthz", &[("k-network-probe", "queue")]).await;
+    assert_eq!(probe, (200, "queue".into()));
+    // A probe meant for an activator is not answered as if this were one.
+    let (status, body) = q.get("/healthz", &[("k-network-probe", "activator")]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "unexpected K-Network-Probe value\n")
+    );
+    assert_eq!(
+        q.get("/", &[("k-kubelet-probe", "1")]).await,
+        (200, "ok\n".into())
+    );
+    assert_eq!(
+        q.get("/", &[("user-agent", "kube-probe/1.31")]).await,
+        (200, "ok\n".into())
+    );
+    // Probes never reach the app.
+    assert_eq!(app_inflight(port).await.1, 0);
+    let (_, stats) = q.admin("/stats").await;
+    assert!(stats.contains("\"pod\":\"hello-00001-pod\""), "{stats}");
+    let (status, _) = q.admin("/nope").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_revisions_timeouts_the_answer_is_504_or_the_body_is_cut() {
+    let port = free_port();
+    let _app = app(port, &["--threads", "2"]).await;
+    let q = Arc::new(Queue::start(
+        port,
+        &[
+            ("REVISION_TIMEOUT_SECONDS", "3"),
+            ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "1"),
+            ("REVISION_IDLE_TIMEOUT_SECONDS", "1"),
+        ],
+    ));
+    q.admin_until("/readyz", 200).await;
+    // A stream whose first line comes at once and the next too late (idle timeout), and one
+    // that keeps sending past the total timeout.
+    let idle = {
+        let q = q.clone();
+        tokio::spawn(async move { body_outcome(&q, "/stream?chunks=3&delay=2500ms").await })
+    };
+    let total = {
+        let q = q.clone();
+        tokio::spawn(async move { body_outcome(&q, "/stream?chunks=50&delay=200ms").await })
+    };
+    let (idle_lines, idle_cut) = idle.await.unwrap();
+    assert!(
+        idle_cut && idle_lines < 3,
+        "idle: {idle_lines} lines, cut {idle_cut}"
+    );
+    let (total_lines, total_cut) = total.await.unwrap();
+    assert!(
+        total_cut && total_lines < 50,
+        "total: {total_lines} lines, cut {total_cut}"
+    );
+    assert!(q.metric("thaw_queue_user_errors_total").await >= 2.0);
+
+    // A slow head: an app that waits 2 s before answering, behind a 1 s response-start timeout.
+    let port2 = free_port();
+    let _slow = app(port2, &["--response-delay", "2s"]).await;
+    let q2 = Queue::start(port2, &[("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "1")]);
+    q2.admin_until("/readyz", 200).await;
+    let (status, body) = q2.get("/", &[]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (504, "the application did not answer in time\n")
+    );
+    assert_eq!(q2.metric("thaw_queue_timeouts_total").await, 1.0);
+}
+
+/// Reads a streamed body: (lines received, whether it was cut by an error).
+async fn body_outcome(q: &Queue, path: &str) -> (usize, bool) {
+    let req = hyper::Request::get(format!("http://{}{path}", q.data))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = q.client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut text = Vec::new();
+    loop {
+        match tokio::time::timeout(DEADLINE, body.frame()).await {
+            Ok(Some(Ok(f))) => {
+                if let Ok(d) = f.into_data() {
+                    text.extend_from_slice(&d);
+                }
+            }
+            Ok(Some(Err(_))) => return (count_lines(&text), true),
+            Ok(None) => return (count_lines(&text), false),
+            Err(_) => panic!("{path}: body stalled"),
+        }
+    }
+}
+
+fn count_lines(b: &[u8]) -> usize {
+    b.iter().filter(|c| **c == b'\n').count()
+}
+
+/// An in-process user container that echoes what it received: the Host, the header names, the
+/// method and the body length.
+async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    echo_server_speaking(false).await
+}
+
+/// [`echo_server`], speaking HTTP/1.1 or (with `h2`) h2c with prior knowledge only.
+async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let host = req
+                            .headers()
+                            .get("host")
+                            .map(|h| h.to_str().unwrap().to_string())
+                            // HTTP/2: the authority.
+                            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+                            .unwrap_or_default();
+                        let mut names: Vec<String> =
+                            req.headers().keys().map(|k| k.to_string()).collect();
+                        names.sort();
+                        let method = req.method().to_string();
+                        let version = format!("{:?}", req.version());
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let text = format!(
+                            "host={host}\nnames={}\nmethod={method}\nversion={version}\nbody={}\n",
+                            names.join(","),
+                            body.len()
+                        );
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from(text),
+                        )))
+                    },
+                );
+                let io = TokioIo::new(stream);
+                let _ = if h2 {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await
+                };
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
+    let (port, server) = echo_server().await;
+    let q = Queue::start(port, &[]);
+    q.admin_until("/readyz", 200).await;
+    let sent = [
+        ("host", "10.0.0.7:8012"),
+        ("k-original-host", "hello.default.example.com"),
+        ("k-proxy-request", "activator"),
+        ("x-custom", "1"),
+        ("connection", "x-hop"),
+        ("x-hop", "dropped"),
+    ];
+    // A bodiless request (the engine's lane and direct connection) and one with a body
+    // (hyper's server and client).
+    for (method, body) in [("GET", ""), ("POST", "some body")] {
+        let (status, _, text) = q.send(method, "/echo", &sent, body).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            text.contains("host=hello.default.example.com\n"),
+            "{method}: {text}"
+        );
+        let names = text.lines().find(|l| l.starts_with("names=")).unwrap();
+        for gone in ["k-original-host", "k-proxy-request", "x-hop", "connection"] {
+            assert!(
+                !names.split([',', '=']).any(|n| n == gone),
+                "{method}: {gone} in {names}"
+            );
+        }
+        assert!(names.contains("x-custom"), "{names}");
+        assert!(text.contains(&format!("body={}\n", body.len())), "{text}");
+    }
+    // Without K-Original-Host the client's Host stays.
+    let (_, text) = q.get("/echo", &[("host", "direct.example.com")]).await;
+    assert!(text.contains("host=direct.example.com\n"), "{text}");
+
+    // An h2c client (prior knowledge): served, and forwarded as HTTP/1.1 with its authority
+    // as the Host.
+    let stream = tokio::net::TcpStream::connect(q.data).await.unwrap();
+    let (mut send_req, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("http://h2.example.com/echo")
+        .header("k-proxy-request", "activator")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = send_req.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(text.contains("host=h2.example.com\n"), "{text}");
+    assert!(text.contains("version=HTTP/1.1"), "{text}");
+    assert!(!text.contains("k-proxy-request"), "{text}");
+    server.abort();
+}
+
+#[test]
+fn invalid_settings_are_refused_naming_each_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["queue"])
+        .env_clear()
+        .env("SERVING_NAMESPACE", "default")
+        .env("CONTAINER_CONCURRENCY", "lots")
+        .env("USER_PORT", "8012")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "SERVING_REVISION: is required",
+        "CONTAINER_CONCURRENCY: expected a whole number from 0 to 1000, got \"lots\"",
+        "USER_PORT: 8012 is one of the sidecar's own ports",
+    ] {
+        assert!(err.contains(needle), "{needle} not in:\n{err}");
+    }
+}
+
+mod local_e2e_support;
+
+/// `thaw local` with `sidecar: true`: each replica is `thaw queue -- COMMAND`, requests pass
+/// through it (a cold start included), and a stop drains and ends both processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thaw_local_runs_each_replica_behind_the_sidecar() {
+    use local_e2e_support as e2e;
+    let local = format!(
+        "sidecar: true\n{}",
+        e2e::local_yaml(&[e2e::service("hello", &[], "one", "")])
+    );
+    let mut thaw = e2e::Thaw::start(&local, e2e::FAST_AUTOSCALER, e2e::FAST_ACTIVATOR);
+    let (status, _, body) = thaw.get("hello.default.example.com", "/").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "Hello from one!\n"),
+        "{}",
+        thaw.dump_logs()
+    );
+    let replicas = thaw.replicas();
+    assert_eq!(replicas.len(), 1, "{}", thaw.dump_logs());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", replicas[0])).unwrap();
+    let words: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    assert_eq!(words[1..4], ["queue", "--", "thaw"], "{words:?}");
+    // The sidecar's child is the app.
+    let app = e2e::children_of(replicas[0]);
+    assert_eq!(app.len(), 1, "the sidecar runs the app");
+    thaw.signal(Signal::SIGTERM);
+    assert_eq!(thaw.wait_exit().await, 0, "{}", thaw.dump_logs());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", app[0])).exists()
+            || std::fs::read_to_string(format!("/proc/{}/stat", app[0]))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "the app outlived thaw"
+    );
+}
+
+/// An upstream that accepts `Upgrade: echo` and then echoes every byte back.
+async fn upgrade_echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |mut req: hyper::Request<hyper::body::Incoming>| async move {
+                        let asked = req.headers().get("upgrade").cloned();
+                        let on = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            if let Ok(up) = on.await {
+                                let (mut r, mut w) = tokio::io::split(TokioIo::new(up));
+                                let _ = tokio::io::copy(&mut r, &mut w).await;
+                            }
+                        });
+                        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                        if let Some(p) = asked {
+                            *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                            resp.headers_mut().insert("upgrade", p);
+                            resp.headers_mut()
+                                .insert("connection", "upgrade".parse().unwrap());
+                        }
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_style_upgrade_becomes_a_tunnel_under_the_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (port, server) = upgrade_echo_server().await;
+    let q = Queue::start(
+        port,
+        &[("CONTAINER_CONCURRENCY", "1"), ("THAW_QUEUE_DEPTH", "0")],
+    );
+    q.admin_until("/readyz", 200).await;
+    let mut s = tokio::net::TcpStream::connect(q.data).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: ws.example.com\r\nConnection: Upgrade\r\nUpgrade: echo\r\nK-Proxy-Request: activator\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1, "closed: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&back, b"ping");
+    // The tunnel holds the one place under containerConcurrency 1 (no queue): another
+    // request is refused while it lives, and admitted once it closes.
+    assert_eq!(q.get("/", &[]).await.0, 503);
+    drop(s);
+    let deadline = Instant::now() + DEADLINE;
+    while q.get("/", &[]).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the tunnel's place was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.abort();
+}
+
+/// A preStop hook with no drain (the user container restarting alone) is answered within
+/// moments, not after the pod's whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_drain_without_a_drain_answers_not_draining() {
+    let port = free_port();
+    let q = Queue::start(port, &[]);
+    let (status, body) = q.admin("/wait-for-drain").await;
+    assert_eq!((status, body.as_str()), (200, "not draining\n"));
+}
+
+/// A user container that speaks h2c only (`THAW_USER_PROTOCOL=h2c`): requests with and
+/// without a body reach it over HTTP/2, with the client's Host as the authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_user_container_is_reached_over_http2() {
+    let (port, server) = echo_server_speaking(true).await;
+    let q = Queue::start(port, &[("THAW_USER_PROTOCOL", "h2c")]);
+    q.admin_until("/readyz", 200).await;
+    for (method, body) in [("GET", ""), ("POST", "a body")] {
+        let headers = [
+            ("host", "grpc.example.com"),
+            ("k-proxy-request", "activator"),
+        ];
+        let (status, _, text) = q.send(method, "/echo", &headers, body).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("version=HTTP/2.0\n"), "{method}: {text}");
+        assert!(text.contains("host=grpc.example.com\n"), "{method}: {text}");
+        assert!(text.contains(&format!("method={method}\n")), "{text}");
+        assert!(text.contains(&format!("body={}\n", body.len())), "{text}");
+        assert!(!text.contains("k-proxy-request"), "{text}");
+    }
+    server.abort();
+}
+
+/// Wrapper mode (`thaw queue -- COMMAND`): the sidecar runs the user container as its child;
+/// the child's exit ends the sidecar with exit 1, before or after it was ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_wrapper_mode_the_user_containers_exit_ends_the_sidecar() {
+    let base = |port: u16| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_thaw"));
+        cmd.env_clear()
+            .env("SERVING_NAMESPACE", "default")
+            .env("SERVING_REVISION", "hello-00001")
+            .env("THAW_DRAIN_DELAY", "0s")
+            .env("PORT", port.to_string());
+        cmd
+    };
+    // Exits before it is ready.
+    let mut cmd = base(free_port());
+    cmd.args(["queue", "--", "thaw", "sample-app", "--crash"]);
+    let mut crashing = Proc::spawn(cmd);
+    assert_eq!(crashing.wait_exit().await, 1, "{}", crashing.logs());
+    assert!(
+        crashing
+            .logs()
+            .contains("the user container exited before it was ready")
+    );
+    // Serves, then its child dies.
+    let port = free_port();
+    let mut cmd = base(port);
+    cmd.args(["queue", "--", "thaw", "sample-app"]);
+    let mut sidecar = Proc::spawn(cmd);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + DEADLINE;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "{}", sidecar.logs());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, _, body) = send(&client, addr, "GET", "/", &[], "").await;
+    assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
+    let child = local_e2e_support::children_of(sidecar.child.id());
+    assert_eq!(child.len(), 1);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child[0] as i32), Signal::SIGKILL).unwrap();
+    assert_eq!(sidecar.wait_exit().await, 1, "{}", sidecar.logs());
+    assert!(
+        sidecar.logs().contains("the user container exited"),
+        "{}",
+        sidecar.logs()
+    );
+}
