@@ -131,6 +131,21 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         assert_eq!(resp.status(), 401, "{auth:?}");
     }
 
+    // The replica that does not lead answers 503 even with the token: the sender moves on.
+    let other = if lead_addr.port() == s1 { s2 } else { s1 };
+    let resp = client
+        .request(
+            http::Request::post(format!("http://127.0.0.1:{other}/stats"))
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    br#"{"source":"x","stats":[]}"#,
+                )))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+
     // A request at zero is held, the leader scales up, the kubelet publishes pods, 200.
     assert_eq!(c.replicas("hello-00001").await, 0);
     let (status, timing, body) = get(&client, acts[0], "hello-00001", "/").await;
