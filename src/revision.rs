@@ -528,16 +528,25 @@ mod tests {
             [(route.clone(), RevisionKey::new("ns", "b"))],
         ));
         assert!(cat.upsert(spec("a", &["a.ns", "A.ns.svc", "a.ns.example.com"])));
-        assert!(!cat.upsert(spec("a", &["a.ns", "A.ns.svc", "a.ns.example.com"])), "same spec");
+        assert!(
+            !cat.upsert(spec("a", &["a.ns", "A.ns.svc", "a.ns.example.com"])),
+            "same spec"
+        );
         let snap = cat.load();
         assert_eq!(snap.version(), 1);
         assert_eq!(&*snap.route_host("a.ns.svc:80").unwrap().key.name, "a");
-        assert!(snap.route_host(&route).is_none(), "the route names b, not yet known");
+        assert!(
+            snap.route_host(&route).is_none(),
+            "the route names b, not yet known"
+        );
         assert_eq!(snap.host_key(&route).unwrap().name.as_ref(), "b");
 
         assert!(cat.upsert(spec("a", &["a.ns", "a2.ns"])));
         let snap = cat.load();
-        assert!(snap.route_host("a.ns.svc").is_none(), "a host it no longer lists");
+        assert!(
+            snap.route_host("a.ns.svc").is_none(),
+            "a host it no longer lists"
+        );
         assert_eq!(&*snap.route_host("a2.ns").unwrap().key.name, "a");
 
         assert!(cat.upsert(spec("b", &[])));
@@ -545,7 +554,11 @@ mod tests {
         assert!(!cat.remove(&RevisionKey::new("ns", "a")), "already gone");
         let snap = cat.load();
         assert!(snap.route_host("a.ns").is_none() && snap.route_host("a2.ns").is_none());
-        assert_eq!(&*snap.route_host(&route).unwrap().key.name, "b", "route entry kept");
+        assert_eq!(
+            &*snap.route_host(&route).unwrap().key.name,
+            "b",
+            "route entry kept"
+        );
         assert_eq!((snap.len(), snap.version()), (1, 4));
     }
 
@@ -588,7 +601,10 @@ mod tests {
         }
         let now = cat.version();
         assert_eq!(cat.delta(v + 1, now), Delta::Resync, "lagged past the log");
-        assert_eq!(cat.delta(now - 1, now), keys(&[&format!("r{CHANGE_LOG_CAPACITY}")]));
+        assert_eq!(
+            cat.delta(now - 1, now),
+            keys(&[&format!("r{CHANGE_LOG_CAPACITY}")])
+        );
     }
 
     /// Subscribers are woken by each change, with the new version.

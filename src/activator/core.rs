@@ -332,7 +332,10 @@ impl Activator {
             (None, None) => return false,
         }
         // Every host the revision listed before or lists now goes where the catalog routes it.
-        let new_hosts = snap.get(key).map(|s| s.hosts.as_slice()).unwrap_or_default();
+        let new_hosts = snap
+            .get(key)
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default();
         let old_hosts = old_spec.as_ref().map_or(&[][..], |s| s.hosts.as_slice());
         for host in old_hosts.iter().chain(new_hosts) {
             t.point_host(snap, &host.to_ascii_lowercase());
@@ -431,8 +434,7 @@ impl Activator {
 
     fn used_lock(
         &self,
-    ) -> MutexGuard<'_, HashMap<RevisionKey, Arc<RevisionState>, foldhash::fast::RandomState>>
-    {
+    ) -> MutexGuard<'_, HashMap<RevisionKey, Arc<RevisionState>, foldhash::fast::RandomState>> {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
