@@ -318,10 +318,14 @@ impl Follower {
         }
     }
 
-    /// A deleted Revision: out of the catalog and the platform.
+    /// A deleted Revision: out of the catalog and the platform (its rejection series too).
     pub fn delete(&mut self, key: &RevisionKey) {
         self.inputs.remove(key);
         self.platform.remove(key);
+        self.metrics.revisions_rejected.remove(&RevisionLabels {
+            namespace: key.namespace.to_string(),
+            revision: key.name.to_string(),
+        });
         if self.catalog.remove(key) {
             tracing::info!(revision = %key, "revision deleted; held requests answered 503");
         }
