@@ -88,18 +88,21 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// Applies `rounds` changes to revisions spread over the first `known`, each followed by the
-/// activator's table; returns (median, p99).
+/// Applies `rounds` changes to revisions spread over the first `known` (containerConcurrency
+/// `base` or `base + 1`), each followed by the activator's table; returns (median, p99).
 fn change_times(
     follower: &mut Follower,
     activator: &Activator,
     known: usize,
     rounds: usize,
+    base: i64,
 ) -> (Duration, Duration) {
     let mut took = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let i = (round * 7919) % known;
-        let rev = revision(i, 2 + (round % 2) as i64 * 3);
+        // Each pass over the revisions sets a value the previous pass did not: every change is
+        // a real one.
+        let rev = revision(i, base + ((round / known) % 2) as i64);
         let start = Instant::now();
         follower.apply(&rev);
         activator.sync();
@@ -144,30 +147,38 @@ async fn measure_ten_thousand_idle_revisions() {
             activator.sync();
         }
     };
-    // Warm the allocator and every lazily built structure before the first reading.
+    // Warm the allocator and every lazily built structure before the first reading; memory is
+    // read before any change is timed (a change frees the old spec, which jemalloc may keep).
     add(&mut follower, 0..100);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let base = rss_bytes();
-    add(&mut follower, 100..1_000);
-    let rss_1k = rss_bytes();
-    let (med_1k, p99_1k) = change_times(&mut follower, &activator, 1_000, 2_000);
-    let at_1k = rss_bytes();
-    add(&mut follower, 1_000..10_000);
-    let rss_10k = rss_bytes();
-    let (med_10k, p99_10k) = change_times(&mut follower, &activator, 10_000, 2_000);
+    let mut readings = vec![(100, rss_bytes())];
+    for upto in [1_000, 2_500, 5_000, 7_500, 10_000] {
+        add(&mut follower, readings.last().unwrap().0..upto);
+        readings.push((upto, rss_bytes()));
+    }
     assert_eq!(catalog.load().len(), 10_000);
     assert_eq!(activator.revision_counts(), (10_000, 0), "none requested");
-    let per = |from: u64, to: u64, n: u64| to.saturating_sub(from) as f64 / n as f64 / 1024.0;
+    let kib = |(n0, r0): (usize, u64), (n1, r1): (usize, u64)| {
+        r1.saturating_sub(r0) as f64 / (n1 - n0) as f64 / 1024.0
+    };
+    let steps: Vec<String> = readings
+        .windows(2)
+        .map(|w| format!("{}->{}: {:.2}", w[0].0, w[1].0, kib(w[0], w[1])))
+        .collect();
     println!(
-        "RSS per known revision: {:.2} KiB (100 -> 1,000), {:.2} KiB (1,000 -> 10,000); \
-         RSS at 10,000: {:.1} MiB",
-        per(base, rss_1k, 900),
-        per(at_1k, rss_10k, 9_000),
-        rss_10k as f64 / 1048576.0
+        "RSS per known revision: {:.2} KiB over 100 -> 10,000 (steps, KiB: {}); RSS at \
+         10,000: {:.1} MiB",
+        kib(readings[0], readings[readings.len() - 1]),
+        steps.join(", "),
+        readings[readings.len() - 1].1 as f64 / 1048576.0
     );
+    // The same change at 1,000 (the first 1,000 revisions only) and at 10,000.
+    let (med_1k, p99_1k) = change_times(&mut follower, &activator, 1_000, 5_000, 2);
+    let (med_10k, p99_10k) = change_times(&mut follower, &activator, 10_000, 5_000, 4);
     println!(
         "one Revision change applied (follower + catalog + platform + activator table): \
-         at 1,000 median {med_1k:?} p99 {p99_1k:?}; at 10,000 median {med_10k:?} p99 {p99_10k:?}"
+         among 1,000 median {med_1k:?} p99 {p99_1k:?}; among 10,000 median {med_10k:?} p99 \
+         {p99_10k:?}"
     );
     platform.shutdown();
 }

@@ -35,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{KubePlatform, KubeRevision};
-use crate::config::annotations::PROGRESS_DEADLINE;
+use crate::config::annotations::{self, PROGRESS_DEADLINE};
+use crate::config::activator;
 use crate::config::live::{LiveConfig, LiveEvent};
 use crate::config::revision::{RevisionInput, resolve_revision};
 use crate::config::{ConfigSet, Problem, Problems};
@@ -106,7 +107,18 @@ pub fn revision_input(rev: &Revision) -> Result<RevisionInput, Problems> {
         response_start_timeout_seconds: response_start,
         idle_timeout_seconds: idle,
         port_name,
-        annotations: rev.annotations().clone(),
+        // Only those the resolver reads: another annotation's change (a controller's
+        // bookkeeping) is no change of the data plane's spec, and is not kept per revision.
+        annotations: rev
+            .annotations()
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with(annotations::PREFIX)
+                    || k.starts_with(activator::PREFIX)
+                    || *k == PROGRESS_DEADLINE
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     })
 }
 
@@ -172,8 +184,9 @@ pub fn follow_revisions(
     FollowedRevisions { synced }
 }
 
-/// Applies Revisions to the catalog and the platform; keeps each revision's last valid input,
-/// for resolving it again when the configuration changes. [`follow_revisions`] feeds it from a
+/// Applies Revisions to the catalog and the platform; keeps each revision's last valid input
+/// (without its hosts, which follow from its name), for resolving it again when the
+/// configuration changes. [`follow_revisions`] feeds it from a
 /// watch; [`Follower::apply`] and [`Follower::delete`] are its steps.
 pub struct Follower {
     catalog: Arc<RevisionCatalog>,
@@ -182,7 +195,8 @@ pub struct Follower {
     /// The configuration every current spec was resolved with.
     resolved_with: ConfigSet,
     metrics: PlatformMetrics,
-    inputs: HashMap<RevisionKey, RevisionInput>,
+    /// Boxed: the map's slots stay small, so its growth (capacity doubles) costs little.
+    inputs: HashMap<RevisionKey, Box<RevisionInput>>,
     /// During a (re-)list: the revisions listed so far; at its end the others are removed.
     listing: Option<HashSet<RevisionKey>>,
 }
@@ -303,7 +317,11 @@ impl Follower {
             Ok(input) => input,
             Err(problems) => return self.reject(&key, &problems),
         };
-        if self.inputs.get(&key) == Some(&input) {
+        let kept = RevisionInput {
+            hosts: Vec::new(),
+            ..input.clone()
+        };
+        if self.inputs.get(&key).is_some_and(|k| **k == kept) {
             return; // A status update or a re-list: nothing the data plane reads changed.
         }
         match resolve_revision(&input, &self.resolved_with) {
@@ -312,7 +330,7 @@ impl Follower {
                 if self.catalog.upsert(spec) {
                     tracing::debug!(revision = %key, "revision applied");
                 }
-                self.inputs.insert(key, input);
+                self.inputs.insert(key, Box::new(kept));
             }
             Err(problems) => self.reject(&key, &problems),
         }
@@ -363,10 +381,14 @@ impl Follower {
             "configuration changed; resolving every revision again"
         );
         let mut changed = 0usize;
-        for (key, input) in &self.inputs {
-            match resolve_revision(input, &self.resolved_with) {
+        for (key, kept) in &self.inputs {
+            let input = RevisionInput {
+                hosts: revision_hosts(&kept.namespace, &kept.name),
+                ..RevisionInput::clone(kept)
+            };
+            match resolve_revision(&input, &self.resolved_with) {
                 Ok(spec) => {
-                    self.platform.upsert(kube_revision(input, &spec));
+                    self.platform.upsert(kube_revision(&input, &spec));
                     changed += usize::from(self.catalog.upsert(spec));
                 }
                 Err(problems) => self.reject(key, &problems),
