@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{KubePlatform, KubeRevision};
-use crate::config::annotations::{self, PROGRESS_DEADLINE};
 use crate::config::activator;
+use crate::config::annotations::{self, PROGRESS_DEADLINE};
 use crate::config::live::{LiveConfig, LiveEvent};
 use crate::config::revision::{RevisionInput, resolve_revision};
 use crate::config::{ConfigSet, Problem, Problems};
