@@ -123,8 +123,11 @@ struct RevisionTable {
     by_host: Map<Box<str>, Arc<Known>>,
     /// Route hosts whose traffic is split by percent: each request draws its revision from
     /// the shares (in order, each taking its percent of 0..100). Checked before `by_host`.
-    splits: Map<Box<str>, Arc<[(Arc<Known>, u32)]>>,
+    splits: Map<Box<str>, Shares>,
 }
+
+/// A split host's shares: (revision, percent), in order.
+type Shares = Arc<[(Arc<Known>, u32)]>;
 
 /// The share a `roll` in 0..100 falls in: the shares in order, each taking its percent; the
 /// last share takes what is left (percents that sum below 100).
