@@ -348,3 +348,47 @@ async fn load_and_target_gauges_and_panic_from_adoption() {
         "series of a removed revision left:\n{m}"
     );
 }
+
+/// The scaler follows single catalog changes: a revision added on its own gets its initial
+/// scale, one changed on its own takes its new settings, one removed on its own is scaled to
+/// 0 and forgotten; the others keep their state.
+#[tokio::test(start_paused = true)]
+async fn single_catalog_changes_are_applied_on_their_own() {
+    let mut h = harness(vec![revision("a", |_| {})], MemoryPlatform::new(), local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    assert_eq!(h.platform.replicas(&key("a")), Some(1), "initial scale");
+    h.catalog.upsert(revision("b", |s| s.initial_scale = 2));
+    h.scaler.sync_catalog(clock::instant_of(1001)).await;
+    assert_eq!(
+        h.platform.replicas(&key("b")),
+        Some(2),
+        "added: initial scale"
+    );
+    let a_before = h.scaler.status(&key("a")).unwrap();
+
+    h.catalog.upsert(revision("b", |s| {
+        s.initial_scale = 2;
+        s.max_scale = 1;
+    }));
+    h.scaler.sync_catalog(clock::instant_of(1002)).await;
+    h.scaler.tick(clock::instant_of(1002)).await;
+    assert_eq!(
+        h.platform.replicas(&key("b")),
+        Some(1),
+        "changed: max-scale 1"
+    );
+
+    assert!(h.catalog.remove(&key("b")));
+    h.scaler.sync_catalog(clock::instant_of(1003)).await;
+    assert_eq!(
+        h.platform.replicas(&key("b")),
+        Some(0),
+        "removed: scaled to 0"
+    );
+    assert!(h.scaler.status(&key("b")).is_none());
+    assert_eq!(h.scaler.revisions().count(), 1);
+    assert_eq!(
+        h.scaler.status(&key("a")).unwrap().desired,
+        a_before.desired
+    );
+}

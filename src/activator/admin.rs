@@ -111,64 +111,111 @@ fn autoscaling_json(a: &crate::config::AutoscalingSpec) -> Value {
 /// keys in Knative's camelCase (`containerConcurrency`, `inFlight`), autoscaler settings under
 /// their ConfigMap names.
 pub(crate) fn revisions(act: &Activator) -> Value {
-    let mut states = act.states();
-    states.sort_by(|a, b| a.key.cmp(&b.key));
-    let list: Vec<Value> = states
+    let mut known = act.known();
+    known.sort_by(|a, b| a.key().cmp(b.key()));
+    let list: Vec<Value> = known
         .iter()
-        .map(|s| {
-            let snap = s.snapshot();
-            let spec = s.spec.load();
-            // `null` until the autoscaler has decided (or when none runs).
-            let desired = act
-                .deps
-                .scale_states
-                .as_ref()
-                .and_then(|ss| ss.get(&s.key))
-                .map(|st| st.desired)
-                .filter(|d| *d >= 0);
-            let endpoints = s.throttler.endpoints();
-            let in_flight: u32 = endpoints.iter().map(|e| e.in_flight).sum();
-            let held = s.throttler.held();
-            let (status, reason) = match &snap.status {
-                EndpointStatus::Ok => ("ok", None),
-                EndpointStatus::Failing { reason } => ("failing", Some(reason.to_string())),
-            };
-            let state = match (&snap.status, snap.ready.is_empty(), held > 0) {
-                (EndpointStatus::Failing { .. }, _, _) => "failing",
-                (_, true, true) => "activating",
-                (_, true, false) => "cold",
-                (_, false, _) => "ready",
-            };
-            json!({
-                "namespace": &*s.key.namespace,
-                "name": &*s.key.name,
-                "desired": desired,
-                "containerConcurrency": spec.container_concurrency,
-                "ready": {
-                    "count": snap.ready.len(),
-                    "addresses": snap.ready.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                },
-                "terminating": snap.terminating.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                "held": held,
-                "inFlight": in_flight,
-                "endpoints": endpoints.iter().map(|e| json!({
-                    "address": e.addr.to_string(),
-                    "inFlight": e.in_flight,
-                    "limit": e.limit,
-                    "terminating": e.terminating,
-                    "ejected": e.ejected,
-                })).collect::<Vec<_>>(),
-                "status": status,
-                "reason": reason,
-                "state": state,
-                "service": spec.service.as_deref(),
-                "autoscaling": autoscaling_json(&spec.autoscaling),
-            })
+        .map(|k| match k.state() {
+            Some(s) => revision_json(act, k.key(), &s.spec.load(), &s.snapshot(), Some(s)),
+            // Never requested here: no state; the platform's snapshot says what is there.
+            None => {
+                let snap = act.deps.endpoints.endpoints(k.key()).borrow().clone();
+                revision_json(act, k.key(), &k.spec(), &snap, None)
+            }
         })
         .collect();
     json!({
         "draining": act.is_draining(),
         "held": act.held_requests(),
         "revisions": list,
+    })
+}
+
+/// One revision's entry of `/revisions`. A revision without a state (never requested here) has
+/// nothing held or in flight; its endpoints are the platform's ready and terminating ones.
+fn revision_json(
+    act: &Activator,
+    key: &crate::revision::RevisionKey,
+    spec: &crate::revision::RevisionSpec,
+    snap: &crate::platform::EndpointSnapshot,
+    state: Option<&std::sync::Arc<super::rev_state::RevisionState>>,
+) -> Value {
+    // `null` until the autoscaler has decided (or when none runs).
+    let desired = act
+        .deps
+        .scale_states
+        .as_ref()
+        .and_then(|ss| ss.get(key))
+        .map(|st| st.desired)
+        .filter(|d| *d >= 0);
+    let (endpoints, held) = match state {
+        Some(s) => (
+            s.throttler
+                .endpoints()
+                .iter()
+                .map(|e| {
+                    json!({
+                        "address": e.addr.to_string(),
+                        "inFlight": e.in_flight,
+                        "limit": e.limit,
+                        "terminating": e.terminating,
+                        "ejected": e.ejected,
+                    })
+                })
+                .collect::<Vec<_>>(),
+            s.throttler.held(),
+        ),
+        None => {
+            let limit = (spec.container_concurrency > 0).then_some(spec.container_concurrency);
+            let entry = |a: &std::net::SocketAddr, terminating: bool| {
+                json!({
+                    "address": a.to_string(),
+                    "inFlight": 0,
+                    "limit": limit,
+                    "terminating": terminating,
+                    "ejected": false,
+                })
+            };
+            let list = snap
+                .ready
+                .iter()
+                .map(|a| entry(a, false))
+                .chain(snap.terminating.iter().map(|a| entry(a, true)))
+                .collect();
+            (list, 0)
+        }
+    };
+    let in_flight: u64 = endpoints
+        .iter()
+        .map(|e| e["inFlight"].as_u64().unwrap_or(0))
+        .sum();
+    let (status, reason) = match &snap.status {
+        EndpointStatus::Ok => ("ok", None),
+        EndpointStatus::Failing { reason } => ("failing", Some(reason.to_string())),
+    };
+    let state = match (&snap.status, snap.ready.is_empty(), held > 0) {
+        (EndpointStatus::Failing { .. }, _, _) => "failing",
+        (_, true, true) => "activating",
+        (_, true, false) => "cold",
+        (_, false, _) => "ready",
+    };
+    json!({
+        "namespace": &*key.namespace,
+        "name": &*key.name,
+        "desired": desired,
+        "containerConcurrency": spec.container_concurrency,
+        "ready": {
+            "count": snap.ready.len(),
+            "addresses": snap.ready.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        },
+        "terminating": snap.terminating.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "held": held,
+        "inFlight": in_flight,
+        "endpoints": endpoints,
+        "status": status,
+        "reason": reason,
+        "state": state,
+        "service": spec.service.as_deref(),
+        "autoscaling": autoscaling_json(&spec.autoscaling),
     })
 }

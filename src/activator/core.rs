@@ -1,9 +1,19 @@
-//! The [`Activator`]: its dependencies, the per-revision state table kept in step with the
+//! The [`Activator`]: its dependencies, the table of known revisions kept in step with the
 //! catalog, and routing a request to a revision's state.
+//!
+//! Every revision in the catalog has a small [`Known`] entry in the table (its spec and a slot);
+//! its [`RevisionState`] (throttler, concurrency window, endpoint subscription task, metric
+//! series) is created on first use, by the first request routed to it, so thousands of
+//! revisions that are never requested cost a few hundred bytes each. The table follows the
+//! catalog one changed revision at a time (persistent maps: O(log n) per change, whatever the
+//! number of revisions), and in full only when the catalog was replaced whole or this
+//! activator fell behind its change log. A platform that must hear when a terminating endpoint
+//! drained ([`EndpointSource::needs_drain_reports`], `thaw local`) gets a state for every
+//! revision at once instead, as it needs the endpoint watch of each.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -20,7 +30,9 @@ use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
 use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::EndpointSource;
-use crate::revision::RevisionCatalog;
+use crate::revision::{
+    CatalogSnapshot, Delta, PersistentMap, RevisionCatalog, RevisionKey, RevisionSpec,
+};
 use crate::stats::StatSink;
 use crate::telemetry::Telemetry;
 
@@ -48,54 +60,145 @@ pub struct ActivatorDeps {
     pub next_hop: NextHop,
 }
 
-/// The request path's hash maps: foldhash, seeded per process, instead of SipHash (a lookup is
-/// a few dozen instructions instead of a few hundred; the keys are the catalog's own, and the
-/// per-process seed keeps lookups with crafted names from being predictable).
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// The request path's maps: persistent (`imbl`), hashed with foldhash, seeded per process. A
+/// lookup is a hash and a few node steps; a change copies only the path to the changed entry,
+/// so the table follows the catalog in O(log n) per revision.
+type Map<K, V> = PersistentMap<K, V>;
 
-/// Revision states by namespace then name, and by routed host, so a lookup by header values
+/// One revision the activator knows of: its spec, and its state once a request used it.
+pub(crate) struct Known {
+    key: RevisionKey,
+    /// Set once, by the first request routed here (or at once with eager states).
+    state: OnceLock<PerCoreArc<RevisionState>>,
+    /// The spec and whether the revision left the catalog; the lock orders a state's creation
+    /// against the revision's removal and spec changes.
+    life: Mutex<Life>,
+}
+
+struct Life {
+    spec: Arc<RevisionSpec>,
+    /// Left the catalog: no state may be created any more.
+    removed: bool,
+}
+
+impl Known {
+    fn new(spec: Arc<RevisionSpec>) -> Self {
+        Self {
+            key: spec.key.clone(),
+            state: OnceLock::new(),
+            life: Mutex::new(Life {
+                spec,
+                removed: false,
+            }),
+        }
+    }
+
+    fn life(&self) -> MutexGuard<'_, Life> {
+        self.life.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current spec.
+    pub(crate) fn spec(&self) -> Arc<RevisionSpec> {
+        self.life().spec.clone()
+    }
+
+    /// The state, if a request has used the revision.
+    pub(crate) fn state(&self) -> Option<&Arc<RevisionState>> {
+        self.state.get().map(PerCoreArc::shared)
+    }
+
+    pub(crate) fn key(&self) -> &RevisionKey {
+        &self.key
+    }
+}
+
+/// Known revisions by namespace then name, and by routed host, so a lookup by header values
 /// allocates nothing and takes one map lookup per level.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct RevisionTable {
-    /// The catalog version this table was built from.
+    /// The catalog version this table follows.
     version: u64,
-    /// Each state with a handle per core: a request's lookup and ticket clone their core's
-    /// handle, not the state's shared count (`super::percore`).
-    by_ns: FastMap<Box<str>, FastMap<Box<str>, PerCoreArc<RevisionState>>>,
-    /// Host (lower-case, no port) -> the state of the revision it routes to, from the same
-    /// catalog snapshot.
-    by_host: FastMap<Box<str>, PerCoreArc<RevisionState>>,
+    by_ns: Map<Box<str>, Map<Box<str>, Arc<Known>>>,
+    /// Host (lower-case, no port) -> the revision it routes to, as the catalog's host table.
+    by_host: Map<Box<str>, Arc<Known>>,
     /// Route hosts whose traffic is split by percent: each request draws its revision from
     /// the shares (in order, each taking its percent of 0..100). Checked before `by_host`.
-    splits: FastMap<Box<str>, Vec<(PerCoreArc<RevisionState>, u32)>>,
+    splits: Map<Box<str>, Shares>,
 }
+
+/// A split host's shares: (revision, percent), in order.
+type Shares = Arc<[(Arc<Known>, u32)]>;
 
 /// The share a `roll` in 0..100 falls in: the shares in order, each taking its percent; the
 /// last share takes what is left (percents that sum below 100).
-fn pick_share(
-    shares: &[(PerCoreArc<RevisionState>, u32)],
-    roll: u32,
-) -> Option<&PerCoreArc<RevisionState>> {
+fn pick_share(shares: &[(Arc<Known>, u32)], roll: u32) -> Option<&Arc<Known>> {
     let mut upto = 0;
-    for (state, percent) in shares {
+    for (known, percent) in shares {
         upto += percent;
         if roll < upto {
-            return Some(state);
+            return Some(known);
         }
     }
-    shares.last().map(|(s, _)| s)
+    shares.last().map(|(k, _)| k)
 }
 
 impl RevisionTable {
-    fn get(&self, namespace: &str, name: &str) -> Option<&PerCoreArc<RevisionState>> {
+    fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Known>> {
         self.by_ns.get(namespace)?.get(name)
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Arc<RevisionState>> {
-        self.by_ns
-            .values()
-            .flat_map(|m| m.values())
-            .map(PerCoreArc::shared)
+    fn insert(&mut self, known: Arc<Known>) {
+        let ns: &str = &known.key.namespace;
+        let mut names = self.by_ns.get(ns).cloned().unwrap_or_default();
+        names.insert(Box::from(&*known.key.name), known.clone());
+        self.by_ns.insert(Box::from(ns), names);
+    }
+
+    fn remove(&mut self, key: &RevisionKey) -> Option<Arc<Known>> {
+        let mut names = self.by_ns.get(&*key.namespace)?.clone();
+        let known = names.remove(&*key.name)?;
+        if names.is_empty() {
+            self.by_ns.remove(&*key.namespace);
+        } else {
+            self.by_ns.insert(Box::from(&*key.namespace), names);
+        }
+        Some(known)
+    }
+
+    /// Points `host` (normalised) where `snap` routes it now, or drops it.
+    fn point_host(&mut self, snap: &CatalogSnapshot, host: &str) {
+        match snap
+            .host_key(host)
+            .and_then(|k| self.get(&k.namespace, &k.name))
+            .cloned()
+        {
+            Some(known) => {
+                self.by_host.insert(Box::from(host), known);
+            }
+            None => {
+                self.by_host.remove(host);
+            }
+        }
+    }
+
+    /// Rebuilds the traffic splits from `snap` (local mode's routes; few).
+    fn rebuild_splits(&mut self, snap: &CatalogSnapshot) {
+        self.splits = Map::default();
+        for (host, split) in snap.splits() {
+            let shares: Vec<_> = split
+                .iter()
+                .filter_map(|(key, percent)| {
+                    Some((self.get(&key.namespace, &key.name)?.clone(), *percent))
+                })
+                .collect();
+            if !shares.is_empty() {
+                self.splits.insert(Box::from(host), shares.into());
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<Known>> {
+        self.by_ns.values().flat_map(|m| m.values())
     }
 }
 
@@ -104,9 +207,17 @@ impl RevisionTable {
 pub struct Activator {
     pub(crate) deps: ActivatorDeps,
     table: ArcSwap<RevisionTable>,
-    /// Serialises table rebuilds (the catalog task and request-path misses).
+    /// Serialises table changes (the catalog task and request-path misses).
     sync_lock: Mutex<()>,
     catalog_version: watch::Receiver<u64>,
+    /// The states created so far (the reporter, the admin API and drain walk these, not
+    /// every known revision).
+    used: Mutex<HashMap<RevisionKey, Arc<RevisionState>, foldhash::fast::RandomState>>,
+    /// Where states' endpoint tasks run: the runtime that created the activator, not the data
+    /// worker whose request happened to create the state.
+    runtime: tokio::runtime::Handle,
+    /// Create every revision's state at once ([`EndpointSource::needs_drain_reports`]).
+    eager: bool,
     budget: Arc<HeldBudget>,
     pub(crate) upstream: Arc<Upstream>,
     /// Per-core data-plane runtimes, when [`Activator::use_workers`] was called.
@@ -119,15 +230,20 @@ pub struct Activator {
 }
 
 impl Activator {
-    /// Builds the activator and a state for every revision in the catalog (each subscribes to
-    /// its endpoints). Must be called inside a tokio runtime.
+    /// Builds the activator and its table of the catalog's revisions (with a state for each
+    /// only when the endpoint source needs drain reports). Must be called inside a tokio
+    /// runtime, whose handle later runs the states' endpoint tasks.
     pub fn new(deps: ActivatorDeps) -> Arc<Self> {
         let connect_timeout = deps.config.load().connect_timeout;
+        let eager = deps.endpoints.needs_drain_reports();
         let act = Arc::new(Self {
             catalog_version: deps.catalog.subscribe(),
             deps,
             table: ArcSwap::from_pointee(RevisionTable::default()),
             sync_lock: Mutex::new(()),
+            used: Mutex::default(),
+            runtime: tokio::runtime::Handle::current(),
+            eager,
             budget: Arc::new(HeldBudget::default()),
             upstream: Arc::new(Upstream::new(connect_timeout)),
             workers: std::sync::OnceLock::new(),
@@ -135,7 +251,12 @@ impl Activator {
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
         });
-        act.sync();
+        {
+            let _guard = act.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let snapshot = act.deps.catalog.load();
+            let table = act.resync(&snapshot);
+            act.table.store(Arc::new(table));
+        }
         act
     }
 
@@ -156,65 +277,168 @@ impl Activator {
         }
     }
 
-    /// Brings the state table in line with the catalog: new revisions get a state, changed
-    /// specs are swapped in, removed revisions' held requests are answered 503.
+    /// Brings the table in line with the catalog: each revision changed since the table's
+    /// version is applied on its own (added: a known entry; changed: the spec swapped into its
+    /// state, if any; removed: its held requests answered 503), O(log n) each. A catalog
+    /// replaced whole, or a change log that no longer reaches back, is compared in full.
     pub fn sync(&self) {
         let _guard = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let version = *self.catalog_version.borrow();
         let snapshot = self.deps.catalog.load();
         let old = self.table.load_full();
+        if old.version == snapshot.version() {
+            return;
+        }
+        let next = match self.deps.catalog.delta(old.version, snapshot.version()) {
+            Delta::Revisions(keys) => {
+                let mut next = RevisionTable::clone(&old);
+                next.version = snapshot.version();
+                let mut splits_touched = false;
+                for key in &keys {
+                    splits_touched |= self.apply(&mut next, &snapshot, key);
+                }
+                if splits_touched {
+                    next.rebuild_splits(&snapshot);
+                }
+                next
+            }
+            Delta::Resync => {
+                tracing::debug!(
+                    from = old.version,
+                    to = snapshot.version(),
+                    "catalog replaced or change log passed; comparing every revision"
+                );
+                self.resync(&snapshot)
+            }
+        };
+        self.table.store(Arc::new(next));
+    }
+
+    /// Applies one revision's change to `t`. Returns whether a traffic split may name it.
+    fn apply(&self, t: &mut RevisionTable, snap: &CatalogSnapshot, key: &RevisionKey) -> bool {
+        let old = t.get(&key.namespace, &key.name).cloned();
+        let old_spec = old.as_ref().map(|k| k.spec());
+        match (snap.get(key), old) {
+            (Some(spec), Some(known)) => self.set_spec(&known, spec),
+            (Some(spec), None) => {
+                tracing::debug!(revision = %key, "revision added");
+                let known = Arc::new(Known::new(spec.clone()));
+                if self.eager {
+                    self.state_of(&known);
+                }
+                t.insert(known);
+            }
+            (None, Some(_)) => {
+                if let Some(known) = t.remove(key) {
+                    self.retire(&known);
+                }
+            }
+            (None, None) => return false,
+        }
+        // Every host the revision listed before or lists now goes where the catalog routes it.
+        let new_hosts = snap
+            .get(key)
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default();
+        let old_hosts = old_spec.as_ref().map_or(&[][..], |s| s.hosts.as_slice());
+        for host in old_hosts.iter().chain(new_hosts) {
+            t.point_host(snap, &host.to_ascii_lowercase());
+        }
+        !t.splits.is_empty() || snap.splits().next().is_some()
+    }
+
+    /// A table of every revision in `snap`, reusing the known entries (and states) of the
+    /// current table; revisions no longer there are retired. O(n).
+    fn resync(&self, snap: &CatalogSnapshot) -> RevisionTable {
+        let old = self.table.load_full();
         let mut next = RevisionTable {
-            version,
+            version: snap.version(),
             ..RevisionTable::default()
         };
-        for spec in snapshot.revisions() {
+        for spec in snap.revisions() {
             let key = &spec.key;
-            let state = match old.get(&key.namespace, &key.name) {
-                Some(state) => {
-                    if **state.shared().spec.load() != **spec {
-                        state.shared().update_spec(spec.clone());
-                    }
-                    state.clone()
+            let known = match old.get(&key.namespace, &key.name) {
+                Some(known) => {
+                    self.set_spec(known, spec);
+                    known.clone()
                 }
                 None => {
                     tracing::debug!(revision = %key, "revision added");
-                    PerCoreArc::new(RevisionState::spawn(
-                        spec.clone(),
-                        &self.deps.endpoints,
-                        self.budget.clone(),
-                        &self.deps.telemetry.activator,
-                        self.deps.scale_states.clone(),
-                    ))
+                    Arc::new(Known::new(spec.clone()))
                 }
             };
-            next.by_ns
-                .entry(Box::from(&*key.namespace))
-                .or_default()
-                .insert(Box::from(&*key.name), state);
+            if self.eager {
+                self.state_of(&known);
+            }
+            next.insert(known);
         }
-        for (host, key) in snapshot.hosts() {
-            if let Some(state) = next.get(&key.namespace, &key.name).cloned() {
-                next.by_host.insert(Box::from(host), state);
+        for (host, key) in snap.hosts() {
+            if let Some(known) = next.get(&key.namespace, &key.name).cloned() {
+                next.by_host.insert(Box::from(host), known);
             }
         }
-        for (host, split) in snapshot.splits() {
-            let shares: Vec<_> = split
-                .iter()
-                .filter_map(|(key, percent)| {
-                    Some((next.get(&key.namespace, &key.name)?.clone(), *percent))
-                })
-                .collect();
-            if !shares.is_empty() {
-                next.splits.insert(Box::from(host), shares);
+        next.rebuild_splits(snap);
+        for known in old.iter() {
+            if next.get(&known.key.namespace, &known.key.name).is_none() {
+                self.retire(known);
             }
         }
-        for state in old.iter() {
-            if next.get(&state.key.namespace, &state.key.name).is_none() {
-                tracing::info!(revision = %state.key, "revision removed; held requests answered 503");
-                state.remove();
-            }
+        next
+    }
+
+    /// Swaps a changed spec into a known revision (and its state, if it has one).
+    fn set_spec(&self, known: &Known, spec: &Arc<RevisionSpec>) {
+        let mut life = known.life();
+        if Arc::ptr_eq(&life.spec, spec) || *life.spec == **spec {
+            return;
         }
-        self.table.store(Arc::new(next));
+        life.spec = spec.clone();
+        if let Some(state) = known.state.get() {
+            state.update_spec(spec.clone());
+        }
+    }
+
+    /// The revision left the catalog: no state will be created for it; an existing one
+    /// answers its held requests 503 and stops its endpoint task.
+    fn retire(&self, known: &Known) {
+        let mut life = known.life();
+        life.removed = true;
+        if let Some(state) = known.state.get() {
+            tracing::info!(revision = %known.key, "revision removed; held requests answered 503");
+            state.remove();
+            self.used_lock().remove(&known.key);
+        } else {
+            tracing::debug!(revision = %known.key, "revision removed (never used here)");
+        }
+    }
+
+    /// The revision's state, created now if this is its first use; `None` once it was removed.
+    fn state_of<'k>(&self, known: &'k Known) -> Option<&'k PerCoreArc<RevisionState>> {
+        if let Some(state) = known.state.get() {
+            return Some(state);
+        }
+        let life = known.life();
+        if life.removed {
+            return None;
+        }
+        Some(known.state.get_or_init(|| {
+            tracing::debug!(revision = %known.key, "first use: creating the revision's state");
+            let state = RevisionState::spawn(
+                life.spec.clone(),
+                &self.deps.endpoints,
+                self.budget.clone(),
+                &self.deps.telemetry.activator,
+                self.deps.scale_states.clone(),
+                &self.runtime,
+            );
+            self.used_lock().insert(known.key.clone(), state.clone());
+            PerCoreArc::new(state)
+        }))
+    }
+
+    fn used_lock(
+        &self,
+    ) -> MutexGuard<'_, HashMap<RevisionKey, Arc<RevisionState>, foldhash::fast::RandomState>> {
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The revision a request goes to, or a 404 reason.
@@ -225,7 +449,7 @@ impl Activator {
         if let Some(state) = self.lookup(target) {
             return Ok(state);
         }
-        // The catalog may have changed since the table was built.
+        // The catalog may have changed since the table was last brought in line.
         if *self.catalog_version.borrow() != self.table.load().version {
             self.sync();
             if let Some(state) = self.lookup(target) {
@@ -240,7 +464,7 @@ impl Activator {
 
     fn lookup(&self, target: Target<'_>) -> Option<LocalArc<RevisionState>> {
         let table = self.table.load();
-        match target {
+        let known = match target {
             Target::Named { namespace, name } => table.get(namespace, name),
             Target::Host(host) => {
                 let host = crate::revision::normalize_host(host);
@@ -253,13 +477,25 @@ impl Activator {
                     None => table.by_host.get(&*host),
                 }
             }
-        }
-        .map(PerCoreArc::local)
+        }?;
+        self.state_of(known).map(PerCoreArc::local)
     }
 
-    /// Every revision's state (for the reporter and the admin API).
+    /// The states created so far (for the reporter and drain): revisions never requested
+    /// have none.
     pub(crate) fn states(&self) -> Vec<Arc<RevisionState>> {
+        self.used_lock().values().cloned().collect()
+    }
+
+    /// Every known revision, used or not (the admin API).
+    pub(crate) fn known(&self) -> Vec<Arc<Known>> {
         self.table.load().iter().cloned().collect()
+    }
+
+    /// How many revisions the table knows, and how many of them have a state.
+    pub fn revision_counts(&self) -> (usize, usize) {
+        let known = self.table.load().by_ns.values().map(|m| m.len()).sum();
+        (known, self.used_lock().len())
     }
 
     /// Whether `peer` is a trusted proxy (`trusted-proxies`; by default every peer on

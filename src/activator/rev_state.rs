@@ -1,9 +1,11 @@
 //! One revision's state in the activator: its spec, throttler, concurrency window, metric handles
 //! and cold-start tracker, plus the task that applies its endpoint snapshots.
 //!
-//! Created for every revision in the catalog (so warm revisions have their endpoints before the
-//! first request) and dropped when the revision leaves the catalog, which answers its held
-//! requests 503 and stops its endpoint task.
+//! Created on a revision's first use (the first request routed to it; for every revision at
+//! once when the platform needs drain reports), with the endpoint snapshot of that moment
+//! applied before the request goes on, so a warm revision's first request finds its endpoints.
+//! Removed when the revision leaves the catalog, which answers its held requests 503 and stops
+//! its endpoint task.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -50,14 +52,15 @@ pub struct RevisionState {
 }
 
 impl RevisionState {
-    /// Creates the state, applies the current endpoint snapshot synchronously, and spawns the
-    /// task that applies later ones. Must run inside a tokio runtime.
+    /// Creates the state and its metric series, applies the current endpoint snapshot
+    /// synchronously, and spawns the task that applies later ones on `runtime`.
     pub fn spawn(
         spec: Arc<RevisionSpec>,
         endpoints: &Arc<dyn EndpointSource>,
         budget: Arc<HeldBudget>,
         metrics: &ActivatorMetrics,
         scale_states: Option<Arc<ScaleStates>>,
+        runtime: &tokio::runtime::Handle,
     ) -> Arc<Self> {
         let key = spec.key.clone();
         let rev_metrics = metrics.revision(&key, spec.service.as_deref());
@@ -87,7 +90,7 @@ impl RevisionState {
             scale_states,
         });
         state.apply(&first);
-        let task = tokio::spawn(
+        let task = runtime.spawn(
             watch_endpoints(Arc::downgrade(&state), rx)
                 .instrument(tracing::debug_span!("endpoints", revision = %key)),
         );

@@ -28,7 +28,7 @@ use super::state::{Env, RevisionState, Revisions};
 use crate::clock;
 use crate::config::annotations::KPA_CLASS;
 use crate::platform::{Platform, PlatformError};
-use crate::revision::{RevisionCatalog, RevisionKey};
+use crate::revision::{Delta, RevisionCatalog, RevisionKey};
 use crate::stats::StatMessage;
 use crate::telemetry::Telemetry;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, RejectLabels};
@@ -42,6 +42,8 @@ pub struct Scaler {
     options: ScalerOptions,
     collector: Collector,
     revisions: Revisions,
+    /// The catalog version last followed; `None` before the first sync.
+    catalog_seen: Option<u64>,
 }
 
 impl Scaler {
@@ -62,6 +64,7 @@ impl Scaler {
             options,
             collector: Collector::new(),
             revisions: Revisions::default(),
+            catalog_seen: None,
         }
     }
 
@@ -111,32 +114,42 @@ impl Scaler {
     /// Follows the catalog: starts tracking new revisions (asking the platform for their
     /// initial scale when fewer pods are ready), takes changed settings for the next
     /// decision, and forgets removed revisions (scaling them to 0 if they had replicas).
+    /// Only the revisions changed since the last call are looked at
+    /// ([`RevisionCatalog::delta`]); the first call, a catalog replaced whole, or a change log
+    /// that no longer reaches back compares every revision.
     pub async fn sync_catalog(&mut self, now: Instant) {
         let snapshot = self.catalog.load();
-        let removed: Vec<RevisionKey> = self
-            .revisions
-            .keys()
-            .filter(|k| snapshot.get(k).is_none())
-            .cloned()
-            .collect();
-        for key in removed {
-            self.forget(&key, true).await;
-        }
-        // A revision of another autoscaler class (Knative's HPA) belongs to that autoscaler:
-        // never scaled here, never taken to zero; one that changed class is let go as it is.
-        let other_class: Vec<RevisionKey> = snapshot
-            .revisions()
-            .filter(|r| r.autoscaling.class != KPA_CLASS && self.revisions.get(&r.key).is_some())
-            .map(|r| r.key.clone())
-            .collect();
-        for key in other_class {
-            self.forget(&key, false).await;
-        }
+        let delta = match self.catalog_seen {
+            Some(seen) => self.catalog.delta(seen, snapshot.version()),
+            None => Delta::Resync,
+        };
+        self.catalog_seen = Some(snapshot.version());
+        let keys = match delta {
+            Delta::Revisions(keys) => keys,
+            Delta::Resync => {
+                let mut keys: Vec<RevisionKey> = self
+                    .revisions
+                    .keys()
+                    .filter(|k| snapshot.get(k).is_none())
+                    .cloned()
+                    .collect();
+                keys.extend(snapshot.revisions().map(|r| r.key.clone()));
+                keys
+            }
+        };
         let mut added = Vec::new();
-        for rev in snapshot
-            .revisions()
-            .filter(|r| r.autoscaling.class == KPA_CLASS)
-        {
+        for key in keys {
+            let Some(rev) = snapshot.get(&key) else {
+                self.forget(&key, true).await;
+                continue;
+            };
+            // A revision of another autoscaler class (Knative's HPA) belongs to that
+            // autoscaler: never scaled here, never taken to zero; one that changed class is
+            // let go as it is.
+            if rev.autoscaling.class != KPA_CLASS {
+                self.forget(&key, false).await;
+                continue;
+            }
             match self.revisions.get_mut(&rev.key) {
                 Some(state) => {
                     if !Arc::ptr_eq(&state.spec, &rev.autoscaling) {

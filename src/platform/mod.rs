@@ -59,6 +59,14 @@ pub trait EndpointSource: Send + Sync + 'static {
     /// Told by the activator when a terminating endpoint has nothing left in flight, so its
     /// replica can be stopped without cutting a request. Idempotent; may be ignored.
     fn drained(&self, revision: &RevisionKey, addr: SocketAddr);
+
+    /// Whether a terminating endpoint's replica waits for [`EndpointSource::drained`] (up to
+    /// a bound) before it stops. Then the activator watches every revision's endpoints from
+    /// the start, so it can report a drained endpoint of a revision it never forwarded to;
+    /// otherwise it watches a revision's endpoints from its first request on.
+    fn needs_drain_reports(&self) -> bool {
+        false
+    }
 }
 
 /// Why a scale request failed.

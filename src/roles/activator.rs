@@ -26,6 +26,7 @@ use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
+use crate::platform::kubernetes::revisions::{Follower, follow_revisions};
 use crate::platform::kubernetes::service_slices::watch_service;
 use crate::platform::kubernetes::{KubeOptions, KubePlatform};
 use crate::remote::{feed, push};
@@ -149,12 +150,16 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         telemetry.platform.clone(),
     );
     let catalog = Arc::new(RevisionCatalog::default());
-    let mut catalog_synced = super::revisions::follow(
+    let followed = follow_revisions(
         client.clone(),
         args.namespace.as_deref(),
-        live.clone(),
-        catalog.clone(),
-        platform.clone(),
+        Follower::new(
+            catalog.clone(),
+            platform.clone(),
+            live.clone(),
+            telemetry.platform.clone(),
+        ),
+        config_events.clone(),
         stop.clone(),
     );
     let activators = watch_service(
@@ -192,7 +197,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
-            let _ = catalog_synced.wait_for(|s| *s).await;
+            followed.wait_synced().await;
             let _ = act_rx.wait_for(|a| a.synced).await;
         } => {}
         _ = signal_stop() => return Ok(()),

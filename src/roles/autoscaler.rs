@@ -28,6 +28,7 @@ use crate::cli::{parse_duration, parse_listen};
 use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::leader::{LeaseSettings, elect};
 use crate::platform::Platform;
+use crate::platform::kubernetes::revisions::{Follower, follow_revisions};
 use crate::platform::kubernetes::service_slices::watch_service;
 use crate::platform::kubernetes::{KubeOptions, KubePlatform};
 use crate::remote::server::{StatsPort, serve as serve_stats};
@@ -180,12 +181,16 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         telemetry.platform.clone(),
     );
     let catalog = Arc::new(RevisionCatalog::default());
-    let mut catalog_synced = super::revisions::follow(
+    let followed = follow_revisions(
         client.clone(),
         args.namespace.as_deref(),
-        live.clone(),
-        catalog.clone(),
-        platform.clone(),
+        Follower::new(
+            catalog.clone(),
+            platform.clone(),
+            live.clone(),
+            telemetry.platform.clone(),
+        ),
+        config_events.clone(),
         stop.clone(),
     );
     let activators = watch_service(
@@ -199,7 +204,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
-            let _ = catalog_synced.wait_for(|s| *s).await;
+            followed.wait_synced().await;
         } => {}
         _ = signal_stop() => return Ok(()),
     }

@@ -8,6 +8,5 @@ pub mod activator;
 pub mod admin;
 pub mod autoscaler;
 pub mod pull;
-pub mod revisions;
 pub mod serving;
 pub mod share;

@@ -177,6 +177,10 @@ impl EndpointSource for Arc<SharedEndpoints> {
     fn drained(&self, revision: &RevisionKey, addr: SocketAddr) {
         self.inner.drained(revision, addr);
     }
+
+    fn needs_drain_reports(&self) -> bool {
+        self.inner.needs_drain_reports()
+    }
 }
 
 #[cfg(test)]

@@ -190,6 +190,10 @@ pub struct PlatformMetrics {
     /// `thaw_platform_scale_patches_total{namespace,revision,outcome}`: `/scale` patches of
     /// revisions' Deployments and how each ended.
     pub scale_patches: Family<ScaleLabels, Counter>,
+    /// `thaw_platform_revisions_rejected_total{namespace,revision}`: Revisions (or their
+    /// re-resolution after a ConfigMap change) found invalid and skipped; the revision's last
+    /// valid spec, if any, stays in force.
+    pub revisions_rejected: Family<RevisionLabels, Counter>,
 }
 
 impl Default for PlatformMetrics {
@@ -202,6 +206,7 @@ impl Default for PlatformMetrics {
             watch_events: Family::default(),
             watch_errors: Family::default(),
             scale_patches: Family::default(),
+            revisions_rejected: Family::default(),
         }
     }
 }
@@ -245,6 +250,11 @@ impl PlatformMetrics {
             "platform_scale_patches",
             "Scale patches of revisions' Deployments, by outcome",
             m.scale_patches.clone(),
+        );
+        reg.register(
+            "platform_revisions_rejected",
+            "Revisions found invalid and skipped (the last valid spec stays)",
+            super::Listed(m.revisions_rejected.clone()),
         );
         m
     }

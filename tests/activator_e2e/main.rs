@@ -7,6 +7,7 @@ mod hardening;
 mod harness;
 mod hold;
 mod lane;
+mod lazy;
 mod listener;
 mod metrics;
 mod proxy;

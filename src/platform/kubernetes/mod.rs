@@ -14,6 +14,9 @@
 //! - **Deployments** carrying `serving.knative.dev/revision`: which Deployment scales which
 //!   revision.
 //!
+//! The Revisions themselves are followed by [`revisions::follow_revisions`] (a fourth watch,
+//! into the catalog and [`KubePlatform::upsert`] / [`KubePlatform::remove`]).
+//!
 //! [`Platform::scale`] records the latest replica count and returns at once; the revision's
 //! own scaler task applies it as a merge patch of the Deployment's `/scale` subresource. A
 //! 409, 429, 5xx or transport error is retried with backoff in that task, so one revision's
@@ -33,6 +36,7 @@
 //! Kubernetes the pod's preStop hook waits for its own drain.
 
 mod pods;
+pub mod revisions;
 mod scaler;
 pub mod service_slices;
 mod slices;
@@ -40,6 +44,7 @@ mod state;
 mod watch;
 
 pub use pods::{FAILING_WAITING_REASONS, PodFailure, pod_failure};
+pub use revisions::{FollowedRevisions, follow_revisions};
 pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};
 
 use std::fmt;

@@ -379,6 +379,11 @@ impl EndpointSource for LocalPlatform {
             e.drained(addr);
         }
     }
+
+    /// A terminating replica waits for the activator's report (up to the drain bound).
+    fn needs_drain_reports(&self) -> bool {
+        true
+    }
 }
 
 impl Platform for LocalPlatform {
