@@ -17,20 +17,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::autoscaler::{signal_stop, wait_for_token};
+use super::autoscaler::signal_stop;
 use super::share::SharedEndpoints;
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::cli::parse_listen;
-use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
+use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
-use crate::platform::kubernetes::revisions::{Follower, follow_revisions};
-use crate::platform::kubernetes::service_slices::watch_service;
-use crate::platform::kubernetes::{KubeOptions, KubePlatform};
 use crate::remote::{feed, push};
-use crate::revision::RevisionCatalog;
 use crate::telemetry::{Telemetry, init_tracing};
 
 /// Arguments of `thaw activator`.
@@ -127,47 +123,25 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     let telemetry = Arc::new(Telemetry::new());
     info!(data = %data_addr, advertise = %advertise, name = %name, "thaw activator starting");
 
-    let token = wait_for_token(&client, &args.system_namespace, &stop).await?;
-    let live = LiveConfig::default();
-    let mut config_events = watch_configmaps(
-        client.clone(),
+    let Some(super::Followed {
+        token,
+        live,
+        platform,
+        catalog,
+        revisions: followed,
+        activators,
+    }) = super::follow_cluster(
+        &client,
         &args.system_namespace,
-        live.clone(),
-        telemetry.config.clone(),
-        stop.clone(),
-    );
-    // Revisions are resolved against the ConfigMaps: list those first.
-    tokio::select! {
-        _ = config_events.wait_for(|e| e.listed) => {}
-        _ = signal_stop() => return Ok(()),
-    }
-    let platform = KubePlatform::start(
-        client.clone(),
-        KubeOptions {
-            namespace: args.namespace.clone(),
-            ..KubeOptions::default()
-        },
-        telemetry.platform.clone(),
-    );
-    let catalog = Arc::new(RevisionCatalog::default());
-    let followed = follow_revisions(
-        client.clone(),
         args.namespace.as_deref(),
-        Follower::new(
-            catalog.clone(),
-            platform.clone(),
-            live.clone(),
-            telemetry.platform.clone(),
-        ),
-        config_events.clone(),
-        stop.clone(),
-    );
-    let activators = watch_service(
-        client.clone(),
-        &args.system_namespace,
         &args.activator_service,
-        stop.clone(),
-    );
+        &telemetry,
+        &stop,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
     let leader = watch_leader(
         client.clone(),
         &args.system_namespace,

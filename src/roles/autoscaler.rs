@@ -25,15 +25,11 @@ use super::serving::{self, Swap};
 use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
 use crate::cli::{parse_duration, parse_listen};
-use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
+use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::{LeaseSettings, elect};
 use crate::platform::Platform;
-use crate::platform::kubernetes::revisions::{Follower, follow_revisions};
-use crate::platform::kubernetes::service_slices::watch_service;
-use crate::platform::kubernetes::{KubeOptions, KubePlatform};
 use crate::remote::server::{StatsPort, serve as serve_stats};
 use crate::remote::token::Token;
-use crate::revision::RevisionCatalog;
 use crate::stats::StatMessage;
 use crate::telemetry::{Telemetry, init_tracing};
 
@@ -158,47 +154,25 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     }
     info!(stats = %stats_addr, identity = %identity, admin = %args.admin_listen, "thaw autoscaler starting");
 
-    let token = wait_for_token(&client, &args.system_namespace, &stop).await?;
-    let live = LiveConfig::default();
-    let mut config_events = watch_configmaps(
-        client.clone(),
+    let Some(super::Followed {
+        token,
+        live: _,
+        platform,
+        catalog,
+        revisions: followed,
+        activators,
+    }) = super::follow_cluster(
+        &client,
         &args.system_namespace,
-        live.clone(),
-        telemetry.config.clone(),
-        stop.clone(),
-    );
-    // Revisions are resolved against the ConfigMaps: list those first.
-    tokio::select! {
-        _ = config_events.wait_for(|e| e.listed) => {}
-        _ = signal_stop() => return Ok(()),
-    }
-    let platform = KubePlatform::start(
-        client.clone(),
-        KubeOptions {
-            namespace: args.namespace.clone(),
-            ..KubeOptions::default()
-        },
-        telemetry.platform.clone(),
-    );
-    let catalog = Arc::new(RevisionCatalog::default());
-    let followed = follow_revisions(
-        client.clone(),
         args.namespace.as_deref(),
-        Follower::new(
-            catalog.clone(),
-            platform.clone(),
-            live.clone(),
-            telemetry.platform.clone(),
-        ),
-        config_events.clone(),
-        stop.clone(),
-    );
-    let activators = watch_service(
-        client.clone(),
-        &args.system_namespace,
         &args.activator_service,
-        stop.clone(),
-    );
+        &telemetry,
+        &stop,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
     let services =
         serving::watch_public_services(client.clone(), args.namespace.as_deref(), stop.clone());
     tokio::select! {

@@ -10,3 +10,89 @@ pub mod autoscaler;
 pub mod pull;
 pub mod serving;
 pub mod share;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::live::{LiveConfig, watch_configmaps};
+use crate::platform::kubernetes::revisions::{FollowedRevisions, Follower, follow_revisions};
+use crate::platform::kubernetes::service_slices::{ServiceEndpoints, watch_service};
+use crate::platform::kubernetes::{KubeOptions, KubePlatform};
+use crate::remote::token::Token;
+use crate::revision::RevisionCatalog;
+use crate::telemetry::Telemetry;
+
+/// What both roles follow in the cluster.
+pub(crate) struct Followed {
+    pub token: Token,
+    pub live: LiveConfig,
+    pub platform: KubePlatform,
+    pub catalog: Arc<RevisionCatalog>,
+    pub revisions: FollowedRevisions,
+    /// `activator-service`'s ready endpoints (the activator set).
+    pub activators: watch::Receiver<Arc<ServiceEndpoints>>,
+}
+
+/// Reads the stats token, follows the ConfigMaps (listed before anything is resolved against
+/// them), then the Revisions into the catalog and the platform, and the activator set. `None`
+/// when a stop signal came first.
+pub(crate) async fn follow_cluster(
+    client: &kube::Client,
+    system_namespace: &str,
+    namespace: Option<&str>,
+    activator_service: &str,
+    telemetry: &Telemetry,
+    stop: &CancellationToken,
+) -> Result<Option<Followed>, String> {
+    let token = autoscaler::wait_for_token(client, system_namespace, stop).await?;
+    let live = LiveConfig::default();
+    let mut config_events = watch_configmaps(
+        client.clone(),
+        system_namespace,
+        live.clone(),
+        telemetry.config.clone(),
+        stop.clone(),
+    );
+    // Revisions are resolved against the ConfigMaps: list those first.
+    tokio::select! {
+        _ = config_events.wait_for(|e| e.listed) => {}
+        _ = autoscaler::signal_stop() => return Ok(None),
+    }
+    let platform = KubePlatform::start(
+        client.clone(),
+        KubeOptions {
+            namespace: namespace.map(String::from),
+            ..KubeOptions::default()
+        },
+        telemetry.platform.clone(),
+    );
+    let catalog = Arc::new(RevisionCatalog::default());
+    let revisions = follow_revisions(
+        client.clone(),
+        namespace,
+        Follower::new(
+            catalog.clone(),
+            platform.clone(),
+            live.clone(),
+            telemetry.platform.clone(),
+        ),
+        config_events,
+        stop.clone(),
+    );
+    let activators = watch_service(
+        client.clone(),
+        system_namespace,
+        activator_service,
+        stop.clone(),
+    );
+    Ok(Some(Followed {
+        token,
+        live,
+        platform,
+        catalog,
+        revisions,
+        activators,
+    }))
+}
