@@ -250,6 +250,21 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         (applied(&metrics(a1).await) > before).then_some(())
     })
     .await;
+    // The revision's effective stable window follows, on the activators too.
+    let stable_window = |admin: u16| async move {
+        let v: serde_json::Value =
+            serde_json::from_str(&get_text(admin_addr(admin), "/revisions").await).ok()?;
+        v["revisions"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == "hello-00001")?["autoscaling"]["stable-window"]
+            .as_str()
+            .map(String::from)
+    };
+    until(LONG, "the new stable window on the activator", || async {
+        (stable_window(aa1).await.as_deref() == Some("8s")).then_some(())
+    })
+    .await;
     c.config_map(
         "config-autoscaler",
         serde_json::json!({"stable-window": "banana"}),
@@ -263,6 +278,16 @@ async fn cold_start_split_swap_and_scale_to_zero() {
     assert!(
         logs.contains("stable-window"),
         "the rejection names the key"
+    );
+    until(LONG, "the activator's rejection too", || async {
+        let t = get_text(admin_addr(aa1), "/metrics").await;
+        (rejected(&t) >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        stable_window(aa1).await.as_deref(),
+        Some("8s"),
+        "the last good value stays"
     );
     drop(act2);
 }
