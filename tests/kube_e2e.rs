@@ -79,8 +79,11 @@ async fn cold_start_split_swap_and_scale_to_zero() {
     c.revision(
         "hello-00001",
         1,
+        // max-scale 2: the pod set stays steady under the burst below (while pods come and
+        // go, a pod can change activator with a request still in flight; docs/decisions.md).
         serde_json::json!({"autoscaling.knative.dev/target-burst-capacity": "0",
-            "autoscaling.knative.dev/initial-scale": "0"}),
+            "autoscaling.knative.dev/initial-scale": "0",
+            "autoscaling.knative.dev/max-scale": "2"}),
     )
     .await;
     let kubelet = Kubelet::start(
@@ -170,7 +173,17 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         .await;
     }
 
-    // Two activators, containerConcurrency 1: a pod never gets two requests at once.
+    // Two activators, containerConcurrency 1, two pods (ceil(activators / cc)): a pod never
+    // gets two requests at once, though 16 arrive together.
+    let private: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(c.client.clone(), NS);
+    until(LONG, "both pods in the private slices", || async {
+        let lp = kube::api::ListParams::default()
+            .labels("serving.knative.dev/revision=hello-00001,networking.internal.knative.dev/serviceType=Private");
+        (private.list(&lp).await.ok()?.items.len() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut all = Vec::new();
     for i in 0..16 {
         let client = client.clone();
