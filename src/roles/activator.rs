@@ -65,27 +65,7 @@ pub struct ActivatorArgs {
 /// Runs `thaw activator` until SIGTERM (drain) or SIGINT.
 pub fn main(args: ActivatorArgs) -> ExitCode {
     init_tracing(args.log_json);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("thaw-control")
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            crate::cli::say(format_args!(
-                "thaw activator: cannot start the runtime: {e}"
-            ));
-            return crate::cli::invalid();
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            crate::cli::say(msg);
-            crate::cli::invalid()
-        }
-    }
+    super::run_role("activator", 1, "thaw-control", run(args))
 }
 
 async fn run(args: ActivatorArgs) -> Result<(), String> {

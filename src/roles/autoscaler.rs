@@ -80,27 +80,7 @@ pub struct AutoscalerArgs {
 /// Runs `thaw autoscaler` until SIGTERM or SIGINT.
 pub fn main(args: AutoscalerArgs) -> ExitCode {
     init_tracing(args.log_json);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("thaw-autoscaler")
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            crate::cli::say(format_args!(
-                "thaw autoscaler: cannot start the runtime: {e}"
-            ));
-            return crate::cli::invalid();
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            crate::cli::say(msg);
-            crate::cli::invalid()
-        }
-    }
+    super::run_role("autoscaler", 2, "thaw-autoscaler", run(args))
 }
 
 async fn run(args: AutoscalerArgs) -> Result<(), String> {

@@ -11,6 +11,7 @@ pub mod pull;
 pub mod serving;
 pub mod share;
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -95,4 +96,33 @@ pub(crate) async fn follow_cluster(
         revisions,
         activators,
     }))
+}
+
+/// Runs a role's `work` on a multi-threaded runtime of `threads` workers named `thread_name`;
+/// its error, or a runtime that cannot start, is said on stderr and exits 1.
+pub(crate) fn run_role(
+    role: &str,
+    threads: usize,
+    thread_name: &str,
+    work: impl std::future::Future<Output = Result<(), String>>,
+) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(thread_name)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::cli::say(format_args!("thaw {role}: cannot start the runtime: {e}"));
+            return crate::cli::invalid();
+        }
+    };
+    match rt.block_on(work) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            crate::cli::say(msg);
+            crate::cli::invalid()
+        }
+    }
 }
