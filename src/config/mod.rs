@@ -1,11 +1,13 @@
 //! Typed configuration with Knative's key names, defaults, units and validation.
 //!
-//! Four ConfigMaps are understood:
+//! These ConfigMaps are understood:
 //! - `config-autoscaler` ([`AutoscalerConfig`]): Knative's KPA keys, with one fix over Knative
 //!   (`panic-threshold-percentage` is range-checked to [110, 1000]);
 //! - `config-defaults` ([`DefaultsConfig`]): Knative's revision defaults (timeouts, concurrency);
 //! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits;
-//! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection.
+//! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection;
+//! - `config-domain`, `config-network` and `config-istio` ([`NetworkConfig`]): the route's
+//!   domains, host templates and Istio gateways.
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -27,6 +29,7 @@ pub mod gc;
 pub mod keys;
 pub mod live;
 pub mod load;
+pub mod network;
 pub mod parse;
 pub mod reload;
 pub mod revision;
@@ -39,6 +42,7 @@ pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
 pub use gc::GcConfig;
+pub use network::NetworkConfig;
 pub use keys::ConfigMap;
 pub use parse::{Problem, Problems};
 

@@ -1,0 +1,531 @@
+//! The settings the Route reconciler programs the ingress with, from three of Knative's
+//! ConfigMaps, each parsed and validated on its own (so an invalid edit of one leaves the last
+//! good value of that one in force):
+//!
+//! - `config-domain` ([`DomainConfig`]): Knative's format, one key per domain, its value a
+//!   label selector (`selector:` then `label: value` lines) or empty (the default domain). A
+//!   route gets the domain whose selector matches its labels, the most specific (most labels)
+//!   first, ties to the alphabetically first domain. With no default domain given,
+//!   `example.com` is the default (Knative's older default; the issue asks for it). A route
+//!   whose domain is `svc.cluster.local` is cluster-local (no external gateway), as in
+//!   Knative.
+//! - `config-network` ([`TemplateConfig`]): `domain-template` (`{{.Name}}.{{.Namespace}}.{{.Domain}}`)
+//!   and `tag-template` (`{{.Tag}}-{{.Name}}`). Go templates in Knative; thaw renders the
+//!   placeholders Knative documents for them (`.Name`, `.Namespace`, `.Domain`; `.Tag`,
+//!   `.Name`) and rejects any other action, naming the key.
+//! - `config-istio` ([`IstioConfig`]): net-istio's current keys `external-gateways` and
+//!   `local-gateways`, each a YAML list of `{name, namespace, service}` (the `service` is the
+//!   gateway's Kubernetes Service host, where the route's placeholder Service points). The
+//!   older `gateway.<ns>.<name>` / `local-gateway.<ns>.<name>` keys are not read (warned
+//!   about as unknown). Defaults: `knative-serving/knative-ingress-gateway` (service
+//!   `istio-ingressgateway.istio-system.svc.cluster.local`) and
+//!   `knative-serving/knative-local-gateway` (service
+//!   `knative-local-gateway.istio-system.svc.cluster.local`).
+//!
+//! [`NetworkConfig`] holds the three; the controller's settings snapshot carries one.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::keys::{ConfigMap, Key, Parsed, Shown};
+use super::parse::{Problem, Problems};
+
+/// The domain of cluster-local routes (`{route}.{namespace}.svc.cluster.local`).
+pub const CLUSTER_LOCAL_DOMAIN: &str = "svc.cluster.local";
+/// The domain routes get when config-domain names no default domain.
+pub const DEFAULT_DOMAIN: &str = "example.com";
+
+/// Everything the Route reconciler reads from the network ConfigMaps.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetworkConfig {
+    /// `config-domain`.
+    pub domain: DomainConfig,
+    /// `config-network` (the templates).
+    pub templates: TemplateConfig,
+    /// `config-istio` (the gateways).
+    pub istio: IstioConfig,
+}
+
+// ---------------------------------------------------------------------------------------------
+// config-domain
+
+/// Name of the domain ConfigMap.
+pub const DOMAIN_NAME: &str = "config-domain";
+
+/// `config-domain`: each domain with the label selector routes must match to get it (empty:
+/// every route).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainConfig {
+    /// Domain → selector (label → value). Never empty: a default domain is always present.
+    pub domains: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Default for DomainConfig {
+    fn default() -> Self {
+        Self {
+            domains: BTreeMap::from([(DEFAULT_DOMAIN.to_string(), BTreeMap::new())]),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DomainValue {
+    #[serde(default)]
+    selector: BTreeMap<String, String>,
+}
+
+impl DomainConfig {
+    /// The domain for a route with `labels` (Knative's `LookupDomainForLabels`): the matching
+    /// domain with the most specific selector, ties to the alphabetically first.
+    pub fn domain_for(&self, labels: &BTreeMap<String, String>) -> &str {
+        let mut best: Option<(&str, usize)> = None;
+        for (domain, selector) in &self.domains {
+            if !selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+                continue;
+            }
+            // BTreeMap order: on a tie the first (alphabetically) stays.
+            if best.is_none_or(|(_, n)| selector.len() > n) {
+                best = Some((domain, selector.len()));
+            }
+        }
+        best.map_or(DEFAULT_DOMAIN, |(d, _)| d)
+    }
+
+    fn parse_value(domain: &str, value: &str) -> Result<BTreeMap<String, String>, String> {
+        if !is_dns_name(domain) {
+            return Err("the key must be a DNS domain name".into());
+        }
+        if value.trim().is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let v: DomainValue = serde_saphyr::from_str(value)
+            .map_err(|e| format!("must be empty or `selector:` with label: value lines ({e})"))?;
+        Ok(v.selector)
+    }
+}
+
+impl ConfigMap for DomainConfig {
+    const NAME: &'static str = DOMAIN_NAME;
+
+    /// The keys are the domains themselves: there is no fixed table.
+    fn keys() -> &'static [Key<Self>] {
+        &[]
+    }
+
+    fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
+        Vec::new()
+    }
+
+    fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        let mut domains = BTreeMap::new();
+        let mut problems = Vec::new();
+        for (k, v) in data {
+            if k == "_example" {
+                continue;
+            }
+            match Self::parse_value(k, v) {
+                Ok(sel) => {
+                    domains.insert(k.clone(), sel);
+                }
+                Err(reason) => problems.push(Problem::new(k, v, reason)),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(Problems(problems));
+        }
+        if !domains.values().any(BTreeMap::is_empty) {
+            domains.insert(DEFAULT_DOMAIN.into(), BTreeMap::new());
+        }
+        Ok(Parsed {
+            given: domains.keys().filter(|k| data.contains_key(*k)).cloned().collect(),
+            config: Self { domains },
+            warnings: Vec::new(),
+        })
+    }
+
+    fn warnings(_data: &BTreeMap<String, String>) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn show(&self) -> Vec<Shown> {
+        Vec::new()
+    }
+}
+
+/// A DNS name: dot-separated labels of letters, digits and `-`, each 1..=63 characters, not
+/// starting or ending with `-`; 253 characters at most.
+fn is_dns_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// config-network: the templates
+
+/// Name of the network ConfigMap.
+pub const NETWORK_NAME: &str = "config-network";
+
+/// A parsed name template: literal text and the placeholders Knative documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    text: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Name,
+    Namespace,
+    Domain,
+    Tag,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Field(Field),
+}
+
+/// The values a template is rendered with (a template only reads the fields it may use).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateValues<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub domain: &'a str,
+    pub tag: &'a str,
+}
+
+impl Template {
+    /// Parses `text`, allowing only the `allowed` fields (`{{.Name}}`, `{{ .Tag }}`, ...).
+    fn parse(text: &str, allowed: &[Field]) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("{{") {
+            if start > 0 {
+                parts.push(Part::Text(rest[..start].to_string()));
+            }
+            let after = &rest[start + 2..];
+            let end = after
+                .find("}}")
+                .ok_or_else(|| "an action `{{` is not closed with `}}`".to_string())?;
+            let action = after[..end].trim();
+            let field = match action {
+                ".Name" => Field::Name,
+                ".Namespace" => Field::Namespace,
+                ".Domain" => Field::Domain,
+                ".Tag" => Field::Tag,
+                other => return Err(format!("unsupported template action `{{{{{other}}}}}`")),
+            };
+            if !allowed.contains(&field) {
+                return Err(format!("`{{{{{action}}}}}` is not available in this template"));
+            }
+            parts.push(Part::Field(field));
+            rest = &after[end + 2..];
+        }
+        if rest.contains("}}") {
+            return Err("a `}}` without its `{{`".into());
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Text(rest.to_string()));
+        }
+        Ok(Self {
+            text: text.to_string(),
+            parts,
+        })
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn uses(&self, f: Field) -> bool {
+        self.parts.contains(&Part::Field(f))
+    }
+
+    /// Renders the template with `v`.
+    pub fn render(&self, v: &TemplateValues<'_>) -> String {
+        let mut out = String::with_capacity(self.text.len() + 32);
+        for p in &self.parts {
+            match p {
+                Part::Text(t) => out.push_str(t),
+                Part::Field(Field::Name) => out.push_str(v.name),
+                Part::Field(Field::Namespace) => out.push_str(v.namespace),
+                Part::Field(Field::Domain) => out.push_str(v.domain),
+                Part::Field(Field::Tag) => out.push_str(v.tag),
+            }
+        }
+        out
+    }
+}
+
+/// Knative's default `domain-template`.
+pub const DEFAULT_DOMAIN_TEMPLATE: &str = "{{.Name}}.{{.Namespace}}.{{.Domain}}";
+/// Knative's default `tag-template`.
+pub const DEFAULT_TAG_TEMPLATE: &str = "{{.Tag}}-{{.Name}}";
+
+/// The `config-network` keys the Route reconciler uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateConfig {
+    /// `domain-template`: a route's external host from its name, namespace and domain.
+    pub domain_template: Template,
+    /// `tag-template`: the name part of a tagged target's host, from the tag and route name.
+    pub tag_template: Template,
+}
+
+impl Default for TemplateConfig {
+    fn default() -> Self {
+        Self {
+            domain_template: parse_domain_template(DEFAULT_DOMAIN_TEMPLATE)
+                .expect("the default domain template is valid"),
+            tag_template: parse_tag_template(DEFAULT_TAG_TEMPLATE)
+                .expect("the default tag template is valid"),
+        }
+    }
+}
+
+/// Knative's checks of `domain-template`: it parses, uses `.Name` (else every route would
+/// share one host) and renders a sample to a host name without a path.
+fn parse_domain_template(s: &str) -> Result<Template, String> {
+    let t = Template::parse(s, &[Field::Name, Field::Namespace, Field::Domain])?;
+    if !t.uses(Field::Name) {
+        return Err("must use {{.Name}}".into());
+    }
+    let sample = t.render(&TemplateValues {
+        name: "foo",
+        namespace: "bar",
+        domain: "baz.com",
+        tag: "",
+    });
+    if !is_dns_name(&sample) {
+        return Err(format!(
+            "renders a sample route to \"{sample}\", which is not a host name"
+        ));
+    }
+    Ok(t)
+}
+
+/// Knative's checks of `tag-template`: it parses, uses `.Tag` and `.Name`, and renders a
+/// sample to one DNS label.
+fn parse_tag_template(s: &str) -> Result<Template, String> {
+    let t = Template::parse(s, &[Field::Name, Field::Tag])?;
+    if !t.uses(Field::Name) || !t.uses(Field::Tag) {
+        return Err("must use both {{.Tag}} and {{.Name}}".into());
+    }
+    let sample = t.render(&TemplateValues {
+        name: "foo",
+        tag: "v2",
+        ..TemplateValues::default()
+    });
+    if sample.contains('.') || !is_dns_name(&sample) {
+        return Err(format!(
+            "renders a sample tag to \"{sample}\", which is not one DNS label"
+        ));
+    }
+    Ok(t)
+}
+
+fn show_text(s: &str) -> (String, Value) {
+    (s.to_string(), Value::from(s))
+}
+
+/// The `config-network` keys thaw reads.
+pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
+    Key {
+        name: "domain-template",
+        unit: "template",
+        help: "A route's external host: {{.Name}}, {{.Namespace}} and {{.Domain}}.",
+        parse: |c, s| {
+            c.domain_template = parse_domain_template(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.domain_template.as_str()),
+    },
+    Key {
+        name: "tag-template",
+        unit: "template",
+        help: "A tagged target's host name part: {{.Tag}} and {{.Name}}.",
+        parse: |c, s| {
+            c.tag_template = parse_tag_template(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.tag_template.as_str()),
+    },
+];
+
+impl ConfigMap for TemplateConfig {
+    const NAME: &'static str = NETWORK_NAME;
+    /// Knative's other config-network keys: the ingress is always Istio here, without TLS,
+    /// mesh addressability or gradual rollout.
+    const INERT: &'static [&'static str] = &[
+        "ingress-class",
+        "ingress.class",
+        "certificate-class",
+        "certificate.class",
+        "enable-mesh-pod-addressability",
+        "mesh-compatibility-mode",
+        "system-internal-tls",
+        "rollout-duration",
+        "http-protocol",
+        "external-domain-tls",
+        "cluster-local-domain-tls",
+        "namespace-wildcard-cert-selector",
+        "auto-tls",
+        "default-external-scheme",
+        "activator-ca",
+        "activator-san",
+        "autocreate-cluster-domain-claims",
+    ];
+
+    fn keys() -> &'static [Key<Self>] {
+        NETWORK_KEYS
+    }
+
+    fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
+        Vec::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config-istio: the gateways
+
+/// Name of net-istio's ConfigMap.
+pub const ISTIO_NAME: &str = "config-istio";
+
+/// One Istio Gateway a route is attached to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gateway {
+    /// The Gateway's name.
+    pub name: String,
+    /// The Gateway's namespace.
+    pub namespace: String,
+    /// The host of the Kubernetes Service in front of the gateway's pods.
+    pub service: String,
+    /// net-istio's optional label selector (for per-route gateway choice); accepted, unused.
+    #[serde(default, rename = "labelSelector")]
+    pub label_selector: Option<serde_json::Value>,
+}
+
+impl Gateway {
+    fn new(namespace: &str, name: &str, service: &str) -> Self {
+        Self {
+            name: name.into(),
+            namespace: namespace.into(),
+            service: service.into(),
+            label_selector: None,
+        }
+    }
+
+    /// `namespace/name`, as a VirtualService names a gateway.
+    pub fn reference(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `config-istio`: the gateways routes are attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IstioConfig {
+    /// `external-gateways`: serve the routes' external hosts. Never empty.
+    pub external_gateways: Vec<Gateway>,
+    /// `local-gateways`: serve the cluster-local hosts. Never empty.
+    pub local_gateways: Vec<Gateway>,
+}
+
+impl Default for IstioConfig {
+    fn default() -> Self {
+        Self {
+            external_gateways: vec![Gateway::new(
+                "knative-serving",
+                "knative-ingress-gateway",
+                "istio-ingressgateway.istio-system.svc.cluster.local",
+            )],
+            local_gateways: vec![Gateway::new(
+                "knative-serving",
+                "knative-local-gateway",
+                "knative-local-gateway.istio-system.svc.cluster.local",
+            )],
+        }
+    }
+}
+
+fn parse_gateways(s: &str) -> Result<Vec<Gateway>, String> {
+    let gws: Vec<Gateway> = serde_saphyr::from_str(s)
+        .map_err(|e| format!("must be a YAML list of {{name, namespace, service}} ({e})"))?;
+    if gws.is_empty() {
+        return Err("must name at least one gateway".into());
+    }
+    for g in &gws {
+        if !is_dns_name(&g.name) || g.name.contains('.') {
+            return Err(format!("gateway name \"{}\" is not a DNS label", g.name));
+        }
+        if !is_dns_name(&g.namespace) || g.namespace.contains('.') {
+            return Err(format!(
+                "gateway namespace \"{}\" is not a DNS label",
+                g.namespace
+            ));
+        }
+        if !is_dns_name(&g.service) {
+            return Err(format!(
+                "gateway service \"{}\" is not a host name",
+                g.service
+            ));
+        }
+    }
+    Ok(gws)
+}
+
+fn show_gateways(g: &[Gateway]) -> (String, Value) {
+    let refs: Vec<String> = g.iter().map(Gateway::reference).collect();
+    (refs.join(","), Value::from(refs))
+}
+
+/// The `config-istio` keys thaw reads.
+pub static ISTIO_KEYS: &[Key<IstioConfig>] = &[
+    Key {
+        name: "external-gateways",
+        unit: "gateways",
+        help: "Gateways serving the routes' external hosts (YAML list of name, namespace, service).",
+        parse: |c, s| {
+            c.external_gateways = parse_gateways(s)?;
+            Ok(())
+        },
+        show: |c| show_gateways(&c.external_gateways),
+    },
+    Key {
+        name: "local-gateways",
+        unit: "gateways",
+        help: "Gateways serving the cluster-local hosts (YAML list of name, namespace, service).",
+        parse: |c, s| {
+            c.local_gateways = parse_gateways(s)?;
+            Ok(())
+        },
+        show: |c| show_gateways(&c.local_gateways),
+    },
+];
+
+impl ConfigMap for IstioConfig {
+    const NAME: &'static str = ISTIO_NAME;
+    const INERT: &'static [&'static str] = &["enable-virtualservice-status"];
+
+    fn keys() -> &'static [Key<Self>] {
+        ISTIO_KEYS
+    }
+
+    fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests;

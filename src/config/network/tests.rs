@@ -1,0 +1,150 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    data(pairs)
+}
+
+#[test]
+fn defaults_are_knatives() {
+    let n = NetworkConfig::default();
+    assert_eq!(n.domain.domain_for(&BTreeMap::new()), "example.com");
+    assert_eq!(
+        n.templates.domain_template.as_str(),
+        "{{.Name}}.{{.Namespace}}.{{.Domain}}"
+    );
+    assert_eq!(n.templates.tag_template.as_str(), "{{.Tag}}-{{.Name}}");
+    assert_eq!(
+        n.istio.external_gateways[0].reference(),
+        "knative-serving/knative-ingress-gateway"
+    );
+    assert_eq!(
+        n.istio.local_gateways[0].reference(),
+        "knative-serving/knative-local-gateway"
+    );
+    // An empty ConfigMap parses to the defaults.
+    assert_eq!(DomainConfig::parse(&data(&[("_example", "x")])).unwrap().config, n.domain);
+    assert_eq!(TemplateConfig::parse(&data(&[])).unwrap().config, n.templates);
+    assert_eq!(IstioConfig::parse(&data(&[])).unwrap().config, n.istio);
+}
+
+#[test]
+fn domain_selection_is_knatives() {
+    let d = DomainConfig::parse(&data(&[
+        ("prod.example.org", ""),
+        ("internal.example.org", "selector:\n  app: secret\n"),
+        ("very.example.org", "selector:\n  app: secret\n  tier: gold\n"),
+        ("a.example.org", "selector:\n  app: secret\n"),
+    ]))
+    .unwrap()
+    .config;
+    // A default is given, so example.com is not added.
+    assert!(!d.domains.contains_key("example.com"));
+    assert_eq!(d.domain_for(&labels(&[])), "prod.example.org");
+    assert_eq!(d.domain_for(&labels(&[("app", "other")])), "prod.example.org");
+    // Ties go to the alphabetically first domain.
+    assert_eq!(d.domain_for(&labels(&[("app", "secret")])), "a.example.org");
+    // The most specific selector wins.
+    assert_eq!(
+        d.domain_for(&labels(&[("app", "secret"), ("tier", "gold")])),
+        "very.example.org"
+    );
+    // Only selectors: example.com stays the default.
+    let d = DomainConfig::parse(&data(&[("x.org", "selector:\n  a: b\n")]))
+        .unwrap()
+        .config;
+    assert_eq!(d.domain_for(&labels(&[])), "example.com");
+    assert_eq!(d.domain_for(&labels(&[("a", "b")])), "x.org");
+}
+
+#[test]
+fn bad_domains_name_the_key() {
+    let e = DomainConfig::parse(&data(&[
+        ("not a domain", ""),
+        ("ok.org", "selector: [1, 2]"),
+        ("fine.org", ""),
+    ]))
+    .unwrap_err();
+    assert_eq!(e.0.len(), 2, "{e}");
+    assert!(e.0.iter().any(|p| p.key == "not a domain" && p.reason.contains("DNS")));
+    assert!(e.0.iter().any(|p| p.key == "ok.org" && p.reason.contains("selector")));
+}
+
+#[test]
+fn templates_render_and_bad_ones_are_rejected() {
+    let t = TemplateConfig::parse(&data(&[
+        ("domain-template", "{{ .Name }}-{{.Namespace}}.{{.Domain}}"),
+        ("tag-template", "{{.Name}}-{{.Tag}}"),
+    ]))
+    .unwrap()
+    .config;
+    let v = TemplateValues {
+        name: "hello",
+        namespace: "default",
+        domain: "example.com",
+        tag: "v2",
+    };
+    assert_eq!(t.domain_template.render(&v), "hello-default.example.com");
+    assert_eq!(t.tag_template.render(&v), "hello-v2");
+
+    for (key, value, why) in [
+        ("domain-template", "{{.Namespace}}.{{.Domain}}", "{{.Name}}"),
+        ("domain-template", "{{.Name}}.{{.Annotations.x}}", "unsupported"),
+        ("domain-template", "{{.Name}}.{{.Tag}}.x", "not available"),
+        ("domain-template", "{{.Name}}/path.{{.Domain}}", "not a host name"),
+        ("domain-template", "{{.Name", "not closed"),
+        ("tag-template", "{{.Tag}}", "both"),
+        ("tag-template", "{{.Tag}}.{{.Name}}", "one DNS label"),
+        ("tag-template", "{{.Tag}}-{{.Name}}-{{.Domain}}", "not available"),
+    ] {
+        let e = TemplateConfig::parse(&data(&[(key, value)])).unwrap_err();
+        assert_eq!(e.0[0].key, key, "{value}");
+        assert!(e.0[0].reason.contains(why), "{value}: {e}");
+    }
+    // Other Knative keys are accepted with a warning.
+    let w = TemplateConfig::warnings(&data(&[("ingress-class", "x"), ("nope", "y")]));
+    assert_eq!(w.len(), 2);
+    assert!(w[0].contains("no effect"), "{w:?}");
+}
+
+#[test]
+fn gateways_parse_net_istio_lists() {
+    let c = IstioConfig::parse(&data(&[(
+        "external-gateways",
+        "- name: gw\n  namespace: ingress\n  service: gw.ingress.svc.cluster.local\n- name: gw2\n  namespace: ingress\n  service: gw2.ingress.svc.cluster.local\n",
+    )]))
+    .unwrap()
+    .config;
+    assert_eq!(
+        c.external_gateways
+            .iter()
+            .map(Gateway::reference)
+            .collect::<Vec<_>>(),
+        ["ingress/gw", "ingress/gw2"]
+    );
+    assert_eq!(c.local_gateways, IstioConfig::default().local_gateways);
+    for (value, why) in [
+        ("[]", "at least one"),
+        ("- name: gw\n  namespace: x\n", "YAML list"),
+        ("- name: Bad_Name\n  namespace: x\n  service: s.x\n", "DNS label"),
+        ("name: gw", "YAML list"),
+    ] {
+        let e = IstioConfig::parse(&data(&[("local-gateways", value)])).unwrap_err();
+        assert_eq!(e.0[0].key, "local-gateways");
+        assert!(e.0[0].reason.contains(why), "{value}: {e}");
+    }
+    // The older per-gateway keys are not read.
+    let w = IstioConfig::warnings(&data(&[(
+        "gateway.knative-serving.knative-ingress-gateway",
+        "x",
+    )]));
+    assert!(w[0].contains("unknown"), "{w:?}");
+}
