@@ -1,5 +1,6 @@
 //! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`,
-//! `config-activator` and `config-gc` in the system namespace (`--system-namespace`, default `thaw-system`),
+//! `config-activator`, `config-gc` and the network ones (`config-domain`, `config-network`,
+//! `config-istio`) in the system namespace (`--system-namespace`, default `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::keys::ConfigMap;
+use super::network::{DomainConfig, IstioConfig, TemplateConfig};
 use super::reload::{Outcome, apply};
 use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
 use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
@@ -36,6 +38,12 @@ pub struct LiveConfig {
     pub activator: Arc<ArcSwap<ActivatorConfig>>,
     /// `config-gc` (read by the controller only).
     pub gc: Arc<ArcSwap<GcConfig>>,
+    /// `config-domain` (read by the controller only).
+    pub domain: Arc<ArcSwap<DomainConfig>>,
+    /// `config-network`'s templates (read by the controller only).
+    pub network: Arc<ArcSwap<TemplateConfig>>,
+    /// `config-istio`'s gateways (read by the controller only).
+    pub istio: Arc<ArcSwap<IstioConfig>>,
 }
 
 /// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
@@ -128,6 +136,24 @@ pub fn watch_configmaps(
                     super::gc::NAME => {
                         apply(parse::<GcConfig>(&data), &config.gc, &metrics, &labels)
                     }
+                    super::network::DOMAIN_NAME => apply(
+                        parse::<DomainConfig>(&data),
+                        &config.domain,
+                        &metrics,
+                        &labels,
+                    ),
+                    super::network::NETWORK_NAME => apply(
+                        parse::<TemplateConfig>(&data),
+                        &config.network,
+                        &metrics,
+                        &labels,
+                    ),
+                    super::network::ISTIO_NAME => apply(
+                        parse::<IstioConfig>(&data),
+                        &config.istio,
+                        &metrics,
+                        &labels,
+                    ),
                     _ => apply(
                         parse::<ActivatorConfig>(&data),
                         &config.activator,
@@ -154,6 +180,9 @@ fn is_ours(name: &str) -> bool {
         super::defaults::NAME,
         super::activator::NAME,
         super::gc::NAME,
+        super::network::DOMAIN_NAME,
+        super::network::NETWORK_NAME,
+        super::network::ISTIO_NAME,
     ]
     .contains(&name)
 }

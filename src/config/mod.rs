@@ -42,8 +42,8 @@ pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
 pub use gc::GcConfig;
-pub use network::NetworkConfig;
 pub use keys::ConfigMap;
+pub use network::NetworkConfig;
 pub use parse::{Problem, Problems};
 
 use std::sync::Arc;

@@ -140,7 +140,11 @@ impl ConfigMap for DomainConfig {
             domains.insert(DEFAULT_DOMAIN.into(), BTreeMap::new());
         }
         Ok(Parsed {
-            given: domains.keys().filter(|k| data.contains_key(*k)).cloned().collect(),
+            given: domains
+                .keys()
+                .filter(|k| data.contains_key(*k))
+                .cloned()
+                .collect(),
             config: Self { domains },
             warnings: Vec::new(),
         })
@@ -227,7 +231,9 @@ impl Template {
                 other => return Err(format!("unsupported template action `{{{{{other}}}}}`")),
             };
             if !allowed.contains(&field) {
-                return Err(format!("`{{{{{action}}}}}` is not available in this template"));
+                return Err(format!(
+                    "`{{{{{action}}}}}` is not available in this template"
+                ));
             }
             parts.push(Part::Field(field));
             rest = &after[end + 2..];

@@ -18,6 +18,7 @@
 
 pub mod configuration;
 pub mod gc;
+pub mod route;
 pub mod service;
 
 use std::fmt::Debug;
@@ -64,6 +65,8 @@ pub struct Settings {
     pub autoscaler: AutoscalerConfig,
     /// `config-gc`.
     pub gc: GcConfig,
+    /// `config-domain`, `config-network` and `config-istio` (the Route reconciler's).
+    pub network: crate::config::NetworkConfig,
 }
 
 /// The revision defaults of `namespace`: config-defaults' cluster values with that

@@ -76,6 +76,11 @@ fn snapshot(live: &LiveConfig) -> Settings {
         defaults: (**live.defaults.load()).clone(),
         autoscaler: (**live.autoscaler.load()).clone(),
         gc: (**live.gc.load()).clone(),
+        network: crate::config::NetworkConfig {
+            domain: (**live.domain.load()).clone(),
+            templates: (**live.network.load()).clone(),
+            istio: (**live.istio.load()).clone(),
+        },
     }
 }
 
@@ -84,6 +89,7 @@ pub async fn run_controllers(ctx: Arc<Ctx>) {
     tokio::join!(
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
+        crate::controller::route::controller(ctx.clone()),
     );
 }
 

@@ -3,8 +3,8 @@
 //! plain HTTP. Replace this module, not the tests, if the server is swapped for another double.
 //!
 //! The server serves every built-in kind (Deployments with `/scale`, Pods, EndpointSlices,
-//! Leases, ConfigMaps, ...) and the four `serving.knative.dev/v1` kinds from the generated CRDs
-//! (schema enforced, `/status` served). No controllers run: tests play kubelet and the
+//! Leases, ConfigMaps, ...), the four `serving.knative.dev/v1` kinds from the generated CRDs
+//! (schema enforced, `/status` served) and Istio's `networking.istio.io/v1` VirtualService. No controllers run: tests play kubelet and the
 //! endpoints controller. It enforces no RBAC, no CEL and no pruning.
 
 #![allow(
@@ -45,6 +45,12 @@ impl TestApi {
         for crd in thaw::knative::crds() {
             handlers.push(crd_handler(store.clone(), &crd));
         }
+        // Istio's VirtualService (the subset the Route reconciler writes), as Istio's CRD
+        // would serve it on a cluster.
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::virtual_service::crd(),
+        ));
         // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
         // only `core/v1` ones.
         handlers.push(Arc::new(StoreBackedHandler::new(

@@ -31,8 +31,16 @@ fn defaults_are_knatives() {
         "knative-serving/knative-local-gateway"
     );
     // An empty ConfigMap parses to the defaults.
-    assert_eq!(DomainConfig::parse(&data(&[("_example", "x")])).unwrap().config, n.domain);
-    assert_eq!(TemplateConfig::parse(&data(&[])).unwrap().config, n.templates);
+    assert_eq!(
+        DomainConfig::parse(&data(&[("_example", "x")]))
+            .unwrap()
+            .config,
+        n.domain
+    );
+    assert_eq!(
+        TemplateConfig::parse(&data(&[])).unwrap().config,
+        n.templates
+    );
     assert_eq!(IstioConfig::parse(&data(&[])).unwrap().config, n.istio);
 }
 
@@ -41,7 +49,10 @@ fn domain_selection_is_knatives() {
     let d = DomainConfig::parse(&data(&[
         ("prod.example.org", ""),
         ("internal.example.org", "selector:\n  app: secret\n"),
-        ("very.example.org", "selector:\n  app: secret\n  tier: gold\n"),
+        (
+            "very.example.org",
+            "selector:\n  app: secret\n  tier: gold\n",
+        ),
         ("a.example.org", "selector:\n  app: secret\n"),
     ]))
     .unwrap()
@@ -49,7 +60,10 @@ fn domain_selection_is_knatives() {
     // A default is given, so example.com is not added.
     assert!(!d.domains.contains_key("example.com"));
     assert_eq!(d.domain_for(&labels(&[])), "prod.example.org");
-    assert_eq!(d.domain_for(&labels(&[("app", "other")])), "prod.example.org");
+    assert_eq!(
+        d.domain_for(&labels(&[("app", "other")])),
+        "prod.example.org"
+    );
     // Ties go to the alphabetically first domain.
     assert_eq!(d.domain_for(&labels(&[("app", "secret")])), "a.example.org");
     // The most specific selector wins.
@@ -74,8 +88,14 @@ fn bad_domains_name_the_key() {
     ]))
     .unwrap_err();
     assert_eq!(e.0.len(), 2, "{e}");
-    assert!(e.0.iter().any(|p| p.key == "not a domain" && p.reason.contains("DNS")));
-    assert!(e.0.iter().any(|p| p.key == "ok.org" && p.reason.contains("selector")));
+    assert!(
+        e.0.iter()
+            .any(|p| p.key == "not a domain" && p.reason.contains("DNS"))
+    );
+    assert!(
+        e.0.iter()
+            .any(|p| p.key == "ok.org" && p.reason.contains("selector"))
+    );
 }
 
 #[test]
@@ -97,13 +117,25 @@ fn templates_render_and_bad_ones_are_rejected() {
 
     for (key, value, why) in [
         ("domain-template", "{{.Namespace}}.{{.Domain}}", "{{.Name}}"),
-        ("domain-template", "{{.Name}}.{{.Annotations.x}}", "unsupported"),
+        (
+            "domain-template",
+            "{{.Name}}.{{.Annotations.x}}",
+            "unsupported",
+        ),
         ("domain-template", "{{.Name}}.{{.Tag}}.x", "not available"),
-        ("domain-template", "{{.Name}}/path.{{.Domain}}", "not a host name"),
+        (
+            "domain-template",
+            "{{.Name}}/path.{{.Domain}}",
+            "not a host name",
+        ),
         ("domain-template", "{{.Name", "not closed"),
         ("tag-template", "{{.Tag}}", "both"),
         ("tag-template", "{{.Tag}}.{{.Name}}", "one DNS label"),
-        ("tag-template", "{{.Tag}}-{{.Name}}-{{.Domain}}", "not available"),
+        (
+            "tag-template",
+            "{{.Tag}}-{{.Name}}-{{.Domain}}",
+            "not available",
+        ),
     ] {
         let e = TemplateConfig::parse(&data(&[(key, value)])).unwrap_err();
         assert_eq!(e.0[0].key, key, "{value}");
@@ -134,7 +166,10 @@ fn gateways_parse_net_istio_lists() {
     for (value, why) in [
         ("[]", "at least one"),
         ("- name: gw\n  namespace: x\n", "YAML list"),
-        ("- name: Bad_Name\n  namespace: x\n  service: s.x\n", "DNS label"),
+        (
+            "- name: Bad_Name\n  namespace: x\n  service: s.x\n",
+            "DNS label",
+        ),
         ("name: gw", "YAML list"),
     ] {
         let e = IstioConfig::parse(&data(&[("local-gateways", value)])).unwrap_err();

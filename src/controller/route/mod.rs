@@ -1,0 +1,522 @@
+//! Route → Istio VirtualService + placeholder Services (Knative's `route.go`, with net-istio's
+//! VirtualService written directly: there is no KIngress in between), and the labeler.
+//!
+//! One reconcile:
+//! 1. resolves the traffic ([`traffic`]) from the Revisions and Configurations in the
+//!    controller's stores;
+//! 2. when every target is routable: applies the placeholder Services and the VirtualService
+//!    ([`resources`]), each only if absent or ours (else `IngressReady=False NotOwned`), and
+//!    deletes placeholder Services of tags no longer named; when a target is missing or not
+//!    ready, `AllTrafficAssigned` says why (Knative's reasons) and the ingress keeps the last
+//!    traffic it was given — so a rollout moves only once the new revision is Ready;
+//! 3. marks the revisions and configurations the route uses ([`labeler`]);
+//! 4. writes the status (url, address, traffic, conditions) when it changed.
+//!
+//! `IngressReady` is True once the VirtualService is written: nothing reports Istio's own
+//! progress back here (net-istio's prober is not reimplemented), so True means "programmed",
+//! not "serving at every gateway". `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets
+//! up no certificates).
+//!
+//! The controller re-queues a route when its VirtualService or placeholder Services change
+//! (owned), and when a Revision or Configuration it refers to changes (the stores' streams
+//! mapped to the routes that name them), so a revision turning Ready or a configuration's
+//! latest ready revision moving re-routes at once.
+
+pub mod labeler;
+pub mod resources;
+pub mod traffic;
+pub mod virtual_service;
+
+#[cfg(test)]
+mod fixtures;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service as KubeService;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+
+use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now};
+use crate::config::network::NetworkConfig;
+use crate::knative::duck::{Condition, ConditionStatus};
+use crate::knative::names::labels;
+use crate::knative::{Configuration, Revision, Route, RouteStatus, condition};
+use traffic::{Referenced, TargetError, Traffic};
+use virtual_service::VirtualService;
+
+/// The kind, in metrics and spans.
+pub const KIND: &str = "Route";
+
+/// Knative's Route condition types.
+pub mod conditions {
+    pub const ALL_TRAFFIC_ASSIGNED: &str = "AllTrafficAssigned";
+    pub const INGRESS_READY: &str = "IngressReady";
+    pub const CERTIFICATE_PROVISIONED: &str = "CertificateProvisioned";
+}
+
+/// The Revisions and Configurations the controller follows (one watch each), read by every
+/// reconcile.
+#[derive(Clone)]
+pub struct Stores {
+    pub revisions: Store<Revision>,
+    pub configurations: Store<Configuration>,
+}
+
+/// What the status says about the ingress, from the writes of this reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingress {
+    /// The VirtualService and placeholder Services are written.
+    Programmed,
+    /// Not written this time (a target is not routable): the condition stays as it was, or
+    /// Unknown `IngressNotConfigured` when there is none yet.
+    Unchanged,
+    /// An object of that name exists and is not the route's: the NotOwned message.
+    NotOwned(String),
+}
+
+fn condition(
+    type_: &str,
+    status: ConditionStatus,
+    reason: Option<&str>,
+    message: Option<String>,
+) -> Condition {
+    Condition {
+        reason: reason.map(Into::into),
+        message,
+        ..Condition::new(type_, status)
+    }
+}
+
+/// The route's next status from the previous one, the traffic outcome and the ingress
+/// outcome. Pure; `now` stamps the conditions that change.
+pub fn compute_status(
+    route: &Route,
+    resolved: &Result<Traffic, TargetError>,
+    ingress: &Ingress,
+    net: &NetworkConfig,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> RouteStatus {
+    use conditions::*;
+    let mut st = route.status.clone().unwrap_or_default();
+    st.status.observed_generation = route.metadata.generation;
+    st.fields.url = Some(resources::url(route, net));
+    st.fields.address = Some(resources::address(route));
+    match resolved {
+        Ok(t) => {
+            st.fields.traffic = resources::status_traffic(route, t, net);
+            st.status.set(
+                condition(ALL_TRAFFIC_ASSIGNED, ConditionStatus::True, None, None),
+                now,
+            );
+        }
+        Err(e) => {
+            // Knative keeps the traffic it reported last: it is still what the ingress serves.
+            let (status, reason, message) = e.condition();
+            st.status.set(
+                condition(ALL_TRAFFIC_ASSIGNED, status, Some(&reason), Some(message)),
+                now,
+            );
+        }
+    }
+    match ingress {
+        Ingress::Programmed => st.status.set(
+            condition(INGRESS_READY, ConditionStatus::True, None, None),
+            now,
+        ),
+        Ingress::NotOwned(message) => st.status.set(
+            condition(
+                INGRESS_READY,
+                ConditionStatus::False,
+                Some("NotOwned"),
+                Some(message.clone()),
+            ),
+            now,
+        ),
+        Ingress::Unchanged => {
+            if st.status.condition(INGRESS_READY).is_none() {
+                st.status.set(
+                    condition(
+                        INGRESS_READY,
+                        ConditionStatus::Unknown,
+                        Some("IngressNotConfigured"),
+                        Some("Ingress has not yet been reconciled.".into()),
+                    ),
+                    now,
+                );
+            }
+        }
+    }
+    let message = if resources::is_cluster_local(route, net) {
+        "TLS is not enabled for cluster-local"
+    } else {
+        "external-domain-tls is not enabled"
+    };
+    st.status.set(
+        condition(
+            CERTIFICATE_PROVISIONED,
+            ConditionStatus::True,
+            Some("TLSNotEnabled"),
+            Some(message.into()),
+        ),
+        now,
+    );
+    st.status.set_ready_from(
+        condition::READY,
+        &[ALL_TRAFFIC_ASSIGNED, INGRESS_READY, CERTIFICATE_PROVISIONED],
+        now,
+    );
+    st
+}
+
+/// What `route` refers to, read from the stores.
+fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
+    let mut refs = Referenced::default();
+    for name in traffic::referenced_configurations(route) {
+        if let Some(c) = stores.configurations.get(&ObjectRef::new(&name).within(ns)) {
+            refs.configurations.insert(name, (*c).clone());
+        }
+    }
+    for name in traffic::referenced_revisions(route, &refs.configurations) {
+        if let Some(r) = stores.revisions.get(&ObjectRef::new(&name).within(ns)) {
+            refs.revisions.insert(name, (*r).clone());
+        }
+    }
+    refs
+}
+
+/// Applies `desired` (server-side, ours) unless an object of its name exists that is not the
+/// route's; a child equal to what is wanted is not written again. Returns the NotOwned
+/// message when it is someone else's.
+async fn apply_owned<K>(
+    ctx: &Ctx,
+    route: &Route,
+    desired: &K,
+    same: impl Fn(&K, &K) -> bool,
+) -> Result<Option<String>, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let ns = route.namespace().unwrap_or_default();
+    let name = desired.name_any();
+    let api = ctx.api::<K>(&ns);
+    if let Some(existing) = api.get_opt(&name).await? {
+        if !is_owned_by(existing.meta(), route) {
+            return Ok(Some(format!(
+                "There is an existing {} {name:?} that we do not own.",
+                if K::kind(&()) == "Service" {
+                    "placeholder Service"
+                } else {
+                    "VirtualService"
+                }
+            )));
+        }
+        if same(&existing, desired) {
+            return Ok(None);
+        }
+    }
+    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
+    body["apiVersion"] = K::api_version(&()).into();
+    body["kind"] = K::kind(&()).into();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(None)
+}
+
+fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
+    let have = existing.meta().labels.clone().unwrap_or_default();
+    desired
+        .meta()
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| have.get(k) == Some(v))
+}
+
+fn same_placeholder(existing: &KubeService, desired: &KubeService) -> bool {
+    let (Some(e), Some(d)) = (&existing.spec, &desired.spec) else {
+        return false;
+    };
+    same_labels(existing, desired)
+        && e.type_ == d.type_
+        && e.external_name == d.external_name
+        && e.ports.as_ref().map(|p| {
+            p.iter()
+                .map(|p| (p.name.clone(), p.port))
+                .collect::<Vec<_>>()
+        }) == d.ports.as_ref().map(|p| {
+            p.iter()
+                .map(|p| (p.name.clone(), p.port))
+                .collect::<Vec<_>>()
+        })
+}
+
+/// Writes the placeholder Services and the VirtualService of `traffic`; deletes placeholder
+/// Services of tags the route no longer has.
+async fn program(
+    ctx: &Ctx,
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+    default_timeout: u64,
+) -> Result<Ingress, Error> {
+    let ns = route.namespace().unwrap_or_default();
+    let placeholders = resources::placeholder_services(route, traffic, net);
+    for svc in &placeholders {
+        if let Some(msg) = apply_owned(ctx, route, svc, same_placeholder).await? {
+            return Ok(Ingress::NotOwned(msg));
+        }
+    }
+    let vs = resources::virtual_service(route, traffic, net, default_timeout);
+    if let Some(msg) = apply_owned(ctx, route, &vs, |e: &VirtualService, d| {
+        e.spec == d.spec && same_labels(e, d)
+    })
+    .await?
+    {
+        return Ok(Ingress::NotOwned(msg));
+    }
+    // Placeholders of tags no longer named (ours only).
+    let api = ctx.api::<KubeService>(&ns);
+    let selector = format!("{}={}", labels::ROUTE, labels::value(&route.name_any()));
+    for old in api.list(&ListParams::default().labels(&selector)).await? {
+        let name = old.name_any();
+        if is_owned_by(&old.metadata, route) && !placeholders.iter().any(|p| p.name_any() == name) {
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(Ingress::Programmed)
+}
+
+/// Sends the labeler's patches (merge patches of metadata) for `route`.
+async fn label(
+    ctx: &Ctx,
+    route: &Route,
+    ns: &str,
+    status_traffic: &[crate::knative::TrafficTarget],
+    refs: &Referenced,
+    stores: &Stores,
+) -> Result<(), Error> {
+    let used = labeler::used(route, status_traffic, refs);
+    let name = route.name_any();
+    let modified = now().0.to_string();
+    let revs: Vec<Arc<Revision>> = stores
+        .revisions
+        .state()
+        .into_iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns))
+        .collect();
+    let cfgs: Vec<Arc<Configuration>> = stores
+        .configurations
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns))
+        .collect();
+    let rev_patches = labeler::patches(
+        revs.iter()
+            .map(|r| (r.metadata.name.as_deref().unwrap_or(""), &r.metadata)),
+        &used.revisions,
+        &name,
+        true,
+        &modified,
+    );
+    let cfg_patches = labeler::patches(
+        cfgs.iter()
+            .map(|c| (c.metadata.name.as_deref().unwrap_or(""), &c.metadata)),
+        &used.configurations,
+        &name,
+        false,
+        &modified,
+    );
+    let rev_api = ctx.api::<Revision>(ns);
+    for (n, p) in rev_patches {
+        tolerate_gone(
+            rev_api
+                .patch_metadata(&n, &PatchParams::default(), &Patch::Merge(&p))
+                .await,
+        )?;
+    }
+    let cfg_api = ctx.api::<Configuration>(ns);
+    for (n, p) in cfg_patches {
+        tolerate_gone(
+            cfg_api
+                .patch_metadata(&n, &PatchParams::default(), &Patch::Merge(&p))
+                .await,
+        )?;
+    }
+    Ok(())
+}
+
+/// A 404 (deleted since the store saw it) is no failure of the labeler.
+fn tolerate_gone<T>(r: Result<T, kube::Error>) -> Result<(), Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reconciles one Route (see the module docs).
+pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Result<Action, Error> {
+    // The first reconciles may come before the stores' first list: wait for it (once).
+    stores
+        .revisions
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Other(e.to_string()))?;
+    stores
+        .configurations
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let ns = route.namespace().unwrap_or_default();
+    let name = route.name_any();
+    let settings = ctx.settings();
+    let net = &settings.network;
+    let refs = referenced(&route, &ns, &stores);
+    let resolved = traffic::resolve(&route, &refs);
+    let ingress = match &resolved {
+        Ok(t) => {
+            let timeout = super::defaults_for(&settings, &ns)
+                .revision_timeout
+                .as_secs();
+            program(&ctx, &route, t, net, timeout).await?
+        }
+        Err(_) => Ingress::Unchanged,
+    };
+    let status = compute_status(&route, &resolved, &ingress, net, &now());
+    label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
+
+    let before = route.status.clone().unwrap_or_default();
+    if status != before {
+        announce(&ctx, &route, &before, &status).await;
+        let mut next = (*route).clone();
+        next.status = Some(status);
+        ctx.api::<Route>(&ns)
+            .replace_status(&name, &PostParams::default(), &next)
+            .await?;
+    }
+    if let Ingress::NotOwned(msg) = ingress {
+        return Err(Error::Other(msg));
+    }
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// Events for conditions that turn False (the reason and message), as Knative records them.
+async fn announce(ctx: &Ctx, route: &Route, before: &RouteStatus, after: &RouteStatus) {
+    use conditions::*;
+    for type_ in [ALL_TRAFFIC_ASSIGNED, INGRESS_READY] {
+        let Some(c) = after.status.condition(type_) else {
+            continue;
+        };
+        let was = before.status.condition(type_);
+        if c.status == ConditionStatus::False
+            && (was.map(|w| (w.status, &w.reason)) != Some((c.status, &c.reason)))
+        {
+            ctx.event(
+                route,
+                EventKind::Warning,
+                c.reason.as_deref().unwrap_or("Failed"),
+                c.message.clone().unwrap_or_default(),
+            )
+            .await;
+        }
+    }
+}
+
+/// Whether `route` refers to the revision `rev` (in its namespace), directly, through its
+/// configuration, or as a revision it marked as used.
+fn refers_to_revision(route: &Route, rev: &Revision) -> bool {
+    let name = rev.name_any();
+    let cfg = labeler::configuration_of(rev);
+    let spec = route.spec.traffic.iter();
+    let status = route.status.iter().flat_map(|s| s.fields.traffic.iter());
+    spec.chain(status).any(|t| {
+        t.revision_name.as_deref() == Some(name.as_str())
+            || (t.revision_name.is_none()
+                && cfg.is_some()
+                && (t.configuration_name.is_some() && t.configuration_name == cfg
+                    || t.configuration_name.is_none() && traffic::service_of(route) == cfg))
+    }) || labeler::lists(&rev.metadata, &route.name_any())
+}
+
+/// Whether `route` names the configuration `cfg`.
+fn refers_to_configuration(route: &Route, cfg: &Configuration) -> bool {
+    traffic::referenced_configurations(route).contains(&cfg.name_any())
+        || labeler::lists(&cfg.metadata, &route.name_any())
+}
+
+/// The routes of `routes` in `ns` for which `pred` holds, as object references.
+fn routes_where(
+    routes: &Store<Route>,
+    ns: Option<String>,
+    pred: impl Fn(&Route) -> bool,
+) -> Vec<ObjectRef<Route>> {
+    routes
+        .state()
+        .into_iter()
+        .filter(|r| r.namespace() == ns && pred(r))
+        .map(|r| ObjectRef::from_obj(&*r))
+        .collect()
+}
+
+/// The Route controller: owns VirtualServices and placeholder Services; follows Revisions and
+/// Configurations through reflectors whose stores the reconciles read.
+pub async fn controller(ctx: Arc<Ctx>) {
+    let (revisions, rev_writer) = reflector::store::<Revision>();
+    let rev_stream = reflector::reflector(
+        rev_writer,
+        watcher(ctx.watched::<Revision>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (configurations, cfg_writer) = reflector::store::<Configuration>();
+    let cfg_stream = reflector::reflector(
+        cfg_writer,
+        watcher(ctx.watched::<Configuration>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::new(ctx.watched::<Route>(), watcher::Config::default())
+        .owns(ctx.watched::<VirtualService>(), watcher::Config::default())
+        .owns(
+            ctx.watched::<KubeService>(),
+            watcher::Config::default().labels(labels::ROUTE),
+        );
+    let routes = controller.store();
+    let routes2 = routes.clone();
+    let controller = controller
+        .watches_stream(rev_stream, move |rev: Revision| {
+            routes_where(&routes, rev.namespace(), |r| refers_to_revision(r, &rev))
+        })
+        .watches_stream(cfg_stream, move |cfg: Configuration| {
+            routes_where(&routes2, cfg.namespace(), |r| {
+                refers_to_configuration(r, &cfg)
+            })
+        });
+    let stores = Stores {
+        revisions,
+        configurations,
+    };
+    super::run(ctx.clone(), KIND, controller, move |route, ctx| {
+        reconcile(route, ctx, stores.clone())
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,335 @@
+//! What a Route becomes (pure builders from the route, its resolved [`Traffic`] and the
+//! [`NetworkConfig`]): its host names, the Istio VirtualService, the placeholder Services and
+//! the status fields (url, address, traffic).
+//!
+//! - **Hosts** per target group (the default one, and one per tag named by `tag-template`):
+//!   external `{name}.{namespace}.{domain}` (`domain-template`, the domain from config-domain)
+//!   unless the route is cluster-local, and always the cluster-local
+//!   `{name}.{namespace}`, `{name}.{namespace}.svc`, `{name}.{namespace}.svc.cluster.local`.
+//! - **VirtualService** `{route}-ingress` (net-istio's name for the ingress one): every host;
+//!   the external gateways (unless cluster-local) and the local ones; one HTTP route per
+//!   group, matching its hosts by authority (with or without a port) on the gateways that
+//!   serve them, and sending each revision of the group its percent at its public Service
+//!   (`{revision}.{namespace}.svc.cluster.local`, port 80, or 81 for h2c) with
+//!   `Knative-Serving-Namespace` / `Knative-Serving-Revision` set on that destination, so the
+//!   activator (when it is in the path) knows the revision; the route's timeout is the longest
+//!   `timeoutSeconds` of the revisions it sends traffic to (the activator holds cold requests that long).
+//! - **Placeholder Services** `{route}` and `{tag}-{route}`: ExternalName to the first local
+//!   gateway's service, port 80 named `http2` (Knative's placeholder, pointed where Knative
+//!   points it once the ingress reports its private load balancer), so the cluster-local names
+//!   resolve and reach the gateway.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use super::traffic::{RevisionTarget, Traffic};
+use super::virtual_service::{
+    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRoute, HttpRouteDestination,
+    PortSelector, StringMatch, VirtualService, VirtualServiceSpec,
+};
+use crate::config::network::{CLUSTER_LOCAL_DOMAIN, NetworkConfig, TemplateValues};
+use crate::controller::owner_ref;
+use crate::knative::duck::Addressable;
+use crate::knative::names::{child_name, labels};
+use crate::knative::{Route, TrafficTarget};
+
+/// Knative's visibility label (and annotation): `cluster-local` keeps a route off the
+/// external gateways.
+pub const VISIBILITY: &str = "networking.knative.dev/visibility";
+/// The value of [`VISIBILITY`] that makes a route cluster-local.
+pub const CLUSTER_LOCAL: &str = "cluster-local";
+/// The header telling the activator a request's namespace.
+pub const NAMESPACE_HEADER: &str = "Knative-Serving-Namespace";
+/// The header telling the activator a request's revision.
+pub const REVISION_HEADER: &str = "Knative-Serving-Revision";
+/// The suffix of the route's VirtualService (net-istio's `-ingress`).
+pub const VIRTUAL_SERVICE_SUFFIX: &str = "-ingress";
+
+/// Whether `route` is cluster-local: the visibility label or annotation says so, or its
+/// domain is `svc.cluster.local`.
+pub fn is_cluster_local(route: &Route, net: &NetworkConfig) -> bool {
+    let says =
+        |m: &BTreeMap<String, String>| m.get(VISIBILITY).map(String::as_str) == Some(CLUSTER_LOCAL);
+    says(route.labels())
+        || says(route.annotations())
+        || net.domain.domain_for(route.labels()) == CLUSTER_LOCAL_DOMAIN
+}
+
+/// The host names of one target group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupHosts {
+    /// The group's name: the route's, or `tag-template`'s for a tag. Also its placeholder
+    /// Service's name.
+    pub name: String,
+    /// The external host, unless the route is cluster-local.
+    pub external: Option<String>,
+    /// `{name}.{ns}`, `{name}.{ns}.svc`, `{name}.{ns}.svc.cluster.local`.
+    pub local: Vec<String>,
+}
+
+impl GroupHosts {
+    /// The URL people use: the external host, else the cluster-local one.
+    pub fn url(&self) -> String {
+        let host = self.external.as_deref().unwrap_or(&self.local[2]);
+        format!("http://{host}")
+    }
+}
+
+/// The hosts of `route`'s group `tag` (`None`: the default group).
+pub fn group_hosts(route: &Route, tag: Option<&str>, net: &NetworkConfig) -> GroupHosts {
+    let route_name = route.name_any();
+    let ns = route.namespace().unwrap_or_default();
+    let name = match tag {
+        None => route_name.clone(),
+        Some(tag) => net.templates.tag_template.render(&TemplateValues {
+            name: &route_name,
+            tag,
+            ..TemplateValues::default()
+        }),
+    };
+    let external = (!is_cluster_local(route, net)).then(|| {
+        net.templates.domain_template.render(&TemplateValues {
+            name: &name,
+            namespace: &ns,
+            domain: net.domain.domain_for(route.labels()),
+            tag: "",
+        })
+    });
+    let local = vec![
+        format!("{name}.{ns}"),
+        format!("{name}.{ns}.svc"),
+        format!("{name}.{ns}.{CLUSTER_LOCAL_DOMAIN}"),
+    ];
+    GroupHosts {
+        name,
+        external,
+        local,
+    }
+}
+
+/// The labels every child of `route` carries: `serving.knative.dev/route`.
+fn child_labels(route: &Route) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(labels::ROUTE.to_string(), labels::value(&route.name_any()));
+    if let Some(s) = route.labels().get(labels::SERVICE) {
+        l.insert(labels::SERVICE.to_string(), s.clone());
+    }
+    l
+}
+
+fn child_meta(route: &Route, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: route.namespace(),
+        labels: Some(child_labels(route)),
+        owner_references: Some(vec![owner_ref(route)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The VirtualService's name: `{route}-ingress`, within 63 characters.
+pub fn virtual_service_name(route: &Route) -> String {
+    child_name(&route.name_any(), VIRTUAL_SERVICE_SUFFIX)
+}
+
+/// `^host(:port)?$` as an RE2 pattern.
+fn authority_regex(host: &str) -> String {
+    format!("^{}(?::\\d{{1,5}})?$", host.replace('.', "\\."))
+}
+
+fn destination(ns: &str, t: &RevisionTarget) -> HttpRouteDestination {
+    HttpRouteDestination {
+        destination: Destination {
+            host: format!("{}.{ns}.{CLUSTER_LOCAL_DOMAIN}", t.revision),
+            port: Some(PortSelector {
+                number: if t.h2c { 81 } else { 80 },
+            }),
+            subset: None,
+        },
+        weight: Some(t.percent.unwrap_or(0).clamp(0, 100) as i32),
+        headers: Some(Headers {
+            request: Some(HeaderOperations {
+                set: BTreeMap::from([
+                    (NAMESPACE_HEADER.to_string(), ns.to_string()),
+                    (REVISION_HEADER.to_string(), t.revision.clone()),
+                ]),
+                ..HeaderOperations::default()
+            }),
+            response: None,
+        }),
+    }
+}
+
+/// The VirtualService of `route` with `traffic`. `default_timeout_seconds` applies to a
+/// revision without its own `timeoutSeconds` (config-defaults' `revision-timeout-seconds`).
+pub fn virtual_service(
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+    default_timeout_seconds: u64,
+) -> VirtualService {
+    let ns = route.namespace().unwrap_or_default();
+    let external: Vec<String> = net
+        .istio
+        .external_gateways
+        .iter()
+        .map(|g| g.reference())
+        .collect();
+    let local: Vec<String> = net
+        .istio
+        .local_gateways
+        .iter()
+        .map(|g| g.reference())
+        .collect();
+    let cluster_local = is_cluster_local(route, net);
+    let mut hosts = Vec::new();
+    let mut http = Vec::new();
+    // Tags first, then the default group (hosts never overlap; the order only reads well).
+    let mut groups: Vec<(&Option<String>, &Vec<RevisionTarget>)> = traffic.groups.iter().collect();
+    groups.sort_by_key(|(tag, _)| tag.is_none());
+    for (tag, targets) in groups {
+        let h = group_hosts(route, tag.as_deref(), net);
+        let mut matches = Vec::new();
+        if let Some(ext) = &h.external {
+            hosts.push(ext.clone());
+            matches.push(HttpMatchRequest {
+                authority: Some(StringMatch {
+                    regex: Some(authority_regex(ext)),
+                    ..StringMatch::default()
+                }),
+                gateways: external.clone(),
+                ..HttpMatchRequest::default()
+            });
+        }
+        for l in &h.local {
+            hosts.push(l.clone());
+            matches.push(HttpMatchRequest {
+                authority: Some(StringMatch {
+                    regex: Some(authority_regex(l)),
+                    ..StringMatch::default()
+                }),
+                gateways: local.clone(),
+                ..HttpMatchRequest::default()
+            });
+        }
+        let route_dests: Vec<HttpRouteDestination> = targets
+            .iter()
+            .filter(|t| t.percent.unwrap_or(0) > 0)
+            .map(|t| destination(&ns, t))
+            .collect();
+        let timeout = targets
+            .iter()
+            .filter(|t| t.percent.unwrap_or(0) > 0)
+            .map(|t| {
+                t.timeout_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or(default_timeout_seconds)
+            })
+            .max()
+            .unwrap_or(default_timeout_seconds);
+        http.push(HttpRoute {
+            name: Some(h.name.clone()),
+            match_: matches,
+            route: route_dests,
+            timeout: Some(format!("{timeout}s")),
+            ..HttpRoute::default()
+        });
+    }
+    let mut gateways = Vec::new();
+    if !cluster_local {
+        gateways.extend(external);
+    }
+    gateways.extend(local);
+    VirtualService {
+        metadata: child_meta(route, virtual_service_name(route)),
+        spec: VirtualServiceSpec {
+            hosts,
+            gateways,
+            http,
+        },
+    }
+}
+
+/// The placeholder Services: one per group (`{route}`, `{tag}-{route}`). A tag whose name
+/// would pass 63 characters gets none (Kubernetes would refuse the name).
+pub fn placeholder_services(route: &Route, traffic: &Traffic, net: &NetworkConfig) -> Vec<Service> {
+    let target = net
+        .istio
+        .local_gateways
+        .first()
+        .map(|g| g.service.clone())
+        .unwrap_or_default();
+    let mut names: Vec<String> = vec![route.name_any()];
+    names.extend(
+        traffic
+            .groups
+            .keys()
+            .flatten()
+            .map(|tag| group_hosts(route, Some(tag), net).name),
+    );
+    names
+        .into_iter()
+        .filter(|n| n.len() <= crate::knative::names::MAX_NAME_LEN)
+        .map(|name| Service {
+            metadata: child_meta(route, name),
+            spec: Some(ServiceSpec {
+                type_: Some("ExternalName".into()),
+                external_name: Some(target.clone()),
+                session_affinity: Some("None".into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http2".into()),
+                    port: 80,
+                    target_port: Some(IntOrString::Int(80)),
+                    protocol: Some("TCP".into()),
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        })
+        .collect()
+}
+
+/// `status.url`.
+pub fn url(route: &Route, net: &NetworkConfig) -> String {
+    group_hosts(route, None, net).url()
+}
+
+/// `status.address`: `http://{route}.{namespace}.svc.cluster.local`.
+pub fn address(route: &Route) -> Addressable {
+    Addressable {
+        url: Some(format!(
+            "http://{}.{}.{CLUSTER_LOCAL_DOMAIN}",
+            route.name_any(),
+            route.namespace().unwrap_or_default()
+        )),
+        ..Addressable::default()
+    }
+}
+
+/// `status.traffic`: the flattened targets with revision names, and each tag's URL.
+pub fn status_traffic(route: &Route, traffic: &Traffic, net: &NetworkConfig) -> Vec<TrafficTarget> {
+    traffic
+        .targets
+        .iter()
+        .map(|t| TrafficTarget {
+            tag: t.tag.clone(),
+            revision_name: Some(t.revision.clone()),
+            configuration_name: None,
+            latest_revision: t.latest_revision,
+            percent: t.percent,
+            url: t
+                .tag
+                .as_deref()
+                .map(|tag| group_hosts(route, Some(tag), net).url()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "resources_tests.rs"]
+mod tests;

@@ -1,0 +1,99 @@
+//! The route's status from the traffic and ingress outcomes.
+
+use super::*;
+use crate::controller::route::fixtures::*;
+use crate::knative::duck::Status;
+
+fn cond<'a>(s: &'a Status, t: &str) -> (ConditionStatus, Option<&'a str>) {
+    let c = s.condition(t).unwrap_or_else(|| panic!("no {t}"));
+    (c.status, c.reason.as_deref())
+}
+
+#[test]
+fn all_assigned_and_programmed_is_ready() {
+    let net = NetworkConfig::default();
+    let r = route("hello").to_revision("hello-00001", 100).build();
+    let t = traffic::resolve(
+        &r,
+        &refs(vec![], vec![revision("hello-00001").ready().build()]),
+    );
+    let st = compute_status(&r, &t, &Ingress::Programmed, &net, &now());
+    assert_eq!(st.status.observed_generation, Some(1));
+    assert_eq!(cond(&st.status, "Ready"), (ConditionStatus::True, None));
+    assert_eq!(
+        cond(&st.status, "CertificateProvisioned"),
+        (ConditionStatus::True, Some("TLSNotEnabled"))
+    );
+    assert_eq!(
+        st.fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    assert_eq!(
+        st.fields.traffic[0].revision_name.as_deref(),
+        Some("hello-00001")
+    );
+    assert_eq!(st.fields.traffic[0].percent, Some(100));
+}
+
+#[test]
+fn a_missing_revision_keeps_the_last_traffic_and_is_not_ready() {
+    let net = NetworkConfig::default();
+    let before = vec![crate::knative::TrafficTarget {
+        revision_name: Some("hello-00001".into()),
+        percent: Some(100),
+        ..Default::default()
+    }];
+    let r = route("hello")
+        .to_revision("nope-00009", 100)
+        .status_traffic(before.clone())
+        .build();
+    let t = traffic::resolve(&r, &refs(vec![], vec![]));
+    let st = compute_status(&r, &t, &Ingress::Unchanged, &net, &now());
+    assert_eq!(
+        cond(&st.status, "AllTrafficAssigned"),
+        (ConditionStatus::False, Some("RevisionMissing"))
+    );
+    assert_eq!(
+        cond(&st.status, "IngressReady"),
+        (ConditionStatus::Unknown, Some("IngressNotConfigured"))
+    );
+    assert_eq!(
+        cond(&st.status, "Ready"),
+        (ConditionStatus::False, Some("RevisionMissing"))
+    );
+    assert_eq!(st.fields.traffic, before);
+}
+
+#[test]
+fn not_owned_ingress_is_false_and_times_are_kept() {
+    let net = NetworkConfig::default();
+    let r = route("hello").to_revision("hello-00001", 100).build();
+    let refs = refs(vec![], vec![revision("hello-00001").ready().build()]);
+    let t = traffic::resolve(&r, &refs);
+    let st = compute_status(
+        &r,
+        &t,
+        &Ingress::NotOwned(
+            "There is an existing VirtualService \"hello-ingress\" that we do not own.".into(),
+        ),
+        &net,
+        &now(),
+    );
+    assert_eq!(
+        cond(&st.status, "IngressReady"),
+        (ConditionStatus::False, Some("NotOwned"))
+    );
+    assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::False);
+
+    // A second computation with the same outcome changes nothing (no status write).
+    let mut r2 = r.clone();
+    let ok = compute_status(&r, &t, &Ingress::Programmed, &net, &now());
+    r2.status = Some(ok.clone());
+    let later = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60),
+    );
+    assert_eq!(
+        compute_status(&r2, &t, &Ingress::Programmed, &net, &later),
+        ok
+    );
+}
