@@ -392,3 +392,25 @@ async fn single_catalog_changes_are_applied_on_their_own() {
         a_before.desired
     );
 }
+
+/// Knative's PodAutoscaler reachability: a revision no route uses any more (`routingState:
+/// reserve`, resolved into `reachable: false`) is no longer held up by its min-scale.
+#[tokio::test(start_paused = true)]
+async fn min_scale_stops_holding_a_revision_no_route_uses() {
+    let mut h = harness(
+        vec![revision("r", |s| s.min_scale = 2)],
+        MemoryPlatform::new(),
+        local(),
+    );
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    let replicas = h.run("r", 1000, 1200, |_| 0.0).await;
+    assert_eq!(replicas.last(), Some(&2), "reachable: min-scale holds 2");
+
+    h.catalog.upsert(revision("r", |s| {
+        s.min_scale = 2;
+        s.reachable = false;
+    }));
+    h.scaler.sync_catalog(clock::instant_of(1200)).await;
+    let replicas = h.run("r", 1200, 1400, |_| 0.0).await;
+    assert_eq!(replicas.last(), Some(&0), "unreachable: taken to zero");
+}

@@ -396,3 +396,32 @@ fn negative_fields_are_named() {
         ]
     );
 }
+
+/// The routing state the Route reconciler's labeler writes: `reserve` makes the revision
+/// unreachable for the autoscaler (min-scale no longer holds it), anything else reachable.
+#[test]
+fn a_reserve_routing_state_makes_the_revision_unreachable() {
+    let mut r = revision(
+        "rs-00001",
+        None,
+        "http1",
+        &[("autoscaling.knative.dev/min-scale", "2")],
+    );
+    for (state, reachable) in [
+        (None, true),
+        (Some("pending"), true),
+        (Some("active"), true),
+        (Some("reserve"), false),
+    ] {
+        let labels = r.metadata.labels.get_or_insert_default();
+        match state {
+            Some(s) => labels.insert("serving.knative.dev/routingState".into(), s.into()),
+            None => labels.remove("serving.knative.dev/routingState"),
+        };
+        let input = revision_input(&r).unwrap();
+        assert_eq!(input.unreachable, !reachable, "{state:?}");
+        let spec = resolve_revision(&input, &ConfigSet::default()).unwrap();
+        assert_eq!(spec.autoscaling.reachable, reachable, "{state:?}");
+        assert_eq!(spec.autoscaling.min_scale, 2);
+    }
+}

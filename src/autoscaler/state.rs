@@ -182,7 +182,7 @@ impl RevisionState {
         gauges.set_load(&spec, None, metrics);
         Self {
             decider: Decider::new(&spec, ready, now),
-            lifecycle: Lifecycle::new(&spec, true, now),
+            lifecycle: Lifecycle::new(&spec, spec.reachable, now),
             excess_burst_capacity: Decider::initial_excess_burst_capacity(&spec),
             panicking: ready > 1,
             spec,
@@ -315,7 +315,7 @@ impl RevisionState {
                 stable: o.stable,
                 panic: o.panic,
                 ready,
-                reachable: true,
+                reachable: spec.reachable,
             };
             let d = self.decider.decide(&spec, &obs, now);
             if d.panicking != self.panicking {
@@ -400,7 +400,7 @@ impl RevisionState {
         };
         Facts {
             ready,
-            reachable: true,
+            reachable: self.spec.reachable,
             activator_since,
             now,
         }

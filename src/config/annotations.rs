@@ -64,6 +64,11 @@ pub struct AutoscalingSpec {
     /// How long a replica may take to become ready (`serving.knative.dev/progress-deadline`,
     /// config-deployment's 600s by default).
     pub progress_deadline: Duration,
+    /// Some route may send it traffic (Knative's PodAutoscaler reachability is not
+    /// `Unreachable`): min-scale holds and scale-down is rate-limited. From the revision's
+    /// routing state ([`crate::config::revision::RevisionInput::unreachable`]), not an
+    /// annotation.
+    pub reachable: bool,
 }
 
 impl AutoscalingSpec {
@@ -101,6 +106,7 @@ impl Default for AutoscalingSpec {
             enable_scale_to_zero: true,
             activator_capacity: 100.0,
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
+            reachable: true,
         }
     }
 }
@@ -446,5 +452,6 @@ pub fn resolve(
         enable_scale_to_zero: config.enable_scale_to_zero,
         activator_capacity: config.activator_capacity,
         progress_deadline: progress_deadline.unwrap_or(DEFAULT_PROGRESS_DEADLINE),
+        reachable: true,
     })
 }

@@ -31,6 +31,10 @@ pub struct RevisionInput {
     pub annotations: BTreeMap<String, String>,
     /// Hosts that route straight to this revision.
     pub hosts: Vec<String>,
+    /// No route sends it traffic any more (its `serving.knative.dev/routingState` is
+    /// `reserve`): Knative's PodAutoscaler reachability `Unreachable`, so min-scale no longer
+    /// holds it up. `false` (reachable) for `pending`, `active` or no label.
+    pub unreachable: bool,
 }
 
 /// Merges `input` with `configs` (annotation over ConfigMap over default) and validates the
@@ -104,6 +108,10 @@ pub fn resolve_revision(
     let overrides = ActivatorOverrides::parse(&input.annotations, &configs.activator, total)
         .map_err(|e| p.extend(e.0))
         .ok();
+    let autoscaling = autoscaling.map(|mut a| {
+        a.reachable = !input.unreachable;
+        a
+    });
     let (Some(autoscaling), Some(overrides)) = (autoscaling, overrides) else {
         return Err(Problems(p));
     };

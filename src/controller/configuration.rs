@@ -119,6 +119,7 @@ pub fn template_problems(
         port_name: None,
         annotations: template.metadata.annotations.clone().unwrap_or_default(),
         hosts: Vec::new(),
+        unreachable: false,
     };
     let mut out: Vec<String> = match crate::config::revision::resolve_revision(&input, &configs) {
         Ok(_) => Vec::new(),

@@ -107,6 +107,8 @@ impl ServiceModel {
                 .and_then(local_config::port_name_of),
             annotations: local_config::annotations_of(&self.template),
             hosts: route_hosts(&rev, &self.namespace, domain),
+            // Local mode routes every revision it keeps.
+            unreachable: false,
         }
     }
 

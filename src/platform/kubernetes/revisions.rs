@@ -4,7 +4,8 @@
 //! Each Revision is turned into a [`RevisionInput`] ([`revision_input`]: containerConcurrency,
 //! the timeouts, the first container's first port name (`h2c` selects HTTP/2 upstream), the
 //! annotations, the service from the label `serving.knative.dev/service`, and the hosts
-//! `<rev>.<ns>`, `<rev>.<ns>.svc`, `<rev>.<ns>.svc.cluster.local`) and resolved against the live
+//! `<rev>.<ns>`, `<rev>.<ns>.svc`, `<rev>.<ns>.svc.cluster.local`, and whether its
+//! `serving.knative.dev/routingState` is `reserve`: unreachable) and resolved against the live
 //! ConfigMaps with the one resolver, [`resolve_revision`], that local mode uses too.
 //!
 //! - Added or changed: [`RevisionCatalog::upsert`] and [`KubePlatform::upsert`] (protocol, and
@@ -44,6 +45,10 @@ use crate::knative::Revision;
 use crate::knative::names::labels;
 use crate::revision::{RevisionCatalog, RevisionKey, RevisionSpec};
 use crate::telemetry::platform::{PlatformMetrics, RevisionLabels, WatchLabels};
+
+/// The routing state of a revision no route uses any more (the Route reconciler's labeler):
+/// the autoscaler treats it as unreachable.
+pub const ROUTING_STATE_RESERVE: &str = "reserve";
 
 /// The hosts that route straight to revision `name` in `namespace`: its cluster-local names.
 pub fn revision_hosts(namespace: &str, name: &str) -> Vec<String> {
@@ -99,6 +104,8 @@ pub fn revision_input(rev: &Revision) -> Result<RevisionInput, Problems> {
         .and_then(|c| c.ports.as_ref()?.first()?.name.clone());
     Ok(RevisionInput {
         hosts: revision_hosts(&namespace, &name),
+        unreachable: rev.labels().get(labels::ROUTING_STATE).map(String::as_str)
+            == Some(ROUTING_STATE_RESERVE),
         namespace,
         name,
         service: rev.labels().get(labels::SERVICE).cloned(),
