@@ -1,5 +1,5 @@
 //! Fixture builders for the route's unit tests: `revision("hello-00001").ready()`,
-//! `configuration("hello").latest_ready("hello-00001")`, `route("hello").to_config("hello", 100)`.
+//! `configuration("hello").latest_ready("hello-00001")`, `route("hello").with_config("hello", 100)`.
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort};
 use kube::api::ObjectMeta;
@@ -134,7 +134,7 @@ impl Rt {
         self
     }
     /// `configurationName: cfg`, `latestRevision: true`, `percent`.
-    pub fn to_config(self, cfg: &str, percent: i64) -> Self {
+    pub fn with_config(self, cfg: &str, percent: i64) -> Self {
         self.target(TrafficTarget {
             configuration_name: Some(cfg.into()),
             latest_revision: Some(true),
@@ -143,7 +143,7 @@ impl Rt {
         })
     }
     /// `revisionName: rev`, `percent`.
-    pub fn to_revision(self, rev: &str, percent: i64) -> Self {
+    pub fn with_revision(self, rev: &str, percent: i64) -> Self {
         self.target(TrafficTarget {
             revision_name: Some(rev.into()),
             percent: Some(percent),

@@ -290,9 +290,9 @@ mod tests {
             ],
         );
         let r = route("hello")
-            .to_config("hello", 50)
-            .to_revision("hello-00001", 50)
-            .to_revision("missing-00001", 0)
+            .with_config("hello", 50)
+            .with_revision("hello-00001", 50)
+            .with_revision("missing-00001", 0)
             .build();
         let status = vec![TrafficTarget {
             revision_name: Some("old-00001".into()),

@@ -12,8 +12,8 @@ fn ready_revs() -> Vec<Revision> {
 
 fn split_route() -> crate::knative::Route {
     route("hello")
-        .to_revision("hello-00001", 50)
-        .to_revision("hello-00002", 50)
+        .with_revision("hello-00001", 50)
+        .with_revision("hello-00002", 50)
         .tagged("candidate", "hello-00002", 0)
         .build()
 }
@@ -152,7 +152,7 @@ fn zero_percent_targets_get_no_destination_and_cluster_local_no_external_gateway
     let net = NetworkConfig::default();
     let r = route("hello")
         .label(VISIBILITY, CLUSTER_LOCAL)
-        .to_revision("hello-00001", 100)
+        .with_revision("hello-00001", 100)
         .tagged("old", "hello-00002", 0)
         .build();
     let t = resolve(&r, &refs(vec![], ready_revs())).unwrap();

@@ -12,7 +12,7 @@ fn cond<'a>(s: &'a Status, t: &str) -> (ConditionStatus, Option<&'a str>) {
 #[test]
 fn all_assigned_and_programmed_is_ready() {
     let net = NetworkConfig::default();
-    let r = route("hello").to_revision("hello-00001", 100).build();
+    let r = route("hello").with_revision("hello-00001", 100).build();
     let t = traffic::resolve(
         &r,
         &refs(vec![], vec![revision("hello-00001").ready().build()]),
@@ -44,7 +44,7 @@ fn a_missing_revision_keeps_the_last_traffic_and_is_not_ready() {
         ..Default::default()
     }];
     let r = route("hello")
-        .to_revision("nope-00009", 100)
+        .with_revision("nope-00009", 100)
         .status_traffic(before.clone())
         .build();
     let t = traffic::resolve(&r, &refs(vec![], vec![]));
@@ -67,7 +67,7 @@ fn a_missing_revision_keeps_the_last_traffic_and_is_not_ready() {
 #[test]
 fn not_owned_ingress_is_false_and_times_are_kept() {
     let net = NetworkConfig::default();
-    let r = route("hello").to_revision("hello-00001", 100).build();
+    let r = route("hello").with_revision("hello-00001", 100).build();
     let refs = refs(vec![], vec![revision("hello-00001").ready().build()]);
     let t = traffic::resolve(&r, &refs);
     let st = compute_status(

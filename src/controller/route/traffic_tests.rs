@@ -8,7 +8,7 @@ fn percents(t: &[RevisionTarget]) -> Vec<(String, Option<i64>)> {
 
 #[test]
 fn a_configuration_target_follows_its_latest_ready_revision() {
-    let r = route("hello").to_config("hello", 100).build();
+    let r = route("hello").with_config("hello", 100).build();
     let refs = refs(
         vec![
             configuration("hello")
@@ -78,8 +78,8 @@ fn a_services_route_without_configuration_name_uses_the_service() {
 #[test]
 fn a_split_a_merge_and_tags() {
     let r = route("hello")
-        .to_revision("hello-00001", 30)
-        .to_revision("hello-00001", 20)
+        .with_revision("hello-00001", 30)
+        .with_revision("hello-00001", 20)
         .tagged("candidate", "hello-00002", 50)
         .tagged("old", "hello-00001", 0)
         .build();
@@ -125,7 +125,7 @@ fn a_split_a_merge_and_tags() {
 
 #[test]
 fn missing_targets_are_false_with_knatives_reasons() {
-    let r = route("hello").to_revision("nope-00001", 100).build();
+    let r = route("hello").with_revision("nope-00001", 100).build();
     let e = resolve(&r, &refs(vec![], vec![])).unwrap_err();
     assert_eq!(
         e.condition(),
@@ -135,7 +135,7 @@ fn missing_targets_are_false_with_knatives_reasons() {
             "Revision \"nope-00001\" referenced in traffic not found.".into()
         )
     );
-    let r = route("hello").to_config("nope", 100).build();
+    let r = route("hello").with_config("nope", 100).build();
     let e = resolve(&r, &refs(vec![], vec![])).unwrap_err();
     assert_eq!(e.condition().0, ConditionStatus::False);
     assert_eq!(e.condition().1, "ConfigurationMissing");
@@ -144,7 +144,7 @@ fn missing_targets_are_false_with_knatives_reasons() {
 
 #[test]
 fn not_ready_is_unknown_and_failed_is_false() {
-    let r = route("hello").to_revision("hello-00001", 100).build();
+    let r = route("hello").with_revision("hello-00001", 100).build();
     let e = resolve(&r, &refs(vec![], vec![revision("hello-00001").build()])).unwrap_err();
     assert_eq!(e.condition().0, ConditionStatus::Unknown);
     assert_eq!(e.condition().1, "RevisionMissing");
@@ -163,7 +163,7 @@ fn not_ready_is_unknown_and_failed_is_false() {
         "Revision \"hello-00001\" failed to become ready."
     );
 
-    let r = route("hello").to_config("hello", 100).build();
+    let r = route("hello").with_config("hello", 100).build();
     let e = resolve(&r, &refs(vec![configuration("hello").build()], vec![])).unwrap_err();
     assert_eq!(
         e.condition(),
@@ -185,8 +185,8 @@ fn not_ready_is_unknown_and_failed_is_false() {
 #[test]
 fn a_failure_wins_over_an_earlier_wait() {
     let r = route("hello")
-        .to_revision("hello-00001", 50)
-        .to_revision("gone-00001", 50)
+        .with_revision("hello-00001", 50)
+        .with_revision("gone-00001", 50)
         .build();
     let e = resolve(&r, &refs(vec![], vec![revision("hello-00001").build()])).unwrap_err();
     assert_eq!(
@@ -198,8 +198,8 @@ fn a_failure_wins_over_an_earlier_wait() {
     );
     // Two waits: the first is kept.
     let r = route("hello")
-        .to_revision("a-00001", 50)
-        .to_revision("b-00001", 50)
+        .with_revision("a-00001", 50)
+        .with_revision("b-00001", 50)
         .build();
     let e = resolve(
         &r,
@@ -221,8 +221,8 @@ fn a_failure_wins_over_an_earlier_wait() {
 #[test]
 fn references_include_latest_created_and_status_revisions() {
     let r = route("hello")
-        .to_config("hello", 50)
-        .to_revision("hello-00001", 50)
+        .with_config("hello", 50)
+        .with_revision("hello-00001", 50)
         .status_traffic(vec![crate::knative::TrafficTarget {
             revision_name: Some("old-00003".into()),
             percent: Some(100),
