@@ -697,3 +697,66 @@ async fn measure_traffic_change_to_virtual_service() {
         samples[49], samples[89], samples[99]
     );
 }
+
+/// With every reconciler running: a Knative Service's Route is programmed and the Service
+/// goes Ready (RoutesReady follows the Route), with the Route's URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_route_is_programmed_and_the_service_goes_ready() {
+    let api = TestApi::start().await;
+    let client = api.client();
+    let ctx = Ctx::with_options(
+        client.clone(),
+        Settings::default(),
+        CtxOptions {
+            namespace: Some(NS.into()),
+            ..CtxOptions::default()
+        },
+    );
+    let task = tokio::spawn(thaw::roles::controller::run_controllers(ctx));
+    let run = Running {
+        _api: api,
+        client,
+        task,
+    };
+    let svc: thaw::knative::Service = serde_saphyr::from_str(
+        "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: hello\n  namespace: default\nspec:\n  template:\n    spec:\n      containers:\n        - image: ghcr.io/knative/helloworld-go:latest\n",
+    )
+    .unwrap();
+    let svcs = run.api::<thaw::knative::Service>();
+    svcs.create(&PostParams::default(), &svc).await.unwrap();
+    let revs = run.api::<Revision>();
+    wait_for(
+        "hello-00001",
+        || async { revs.get_opt("hello-00001").await.unwrap() },
+        Option::is_some,
+    )
+    .await;
+    mark_ready(&revs, "hello-00001").await;
+    let vs = vs_until(&run, "hello-ingress", |s| {
+        s.http.first().is_some_and(|h| !h.route.is_empty())
+    })
+    .await;
+    assert_eq!(weights(&vs.spec, "hello"), [("hello-00001".into(), 100)]);
+    let s = wait_for(
+        "the Service Ready",
+        || async { svcs.get("hello").await.unwrap() },
+        |s| {
+            s.status
+                .as_ref()
+                .is_some_and(|st| st.status.is_true("Ready"))
+        },
+    )
+    .await;
+    let st = s.status.unwrap();
+    assert!(st.status.is_true("RoutesReady"));
+    assert_eq!(
+        serde_json::to_value(&st).unwrap()["url"],
+        "http://hello.default.example.com"
+    );
+    wait_for(
+        "hello-00001 active",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("active"), Some("hello")),
+    )
+    .await;
+}
