@@ -223,3 +223,46 @@ fn exit_codes_are_documented_and_usage_errors_exit_2() {
     let (code, _, err) = thaw(&["simulate", "--trace", "/nonexistent.csv"]);
     assert_eq!(code, 1, "{err}");
 }
+
+#[test]
+fn shipped_network_configs_are_knatives_defaults() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-network.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["domain-template"], "{{.Name}}.{{.Namespace}}.{{.Domain}}");
+    assert_eq!(v["tag-template"], "{{.Tag}}-{{.Name}}");
+    assert_eq!(v["_non_default"], serde_json::json!([]));
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-istio.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["external-gateways"],
+        serde_json::json!(["knative-serving/knative-ingress-gateway"])
+    );
+    assert_eq!(v["_non_default"], serde_json::json!([]));
+    let (code, _, err) = thaw(&["config", "check", "config/config-domain.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    // A template with an action Knative's templates do not offer is named with its key.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        dir.path(),
+        "net.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-network}\ndata: {domain-template: \"{{.Name}}.{{.Foo}}\"}\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &bad]);
+    assert_eq!(code, 1);
+    assert!(err.contains("domain-template"), "{err}");
+    assert!(err.contains("unsupported template action"), "{err}");
+}

@@ -132,12 +132,15 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::defaults::NAME => check::<DefaultsConfig>(cm),
         super::activator::NAME => check::<ActivatorConfig>(cm),
         super::gc::NAME => check::<GcConfig>(cm),
+        super::network::DOMAIN_NAME => check::<super::network::DomainConfig>(cm),
+        super::network::NETWORK_NAME => check::<super::network::TemplateConfig>(cm),
+        super::network::ISTIO_NAME => check::<super::network::IstioConfig>(cm),
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
-                 config-gc)",
+                 config-gc, config-domain, config-network, config-istio)",
             )])),
             Vec::new(),
         ),

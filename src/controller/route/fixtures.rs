@@ -2,7 +2,7 @@
 //! `configuration("hello").latest_ready("hello-00001")`, `route("hello").with_config("hello", 100)`.
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort};
-use kube::api::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
