@@ -474,23 +474,93 @@ fn routes_where(
         .collect()
 }
 
+/// Passes on the objects of a reflector's event stream whose `relevant` hash changed (and
+/// every deletion): the autoscaler rewrites a Revision's status on each scale change, which
+/// changes nothing a route reads.
+fn relevant_changes<K>(
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    relevant: fn(&K) -> u64,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: Resource + Send,
+{
+    use futures::StreamExt;
+    let mut seen: std::collections::HashMap<(Option<String>, String), u64> =
+        std::collections::HashMap::new();
+    events.filter_map(move |ev| {
+        let out = match ev {
+            Err(e) => Some(Err(e)),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let key = (
+                    o.meta().namespace.clone(),
+                    o.meta().name.clone().unwrap_or_default(),
+                );
+                let h = relevant(&o);
+                (seen.insert(key, h) != Some(h)).then_some(Ok(o))
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen.remove(&(
+                    o.meta().namespace.clone(),
+                    o.meta().name.clone().unwrap_or_default(),
+                ));
+                Some(Ok(o))
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+        };
+        futures::future::ready(out)
+    })
+}
+
+fn hash_of(v: impl std::hash::Hash) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(v)
+}
+
+/// What a route reads of a Revision: its spec (generation), whether it is Ready, its owner.
+fn revision_relevance(r: &Revision) -> u64 {
+    hash_of((
+        r.metadata.generation,
+        r.status
+            .as_ref()
+            .and_then(|s| s.status.condition(condition::READY))
+            .map(|c| c.status as u8),
+        labeler::configuration_of(r),
+    ))
+}
+
+/// What a route reads of a Configuration: its latest ready and created revisions, Ready.
+fn configuration_relevance(c: &Configuration) -> u64 {
+    hash_of(c.status.as_ref().map(|s| {
+        (
+            s.fields.latest_ready_revision_name.clone(),
+            s.fields.latest_created_revision_name.clone(),
+            s.status.condition(condition::READY).map(|c| c.status as u8),
+        )
+    }))
+}
+
 /// The Route controller: owns VirtualServices and placeholder Services; follows Revisions and
-/// Configurations through reflectors whose stores the reconciles read.
+/// Configurations through reflectors whose stores the reconciles read; only changes a route
+/// reads re-queue routes.
 pub async fn controller(ctx: Arc<Ctx>) {
     let (revisions, rev_writer) = reflector::store::<Revision>();
-    let rev_stream = reflector::reflector(
-        rev_writer,
-        watcher(ctx.watched::<Revision>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects();
+    let rev_stream = relevant_changes(
+        reflector::reflector(
+            rev_writer,
+            watcher(ctx.watched::<Revision>(), watcher::Config::default()),
+        )
+        .default_backoff(),
+        revision_relevance,
+    );
     let (configurations, cfg_writer) = reflector::store::<Configuration>();
-    let cfg_stream = reflector::reflector(
-        cfg_writer,
-        watcher(ctx.watched::<Configuration>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects();
+    let cfg_stream = relevant_changes(
+        reflector::reflector(
+            cfg_writer,
+            watcher(ctx.watched::<Configuration>(), watcher::Config::default()),
+        )
+        .default_backoff(),
+        configuration_relevance,
+    );
     let controller = Controller::new(ctx.watched::<Route>(), watcher::Config::default())
         .owns(ctx.watched::<VirtualService>(), watcher::Config::default())
         .owns(

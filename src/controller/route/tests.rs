@@ -97,3 +97,33 @@ fn not_owned_ingress_is_false_and_times_are_kept() {
         ok
     );
 }
+
+#[test]
+fn only_changes_a_route_reads_re_queue_routes() {
+    use futures::StreamExt;
+    use kube::runtime::watcher::Event;
+    let pending = revision("hello-00001").build();
+    let mut scaled = pending.clone();
+    scaled.status.get_or_insert_default().actual_replicas = Some(3);
+    let ready = revision("hello-00001").ready().build();
+    let events = vec![
+        Ok(Event::Init),
+        Ok(Event::InitApply(pending.clone())),
+        Ok(Event::InitDone),
+        Ok(Event::Apply(scaled)),
+        Ok(Event::Apply(ready.clone())),
+        Ok(Event::Apply(ready.clone())),
+        Ok(Event::Delete(ready)),
+    ];
+    let passed: Vec<Revision> = futures::executor::block_on(
+        relevant_changes(futures::stream::iter(events), revision_relevance)
+            .map(Result::unwrap)
+            .collect(),
+    );
+    let ready_of = |r: &Revision| traffic::revision_ready(r);
+    assert_eq!(
+        passed.iter().map(ready_of).collect::<Vec<_>>(),
+        [false, true, true],
+        "the first sight, the turn to Ready, the deletion"
+    );
+}
