@@ -529,7 +529,9 @@ async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
     revs.patch(
         "hello-00001",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"labels": {labels::ROUTING_STATE: "active"}}})),
+        &Patch::Merge(
+            serde_json::json!({"metadata": {"labels": {labels::ROUTING_STATE: "active"}}}),
+        ),
     )
     .await
     .unwrap();
@@ -559,8 +561,19 @@ async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
         .await;
     }
     // Non-active: 00002 and 00003; max-non-active-revisions 1 keeps the more recent one.
-    wait_for("hello-00002 collected", || get(&revs, "hello-00002"), Option::is_none).await;
-    assert!(get(&revs, "hello-00001").await.is_some(), "the routed revision stays");
+    wait_for(
+        "hello-00002 collected",
+        || get(&revs, "hello-00002"),
+        Option::is_none,
+    )
+    .await;
+    assert!(
+        get(&revs, "hello-00001").await.is_some(),
+        "the routed revision stays"
+    );
     assert!(get(&revs, "hello-00003").await.is_some());
-    assert!(get(&revs, "hello-00004").await.is_some(), "the latest stays");
+    assert!(
+        get(&revs, "hello-00004").await.is_some(),
+        "the latest stays"
+    );
 }
