@@ -508,3 +508,77 @@ async fn a_seventy_character_name_keeps_every_child_name_and_label_within_63() {
         Some(&labels::value(&name))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
+    let ns = "default";
+    let settings = Settings {
+        gc: thaw::config::GcConfig {
+            retain_since_create_time: None,
+            retain_since_last_active_time: None,
+            min_non_active_revisions: 0,
+            max_non_active_revisions: Some(1),
+        },
+        ..Settings::default()
+    };
+    let run = start(ns, settings).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let revs: Api<Revision> = Api::namespaced(client.clone(), ns);
+    svcs.create(&PostParams::default(), &service(HELLO, ns))
+        .await
+        .unwrap();
+    wait_for("hello-00001", || get(&revs, "hello-00001"), Option::is_some).await;
+    // Playing the Route's labeler: the first revision stays routed (a tag pins it).
+    revs.patch(
+        "hello-00001",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"metadata": {"labels": {labels::ROUTING_STATE: "active"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    mark_ready(&revs, "hello-00001").await;
+    for g in 2..=4 {
+        let patch = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
+            "image": "ghcr.io/knative/helloworld-go:latest",
+            "ports": [{"containerPort": 8080}],
+            "env": [{"name": "TARGET", "value": format!("v{g}")}]
+        }]}}}});
+        svcs.patch("hello", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let name = format!("hello-{g:05}");
+        wait_for(&name, || get(&revs, &name), Option::is_some).await;
+        mark_ready(&revs, &name).await;
+        wait_for(
+            "latestReady",
+            || get(&cfgs, "hello"),
+            |c| {
+                c.as_ref()
+                    .and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.fields.latest_ready_revision_name.as_deref())
+                    == Some(name.as_str())
+            },
+        )
+        .await;
+    }
+    // Non-active: 00002 and 00003; max-non-active-revisions 1 keeps the more recent one.
+    wait_for(
+        "hello-00002 collected",
+        || get(&revs, "hello-00002"),
+        Option::is_none,
+    )
+    .await;
+    assert!(
+        get(&revs, "hello-00001").await.is_some(),
+        "the routed revision stays"
+    );
+    assert!(get(&revs, "hello-00003").await.is_some());
+    assert!(
+        get(&revs, "hello-00004").await.is_some(),
+        "the latest stays"
+    );
+}
