@@ -342,21 +342,16 @@ async fn label(
         false,
         &modified,
     );
+    let pp = PatchParams::default();
     let rev_api = ctx.api::<Revision>(ns);
     for (n, p) in rev_patches {
-        tolerate_gone(
-            rev_api
-                .patch_metadata(&n, &PatchParams::default(), &Patch::Merge(&p))
-                .await,
-        )?;
+        let sent = rev_api.patch_metadata(&n, &pp, &Patch::Merge(&p)).await;
+        tolerate_gone(sent)?;
     }
     let cfg_api = ctx.api::<Configuration>(ns);
     for (n, p) in cfg_patches {
-        tolerate_gone(
-            cfg_api
-                .patch_metadata(&n, &PatchParams::default(), &Patch::Merge(&p))
-                .await,
-        )?;
+        let sent = cfg_api.patch_metadata(&n, &pp, &Patch::Merge(&p)).await;
+        tolerate_gone(sent)?;
     }
     Ok(())
 }
