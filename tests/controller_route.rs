@@ -760,3 +760,28 @@ async fn a_services_route_is_programmed_and_the_service_goes_ready() {
     )
     .await;
 }
+
+/// A deleted Route is taken off the revisions it used: they go `reserve` (no finalizer needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_route_lets_go_of_its_revisions() {
+    let run = start().await;
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let revs = run.api::<Revision>();
+    wait_for(
+        "hello-00001 active",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("active"), Some("hello")),
+    )
+    .await;
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "hello-00001 reserve",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("reserve"), None),
+    )
+    .await;
+}

@@ -98,6 +98,11 @@ fn route_set(meta: &ObjectMeta) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The routes `meta`'s routes annotation lists.
+pub fn listed(meta: &ObjectMeta) -> BTreeSet<String> {
+    route_set(meta)
+}
+
 /// Whether `meta`'s routes annotation lists `route`.
 pub fn lists(meta: &ObjectMeta, route: &str) -> bool {
     route_set(meta).contains(route)

@@ -12,6 +12,9 @@
 //! 3. marks the revisions and configurations the route uses ([`labeler`]);
 //! 4. writes the status (url, address, traffic, conditions) when it changed.
 //!
+//! A deleted Route is taken off the revisions and configurations it marked (the labeler's
+//! cleanup, fed by the Route watch's deletions; its children go with it by owner reference).
+//!
 //! `IngressReady` is True once the VirtualService is written: nothing reports Istio's own
 //! progress back here (net-istio's prober is not reimplemented), so True means "programmed",
 //! not "serving at every gateway". `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets
@@ -32,6 +35,7 @@ mod fixtures;
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service as KubeService;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -312,7 +316,17 @@ async fn label(
     stores: &Stores,
 ) -> Result<(), Error> {
     let used = labeler::used(route, status_traffic, refs);
-    let name = route.name_any();
+    mark(ctx, ns, &route.name_any(), &used, stores).await
+}
+
+/// Sends the labeler's patches so that exactly `used` lists route `name` in `ns`.
+async fn mark(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    used: &labeler::Used,
+    stores: &Stores,
+) -> Result<(), Error> {
     let modified = now().0.to_string();
     let revs: Vec<Arc<Revision>> = stores
         .revisions
@@ -330,7 +344,7 @@ async fn label(
         revs.iter()
             .map(|r| (r.metadata.name.as_deref().unwrap_or(""), &r.metadata)),
         &used.revisions,
-        &name,
+        name,
         true,
         &modified,
     );
@@ -338,7 +352,7 @@ async fn label(
         cfgs.iter()
             .map(|c| (c.metadata.name.as_deref().unwrap_or(""), &c.metadata)),
         &used.configurations,
-        &name,
+        name,
         false,
         &modified,
     );
@@ -479,7 +493,6 @@ fn relevant_changes<K>(
 where
     K: Resource + Send,
 {
-    use futures::StreamExt;
     let mut seen: std::collections::HashMap<(Option<String>, String), u64> =
         std::collections::HashMap::new();
     events.filter_map(move |ev| {
@@ -534,6 +547,61 @@ fn configuration_relevance(c: &Configuration) -> u64 {
     }))
 }
 
+/// Takes deleted routes off the revisions and configurations that list them (Knative's labeler
+/// does it when the Route is finalized; thaw puts no finalizer on Routes): first every route
+/// the stores name that no longer exists (deleted while no replica led), then each deletion
+/// the Route watch reports. A failure is logged; the next deletion or restart sweeps again.
+async fn forget_deleted_routes(
+    ctx: Arc<Ctx>,
+    stores: Stores,
+    routes: Store<Route>,
+    mut deleted: tokio::sync::mpsc::Receiver<(String, String)>,
+) {
+    let ready = async {
+        stores.revisions.wait_until_ready().await?;
+        stores.configurations.wait_until_ready().await?;
+        routes.wait_until_ready().await
+    };
+    if ready.await.is_err() {
+        return;
+    }
+    let mut gone = std::collections::BTreeSet::new();
+    let metas = stores
+        .revisions
+        .state()
+        .into_iter()
+        .map(|r| r.metadata.clone())
+        .chain(
+            stores
+                .configurations
+                .state()
+                .into_iter()
+                .map(|c| c.metadata.clone()),
+        );
+    for meta in metas {
+        let ns = meta.namespace.clone().unwrap_or_default();
+        for route in labeler::listed(&meta) {
+            if routes.get(&ObjectRef::new(&route).within(&ns)).is_none() {
+                gone.insert((ns.clone(), route));
+            }
+        }
+    }
+    for (ns, name) in gone {
+        forget(&ctx, &stores, &ns, &name).await;
+    }
+    while let Some((ns, name)) = deleted.recv().await {
+        forget(&ctx, &stores, &ns, &name).await;
+    }
+}
+
+async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
+    match mark(ctx, ns, name, &labeler::Used::default(), stores).await {
+        Ok(()) => tracing::debug!(namespace = ns, route = name, "deleted route forgotten"),
+        Err(e) => tracing::warn!(namespace = ns, route = name, error = %e,
+            "could not take a deleted route off its revisions"),
+    }
+}
+
 /// The Route controller: owns VirtualServices and placeholder Services; follows Revisions and
 /// Configurations through reflectors whose stores the reconciles read; only changes a route
 /// reads re-queue routes.
@@ -556,14 +624,33 @@ pub async fn controller(ctx: Arc<Ctx>) {
         .default_backoff(),
         configuration_relevance,
     );
-    let controller = Controller::new(ctx.watched::<Route>(), watcher::Config::default())
+    // The Route watch feeds the controller and reports deletions to the labeler's cleanup
+    // (bounded: a deletion dropped when it is full is swept at the next start).
+    let (routes, route_writer) = reflector::store::<Route>();
+    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
+    let route_stream = reflector::reflector(
+        route_writer,
+        watcher(ctx.watched::<Route>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .inspect(move |ev| {
+        if let Ok(watcher::Event::Delete(r)) = ev
+            && deleted_tx
+                .try_send((r.namespace().unwrap_or_default(), r.name_any()))
+                .is_err()
+        {
+            tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
+        }
+    })
+    .applied_objects();
+    let controller = Controller::for_stream(route_stream, routes.clone())
         .owns(ctx.watched::<VirtualService>(), watcher::Config::default())
         .owns(
             ctx.watched::<KubeService>(),
             watcher::Config::default().labels(labels::ROUTE),
         );
-    let routes = controller.store();
     let routes2 = routes.clone();
+    let routes3 = routes.clone();
     let controller = controller
         .watches_stream(rev_stream, move |rev: Revision| {
             routes_where(&routes, rev.namespace(), |r| refers_to_revision(r, &rev))
@@ -577,10 +664,11 @@ pub async fn controller(ctx: Arc<Ctx>) {
         revisions,
         configurations,
     };
-    super::run(ctx.clone(), KIND, controller, move |route, ctx| {
+    let cleanup = forget_deleted_routes(ctx.clone(), stores.clone(), routes3, deleted_rx);
+    let run = super::run(ctx.clone(), KIND, controller, move |route, ctx| {
         reconcile(route, ctx, stores.clone())
-    })
-    .await;
+    });
+    tokio::join!(run, cleanup);
 }
 
 #[cfg(test)]
