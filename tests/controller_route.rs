@@ -113,40 +113,50 @@ async fn revision(run: &Running, name: &str, ready: bool) -> Revision {
     created
 }
 
-/// Plays the Revision reconciler: marks `name` Ready.
+/// Plays the Revision reconciler: marks `name` Ready (read, then replace; a conflict with
+/// the labeler's metadata patch is retried).
 async fn mark_ready(api: &Api<Revision>, name: &str) {
-    let mut r = api.get_status(name).await.unwrap();
-    let mut st = r.status.clone().unwrap_or_default();
-    st.status.set(
-        Condition::new(condition::READY, ConditionStatus::True),
-        &thaw::controller::now(),
-    );
-    r.status = Some(st);
-    api.replace_status(name, &PostParams::default(), &r)
-        .await
-        .unwrap();
+    loop {
+        let mut r = api.get_status(name).await.unwrap();
+        let mut st = r.status.clone().unwrap_or_default();
+        st.status.set(
+            Condition::new(condition::READY, ConditionStatus::True),
+            &thaw::controller::now(),
+        );
+        r.status = Some(st);
+        match api.replace_status(name, &PostParams::default(), &r).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
 }
 
-/// Plays the Configuration reconciler: sets latest created / latest ready.
+/// Plays the Configuration reconciler: sets latest created / latest ready (a conflict with
+/// the labeler's metadata patch is retried).
 async fn set_configuration(run: &Running, name: &str, created: &str, ready: Option<&str>) {
     let api = run.api::<Configuration>();
-    let mut c = match api.get_opt(name).await.unwrap() {
-        Some(c) => c,
-        None => api
-            .create(
-                &PostParams::default(),
-                &Configuration::new(name, ConfigurationSpec::default()),
-            )
-            .await
-            .unwrap(),
-    };
-    let mut st = c.status.clone().unwrap_or_default();
-    st.fields.latest_created_revision_name = Some(created.into());
-    st.fields.latest_ready_revision_name = ready.map(Into::into);
-    c.status = Some(st);
-    api.replace_status(name, &PostParams::default(), &c)
-        .await
-        .unwrap();
+    loop {
+        let mut c = match api.get_opt(name).await.unwrap() {
+            Some(c) => c,
+            None => api
+                .create(
+                    &PostParams::default(),
+                    &Configuration::new(name, ConfigurationSpec::default()),
+                )
+                .await
+                .unwrap(),
+        };
+        let mut st = c.status.clone().unwrap_or_default();
+        st.fields.latest_created_revision_name = Some(created.into());
+        st.fields.latest_ready_revision_name = ready.map(Into::into);
+        c.status = Some(st);
+        match api.replace_status(name, &PostParams::default(), &c).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
 }
 
 fn to_revision(rev: &str, percent: i64) -> TrafficTarget {
@@ -784,4 +794,63 @@ async fn a_deleted_route_lets_go_of_its_revisions() {
         |r| state(r) == (Some("reserve"), None),
     )
     .await;
+}
+
+/// 1,000 Routes, each to its own Ready revision, from nothing to Ready (VirtualService,
+/// placeholder Service, labeler, status); prints the wall time
+/// (`cargo test --test controller_route measure -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run it explicitly"]
+async fn measure_a_thousand_routes_to_ready() {
+    const N: usize = 1000;
+    let run = start().await;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let run = &run;
+            async move { revision(run, &format!("r{i}-00001"), true).await }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let started = tokio::time::Instant::now();
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let run = &run;
+            async move {
+                create_route(
+                    run,
+                    &format!("r{i}"),
+                    vec![to_revision(&format!("r{i}-00001"), 100)],
+                )
+                .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let created = started.elapsed();
+    let routes = run.api::<Route>();
+    loop {
+        let ready = routes
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|r| is_ready(&Some((*r).clone())))
+            .count();
+        if ready == N {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{ready} of {N} Ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "{N} Routes: created in {:.1} s, all Ready after {:.1} s",
+        created.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 }

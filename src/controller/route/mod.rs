@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service as KubeService;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -62,12 +62,32 @@ pub mod conditions {
     pub const CERTIFICATE_PROVISIONED: &str = "CertificateProvisioned";
 }
 
-/// The Revisions and Configurations the controller follows (one watch each), read by every
-/// reconcile.
+/// What the controller follows (one watch each), read by every reconcile: the Revisions and
+/// Configurations routes refer to, and the children (VirtualServices, and the Services
+/// labelled `serving.knative.dev/route`), so an unchanged child costs no API call.
 #[derive(Clone)]
 pub struct Stores {
     pub revisions: Store<Revision>,
     pub configurations: Store<Configuration>,
+    pub virtual_services: Store<VirtualService>,
+    pub placeholders: Store<KubeService>,
+}
+
+impl Stores {
+    /// Returns once every store has its first list (at once after that).
+    pub async fn wait_until_ready(&self) -> Result<(), Error> {
+        let dropped = |e: reflector::store::WriterDropped| Error::Other(e.to_string());
+        self.revisions.wait_until_ready().await.map_err(dropped)?;
+        self.configurations
+            .wait_until_ready()
+            .await
+            .map_err(dropped)?;
+        self.virtual_services
+            .wait_until_ready()
+            .await
+            .map_err(dropped)?;
+        self.placeholders.wait_until_ready().await.map_err(dropped)
+    }
 }
 
 /// What the status says about the ingress, from the writes of this reconcile.
@@ -193,12 +213,15 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
 }
 
 /// Applies `desired` (server-side, ours) unless an object of its name exists that is not the
-/// route's; a child equal to what is wanted is not written again. Returns the NotOwned
-/// message when it is someone else's.
+/// route's; a child equal to what is wanted is not written again. `cached`: the child as the
+/// controller's store holds it (when absent there, the server is asked: the store may lag, or
+/// not follow someone else's object of that name). Returns the NotOwned message when it is
+/// someone else's.
 async fn apply_owned<K>(
     ctx: &Ctx,
     route: &Route,
     desired: &K,
+    cached: Option<Arc<K>>,
     same: impl Fn(&K, &K) -> bool,
 ) -> Result<Option<String>, Error>
 where
@@ -211,7 +234,11 @@ where
     let ns = route.namespace().unwrap_or_default();
     let name = desired.name_any();
     let api = ctx.api::<K>(&ns);
-    if let Some(existing) = api.get_opt(&name).await? {
+    let existing = match cached {
+        Some(c) => Some((*c).clone()),
+        None => api.get_opt(&name).await?,
+    };
+    if let Some(existing) = existing {
         if !is_owned_by(existing.meta(), route) {
             return Ok(Some(format!(
                 "There is an existing {} {name:?} that we do not own.",
@@ -274,16 +301,23 @@ async fn program(
     traffic: &Traffic,
     net: &NetworkConfig,
     default_timeout: u64,
+    stores: &Stores,
 ) -> Result<Ingress, Error> {
     let ns = route.namespace().unwrap_or_default();
     let placeholders = resources::placeholder_services(route, traffic, net);
     for svc in &placeholders {
-        if let Some(msg) = apply_owned(ctx, route, svc, same_placeholder).await? {
+        let cached = stores
+            .placeholders
+            .get(&ObjectRef::new(&svc.name_any()).within(&ns));
+        if let Some(msg) = apply_owned(ctx, route, svc, cached, same_placeholder).await? {
             return Ok(Ingress::NotOwned(msg));
         }
     }
     let vs = resources::virtual_service(route, traffic, net, default_timeout);
-    if let Some(msg) = apply_owned(ctx, route, &vs, |e: &VirtualService, d| {
+    let cached = stores
+        .virtual_services
+        .get(&ObjectRef::new(&vs.name_any()).within(&ns));
+    if let Some(msg) = apply_owned(ctx, route, &vs, cached, |e: &VirtualService, d| {
         e.spec == d.spec && same_labels(e, d)
     })
     .await?
@@ -292,15 +326,17 @@ async fn program(
     }
     // Placeholders of tags no longer named (ours only).
     let api = ctx.api::<KubeService>(&ns);
-    let selector = format!("{}={}", labels::ROUTE, labels::value(&route.name_any()));
-    for old in api.list(&ListParams::default().labels(&selector)).await? {
+    let stale = stores.placeholders.state_filter(|s| {
+        s.namespace().as_deref() == Some(ns.as_str())
+            && is_owned_by(&s.metadata, route)
+            && !placeholders.iter().any(|p| p.name_any() == s.name_any())
+    });
+    for old in stale {
         let name = old.name_any();
-        if is_owned_by(&old.metadata, route) && !placeholders.iter().any(|p| p.name_any() == name) {
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(Ingress::Programmed)
@@ -382,16 +418,7 @@ fn tolerate_gone<T>(r: Result<T, kube::Error>) -> Result<(), Error> {
 /// Reconciles one Route (see the module docs).
 pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Result<Action, Error> {
     // The first reconciles may come before the stores' first list: wait for it (once).
-    stores
-        .revisions
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Other(e.to_string()))?;
-    stores
-        .configurations
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Other(e.to_string()))?;
+    stores.wait_until_ready().await?;
     let ns = route.namespace().unwrap_or_default();
     let name = route.name_any();
     let settings = ctx.settings();
@@ -403,7 +430,7 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
             let timeout = super::defaults_for(&settings, &ns)
                 .revision_timeout
                 .as_secs();
-            program(&ctx, &route, t, net, timeout).await?
+            program(&ctx, &route, t, net, timeout, &stores).await?
         }
         Err(_) => Ingress::Unchanged,
     };
@@ -557,12 +584,7 @@ async fn forget_deleted_routes(
     routes: Store<Route>,
     mut deleted: tokio::sync::mpsc::Receiver<(String, String)>,
 ) {
-    let ready = async {
-        stores.revisions.wait_until_ready().await?;
-        stores.configurations.wait_until_ready().await?;
-        routes.wait_until_ready().await
-    };
-    if ready.await.is_err() {
+    if stores.wait_until_ready().await.is_err() || routes.wait_until_ready().await.is_err() {
         return;
     }
     let mut gone = std::collections::BTreeSet::new();
@@ -643,12 +665,26 @@ pub async fn controller(ctx: Arc<Ctx>) {
         }
     })
     .applied_objects();
-    let controller = Controller::for_stream(route_stream, routes.clone())
-        .owns(ctx.watched::<VirtualService>(), watcher::Config::default())
-        .owns(
+    let (virtual_services, vs_writer) = reflector::store::<VirtualService>();
+    let vs_stream = reflector::reflector(
+        vs_writer,
+        watcher(ctx.watched::<VirtualService>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (placeholders, svc_writer) = reflector::store::<KubeService>();
+    let svc_stream = reflector::reflector(
+        svc_writer,
+        watcher(
             ctx.watched::<KubeService>(),
             watcher::Config::default().labels(labels::ROUTE),
-        );
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::for_stream(route_stream, routes.clone())
+        .owns_stream(vs_stream)
+        .owns_stream(svc_stream);
     let routes2 = routes.clone();
     let routes3 = routes.clone();
     let controller = controller
@@ -663,6 +699,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let stores = Stores {
         revisions,
         configurations,
+        virtual_services,
+        placeholders,
     };
     let cleanup = forget_deleted_routes(ctx.clone(), stores.clone(), routes3, deleted_rx);
     let run = super::run(ctx.clone(), KIND, controller, move |route, ctx| {
