@@ -551,7 +551,9 @@ fn hash_of(v: impl std::hash::Hash) -> u64 {
     BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(v)
 }
 
-/// What a route reads of a Revision: its spec (generation), whether it is Ready, its owner.
+/// What a route reads of a Revision: its spec (generation), whether it is Ready, its owner,
+/// and what the labeler wrote (so a labeler patch the store had not seen yet when a route was
+/// reconciled re-queues the routes it names, which then see it).
 fn revision_relevance(r: &Revision) -> u64 {
     hash_of((
         r.metadata.generation,
@@ -560,18 +562,24 @@ fn revision_relevance(r: &Revision) -> u64 {
             .and_then(|s| s.status.condition(condition::READY))
             .map(|c| c.status as u8),
         labeler::configuration_of(r),
+        labeler::listed(&r.metadata),
+        r.labels().get(labels::ROUTING_STATE),
     ))
 }
 
-/// What a route reads of a Configuration: its latest ready and created revisions, Ready.
+/// What a route reads of a Configuration: its latest ready and created revisions, Ready, and
+/// the routes the labeler listed on it.
 fn configuration_relevance(c: &Configuration) -> u64 {
-    hash_of(c.status.as_ref().map(|s| {
-        (
-            s.fields.latest_ready_revision_name.clone(),
-            s.fields.latest_created_revision_name.clone(),
-            s.status.condition(condition::READY).map(|c| c.status as u8),
-        )
-    }))
+    hash_of((
+        c.status.as_ref().map(|s| {
+            (
+                s.fields.latest_ready_revision_name.clone(),
+                s.fields.latest_created_revision_name.clone(),
+                s.status.condition(condition::READY).map(|c| c.status as u8),
+            )
+        }),
+        labeler::listed(&c.metadata),
+    ))
 }
 
 /// Takes deleted routes off the revisions and configurations that list them (Knative's labeler
