@@ -108,22 +108,27 @@ fn cond<'a>(s: &'a thaw::knative::duck::Status, t: &str) -> Option<&'a Condition
 
 /// Plays the Revision reconciler's and kubelet's part: marks a revision Ready.
 async fn mark_ready(revs: &Api<Revision>, name: &str) {
-    let mut r = revs.get_status(name).await.expect("revision");
-    let mut st = r.status.clone().unwrap_or_default();
-    let now = thaw::controller::now();
-    for t in [
-        condition::RESOURCES_AVAILABLE,
-        condition::CONTAINER_HEALTHY,
-        condition::READY,
-    ] {
-        st.status
-            .set(Condition::new(t, ConditionStatus::True), &now);
+    // Read, then replace; a conflict with the Route's labeler (a metadata patch) is retried.
+    loop {
+        let mut r = revs.get_status(name).await.expect("revision");
+        let mut st = r.status.clone().unwrap_or_default();
+        let now = thaw::controller::now();
+        for t in [
+            condition::RESOURCES_AVAILABLE,
+            condition::CONTAINER_HEALTHY,
+            condition::READY,
+        ] {
+            st.status
+                .set(Condition::new(t, ConditionStatus::True), &now);
+        }
+        st.status.observed_generation = r.metadata.generation;
+        r.status = Some(st);
+        match revs.replace_status(name, &PostParams::default(), &r).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("revision status: {e}"),
+        }
     }
-    st.status.observed_generation = r.metadata.generation;
-    r.status = Some(st);
-    revs.replace_status(name, &PostParams::default(), &r)
-        .await
-        .expect("revision status");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -530,17 +535,26 @@ async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
         .await
         .unwrap();
     wait_for("hello-00001", || get(&revs, "hello-00001"), Option::is_some).await;
-    // Playing the Route's labeler: the first revision stays routed (a tag pins it).
-    revs.patch(
-        "hello-00001",
-        &PatchParams::default(),
-        &Patch::Merge(
-            serde_json::json!({"metadata": {"labels": {labels::ROUTING_STATE: "active"}}}),
-        ),
-    )
-    .await
-    .unwrap();
+    // The first revision stays routed: a tag pins it, and the Route's labeler marks it.
+    let pin = serde_json::json!({"spec": {"traffic": [
+        {"latestRevision": true, "percent": 100},
+        {"tag": "old", "revisionName": "hello-00001", "percent": 0},
+    ]}});
+    svcs.patch("hello", &PatchParams::default(), &Patch::Merge(&pin))
+        .await
+        .unwrap();
     mark_ready(&revs, "hello-00001").await;
+    wait_for(
+        "hello-00001 routed",
+        || get(&revs, "hello-00001"),
+        |r| {
+            r.as_ref()
+                .and_then(|r| r.labels().get(labels::ROUTING_STATE).cloned())
+                .as_deref()
+                == Some("active")
+        },
+    )
+    .await;
     for g in 2..=4 {
         let patch = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
             "image": "ghcr.io/knative/helloworld-go:latest",
