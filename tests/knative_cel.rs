@@ -198,13 +198,18 @@ async fn cluster_with_crds() -> kube::Client {
         let name = crd.metadata.name.unwrap();
         loop {
             let c = crds.get(&name).await.unwrap();
-            let established = c.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(
-                |c| c.type_ == "Established" && c.status == "True",
-            );
+            let established = c
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Established" && c.status == "True");
             if established {
                 break;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{name} not Established");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} not Established"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     }
@@ -222,7 +227,10 @@ async fn dry_run_create(client: &kube::Client, obj: Value) -> Result<(), String>
         dry_run: true,
         ..PostParams::default()
     };
-    api.create(&pp, &obj).await.map(|_| ()).map_err(|e| e.to_string())
+    api.create(&pp, &obj)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn service(traffic: Value, template_spec: Value) -> Value {

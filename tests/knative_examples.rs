@@ -118,7 +118,11 @@ fn every_knative_example_is_valid_and_round_trips_whole() {
             "Route" => check::<Route>(&doc, validate::route),
             other => panic!("{file}: no typed struct for {other}"),
         };
-        assert!(lost.is_empty(), "{file} {k}: the round trip lost\n{}", lost.join("\n"));
+        assert!(
+            lost.is_empty(),
+            "{file} {k}: the round trip lost\n{}",
+            lost.join("\n")
+        );
         checked.push(format!("{file} {k}"));
     }
     for want in [
@@ -126,7 +130,10 @@ fn every_knative_example_is_valid_and_round_trips_whole() {
         "knative/traffic-split.yaml Service",
         "knative/tagged-revision.yaml Route",
     ] {
-        assert!(checked.iter().any(|c| c == want), "{want} not checked: {checked:?}");
+        assert!(
+            checked.iter().any(|c| c == want),
+            "{want} not checked: {checked:?}"
+        );
     }
 }
 
@@ -160,13 +167,19 @@ fn the_helloworld_service_has_what_the_issue_names_and_keeps_every_container_fie
     // The typed pod spec is what the Deployment gets: it holds them too.
     let pod = serde_json::to_value(&svc.spec.configuration.template.spec.pod_spec).unwrap();
     for (field, value) in written {
-        for (what, got) in [("round trip", &kept[field]), ("pod spec", &pod["containers"][0][field])] {
+        for (what, got) in [
+            ("round trip", &kept[field]),
+            ("pod spec", &pod["containers"][0][field]),
+        ] {
             let mut out = Vec::new();
             lost(value, got, &format!("containers[0].{field}"), &mut out);
             assert!(out.is_empty(), "{what}: {out:?}");
         }
     }
-    assert_eq!(kept["env"], json!([{"name": "TARGET", "value": "Go Sample v1"}]));
+    assert_eq!(
+        kept["env"],
+        json!([{"name": "TARGET", "value": "Go Sample v1"}])
+    );
 }
 
 #[test]

@@ -147,17 +147,23 @@ fn a_target_names_exactly_one_of_revision_and_configuration() {
     );
     // In a Service the configuration is its own: naming one is not allowed.
     assert_eq!(
-        svc(edit(|v| v["spec"]["traffic"][1]["configurationName"] = json!("other"))),
+        svc(edit(
+            |v| v["spec"]["traffic"][1]["configurationName"] = json!("other")
+        )),
         "must not set the field(s): spec.traffic[1].configurationName"
     );
     // latestRevision must agree with revisionName.
     assert_eq!(
-        svc(edit(|v| v["spec"]["traffic"][0]["latestRevision"] = json!(true))),
+        svc(edit(
+            |v| v["spec"]["traffic"][0]["latestRevision"] = json!(true)
+        )),
         "may not set revisionName \"hello-world\" when latestRevision is true: \
          spec.traffic[0].latestRevision"
     );
     assert_eq!(
-        svc(edit(|v| v["spec"]["traffic"][1]["latestRevision"] = json!(false))),
+        svc(edit(
+            |v| v["spec"]["traffic"][1]["latestRevision"] = json!(false)
+        )),
         "may not set revisionName \"\" when latestRevision is false: \
          spec.traffic[1].latestRevision"
     );
@@ -184,7 +190,9 @@ fn tags_are_unique_dns_1035_labels() {
         "{out}"
     );
     assert!(out.ends_with(": spec.traffic[1].tag"), "{out}");
-    let out = svc(edit(|v| v["spec"]["traffic"][1]["tag"] = json!("x".repeat(64))));
+    let out = svc(edit(|v| {
+        v["spec"]["traffic"][1]["tag"] = json!("x".repeat(64))
+    }));
     assert!(out.contains("must be no more than 63 characters"), "{out}");
 }
 
@@ -272,7 +280,10 @@ fn the_namespace_section_of_config_defaults_applies() {
             &d,
         ))
     };
-    assert_eq!(in_ns("default", 50, 700), "expected 0 <= 700 <= 600: spec.template.spec.timeoutSeconds");
+    assert_eq!(
+        in_ns("default", 50, 700),
+        "expected 0 <= 700 <= 600: spec.template.spec.timeoutSeconds"
+    );
     assert_eq!(
         in_ns("team-a", 50, 700),
         "expected 0 <= 50 <= 20: spec.template.spec.containerConcurrency"
@@ -284,7 +295,9 @@ fn the_namespace_section_of_config_defaults_applies() {
 fn timeouts_within_max_revision_timeout() {
     let set = |field: &str, t: i64| {
         let field = field.to_string();
-        svc(edit(move |v| v["spec"]["template"]["spec"][&field] = json!(t)))
+        svc(edit(move |v| {
+            v["spec"]["template"]["spec"][&field] = json!(t)
+        }))
     };
     assert_eq!(
         set("timeoutSeconds", 601),
@@ -309,7 +322,9 @@ fn timeouts_within_max_revision_timeout() {
 #[test]
 fn containers_are_required_and_one_port_serves() {
     assert_eq!(
-        svc(edit(|v| v["spec"]["template"]["spec"]["containers"] = json!([]))),
+        svc(edit(
+            |v| v["spec"]["template"]["spec"]["containers"] = json!([])
+        )),
         "missing field(s): spec.template.spec.containers"
     );
     assert_eq!(
@@ -335,7 +350,10 @@ fn containers_are_required_and_one_port_serves() {
             .unwrap()
             .push(sidecar.clone());
     }));
-    assert_eq!(out, "missing field(s): spec.template.spec.containers[*].ports");
+    assert_eq!(
+        out,
+        "missing field(s): spec.template.spec.containers[*].ports"
+    );
     let out = svc(edit(|v| {
         container(v)["name"] = json!("user");
         let mut s = sidecar.clone();
@@ -345,7 +363,10 @@ fn containers_are_required_and_one_port_serves() {
             .unwrap()
             .push(s);
     }));
-    assert!(out.starts_with("more than one container port is set"), "{out}");
+    assert!(
+        out.starts_with("more than one container port is set"),
+        "{out}"
+    );
     let ok = svc(edit(|v| {
         container(v)["name"] = json!("user");
         v["spec"]["template"]["spec"]["containers"]
@@ -383,7 +404,9 @@ fn the_sidecars_ports_are_reserved() {
         assert!(validate::RESERVED_PORTS.contains(&i32::from(p)), "{p}");
     }
     for &port in validate::RESERVED_PORTS {
-        let out = svc(edit(|v| container(v)["ports"][0]["containerPort"] = json!(port)));
+        let out = svc(edit(|v| {
+            container(v)["ports"][0]["containerPort"] = json!(port)
+        }));
         assert_eq!(
             out,
             format!(
@@ -394,7 +417,9 @@ fn the_sidecars_ports_are_reserved() {
         );
     }
     assert_eq!(
-        svc(edit(|v| container(v)["ports"][0]["containerPort"] = json!(70000))),
+        svc(edit(
+            |v| container(v)["ports"][0]["containerPort"] = json!(70000)
+        )),
         "expected 0 <= 70000 <= 65535: spec.template.spec.containers[0].ports.containerPort"
     );
     assert_eq!(
@@ -406,7 +431,10 @@ fn the_sidecars_ports_are_reserved() {
         svc(edit(|v| container(v)["ports"][0]["protocol"] = json!("UDP"))),
         "invalid value: UDP: spec.template.spec.containers[0].ports.protocol"
     );
-    assert_eq!(svc(edit(|v| container(v)["ports"][0]["name"] = json!("h2c"))), "");
+    assert_eq!(
+        svc(edit(|v| container(v)["ports"][0]["name"] = json!("h2c"))),
+        ""
+    );
 }
 
 #[test]
@@ -455,9 +483,18 @@ fn volumes_and_reserved_mount_paths() {
     };
     let cfg = json!([{"name": "cfg", "configMap": {"name": "c"}}]);
     for path in ["/", "/dev", "/dev/log", "/dev/log/", "/dev/./log"] {
-        let clean = if path == "/" { "/" } else if path.starts_with("/dev/") { "/dev/log" } else { "/dev" };
+        let clean = if path == "/" {
+            "/"
+        } else if path.starts_with("/dev/") {
+            "/dev/log"
+        } else {
+            "/dev"
+        };
         assert_eq!(
-            with(json!([{"name": "cfg", "mountPath": path, "readOnly": true}]), cfg.clone()),
+            with(
+                json!([{"name": "cfg", "mountPath": path, "readOnly": true}]),
+                cfg.clone()
+            ),
             format!(
                 "mountPath \"{clean}\" is a reserved path: \
                  spec.template.spec.containers[0].volumeMounts[0].mountPath"
@@ -473,12 +510,18 @@ fn volumes_and_reserved_mount_paths() {
         ""
     );
     assert_eq!(
-        with(json!([{"name": "cfg", "mountPath": "/etc/cfg"}]), cfg.clone()),
+        with(
+            json!([{"name": "cfg", "mountPath": "/etc/cfg"}]),
+            cfg.clone()
+        ),
         "volume mount should be readOnly for this type of volume: \
          spec.template.spec.containers[0].volumeMounts[0].readOnly"
     );
     assert_eq!(
-        with(json!([{"name": "nope", "mountPath": "/etc/cfg", "readOnly": true}]), cfg.clone()),
+        with(
+            json!([{"name": "nope", "mountPath": "/etc/cfg", "readOnly": true}]),
+            cfg.clone()
+        ),
         "volume with name \"cfg\" not mounted: spec.template.spec.volumes[0].name\n\
          volumeMount has no matching volume: spec.template.spec.containers[0].volumeMounts[0].name"
     );
@@ -511,7 +554,10 @@ fn probes_have_one_handler_on_the_serving_port() {
         "failureThreshold is disallowed when periodSeconds is zero: \
          spec.template.spec.containers[0].readinessProbe.failureThreshold"
     );
-    assert_eq!(probe(json!({"tcpSocket": {}, "periodSeconds": 5, "failureThreshold": 3})), "");
+    assert_eq!(
+        probe(json!({"tcpSocket": {}, "periodSeconds": 5, "failureThreshold": 3})),
+        ""
+    );
 }
 
 #[test]
@@ -532,7 +578,9 @@ fn autoscaling_annotations_use_the_data_planes_parser() {
         "{out}"
     );
     assert!(
-        lines.contains(&"invalid value: 3s: spec.template.metadata.annotations.autoscaling.knative.dev/window"),
+        lines.contains(
+            &"invalid value: 3s: spec.template.metadata.annotations.autoscaling.knative.dev/window"
+        ),
         "{out}"
     );
     // The reason (the parser's) is the detail line.
@@ -564,8 +612,8 @@ fn autoscaling_annotations_use_the_data_planes_parser() {
     );
     assert_eq!(
         svc(edit(|v| {
-            v["spec"]["template"]["metadata"]["annotations"]
-                ["queue.sidecar.serving.knative.dev/resource-percentage"] = json!("200")
+            v["spec"]["template"]["metadata"]["annotations"]["queue.sidecar.serving.knative.dev/resource-percentage"] =
+                json!("200")
         })),
         "expected 0.1 <= 200 <= 100: spec.template.metadata.annotations.queue.sidecar.serving.knative.dev/resource-percentage"
     );
@@ -574,15 +622,22 @@ fn autoscaling_annotations_use_the_data_planes_parser() {
 #[test]
 fn labels_as_knative() {
     assert_eq!(
-        svc(edit(|v| v["metadata"]["labels"] = json!({"networking.knative.dev/visibility": "public"}))),
+        svc(edit(
+            |v| v["metadata"]["labels"] = json!({"networking.knative.dev/visibility": "public"})
+        )),
         "invalid value: public: metadata.labels.networking.knative.dev/visibility"
     );
     assert_eq!(
-        svc(edit(|v| v["metadata"]["labels"] = json!({"networking.knative.dev/visibility": "cluster-local"}))),
+        svc(edit(
+            |v| v["metadata"]["labels"] =
+                json!({"networking.knative.dev/visibility": "cluster-local"})
+        )),
         ""
     );
     assert_eq!(
-        svc(edit(|v| v["metadata"]["labels"] = json!({"serving.knative.dev/route": "x"}))),
+        svc(edit(
+            |v| v["metadata"]["labels"] = json!({"serving.knative.dev/route": "x"})
+        )),
         "invalid key name \"serving.knative.dev/route\": metadata.labels"
     );
     // A Route claiming a Service it is not owned by.
@@ -633,7 +688,10 @@ fn reasons_and_messages_for_the_conditions() {
          spec.template.spec.containerConcurrency."
     );
     let traffic = service_errors(edit(|v| v["spec"]["traffic"][0]["percent"] = json!(90)));
-    assert_eq!(reason::for_service(&traffic), ("RoutesReady", "InvalidSpec"));
+    assert_eq!(
+        reason::for_service(&traffic),
+        ("RoutesReady", "InvalidSpec")
+    );
     // Display: one FieldError as one Knative line.
     assert_eq!(
         traffic[0].to_string(),

@@ -286,7 +286,9 @@ impl ConfigMap for DefaultsConfig {
 /// The key of the per-namespace sections.
 pub const NAMESPACE_DEFAULTS: &str = "namespace-defaults";
 
-fn parse_with_namespaces(data: &BTreeMap<String, String>) -> Result<Parsed<DefaultsConfig>, Problems> {
+fn parse_with_namespaces(
+    data: &BTreeMap<String, String>,
+) -> Result<Parsed<DefaultsConfig>, Problems> {
     let mut flat = data.clone();
     let raw = flat.remove(NAMESPACE_DEFAULTS);
     let cluster = keys::parse_data(KEYS, INERT, &flat, validate);
@@ -318,7 +320,13 @@ fn parse_with_namespaces(data: &BTreeMap<String, String>) -> Result<Parsed<Defau
         }
         match keys::parse_data(KEYS, INERT, &merged, validate) {
             Ok(p) if section_ok => {
-                namespaces.insert(ns, NamespaceDefaults { config: p.config, given });
+                namespaces.insert(
+                    ns,
+                    NamespaceDefaults {
+                        config: p.config,
+                        given,
+                    },
+                );
             }
             Ok(_) => {}
             Err(ps) => {
@@ -327,7 +335,10 @@ fn parse_with_namespaces(data: &BTreeMap<String, String>) -> Result<Parsed<Defau
                     if !given.contains_key(&p.key) && cluster_problems.contains(&p) {
                         continue;
                     }
-                    problems.push(Problem { key: at(&p.key), ..p });
+                    problems.push(Problem {
+                        key: at(&p.key),
+                        ..p
+                    });
                 }
             }
         }
@@ -398,7 +409,11 @@ fn parse_sections(
             Value::Null => serde_json::Map::new(),
             Value::Object(m) => m,
             other => {
-                problems.push(Problem::new(&at, other.to_string(), "must be a map of key to value"));
+                problems.push(Problem::new(
+                    &at,
+                    other.to_string(),
+                    "must be a map of key to value",
+                ));
                 continue;
             }
         };

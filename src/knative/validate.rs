@@ -135,10 +135,7 @@ pub mod reason {
 /// Knative's Configuration message when a revision cannot be created:
 /// `Revision creation failed with message: {render(errors)}.`
 pub fn revision_creation_failed(errors: &[FieldError]) -> String {
-    format!(
-        "Revision creation failed with message: {}.",
-        render(errors)
-    )
+    format!("Revision creation failed with message: {}.", render(errors))
 }
 
 /// The ports of the queue sidecar a user container may not use: Knative's reserved set
@@ -436,12 +433,20 @@ fn template(
         e,
     );
     // Knative's validateRevisionName.
-    if let Some(generate) = t.metadata.generate_name.as_deref().filter(|g| !g.is_empty()) {
+    if let Some(generate) = t
+        .metadata
+        .generate_name
+        .as_deref()
+        .filter(|g| !g.is_empty())
+    {
         let msgs = dns1035_label_errors(&format!("{generate}a"));
         if !msgs.is_empty() {
             e.push(FieldError::new(
                 format!("{at}.metadata.generateName"),
-                format!("invalid value: not a DNS 1035 label prefix: {}", go_list(&msgs)),
+                format!(
+                    "invalid value: not a DNS 1035 label prefix: {}",
+                    go_list(&msgs)
+                ),
             ));
         }
     }
@@ -456,7 +461,10 @@ fn template(
                 format!("invalid value: not a DNS 1035 label: {}", go_list(&msgs)),
             ));
         } else if parent_name.is_empty()
-            && parent.generate_name.as_deref().is_some_and(|g| !g.is_empty())
+            && parent
+                .generate_name
+                .as_deref()
+                .is_some_and(|g| !g.is_empty())
         {
             e.push(FieldError::new(path, "must not set the field(s)"));
         } else if !name.starts_with(&prefix) {
@@ -487,8 +495,11 @@ fn annotation_values(
     if let Err(problems) = annotations::resolve(autoscaler, a, cc) {
         for p in problems.0 {
             e.push(
-                FieldError::new(format!("{at}.{}", p.key), format!("invalid value: {}", p.value))
-                    .details(p.reason),
+                FieldError::new(
+                    format!("{at}.{}", p.key),
+                    format!("invalid value: {}", p.value),
+                )
+                .details(p.reason),
             );
         }
     }
@@ -510,7 +521,12 @@ fn revision_spec(s: &RevisionSpec, at: &str, d: &DefaultsConfig, e: &mut Vec<Fie
         && t != 0
         && !(0..=max_timeout).contains(&t)
     {
-        e.push(out_of_bounds(t, 0, max_timeout, &format!("{at}.timeoutSeconds")));
+        e.push(out_of_bounds(
+            t,
+            0,
+            max_timeout,
+            &format!("{at}.timeoutSeconds"),
+        ));
     }
     let timeout = s
         .timeout_seconds
@@ -529,13 +545,23 @@ fn revision_spec(s: &RevisionSpec, at: &str, d: &DefaultsConfig, e: &mut Vec<Fie
     if let Some(t) = s.idle_timeout_seconds
         && !(0..=max_timeout).contains(&t)
     {
-        e.push(out_of_bounds(t, 0, max_timeout, &format!("{at}.idleTimeoutSeconds")));
+        e.push(out_of_bounds(
+            t,
+            0,
+            max_timeout,
+            &format!("{at}.idleTimeoutSeconds"),
+        ));
     }
     if let Some(cc) = s.container_concurrency {
         let min = i64::from(!d.allow_container_concurrency_zero);
         let max = i64::from(d.container_concurrency_max_limit);
         if !(min..=max).contains(&cc) {
-            e.push(out_of_bounds(cc, min, max, &format!("{at}.containerConcurrency")));
+            e.push(out_of_bounds(
+                cc,
+                min,
+                max,
+                &format!("{at}.containerConcurrency"),
+            ));
         }
     }
 }
@@ -631,8 +657,20 @@ fn pod_spec(ps: &PodSpec, at: &str, e: &mut Vec<FieldError>) {
                 // With one container, it serves; with several, the one with the port does.
                 let serving = n == 1 || c.ports.as_ref().is_some_and(|p| !p.is_empty());
                 if serving {
-                    probe(c.liveness_probe.as_ref(), &serving_port, false, &format!("{cat}.livenessProbe"), e);
-                    probe(c.readiness_probe.as_ref(), &serving_port, true, &format!("{cat}.readinessProbe"), e);
+                    probe(
+                        c.liveness_probe.as_ref(),
+                        &serving_port,
+                        false,
+                        &format!("{cat}.livenessProbe"),
+                        e,
+                    );
+                    probe(
+                        c.readiness_probe.as_ref(),
+                        &serving_port,
+                        true,
+                        &format!("{cat}.readinessProbe"),
+                        e,
+                    );
                     container(c, Role::Serving, &volumes, &cat, e);
                 } else {
                     container(c, Role::Sidecar, &volumes, &cat, e);
@@ -750,12 +788,24 @@ fn container(
         let fat = format!("{at}.envFrom[{i}]");
         match (from.config_map_ref.is_some(), from.secret_ref.is_some()) {
             (true, true) => {
-                e.push(FieldError::new(format!("{fat}.configMapRef"), "expected exactly one, got both"));
-                e.push(FieldError::new(format!("{fat}.secretRef"), "expected exactly one, got both"));
+                e.push(FieldError::new(
+                    format!("{fat}.configMapRef"),
+                    "expected exactly one, got both",
+                ));
+                e.push(FieldError::new(
+                    format!("{fat}.secretRef"),
+                    "expected exactly one, got both",
+                ));
             }
             (false, false) => {
-                e.push(FieldError::new(format!("{fat}.configMapRef"), "expected exactly one, got neither"));
-                e.push(FieldError::new(format!("{fat}.secretRef"), "expected exactly one, got neither"));
+                e.push(FieldError::new(
+                    format!("{fat}.configMapRef"),
+                    "expected exactly one, got neither",
+                ));
+                e.push(FieldError::new(
+                    format!("{fat}.secretRef"),
+                    "expected exactly one, got neither",
+                ));
             }
             _ => {}
         }
@@ -764,7 +814,11 @@ fn container(
         e.push(FieldError::new(format!("{at}.image"), "missing field(s)"));
     }
     let ports = c.ports.as_deref().unwrap_or_default();
-    let checked = if role == Role::Init { ports } else { ports.get(..1).unwrap_or_default() };
+    let checked = if role == Role::Init {
+        ports
+    } else {
+        ports.get(..1).unwrap_or_default()
+    };
     for p in checked {
         let pat = format!("{at}.ports");
         if RESERVED_PORTS.contains(&p.container_port) {
@@ -788,7 +842,11 @@ fn container(
             ));
         }
         if role != Role::Init {
-            if let Some(proto) = p.protocol.as_deref().filter(|p| !p.is_empty() && *p != "TCP") {
+            if let Some(proto) = p
+                .protocol
+                .as_deref()
+                .filter(|p| !p.is_empty() && *p != "TCP")
+            {
                 e.push(FieldError::new(
                     format!("{pat}.protocol"),
                     format!("invalid value: {proto}"),
@@ -825,7 +883,10 @@ fn container(
         }
         let clean = clean_path(&m.mount_path);
         if m.mount_path.is_empty() {
-            e.push(FieldError::new(format!("{mat}.mountPath"), "missing field(s)"));
+            e.push(FieldError::new(
+                format!("{mat}.mountPath"),
+                "missing field(s)",
+            ));
         } else if RESERVED_MOUNT_PATHS.contains(&clean.as_str()) {
             e.push(FieldError::new(
                 format!("{mat}.mountPath"),
@@ -893,8 +954,11 @@ fn probe(p: Option<&Probe>, port_name: &str, readiness: bool, at: &str, e: &mut 
         handlers.push("tcpSocket");
         if let Some(s) = named(&t.port) {
             e.push(
-                FieldError::new(format!("{at}.tcpSocket.port"), format!("invalid value: {s}"))
-                    .details("Probe port must match container port"),
+                FieldError::new(
+                    format!("{at}.tcpSocket.port"),
+                    format!("invalid value: {s}"),
+                )
+                .details("Probe port must match container port"),
             );
         }
     }
@@ -907,13 +971,19 @@ fn probe(p: Option<&Probe>, port_name: &str, readiness: bool, at: &str, e: &mut 
     match handlers.len() {
         0 => {
             for h in ["httpGet", "tcpSocket", "exec", "grpc"] {
-                e.push(FieldError::new(format!("{at}.{h}"), "expected exactly one, got neither"));
+                e.push(FieldError::new(
+                    format!("{at}.{h}"),
+                    "expected exactly one, got neither",
+                ));
             }
         }
         1 => {}
         _ => {
             for h in handlers {
-                e.push(FieldError::new(format!("{at}.{h}"), "expected exactly one, got both"));
+                e.push(FieldError::new(
+                    format!("{at}.{h}"),
+                    "expected exactly one, got both",
+                ));
             }
         }
     }
@@ -926,7 +996,12 @@ fn probe(p: Option<&Probe>, port_name: &str, readiness: bool, at: &str, e: &mut 
         if let Some(v) = v
             && i64::from(v) < lo
         {
-            e.push(out_of_bounds(i64::from(v), lo, max, &format!("{at}.{field}")));
+            e.push(out_of_bounds(
+                i64::from(v),
+                lo,
+                max,
+                &format!("{at}.{field}"),
+            ));
         }
     };
     check(p.period_seconds, 0, "periodSeconds", e);
@@ -964,7 +1039,7 @@ fn traffic(list: &[TrafficTarget], in_service: bool, at: &str, e: &mut Vec<Field
         let rev = t.revision_name.as_deref().unwrap_or("");
         let cfg = t.configuration_name.as_deref().unwrap_or("");
         if let Some(latest) = t.latest_revision
-            && latest == !rev.is_empty()
+            && latest != rev.is_empty()
         {
             e.push(FieldError::new(
                 format!("{tat}.latestRevision"),
@@ -978,7 +1053,10 @@ fn traffic(list: &[TrafficTarget], in_service: bool, at: &str, e: &mut Vec<Field
             ));
         } else if !rev.is_empty() && !cfg.is_empty() {
             for f in ["revisionName", "configurationName"] {
-                e.push(FieldError::new(format!("{tat}.{f}"), "expected exactly one, got both"));
+                e.push(FieldError::new(
+                    format!("{tat}.{f}"),
+                    "expected exactly one, got both",
+                ));
             }
         } else if !rev.is_empty() {
             qualified_name(rev, &format!("{tat}.revisionName"), e);
@@ -986,7 +1064,10 @@ fn traffic(list: &[TrafficTarget], in_service: bool, at: &str, e: &mut Vec<Field
             qualified_name(cfg, &format!("{tat}.configurationName"), e);
         } else if !in_service {
             for f in ["revisionName", "configurationName"] {
-                e.push(FieldError::new(format!("{tat}.{f}"), "expected exactly one, got neither"));
+                e.push(FieldError::new(
+                    format!("{tat}.{f}"),
+                    "expected exactly one, got neither",
+                ));
             }
         }
         if let Some(p) = t.percent {
@@ -996,7 +1077,10 @@ fn traffic(list: &[TrafficTarget], in_service: bool, at: &str, e: &mut Vec<Field
             sum += p;
         }
         if t.url.as_deref().is_some_and(|u| !u.is_empty()) {
-            e.push(FieldError::new(format!("{tat}.url"), "must not set the field(s)"));
+            e.push(FieldError::new(
+                format!("{tat}.url"),
+                "must not set the field(s)",
+            ));
         }
         let Some(tag) = t.tag.as_deref().filter(|t| !t.is_empty()) else {
             continue;

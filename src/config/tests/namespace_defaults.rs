@@ -34,7 +34,10 @@ fn a_section_wins_in_its_namespace_and_the_cluster_keys_elsewhere() {
     assert_eq!(c.container_concurrency, 3);
     assert_eq!(c.revision_timeout, Duration::from_secs(300));
     let other = c.for_namespace("default");
-    assert!(std::ptr::eq(other, &c), "no section: the cluster's config itself");
+    assert!(
+        std::ptr::eq(other, &c),
+        "no section: the cluster's config itself"
+    );
     // team-a: its two keys, the cluster's for the rest (max timeout 900 from the flat key).
     let a = c.for_namespace("team-a");
     assert_eq!(a.container_concurrency, 10);
@@ -66,7 +69,9 @@ fn every_problem_is_named_with_its_full_path_and_rejects_the_configmap() {
         "{lines:#?}"
     );
     assert!(
-        has("namespace-defaults.team-b.container-concurrency-max-limit: 0: must be in [1, 2147483647]"),
+        has(
+            "namespace-defaults.team-b.container-concurrency-max-limit: 0: must be in [1, 2147483647]"
+        ),
         "{lines:#?}"
     );
     // A cross-key rule inside a section (2000 > the cluster's max limit 1000).
@@ -97,7 +102,10 @@ fn every_problem_is_named_with_its_full_path_and_rejects_the_configmap() {
 fn a_cluster_problem_is_reported_once_not_per_section() {
     let err = parse(&[
         ("container-concurrency", "-1"),
-        (NAMESPACE_DEFAULTS, "team-a:\n  revision-timeout-seconds: \"60\"\n"),
+        (
+            NAMESPACE_DEFAULTS,
+            "team-a:\n  revision-timeout-seconds: \"60\"\n",
+        ),
     ])
     .unwrap_err();
     assert_eq!(err.0.len(), 1, "{err}");
@@ -105,13 +113,19 @@ fn a_cluster_problem_is_reported_once_not_per_section() {
     // A section that sets the same bad key is its own problem.
     let err = parse(&[
         ("container-concurrency", "-1"),
-        (NAMESPACE_DEFAULTS, "team-a:\n  container-concurrency: \"-2\"\n"),
+        (
+            NAMESPACE_DEFAULTS,
+            "team-a:\n  container-concurrency: \"-2\"\n",
+        ),
     ])
     .unwrap_err();
     let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(
         keys,
-        ["container-concurrency", "namespace-defaults.team-a.container-concurrency"]
+        [
+            "container-concurrency",
+            "namespace-defaults.team-a.container-concurrency"
+        ]
     );
 }
 
@@ -119,21 +133,36 @@ fn a_cluster_problem_is_reported_once_not_per_section() {
 fn bad_shapes_and_namespace_names_are_problems() {
     for (text, frag) in [
         ("[a, b]", "namespace-defaults: [a, b]: must be a YAML map"),
-        ("team-a: [1]", "namespace-defaults.team-a: [1]: must be a map"),
+        (
+            "team-a: [1]",
+            "namespace-defaults.team-a: [1]: must be a map",
+        ),
         (
             "team-a:\n  container-concurrency: [1]\n",
             "namespace-defaults.team-a.container-concurrency: [1]: must be a single value",
         ),
-        ("Team_A:\n  container-concurrency: \"1\"\n", "namespace-defaults.Team_A: not a namespace name"),
+        (
+            "Team_A:\n  container-concurrency: \"1\"\n",
+            "namespace-defaults.Team_A: not a namespace name",
+        ),
         ("team-a: {\n", "namespace-defaults: team-a: {: invalid YAML"),
     ] {
         let err = parse(&[(NAMESPACE_DEFAULTS, text)]).unwrap_err();
         assert!(err.to_string().contains(frag), "{text:?}: {err}");
     }
     // Empty, comments only, or an empty section: accepted, no override.
-    for text in ["", "  ", "# team-a:\n#   container-concurrency: \"1\"\n", "team-a:\n"] {
+    for text in [
+        "",
+        "  ",
+        "# team-a:\n#   container-concurrency: \"1\"\n",
+        "team-a:\n",
+    ] {
         let c = parse(&[(NAMESPACE_DEFAULTS, text)]).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        assert_eq!(c.for_namespace("team-a").container_concurrency, 0, "{text:?}");
+        assert_eq!(
+            c.for_namespace("team-a").container_concurrency,
+            0,
+            "{text:?}"
+        );
     }
 }
 
@@ -199,5 +228,9 @@ fn the_revision_resolver_uses_the_namespace_section() {
     let mut big = input("team-b");
     big.container_concurrency = Some(60);
     let err = resolve_revision(&big, &configs).unwrap_err();
-    assert!(err.to_string().contains("container-concurrency-max-limit (50)"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("container-concurrency-max-limit (50)"),
+        "{err}"
+    );
 }
