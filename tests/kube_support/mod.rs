@@ -45,6 +45,16 @@ impl TestApi {
         for crd in thaw::knative::crds() {
             handlers.push(crd_handler(store.clone(), &crd));
         }
+        // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
+        // only `core/v1` ones.
+        handlers.push(Arc::new(StoreBackedHandler::new(
+            store.clone(),
+            "events.k8s.io",
+            "v1",
+            "Event",
+            "events",
+            true,
+        )));
         let server = ApiServer::start("127.0.0.1:0".parse().unwrap(), handlers, None)
             .await
             .expect("api server starts");
