@@ -698,3 +698,20 @@ fn reasons_and_messages_for_the_conditions() {
         "Traffic targets sum to 90, want 100: spec.traffic"
     );
 }
+
+/// The types' own helloworld fixture (src/knative/testdata/) is valid too.
+#[test]
+fn the_types_helloworld_fixture_is_valid() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/knative/testdata/helloworld.yaml"
+    ))
+    .unwrap();
+    let svc: Service = serde_saphyr::from_str(&text).unwrap();
+    let errors = validate::service(
+        &svc,
+        &DefaultsConfig::default(),
+        &AutoscalerConfig::default(),
+    );
+    assert!(errors.is_empty(), "{}", render(&errors));
+}
