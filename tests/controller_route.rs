@@ -854,3 +854,38 @@ async fn measure_a_thousand_routes_to_ready() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// An invalid Route (percents summing to 90) is reported with the field named; nothing is
+/// programmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_route_is_reported_with_the_field_named() {
+    let run = start().await;
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 90)]).await;
+    let r = route_until(&run, "hello", "AllTrafficAssigned InvalidSpec", |r| {
+        r.as_ref().and_then(|r| cond(r, "AllTrafficAssigned"))
+            == Some((ConditionStatus::False, Some("InvalidSpec".into())))
+    })
+    .await;
+    let c = r
+        .status
+        .as_ref()
+        .unwrap()
+        .status
+        .condition("Ready")
+        .unwrap();
+    assert_eq!(c.status, ConditionStatus::False);
+    let msg = c.message.clone().unwrap_or_default();
+    assert!(msg.contains("spec.traffic"), "{msg}");
+    assert!(msg.contains("sum to 90"), "{msg}");
+    assert!(
+        run.api::<VirtualService>()
+            .get_opt("hello-ingress")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Fixed: programmed and Ready.
+    set_traffic(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+}

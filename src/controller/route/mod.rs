@@ -2,6 +2,9 @@
 //! VirtualService written directly: there is no KIngress in between), and the labeler.
 //!
 //! One reconcile:
+//! 0. validates the route (Knative's webhook rules, [`crate::knative::validate::route`]): an
+//!    invalid one is `AllTrafficAssigned=False InvalidSpec` with the fields named, nothing is
+//!    written but its status, and it is not retried until it changes;
 //! 1. resolves the traffic ([`traffic`]) from the Revisions and Configurations in the
 //!    controller's stores;
 //! 2. when every target is routable: applies the placeholder Services and the VirtualService
@@ -48,7 +51,7 @@ use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now};
 use crate::config::network::NetworkConfig;
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
-use crate::knative::{Configuration, Revision, Route, RouteStatus, condition};
+use crate::knative::{Configuration, Revision, Route, RouteStatus, condition, validate};
 use traffic::{Referenced, TargetError, Traffic};
 use virtual_service::VirtualService;
 
@@ -424,7 +427,18 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     let settings = ctx.settings();
     let net = &settings.network;
     let refs = referenced(&route, &ns, &stores);
-    let resolved = traffic::resolve(&route, &refs);
+    // Knative's webhook rules (percents, one target kind per entry, tags, the visibility
+    // label). `serving.knative.dev/serviceUID` is a label the Service reconciler itself puts
+    // on its Route; it is not the user's to fix.
+    let invalid: Vec<_> = validate::route(&route)
+        .into_iter()
+        .filter(|e| !e.message.contains(labels::SERVICE_UID))
+        .collect();
+    let resolved = if invalid.is_empty() {
+        traffic::resolve(&route, &refs)
+    } else {
+        Err(TargetError::Invalid(validate::render(&invalid)))
+    };
     let ingress = match &resolved {
         Ok(t) => {
             let timeout = super::defaults_for(&settings, &ns)
@@ -435,7 +449,9 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         Err(_) => Ingress::Unchanged,
     };
     let status = compute_status(&route, &resolved, &ingress, net, &now());
-    label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
+    if invalid.is_empty() {
+        label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
+    }
 
     let before = route.status.clone().unwrap_or_default();
     if status != before {
@@ -445,6 +461,9 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         ctx.api::<Route>(&ns)
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
+    }
+    if let Err(TargetError::Invalid(msg)) = resolved {
+        return Err(Error::Invalid(msg));
     }
     if let Ingress::NotOwned(msg) = ingress {
         return Err(Error::Other(msg));

@@ -127,3 +127,25 @@ fn only_changes_a_route_reads_re_queue_routes() {
         "the first sight, the turn to Ready, the deletion"
     );
 }
+
+#[test]
+fn an_invalid_route_is_false_invalid_spec() {
+    let net = NetworkConfig::default();
+    let r = route("hello").with_revision("hello-00001", 90).build();
+    let errors = crate::knative::validate::route(&r);
+    assert!(!errors.is_empty());
+    let e = Err(TargetError::Invalid(crate::knative::validate::render(
+        &errors,
+    )));
+    let st = compute_status(&r, &e, &Ingress::Unchanged, &net, &now());
+    assert_eq!(
+        cond(&st.status, "AllTrafficAssigned"),
+        (ConditionStatus::False, Some("InvalidSpec"))
+    );
+    let ready = st.status.condition("Ready").unwrap();
+    assert_eq!(ready.status, ConditionStatus::False);
+    assert!(
+        ready.message.as_deref().unwrap().contains("spec.traffic"),
+        "{ready:?}"
+    );
+}

@@ -66,13 +66,16 @@ pub enum TargetError {
     RevisionNotReady { name: String, failed: bool },
     /// A target names neither a revision nor a configuration.
     NoTarget { index: usize },
+    /// The route fails Knative's validation ([`crate::knative::validate::route`]): False
+    /// `InvalidSpec` with the rendered field errors.
+    Invalid(String),
 }
 
 impl TargetError {
     /// Whether the route failed (False), as opposed to waiting (Unknown).
     pub fn is_failure(&self) -> bool {
         match self {
-            Self::Missing { .. } | Self::NoTarget { .. } => true,
+            Self::Missing { .. } | Self::NoTarget { .. } | Self::Invalid(_) => true,
             Self::ConfigurationNotReady { failed, .. } | Self::RevisionNotReady { failed, .. } => {
                 *failed
             }
@@ -112,6 +115,10 @@ impl TargetError {
             } => (
                 "RevisionMissing".into(),
                 format!("Revision \"{name}\" is not yet ready."),
+            ),
+            Self::Invalid(message) => (
+                crate::knative::validate::reason::INVALID_SPEC.into(),
+                message.clone(),
             ),
             Self::NoTarget { index } => (
                 "Unknown".into(),
