@@ -282,6 +282,8 @@ pub fn route(route: &Route) -> Vec<FieldError> {
             visibility(v, &mut e);
         } else if k == labels::SERVICE {
             owned_by(meta, "Service", v, k, &mut e);
+        } else if k == labels::SERVICE_UID {
+            // The Service reconciler puts it on the Route it owns, beside the service label.
         } else if k.starts_with(SERVING_PREFIX) {
             e.push(invalid_key(k, "metadata.labels"));
         }

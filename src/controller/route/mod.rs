@@ -428,12 +428,8 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     let net = &settings.network;
     let refs = referenced(&route, &ns, &stores);
     // Knative's webhook rules (percents, one target kind per entry, tags, the visibility
-    // label). `serving.knative.dev/serviceUID` is a label the Service reconciler itself puts
-    // on its Route; it is not the user's to fix.
-    let invalid: Vec<_> = validate::route(&route)
-        .into_iter()
-        .filter(|e| !e.message.contains(labels::SERVICE_UID))
-        .collect();
+    // label).
+    let invalid = validate::route(&route);
     let resolved = if invalid.is_empty() {
         traffic::resolve(&route, &refs)
     } else {
