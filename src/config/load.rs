@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::keys::{ConfigMap, Shown};
 use super::parse::{Problem, Problems};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 
 /// A ConfigMap as read from a manifest: its name and its `data:` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,12 +132,13 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::defaults::NAME => check::<DefaultsConfig>(cm),
         super::activator::NAME => check::<ActivatorConfig>(cm),
         super::gc::NAME => check::<GcConfig>(cm),
+        super::deployment::NAME => check::<DeploymentConfig>(cm),
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
-                 config-gc)",
+                 config-gc, config-deployment)",
             )])),
             Vec::new(),
         ),

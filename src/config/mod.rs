@@ -1,11 +1,13 @@
 //! Typed configuration with Knative's key names, defaults, units and validation.
 //!
-//! Four ConfigMaps are understood:
+//! Five ConfigMaps are understood:
 //! - `config-autoscaler` ([`AutoscalerConfig`]): Knative's KPA keys, with one fix over Knative
 //!   (`panic-threshold-percentage` is range-checked to [110, 1000]);
 //! - `config-defaults` ([`DefaultsConfig`]): Knative's revision defaults (timeouts, concurrency);
 //! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits;
-//! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection.
+//! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection;
+//! - `config-deployment` ([`DeploymentConfig`]): the revision Deployments the controller writes
+//!   (queue sidecar image and resources, progress deadline).
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -23,6 +25,7 @@ pub mod annotations;
 pub mod autoscaler;
 pub mod check;
 pub mod defaults;
+pub mod deployment;
 pub mod gc;
 pub mod keys;
 pub mod live;
@@ -38,6 +41,7 @@ pub use activator::{ActivatorConfig, ActivatorOverrides, TrustedProxies};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
+pub use deployment::DeploymentConfig;
 pub use gc::GcConfig;
 pub use keys::ConfigMap;
 pub use parse::{Problem, Problems};
