@@ -17,6 +17,7 @@ pub mod autoscaler;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod controller;
 pub mod http1;
 pub mod knative;
 pub mod leader;

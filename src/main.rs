@@ -33,6 +33,9 @@ enum Command {
     /// The autoscaler on Kubernetes: Knative's KPA over every Revision, leader-elected.
     #[command(after_help = EXIT_CODES)]
     Autoscaler(thaw::roles::autoscaler::AutoscalerArgs),
+    /// Knative's Service, Configuration, Revision and Route reconcilers, leader-elected.
+    #[command(after_help = EXIT_CODES)]
+    Controller(thaw::roles::controller::ControllerArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Local(args) => thaw::local::run::main(args),
         Command::Activator(args) => thaw::roles::activator::main(args),
         Command::Autoscaler(args) => thaw::roles::autoscaler::main(args),
+        Command::Controller(args) => thaw::roles::controller::main(args),
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),

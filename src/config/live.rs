@@ -1,5 +1,5 @@
-//! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults` and
-//! `config-activator` in the system namespace (`--system-namespace`, default `thaw-system`),
+//! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`,
+//! `config-activator` and `config-gc` in the system namespace (`--system-namespace`, default `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::keys::ConfigMap;
 use super::reload::{Outcome, apply};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
 use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 
 /// The default system namespace (`--system-namespace`).
@@ -34,6 +34,8 @@ pub struct LiveConfig {
     pub autoscaler: Arc<ArcSwap<AutoscalerConfig>>,
     pub defaults: Arc<ArcSwap<DefaultsConfig>>,
     pub activator: Arc<ArcSwap<ActivatorConfig>>,
+    /// `config-gc` (read by the controller only).
+    pub gc: Arc<ArcSwap<GcConfig>>,
 }
 
 /// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
@@ -123,6 +125,9 @@ pub fn watch_configmaps(
                         &metrics,
                         &labels,
                     ),
+                    super::gc::NAME => {
+                        apply(parse::<GcConfig>(&data), &config.gc, &metrics, &labels)
+                    }
                     _ => apply(
                         parse::<ActivatorConfig>(&data),
                         &config.activator,
@@ -148,6 +153,7 @@ fn is_ours(name: &str) -> bool {
         super::autoscaler::NAME,
         super::defaults::NAME,
         super::activator::NAME,
+        super::gc::NAME,
     ]
     .contains(&name)
 }

@@ -87,6 +87,73 @@ impl Status {
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
+
+    /// Whether the condition of `type_` is present and `True`.
+    pub fn is_true(&self, type_: &str) -> bool {
+        self.condition(type_)
+            .is_some_and(|c| c.status == ConditionStatus::True)
+    }
+
+    /// Sets `c` in place of the condition of its type (Knative's `ConditionManager.SetCondition`):
+    /// `lastTransitionTime` is kept when the status does not change, else set to `now`.
+    /// Conditions stay sorted by type, as Knative keeps them.
+    pub fn set(&mut self, mut c: Condition, now: &Time) {
+        match self.conditions.iter_mut().find(|o| o.type_ == c.type_) {
+            Some(old) => {
+                c.last_transition_time = if old.status == c.status {
+                    old.last_transition_time
+                        .clone()
+                        .or_else(|| Some(now.clone()))
+                } else {
+                    Some(now.clone())
+                };
+                *old = c;
+            }
+            None => {
+                c.last_transition_time = Some(now.clone());
+                self.conditions.push(c);
+            }
+        }
+        self.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+    }
+
+    /// Sets the condition `ready` from `dependents` as Knative's living condition set does: the
+    /// first `False` dependent makes it `False` with that dependent's reason and message; else
+    /// the first `Unknown` (or missing) one makes it `Unknown`; else `True`.
+    pub fn set_ready_from(&mut self, ready: &str, dependents: &[&str], now: &Time) {
+        let mut result = Condition::new(ready, ConditionStatus::True);
+        let mut unknown: Option<Condition> = None;
+        for d in dependents {
+            match self.condition(d) {
+                Some(c) if c.status == ConditionStatus::False => {
+                    result = Condition {
+                        status: ConditionStatus::False,
+                        reason: c.reason.clone(),
+                        message: c.message.clone(),
+                        ..Condition::new(ready, ConditionStatus::False)
+                    };
+                    unknown = None;
+                    break;
+                }
+                Some(c) if c.status == ConditionStatus::True => {}
+                other => {
+                    if unknown.is_none() {
+                        unknown = Some(Condition {
+                            reason: other.and_then(|c| c.reason.clone()),
+                            message: other.and_then(|c| c.message.clone()),
+                            ..Condition::new(ready, ConditionStatus::Unknown)
+                        });
+                    }
+                }
+            }
+        }
+        if result.status == ConditionStatus::True
+            && let Some(u) = unknown
+        {
+            result = u;
+        }
+        self.set(result, now);
+    }
 }
 
 /// Where an object can be reached (`duckv1.Addressable`).

@@ -7,6 +7,7 @@
 pub mod activator;
 pub mod admin;
 pub mod autoscaler;
+pub mod controller;
 pub mod pull;
 pub mod serving;
 pub mod share;

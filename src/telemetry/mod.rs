@@ -11,6 +11,7 @@
 pub mod activator;
 pub mod autoscaler;
 pub mod config;
+pub mod controller;
 pub mod exposition;
 pub mod platform;
 pub mod process;
@@ -56,6 +57,7 @@ pub struct Telemetry {
     pub activator: activator::ActivatorMetrics,
     pub autoscaler: autoscaler::AutoscalerMetrics,
     pub remote: remote::RemoteMetrics,
+    pub controller: controller::ControllerMetrics,
 }
 
 impl Telemetry {
@@ -71,6 +73,7 @@ impl Telemetry {
         let activator = activator::ActivatorMetrics::register(thaw);
         let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
         let remote = remote::RemoteMetrics::register(thaw);
+        let controller = controller::ControllerMetrics::register(thaw);
         Self {
             registry,
             config,
@@ -78,6 +81,7 @@ impl Telemetry {
             activator,
             autoscaler,
             remote,
+            controller,
         }
     }
 

@@ -1,0 +1,450 @@
+//! Configuration → Revision (Knative's `configuration.go` and `resources/revision.go`).
+//!
+//! Each template change (a new `metadata.generation`) stamps out one Revision, named
+//! `child_name(<configuration>, "-%05d" % generation)` or the template's own
+//! `metadata.name`. **Defaults are resolved here, once**, into the Revision's spec from
+//! `config-defaults` (with the namespace's section, if any): a later edit of config-defaults
+//! changes new revisions only, as in Knative. The status follows the revisions:
+//! `latestCreatedRevisionName` is the current generation's, `latestReadyRevisionName` the newest
+//! Ready one from the last ready generation up to the current one; `Ready` mirrors the latest
+//! created revision (False `RevisionFailed` when it failed).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{Ctx, Error, EventKind, Settings, is_owned_by, now, owner_ref};
+use crate::config::{ConfigSet, DefaultsConfig};
+use crate::knative::duck::{Condition, ConditionStatus};
+use crate::knative::names::{child_name, labels};
+use crate::knative::{
+    Configuration, ConfigurationStatus, Revision, RevisionSpec, RevisionTemplateSpec, condition,
+};
+
+/// The kind, in metrics and spans.
+pub const KIND: &str = "Configuration";
+
+/// Knative's routing-state label values (`serving.knative.dev/routingState`).
+pub mod routing_state {
+    /// Created, not yet routed or unrouted.
+    pub const PENDING: &str = "pending";
+    /// A Route sends it traffic.
+    pub const ACTIVE: &str = "active";
+    /// No Route sends it traffic any more.
+    pub const RESERVE: &str = "reserve";
+    /// When the routing state last changed (RFC 3339).
+    pub const MODIFIED_ANNOTATION: &str = "serving.knative.dev/routingStateModified";
+}
+
+/// The revision name of `cfg`'s current generation.
+pub fn revision_name(cfg: &Configuration) -> String {
+    match cfg.spec.template.metadata.name.as_deref() {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => child_name(
+            &cfg.name_any(),
+            &format!("-{:05}", cfg.metadata.generation.unwrap_or(0)),
+        ),
+    }
+}
+
+/// The revision spec with every default resolved (Knative's `RevisionSpec.SetDefaults` with
+/// `config-defaults`): containerConcurrency, timeoutSeconds (0 means the default), the
+/// response-start and idle timeouts when configured, a container name, and
+/// `enableServiceLinks: false` unless the user set it.
+pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSpec {
+    let mut spec = template.clone();
+    if spec.container_concurrency.is_none() {
+        spec.container_concurrency = Some(i64::from(d.container_concurrency));
+    }
+    if spec.timeout_seconds.unwrap_or(0) == 0 {
+        spec.timeout_seconds = Some(d.revision_timeout.as_secs() as i64);
+    }
+    if spec.response_start_timeout_seconds.is_none()
+        && let Some(t) = d.revision_response_start_timeout
+    {
+        spec.response_start_timeout_seconds = Some(t.as_secs() as i64);
+    }
+    if spec.idle_timeout_seconds.is_none() && !d.revision_idle_timeout.is_zero() {
+        spec.idle_timeout_seconds = Some(d.revision_idle_timeout.as_secs() as i64);
+    }
+    let single = spec.pod_spec.containers.len() == 1;
+    for (i, c) in spec.pod_spec.containers.iter_mut().enumerate() {
+        if c.name.is_empty() {
+            c.name = if single {
+                "user-container".into()
+            } else {
+                format!("user-container-{i}")
+            };
+        }
+    }
+    if spec.pod_spec.enable_service_links.is_none() {
+        spec.pod_spec.enable_service_links = Some(false);
+    }
+    spec
+}
+
+/// Problems that make the template unusable, each naming its field: the data plane's resolver
+/// run on the defaulted spec (containerConcurrency range, timeouts, autoscaling annotations).
+pub fn template_problems(
+    namespace: &str,
+    name: &str,
+    template: &RevisionTemplateSpec,
+    settings: &Settings,
+    defaults: &DefaultsConfig,
+) -> Vec<String> {
+    let spec = &template.spec;
+    let configs = ConfigSet {
+        autoscaler: Arc::new(settings.autoscaler.clone()),
+        defaults: Arc::new(defaults.clone()),
+        activator: Default::default(),
+        gc: Arc::new(settings.gc.clone()),
+    };
+    let u = |v: Option<i64>| v.map(|x| x.max(0) as u64);
+    let input = crate::config::revision::RevisionInput {
+        namespace: namespace.into(),
+        name: name.into(),
+        service: None,
+        container_concurrency: spec
+            .container_concurrency
+            .map(|c| c.clamp(0, u32::MAX as i64) as u32),
+        timeout_seconds: u(spec.timeout_seconds),
+        response_start_timeout_seconds: u(spec.response_start_timeout_seconds),
+        idle_timeout_seconds: u(spec.idle_timeout_seconds),
+        port_name: None,
+        annotations: template.metadata.annotations.clone().unwrap_or_default(),
+        hosts: Vec::new(),
+    };
+    let mut out: Vec<String> = match crate::config::revision::resolve_revision(&input, &configs) {
+        Ok(_) => Vec::new(),
+        Err(p) => {
+            p.0.iter()
+                .map(|p| {
+                    let field = match p.key.strip_prefix("spec.") {
+                        Some(f) => format!("spec.template.spec.{f}"),
+                        None => format!("spec.template.metadata.annotations.{}", p.key),
+                    };
+                    let p = crate::config::Problem::new(field, p.value.clone(), p.reason.clone());
+                    p.to_string()
+                })
+                .collect()
+        }
+    };
+    if let Some(cc) = spec.container_concurrency
+        && cc < 0
+    {
+        out.push(format!(
+            "spec.template.spec.containerConcurrency: {cc}: must be in [0, {}]",
+            defaults.container_concurrency_max_limit
+        ));
+    }
+    out
+}
+
+/// The Revision of `cfg`'s current generation, as the controller creates it.
+pub fn make_revision(
+    cfg: &Configuration,
+    defaults: &DefaultsConfig,
+    now_rfc3339: &str,
+) -> Revision {
+    let name = revision_name(cfg);
+    let t = &cfg.spec.template;
+    let mut lbl: BTreeMap<String, String> = t.metadata.labels.clone().unwrap_or_default();
+    lbl.insert(labels::CONFIGURATION.into(), cfg.name_any());
+    lbl.insert(
+        labels::CONFIGURATION_GENERATION.into(),
+        cfg.metadata.generation.unwrap_or(0).to_string(),
+    );
+    if let Some(uid) = &cfg.metadata.uid {
+        lbl.insert(labels::CONFIGURATION_UID.into(), uid.clone());
+    }
+    if let Some(svc) = cfg.labels().get(labels::SERVICE) {
+        lbl.insert(labels::SERVICE.into(), svc.clone());
+    }
+    if let Some(uid) = cfg.labels().get(labels::SERVICE_UID) {
+        lbl.insert(labels::SERVICE_UID.into(), uid.clone());
+    }
+    lbl.insert(labels::ROUTING_STATE.into(), routing_state::PENDING.into());
+    let mut ann = t.metadata.annotations.clone().unwrap_or_default();
+    ann.insert(
+        routing_state::MODIFIED_ANNOTATION.into(),
+        now_rfc3339.to_string(),
+    );
+    Revision {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: cfg.namespace(),
+            labels: Some(lbl),
+            annotations: Some(ann),
+            owner_references: Some(vec![owner_ref(cfg)]),
+            ..Default::default()
+        },
+        spec: defaulted_spec(&t.spec, defaults),
+        status: None,
+    }
+}
+
+/// The generation label of a revision, if it has one.
+fn generation_of(r: &Revision) -> Option<i64> {
+    r.labels()
+        .get(labels::CONFIGURATION_GENERATION)
+        .and_then(|g| g.parse().ok())
+}
+
+/// The status of `cfg` given its revisions (`revisions`: those labelled with its name) and the
+/// one of the current generation (`latest`). Pure.
+pub fn compute_status(
+    cfg: &Configuration,
+    latest: Option<&Revision>,
+    revisions: &[Arc<Revision>],
+    problems: &[String],
+) -> ConfigurationStatus {
+    let mut st = cfg.status.clone().unwrap_or_default();
+    let t = now();
+    st.status.observed_generation = cfg.metadata.generation;
+    if !problems.is_empty() {
+        st.status.set(
+            Condition {
+                reason: Some("RevisionFailed".into()),
+                message: Some(problems.join("; ")),
+                ..Condition::new(condition::READY, ConditionStatus::False)
+            },
+            &t,
+        );
+        return st;
+    }
+    let Some(latest) = latest else {
+        st.status.set(
+            Condition::new(condition::READY, ConditionStatus::Unknown),
+            &t,
+        );
+        return st;
+    };
+    let latest_name = latest.name_any();
+    st.fields.latest_created_revision_name = Some(latest_name.clone());
+    // The newest Ready revision at or below the current generation, no older than the last
+    // one known ready.
+    let current = generation_of(latest).unwrap_or(i64::MAX);
+    let floor = st
+        .fields
+        .latest_ready_revision_name
+        .as_deref()
+        .and_then(|n| revisions.iter().find(|r| r.name_any() == n))
+        .and_then(|r| generation_of(r))
+        .unwrap_or(i64::MIN);
+    let newest_ready = revisions
+        .iter()
+        .filter(|r| is_ready(r))
+        .filter_map(|r| generation_of(r).map(|g| (g, r)))
+        .filter(|(g, _)| *g <= current && *g >= floor)
+        .max_by_key(|(g, _)| *g)
+        .map(|(_, r)| r.name_any());
+    if let Some(n) = newest_ready {
+        st.fields.latest_ready_revision_name = Some(n);
+    }
+    let rc = latest
+        .status
+        .as_ref()
+        .and_then(|s| s.status.condition(condition::READY));
+    let ready = match rc.map(|c| c.status) {
+        Some(ConditionStatus::True) => Condition::new(condition::READY, ConditionStatus::True),
+        Some(ConditionStatus::False) => Condition {
+            reason: Some("RevisionFailed".into()),
+            message: Some(format!(
+                "Revision {latest_name:?} failed with message: {}.",
+                rc.and_then(|c| c.message.as_deref()).unwrap_or("")
+            )),
+            ..Condition::new(condition::READY, ConditionStatus::False)
+        },
+        _ => Condition::new(condition::READY, ConditionStatus::Unknown),
+    };
+    st.status.set(ready, &t);
+    st
+}
+
+/// Whether a revision's `Ready` condition is True.
+pub fn is_ready(r: &Revision) -> bool {
+    r.status
+        .as_ref()
+        .is_some_and(|s| s.status.is_true(condition::READY))
+}
+
+/// Reconciles one Configuration: creates the current generation's Revision when missing, then
+/// writes the status.
+pub async fn reconcile(
+    cfg: Arc<Configuration>,
+    ctx: Arc<Ctx>,
+    revisions: Store<Revision>,
+) -> Result<Action, Error> {
+    let ns = cfg.namespace().unwrap_or_default();
+    let name = cfg.name_any();
+    let settings = ctx.settings();
+    let defaults = super::defaults_for(&settings, &ns);
+    let problems = template_problems(&ns, &name, &cfg.spec.template, &settings, &defaults);
+    let mine: Vec<Arc<Revision>> = revisions.state_filter(|r| {
+        r.namespace().as_deref() == Some(ns.as_str())
+            && r.labels().get(labels::CONFIGURATION) == Some(&name)
+    });
+    let rev_name = revision_name(&cfg);
+    let mut latest: Option<Revision> = None;
+    let mut failure: Option<String> = None;
+    if problems.is_empty() {
+        let api = ctx.api::<Revision>(&ns);
+        let found = match mine.iter().find(|r| r.name_any() == rev_name) {
+            Some(r) => Some((**r).clone()),
+            // The store may lag behind a create of ours: ask the server.
+            None => api.get_opt(&rev_name).await?,
+        };
+        match found {
+            Some(r) if !is_owned_by(&r.metadata, &*cfg) => {
+                failure = Some(format!(
+                    "revision {rev_name:?} already exists and is not owned by this \
+                     configuration"
+                ));
+            }
+            Some(r) => latest = Some(r),
+            None => {
+                let rfc = now().0.to_string();
+                let rev = make_revision(&cfg, &defaults, &rfc);
+                match api.create(&PostParams::default(), &rev).await {
+                    Ok(created) => {
+                        ctx.event(
+                            &*cfg,
+                            EventKind::Normal,
+                            "Created",
+                            format!("Created Revision {rev_name:?}"),
+                        )
+                        .await;
+                        latest = Some(created);
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return Err(Error::Other(format!(
+                            "revision {rev_name:?} appeared while being created; retrying"
+                        )));
+                    }
+                    Err(e) => {
+                        ctx.event(
+                            &*cfg,
+                            EventKind::Warning,
+                            "CreationFailed",
+                            format!("Failed to create Revision {rev_name:?}: {e}"),
+                        )
+                        .await;
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+    }
+    let mut all = mine.clone();
+    if let Some(l) = &latest
+        && !all.iter().any(|r| r.name_any() == l.name_any())
+    {
+        all.push(Arc::new(l.clone()));
+    }
+    let mut problems = problems;
+    if let Some(f) = &failure {
+        problems.push(f.clone());
+    }
+    let status = compute_status(&cfg, latest.as_ref(), &all, &problems);
+    let before = cfg.status.clone().unwrap_or_default();
+    if status != before {
+        announce(&ctx, &cfg, &before, &status).await;
+        let mut next = (*cfg).clone();
+        next.status = Some(status);
+        ctx.api::<Configuration>(&ns)
+            .replace_status(&name, &PostParams::default(), &next)
+            .await?;
+    }
+    if problems.is_empty()
+        && let Ok(fresh) = ctx.api::<Configuration>(&ns).get_status(&name).await
+    {
+        super::gc::collect(&ctx, &fresh, &all, &settings.gc).await?;
+    }
+    if !problems.is_empty() {
+        if failure.is_none() {
+            ctx.event(
+                &*cfg,
+                EventKind::Warning,
+                "InvalidSpec",
+                problems.join("; "),
+            )
+            .await;
+            return Err(Error::Invalid(problems.join("; ")));
+        }
+        return Err(Error::Other(problems.join("; ")));
+    }
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// Knative's Events for status changes: LatestReadyUpdate, ConfigurationReady,
+/// LatestCreatedFailed.
+async fn announce(
+    ctx: &Ctx,
+    cfg: &Configuration,
+    before: &ConfigurationStatus,
+    after: &ConfigurationStatus,
+) {
+    if after.fields.latest_ready_revision_name != before.fields.latest_ready_revision_name
+        && let Some(n) = &after.fields.latest_ready_revision_name
+    {
+        ctx.event(
+            cfg,
+            EventKind::Normal,
+            "LatestReadyUpdate",
+            format!("LatestReadyRevisionName updated to {n:?}"),
+        )
+        .await;
+    }
+    let was = before.status.condition(condition::READY).map(|c| c.status);
+    let is = after.status.condition(condition::READY);
+    match is.map(|c| c.status) {
+        Some(ConditionStatus::True) if was != Some(ConditionStatus::True) => {
+            ctx.event(
+                cfg,
+                EventKind::Normal,
+                "ConfigurationReady",
+                "Configuration becomes ready".into(),
+            )
+            .await;
+        }
+        Some(ConditionStatus::False) if was != Some(ConditionStatus::False) => {
+            ctx.event(
+                cfg,
+                EventKind::Warning,
+                "LatestCreatedFailed",
+                is.and_then(|c| c.message.clone()).unwrap_or_default(),
+            )
+            .await;
+        }
+        _ => {}
+    }
+}
+
+/// The Configuration controller: owns Revisions (a revision's change re-queues its
+/// configuration); a second watch keeps the Revision store the reconcile reads.
+pub async fn controller(ctx: Arc<Ctx>) {
+    let (store, writer) = reflector::store::<Revision>();
+    let feed = reflector::reflector(
+        writer,
+        watcher(ctx.watched::<Revision>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    let controller = Controller::new(ctx.watched::<Configuration>(), watcher::Config::default())
+        .owns(ctx.watched::<Revision>(), watcher::Config::default());
+    let run = super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
+        reconcile(cfg, ctx, store.clone())
+    });
+    tokio::select! {
+        _ = feed => {}
+        _ = run => {}
+    }
+}

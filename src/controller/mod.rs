@@ -1,0 +1,417 @@
+//! `thaw controller`'s reconcilers: Knative's Service, Configuration, Revision and Route, each a
+//! kube-runtime [`Controller`] (its work queue: one key reconciled by one worker at a time,
+//! duplicates merged, retries with backoff, children re-queue their owner), sharing one
+//! [`Ctx`]: the API client, the ConfigMaps in force as one immutable [`Settings`] snapshot per
+//! reconcile, the Event recorder and the metrics.
+//!
+//! Every reconciler follows the same rules (docs/architecture.md, "The controller"):
+//! - children are written with server-side apply under [`FIELD_MANAGER`], owned by their parent
+//!   (a child owned by someone else is left alone and reported `NotOwned`);
+//! - a parent's status is written only when it changed, with a PUT carrying the
+//!   `resourceVersion` read (a conflict re-queues), keeping the fields other writers own;
+//! - an object that cannot be reconciled as written ([`Error::Invalid`]) is reported on its
+//!   conditions and not retried until it changes; other failures are retried with per-key
+//!   exponential backoff ([`error_policy`]) and recorded as `InternalError` Events.
+//!
+//! Room: the reconcilers and their object builders. May use: `knative`, `config`,
+//! `telemetry`, `leader`; no data-plane module.
+
+pub mod configuration;
+pub mod gc;
+pub mod service;
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::time::Duration;
+use tracing::Instrument;
+
+use crate::config::{AutoscalerConfig, DefaultsConfig, GcConfig};
+use crate::telemetry::controller::ControllerMetrics;
+
+/// The field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "controller.thaw.dev";
+
+/// The controller's name in Events (`reportingController`) and its Lease.
+pub const CONTROLLER_NAME: &str = "thaw-controller";
+
+/// Knative's resync period (`DefaultResyncPeriod`, 10 h).
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10 * 3600);
+
+/// Knative's default workers per controller are 2; thaw's `--workers` default is 4.
+pub const DEFAULT_WORKERS: u16 = 4;
+
+/// The ConfigMaps in force, one immutable snapshot per reconcile (Knative's
+/// `configStore.ToContext`): a ConfigMap edit never changes a reconcile half-way.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settings {
+    /// `config-defaults`, with its namespace sections.
+    pub defaults: DefaultsConfig,
+    /// `config-autoscaler` (initial scale, min/max scale bounds).
+    pub autoscaler: AutoscalerConfig,
+    /// `config-gc`.
+    pub gc: GcConfig,
+}
+
+/// The revision defaults of `namespace`: config-defaults' cluster values with that
+/// namespace's section over them.
+pub fn defaults_for(settings: &Settings, namespace: &str) -> DefaultsConfig {
+    let _ = namespace;
+    settings.defaults.clone()
+}
+
+/// What an Event says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+/// Shared by every reconciler of one controller process.
+pub struct Ctx {
+    pub client: kube::Client,
+    /// Where the ConfigMaps (and the Lease) live.
+    pub system_namespace: String,
+    /// `None`: every namespace (the default); `Some(ns)`: only `ns` (tests, single-tenant use).
+    namespace: Option<String>,
+    settings: ArcSwap<Settings>,
+    settings_version: watch::Sender<u64>,
+    resync: Duration,
+    workers: u16,
+    recorder: Recorder,
+    metrics: ControllerMetrics,
+    /// Consecutive failures per object, for the per-key backoff.
+    failures: DashMap<(&'static str, String, String), u32>,
+    reconciles: AtomicU64,
+}
+
+/// How a [`Ctx`] is built; every field has the default the role uses.
+#[derive(Debug, Clone)]
+pub struct CtxOptions {
+    pub system_namespace: String,
+    pub namespace: Option<String>,
+    pub resync: Duration,
+    pub workers: u16,
+    /// This replica's name in Events (`reportingInstance`): the pod name.
+    pub instance: Option<String>,
+    pub metrics: Option<ControllerMetrics>,
+}
+
+impl Default for CtxOptions {
+    fn default() -> Self {
+        Self {
+            system_namespace: crate::config::live::SYSTEM_NAMESPACE.into(),
+            namespace: None,
+            resync: DEFAULT_RESYNC,
+            workers: DEFAULT_WORKERS,
+            instance: None,
+            metrics: None,
+        }
+    }
+}
+
+impl Ctx {
+    /// A context with fixed settings and the role's defaults (every namespace, 4 workers,
+    /// 10 h resync).
+    pub fn new(client: kube::Client, settings: Settings) -> Arc<Ctx> {
+        Self::with_options(client, settings, CtxOptions::default())
+    }
+
+    pub fn with_options(client: kube::Client, settings: Settings, o: CtxOptions) -> Arc<Ctx> {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.into(),
+            instance: o.instance,
+        };
+        Arc::new(Ctx {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            system_namespace: o.system_namespace,
+            namespace: o.namespace,
+            settings: ArcSwap::from_pointee(settings),
+            settings_version: watch::Sender::new(0),
+            resync: o.resync,
+            workers: o.workers.max(1),
+            metrics: o.metrics.unwrap_or_else(ControllerMetrics::unregistered),
+            failures: DashMap::new(),
+            reconciles: AtomicU64::new(0),
+        })
+    }
+
+    /// The snapshot in force now.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    /// Puts a new snapshot in force and re-queues every object of every kind (Knative's global
+    /// resync on a ConfigMap change); an equal snapshot changes nothing.
+    pub fn set_settings(&self, s: Settings) {
+        if *self.settings.load_full() == s {
+            return;
+        }
+        self.settings.store(Arc::new(s));
+        self.settings_version.send_modify(|v| *v += 1);
+    }
+
+    /// How often each object is reconciled without a change (`--resync`).
+    pub fn resync(&self) -> Duration {
+        self.resync
+    }
+
+    /// Reconciles run at once per kind (`--workers`).
+    pub fn workers(&self) -> u16 {
+        self.workers
+    }
+
+    /// Reconciles finished so far, of every kind (a progress figure for tests and benches).
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.load(Ordering::Relaxed)
+    }
+
+    /// The API of `K` the controllers watch: every namespace, or the one given.
+    pub fn watched<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// `K` in `namespace`.
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Records a Kubernetes Event on `obj` (`events.k8s.io/v1`; repeats within a few minutes
+    /// are folded into a series by kube's recorder). Never fails the reconcile: a failed
+    /// publish is logged and counted.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        kind: EventKind,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_: match kind {
+                EventKind::Normal => EventType::Normal,
+                EventKind::Warning => EventType::Warning,
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            self.metrics.events_failed.inc();
+            tracing::warn!(error = %e, reason, "could not publish an event");
+        }
+    }
+
+    fn failure_key<K: Resource>(kind: &'static str, obj: &K) -> (&'static str, String, String) {
+        (
+            kind,
+            obj.meta().namespace.clone().unwrap_or_default(),
+            obj.meta().name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+/// Why a reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// The object cannot be reconciled as written (a bad spec, already reported on its
+    /// conditions): not retried until it changes (Knative's permanent error).
+    #[error("{0}")]
+    Invalid(String),
+    /// Anything else (a child owned by someone else, a missing dependency): retried with
+    /// backoff.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    /// A 409 from the API server: someone wrote the object since it was read.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409)
+    }
+
+    fn result_label(&self) -> &'static str {
+        match self {
+            Error::Invalid(_) => "invalid",
+            e if e.is_conflict() => "conflict",
+            _ => "error",
+        }
+    }
+}
+
+/// The first retry after a failure (client-go's `DefaultTypedControllerRateLimiter`: 5 ms
+/// doubling per consecutive failure of the same key, up to 1000 s).
+pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
+/// The longest wait between retries of one key.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(1000);
+
+/// The wait before retry number `failures` (1-based) of one key.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(30);
+    BACKOFF_BASE.saturating_mul(1u32 << exp).min(BACKOFF_CAP)
+}
+
+/// kube-runtime's error policy for every reconciler: a permanent error waits for a change of
+/// the object; anything else is retried after [`backoff`] of the key's consecutive failures.
+pub fn error_policy<K: Resource>(
+    obj: Arc<K>,
+    err: &Error,
+    ctx: Arc<Ctx>,
+    kind: &'static str,
+) -> Action {
+    if matches!(err, Error::Invalid(_)) {
+        return Action::await_change();
+    }
+    let mut n = ctx
+        .failures
+        .entry(Ctx::failure_key(kind, &*obj))
+        .or_insert(0);
+    *n = n.saturating_add(1);
+    Action::requeue(backoff(*n))
+}
+
+/// Runs one kind's `controller` (built by the reconciler module with its `owns`/`watches`)
+/// until the future is dropped: `reconcile` with metrics, a span, the `InternalError` Event on
+/// failure and the backoff bookkeeping, `--workers` at once, every object re-queued when the
+/// settings change.
+pub async fn run<K, F, Fut>(
+    ctx: Arc<Ctx>,
+    kind: &'static str,
+    controller: Controller<K>,
+    reconcile: F,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let reconcile = Arc::new(reconcile);
+    let settings_changed = tokio_stream_of(ctx.settings_version.subscribe());
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.workers);
+    controller
+        .with_config(config)
+        .reconcile_all_on(settings_changed)
+        .run(
+            move |obj: Arc<K>, ctx: Arc<Ctx>| {
+                let reconcile = reconcile.clone();
+                let span = tracing::info_span!(
+                    "reconcile",
+                    kind,
+                    namespace = obj.namespace().unwrap_or_default(),
+                    name = obj.name_any()
+                );
+                async move {
+                    let started = tokio::time::Instant::now();
+                    let result = reconcile(obj.clone(), ctx.clone()).await;
+                    let seconds = started.elapsed().as_secs_f64();
+                    ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+                    match &result {
+                        Ok(_) => {
+                            ctx.failures.remove(&Ctx::failure_key(kind, &*obj));
+                            ctx.metrics.reconciled(kind, "ok", seconds);
+                        }
+                        Err(e) => {
+                            ctx.metrics.reconciled(kind, e.result_label(), seconds);
+                            if e.is_conflict() {
+                                tracing::debug!(error = %e, "conflict; retrying");
+                            } else {
+                                tracing::warn!(error = %e, "reconcile failed");
+                                if !matches!(e, Error::Invalid(_)) {
+                                    ctx.event(
+                                        &*obj,
+                                        EventKind::Warning,
+                                        "InternalError",
+                                        e.to_string(),
+                                    )
+                                    .await;
+                                }
+                            }
+                        }
+                    }
+                    result
+                }
+                .instrument(span)
+            },
+            move |obj, err, ctx| error_policy(obj, err, ctx, kind),
+            ctx.clone(),
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "controller stream");
+            }
+        })
+        .await;
+}
+
+/// A stream that yields once per change of `rx` (the settings version).
+fn tokio_stream_of(mut rx: watch::Receiver<u64>) -> impl futures::Stream<Item = ()> + Send {
+    rx.mark_unchanged();
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+/// The owner reference a child of `parent` carries (`controller: true`,
+/// `blockOwnerDeletion: true`), so Kubernetes' garbage collector deletes it with its parent.
+pub fn owner_ref<P: Resource<DynamicType = ()>>(parent: &P) -> OwnerReference {
+    // Every object the controller reconciles was read from the API server: it has a uid.
+    parent
+        .controller_owner_ref(&())
+        .expect("a stored object has a name and uid")
+}
+
+/// Whether `child` is controlled by `parent` (its controller owner reference has the parent's
+/// uid). A child that exists and is not is someone else's: Knative reports `NotOwned`.
+pub fn is_owned_by<P: Resource>(child: &ObjectMeta, parent: &P) -> bool {
+    let uid = parent.meta().uid.as_deref();
+    child
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+}
+
+/// The time a status change is stamped with.
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Object references of `K` named `names` in `namespace` (a `watches` mapper's result).
+pub fn refs_in<K>(namespace: &str, names: impl IntoIterator<Item = String>) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    names
+        .into_iter()
+        .map(|n| ObjectRef::new(&n).within(namespace))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

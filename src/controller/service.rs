@@ -1,0 +1,382 @@
+//! Service → Configuration + Route (Knative's `service.go`): both named after the Service and
+//! owned by it; the Service's status mirrors theirs.
+//!
+//! - `ConfigurationsReady` follows the Configuration's `Ready` (Unknown `OutOfDate` while the
+//!   Configuration has not observed its latest generation);
+//! - `RoutesReady` follows the Route's `Ready` (Unknown `OutOfDate` likewise, and Unknown
+//!   `TrafficNotMigrated` while the Route's traffic does not yet carry the split the Service
+//!   asks for with the latest ready revision substituted);
+//! - `Ready` = both. A child that exists but is not the Service's is left alone and reported
+//!   False `NotOwned`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+
+use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now, owner_ref};
+use crate::knative::duck::{Condition, ConditionStatus};
+use crate::knative::names::labels;
+use crate::knative::{
+    Configuration, ConfigurationSpec, Route, RouteSpec, Service, ServiceStatus, TrafficTarget,
+    condition,
+};
+
+/// The kind, in metrics and spans.
+pub const KIND: &str = "Service";
+
+/// Knative's Service condition types.
+pub mod conditions {
+    pub const CONFIGURATIONS_READY: &str = "ConfigurationsReady";
+    pub const ROUTES_READY: &str = "RoutesReady";
+}
+
+/// Labels and annotations a Service passes to its children: its own (without kubectl's
+/// last-applied copy) plus `serving.knative.dev/service`.
+fn child_meta(svc: &Service) -> ObjectMeta {
+    let mut lbl: BTreeMap<String, String> = svc.labels().clone();
+    lbl.insert(labels::SERVICE.into(), svc.name_any());
+    if let Some(uid) = &svc.metadata.uid {
+        lbl.insert(labels::SERVICE_UID.into(), uid.clone());
+    }
+    let mut ann = svc.annotations().clone();
+    ann.remove("kubectl.kubernetes.io/last-applied-configuration");
+    ObjectMeta {
+        name: Some(svc.name_any()),
+        namespace: svc.namespace(),
+        labels: Some(lbl),
+        annotations: (!ann.is_empty()).then_some(ann),
+        owner_references: Some(vec![owner_ref(svc)]),
+        ..Default::default()
+    }
+}
+
+/// The Configuration of `svc` (Knative's `MakeConfiguration`).
+pub fn make_configuration(svc: &Service) -> Configuration {
+    Configuration {
+        metadata: child_meta(svc),
+        spec: ConfigurationSpec {
+            template: svc.spec.configuration.template.clone(),
+        },
+        status: None,
+    }
+}
+
+/// The traffic a Service asks for, defaulted as Knative's webhook and `MakeRoute` do: none
+/// written means 100 % to the latest ready revision; a `latestRevision: true` target without a
+/// configuration follows the Service's own.
+pub fn service_traffic(svc: &Service) -> Vec<TrafficTarget> {
+    let name = svc.name_any();
+    if svc.spec.route.traffic.is_empty() {
+        return vec![TrafficTarget {
+            configuration_name: Some(name),
+            latest_revision: Some(true),
+            percent: Some(100),
+            ..Default::default()
+        }];
+    }
+    svc.spec
+        .route
+        .traffic
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            if t.revision_name.is_none() && t.configuration_name.is_none() {
+                t.configuration_name = Some(name.clone());
+                t.latest_revision.get_or_insert(true);
+            }
+            t
+        })
+        .collect()
+}
+
+/// The Route of `svc` (Knative's `MakeRoute`).
+pub fn make_route(svc: &Service) -> Route {
+    Route {
+        metadata: child_meta(svc),
+        spec: RouteSpec {
+            traffic: service_traffic(svc),
+        },
+        status: None,
+    }
+}
+
+/// The traffic the Route should report once it has caught up: the Service's targets with the
+/// latest ready revision named (Knative's `TrafficNotMigrated` check compares these).
+fn expected_traffic(
+    svc: &Service,
+    latest_ready: Option<&str>,
+) -> Option<Vec<(String, Option<String>, i64)>> {
+    let mut out = Vec::new();
+    for t in service_traffic(svc) {
+        let rev = match (&t.revision_name, t.latest_revision) {
+            (Some(r), _) if t.latest_revision != Some(true) => r.clone(),
+            _ => latest_ready?.to_string(),
+        };
+        out.push((rev, t.tag.clone(), t.percent.unwrap_or(0)));
+    }
+    out.sort();
+    Some(out)
+}
+
+fn reported_traffic(route: &Route) -> Vec<(String, Option<String>, i64)> {
+    let mut out: Vec<_> = route
+        .status
+        .as_ref()
+        .map(|s| {
+            s.fields
+                .traffic
+                .iter()
+                .map(|t| {
+                    (
+                        t.revision_name.clone().unwrap_or_default(),
+                        t.tag.clone(),
+                        t.percent.unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// A child's condition mirrored onto the Service: Unknown `OutOfDate` until the child observed
+/// its latest generation, else its `Ready`.
+fn mirrored(
+    type_: &str,
+    kind: &str,
+    generation: Option<i64>,
+    observed: Option<i64>,
+    ready: Option<&Condition>,
+) -> Condition {
+    if observed != generation {
+        return Condition {
+            reason: Some("OutOfDate".into()),
+            message: Some(format!(
+                "The {kind} is still working to reflect the latest desired specification."
+            )),
+            ..Condition::new(type_, ConditionStatus::Unknown)
+        };
+    }
+    match ready {
+        Some(c) => Condition {
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            ..Condition::new(type_, c.status)
+        },
+        None => Condition::new(type_, ConditionStatus::Unknown),
+    }
+}
+
+/// The Service's status from its children (`None`: not created yet, or not ours). Pure.
+pub fn compute_status(
+    svc: &Service,
+    cfg: Result<Option<&Configuration>, &str>,
+    route: Result<Option<&Route>, &str>,
+    problems: &[String],
+) -> ServiceStatus {
+    let mut st = svc.status.clone().unwrap_or_default();
+    let t = now();
+    st.status.observed_generation = svc.metadata.generation;
+    if !problems.is_empty() {
+        let c = Condition {
+            reason: Some("InvalidSpec".into()),
+            message: Some(problems.join("; ")),
+            ..Condition::new(conditions::CONFIGURATIONS_READY, ConditionStatus::False)
+        };
+        st.status.set(c, &t);
+        st.status.set_ready_from(
+            condition::READY,
+            &[conditions::CONFIGURATIONS_READY, conditions::ROUTES_READY],
+            &t,
+        );
+        return st;
+    }
+    let not_owned = |type_: &str, msg: &str| Condition {
+        reason: Some("NotOwned".into()),
+        message: Some(msg.to_string()),
+        ..Condition::new(type_, ConditionStatus::False)
+    };
+    let mut latest_ready = None;
+    match cfg {
+        Err(msg) => st
+            .status
+            .set(not_owned(conditions::CONFIGURATIONS_READY, msg), &t),
+        Ok(None) => st.status.set(
+            Condition::new(conditions::CONFIGURATIONS_READY, ConditionStatus::Unknown),
+            &t,
+        ),
+        Ok(Some(c)) => {
+            let cs = c.status.clone().unwrap_or_default();
+            st.configuration = cs.fields.clone();
+            latest_ready = cs.fields.latest_ready_revision_name.clone();
+            st.status.set(
+                mirrored(
+                    conditions::CONFIGURATIONS_READY,
+                    "Configuration",
+                    c.metadata.generation,
+                    cs.status.observed_generation,
+                    cs.status.condition(condition::READY),
+                ),
+                &t,
+            );
+        }
+    }
+    match route {
+        Err(msg) => st.status.set(not_owned(conditions::ROUTES_READY, msg), &t),
+        Ok(None) => st.status.set(
+            Condition::new(conditions::ROUTES_READY, ConditionStatus::Unknown),
+            &t,
+        ),
+        Ok(Some(r)) => {
+            let rs = r.status.clone().unwrap_or_default();
+            st.route = rs.fields.clone();
+            let mut c = mirrored(
+                conditions::ROUTES_READY,
+                "Route",
+                r.metadata.generation,
+                rs.status.observed_generation,
+                rs.status.condition(condition::READY),
+            );
+            if c.status == ConditionStatus::True
+                && expected_traffic(svc, latest_ready.as_deref()).as_ref()
+                    != Some(&reported_traffic(r))
+            {
+                c = Condition {
+                    reason: Some("TrafficNotMigrated".into()),
+                    message: Some("Traffic is not yet migrated to the latest revision.".into()),
+                    ..Condition::new(conditions::ROUTES_READY, ConditionStatus::Unknown)
+                };
+            }
+            st.status.set(c, &t);
+        }
+    }
+    st.status.set_ready_from(
+        condition::READY,
+        &[conditions::CONFIGURATIONS_READY, conditions::ROUTES_READY],
+        &t,
+    );
+    st
+}
+
+/// Applies `desired` (server-side, ours) unless an object of that name exists that is not the
+/// Service's; returns what the server holds afterwards, or the NotOwned message.
+async fn apply_child<K>(ctx: &Ctx, svc: &Service, desired: &K) -> Result<Result<K, String>, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let api = ctx.api::<K>(&ns);
+    if let Some(existing) = api.get_opt(&name).await?
+        && !is_owned_by(existing.meta(), svc)
+    {
+        return Ok(Err(format!(
+            "There is an existing {} {name:?} that we do not own.",
+            K::kind(&())
+        )));
+    }
+    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
+    body["apiVersion"] = K::api_version(&()).into();
+    body["kind"] = K::kind(&()).into();
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(Ok(applied))
+}
+
+/// Reconciles one Service.
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let settings = ctx.settings();
+    let defaults = super::defaults_for(&settings, &ns);
+    let problems = super::configuration::template_problems(
+        &ns,
+        &name,
+        &svc.spec.configuration.template,
+        &settings,
+        &defaults,
+    );
+    let mut children_ours = true;
+    let status = if problems.is_empty() {
+        let cfg = apply_child(&ctx, &svc, &make_configuration(&svc)).await?;
+        let route = apply_child(&ctx, &svc, &make_route(&svc)).await?;
+        children_ours = cfg.is_ok() && route.is_ok();
+        compute_status(
+            &svc,
+            cfg.as_ref().map(Some).map_err(String::as_str),
+            route.as_ref().map(Some).map_err(String::as_str),
+            &[],
+        )
+    } else {
+        compute_status(&svc, Ok(None), Ok(None), &problems)
+    };
+    let before = svc.status.clone().unwrap_or_default();
+    if status != before {
+        for (type_, what) in [
+            (conditions::CONFIGURATIONS_READY, "Configuration"),
+            (conditions::ROUTES_READY, "Route"),
+        ] {
+            let c = status.status.condition(type_);
+            if c.is_some_and(|c| c.reason.as_deref() == Some("NotOwned"))
+                && before
+                    .status
+                    .condition(type_)
+                    .and_then(|c| c.reason.as_deref())
+                    != Some("NotOwned")
+            {
+                ctx.event(
+                    &*svc,
+                    EventKind::Warning,
+                    "NotOwned",
+                    format!("{what} {name:?} exists and is not owned by this Service"),
+                )
+                .await;
+            }
+        }
+        let mut next = (*svc).clone();
+        next.status = Some(status.clone());
+        ctx.api::<Service>(&ns)
+            .replace_status(&name, &PostParams::default(), &next)
+            .await?;
+    }
+    if !problems.is_empty() {
+        ctx.event(
+            &*svc,
+            EventKind::Warning,
+            "InvalidSpec",
+            problems.join("; "),
+        )
+        .await;
+        return Err(Error::Invalid(problems.join("; ")));
+    }
+    if !children_ours {
+        return Err(Error::Other(format!(
+            "a child of Service {name:?} is not ours"
+        )));
+    }
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// The Service controller: owns Configurations and Routes.
+pub async fn controller(ctx: Arc<Ctx>) {
+    let controller = Controller::new(ctx.watched::<Service>(), watcher::Config::default())
+        .owns(ctx.watched::<Configuration>(), watcher::Config::default())
+        .owns(ctx.watched::<Route>(), watcher::Config::default());
+    super::run(ctx.clone(), KIND, controller, reconcile).await;
+}

@@ -1,0 +1,207 @@
+//! `thaw controller`: Knative's Service, Configuration, Revision and Route reconcilers
+//! ([`crate::controller`]) on Kubernetes.
+//!
+//! Every replica follows the ConfigMaps in `--system-namespace` (validated and reloaded as the
+//! files are: an invalid edit is rejected naming the key, and the last good value stays) and
+//! runs for the Lease `thaw-controller`. Only the leader reconciles: on gaining the Lease every
+//! kind's controller starts (its watches list everything, so every object is reconciled once);
+//! on losing it they are dropped at once; on SIGTERM the Lease is released so another replica
+//! takes over without waiting for it to expire. A ConfigMap change re-queues every object.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info};
+
+use super::admin;
+use crate::cli::{parse_duration, parse_listen};
+use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
+use crate::controller::{CONTROLLER_NAME, Ctx, CtxOptions, DEFAULT_WORKERS, Settings};
+use crate::leader::{LeaseSettings, elect};
+use crate::telemetry::{Telemetry, init_tracing};
+
+/// Arguments of `thaw controller`.
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    /// Where the ConfigMaps and the Lease live.
+    #[arg(long, default_value = SYSTEM_NAMESPACE, env = "SYSTEM_NAMESPACE")]
+    pub system_namespace: String,
+    /// Reconcile only this namespace's objects (default: every namespace).
+    #[arg(long, env = "THAW_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Admin port: /metrics, /healthz, /readyz, /leader.
+    #[arg(long, default_value = "0.0.0.0:9090", value_parser = parse_listen)]
+    pub admin_listen: SocketAddr,
+    /// Reconciles run at once per kind (Knative's "threads per controller").
+    #[arg(long, default_value_t = DEFAULT_WORKERS, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+    /// How often every object is reconciled without a change.
+    #[arg(long, default_value = "10h", value_parser = parse_duration)]
+    pub resync: Duration,
+    /// This replica's name: its identity in the Lease and in Events (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub name: Option<String>,
+    /// The Lease the replicas run for.
+    #[arg(long, default_value = CONTROLLER_NAME)]
+    pub lease_name: String,
+    /// How long candidates wait after the Lease's last renewal before taking it (whole
+    /// seconds).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops leading.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often the leader renews and candidates retry.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// Runs `thaw controller` until SIGTERM or SIGINT.
+pub fn main(args: ControllerArgs) -> ExitCode {
+    init_tracing(args.log_json);
+    super::run_role("controller", 2, "thaw-controller", run(args))
+}
+
+/// The settings snapshot of the ConfigMaps in force.
+fn snapshot(live: &LiveConfig) -> Settings {
+    Settings {
+        defaults: (**live.defaults.load()).clone(),
+        autoscaler: (**live.autoscaler.load()).clone(),
+        gc: (**live.gc.load()).clone(),
+    }
+}
+
+/// Every kind's controller, run together until dropped.
+pub async fn run_controllers(ctx: Arc<Ctx>) {
+    tokio::join!(
+        crate::controller::service::controller(ctx.clone()),
+        crate::controller::configuration::controller(ctx.clone()),
+    );
+}
+
+async fn run(args: ControllerArgs) -> Result<(), String> {
+    let admin_listener = TcpListener::bind(args.admin_listen).await.map_err(|e| {
+        format!(
+            "thaw controller: cannot listen on {} (--admin-listen): {e}",
+            args.admin_listen
+        )
+    })?;
+    let identity = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", CONTROLLER_NAME, std::process::id()));
+    let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
+    lease.lease_duration = args.lease_duration;
+    lease.renew_deadline = args.renew_deadline;
+    lease.retry_period = args.retry_period;
+    lease
+        .validate()
+        .map_err(|e| format!("thaw controller: invalid lease settings: {e}"))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("thaw controller: no Kubernetes client configuration: {e}"))?;
+    let stop = CancellationToken::new();
+    let telemetry = Arc::new(Telemetry::new());
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (identity, leading) = (identity.clone(), leading.clone());
+        let state = Arc::new(admin::AdminState {
+            telemetry: telemetry.clone(),
+            ready: ready_rx,
+            leader: Box::new(move || {
+                serde_json::json!({
+                    "identity": identity,
+                    "leading": leading.load(std::sync::atomic::Ordering::Relaxed),
+                })
+            }),
+        });
+        tokio::spawn(admin::serve(state, admin_listener, stop.clone()));
+    }
+    info!(identity = %identity, admin = %args.admin_listen, workers = args.workers, "thaw controller starting");
+
+    let live = LiveConfig::default();
+    let mut events = watch_configmaps(
+        client.clone(),
+        &args.system_namespace,
+        live.clone(),
+        telemetry.config.clone(),
+        stop.clone(),
+    );
+    tokio::select! {
+        _ = events.wait_for(|e| e.listed) => {}
+        _ = super::autoscaler::signal_stop() => return Ok(()),
+    }
+    let ctx = Ctx::with_options(
+        client.clone(),
+        snapshot(&live),
+        CtxOptions {
+            system_namespace: args.system_namespace.clone(),
+            namespace: args.namespace.clone(),
+            resync: args.resync,
+            workers: args.workers,
+            instance: Some(identity.clone()),
+            metrics: Some(telemetry.controller.clone()),
+        },
+    );
+    // Each ConfigMap change puts a new snapshot in force (and re-queues everything).
+    {
+        let (ctx, live, stop) = (ctx.clone(), live.clone(), stop.clone());
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        r = events.changed() => if r.is_err() { return },
+                    }
+                    ctx.set_settings(snapshot(&live));
+                }
+            }
+            .instrument(tracing::info_span!("settings")),
+        );
+    }
+    let work = {
+        let (ctx, leading, metrics) = (ctx.clone(), leading.clone(), telemetry.controller.clone());
+        move || {
+            let (ctx, leading, metrics) = (ctx.clone(), leading.clone(), metrics.clone());
+            async move {
+                leading.store(true, std::sync::atomic::Ordering::Relaxed);
+                metrics.leader.set(1);
+                let _guard = LeaderGuard { leading, metrics };
+                run_controllers(ctx).await;
+            }
+        }
+    };
+    let _leadership =
+        elect(client, lease, stop.clone(), work).map_err(|e| format!("thaw controller: {e}"))?;
+    let _ = ready_tx.send(true);
+    super::autoscaler::signal_stop().await;
+    info!("stopping: releasing the lease");
+    let _ = ready_tx.send(false);
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(())
+}
+
+/// Clears the leading flag when the leader's work is dropped (the Lease was lost or the
+/// replica stops).
+struct LeaderGuard {
+    leading: Arc<std::sync::atomic::AtomicBool>,
+    metrics: crate::telemetry::controller::ControllerMetrics,
+}
+
+impl Drop for LeaderGuard {
+    fn drop(&mut self) {
+        self.leading
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.leader.set(0);
+    }
+}
