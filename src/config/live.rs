@@ -1,5 +1,5 @@
 //! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`,
-//! `config-activator` and `config-gc` in the system namespace (`--system-namespace`, default `thaw-system`),
+//! `config-activator`, `config-gc` and `config-deployment` in the system namespace (`--system-namespace`, default `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::keys::ConfigMap;
 use super::reload::{Outcome, apply};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 
 /// The default system namespace (`--system-namespace`).
@@ -36,6 +36,8 @@ pub struct LiveConfig {
     pub activator: Arc<ArcSwap<ActivatorConfig>>,
     /// `config-gc` (read by the controller only).
     pub gc: Arc<ArcSwap<GcConfig>>,
+    /// `config-deployment` (read by the controller only).
+    pub deployment: Arc<ArcSwap<DeploymentConfig>>,
 }
 
 /// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
@@ -128,6 +130,12 @@ pub fn watch_configmaps(
                     super::gc::NAME => {
                         apply(parse::<GcConfig>(&data), &config.gc, &metrics, &labels)
                     }
+                    super::deployment::NAME => apply(
+                        parse::<DeploymentConfig>(&data),
+                        &config.deployment,
+                        &metrics,
+                        &labels,
+                    ),
                     _ => apply(
                         parse::<ActivatorConfig>(&data),
                         &config.activator,
@@ -154,6 +162,7 @@ fn is_ours(name: &str) -> bool {
         super::defaults::NAME,
         super::activator::NAME,
         super::gc::NAME,
+        super::deployment::NAME,
     ]
     .contains(&name)
 }

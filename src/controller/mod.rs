@@ -18,6 +18,7 @@
 
 pub mod configuration;
 pub mod gc;
+pub mod revision;
 pub mod service;
 
 use std::fmt::Debug;
@@ -64,6 +65,9 @@ pub struct Settings {
     pub autoscaler: AutoscalerConfig,
     /// `config-gc`.
     pub gc: GcConfig,
+    /// `config-deployment` (the revision Deployments: sidecar image and resources, progress
+    /// deadline).
+    pub deployment: crate::config::DeploymentConfig,
 }
 
 /// The revision defaults of `namespace`: config-defaults' cluster values with that

@@ -76,6 +76,7 @@ fn snapshot(live: &LiveConfig) -> Settings {
         defaults: (**live.defaults.load()).clone(),
         autoscaler: (**live.autoscaler.load()).clone(),
         gc: (**live.gc.load()).clone(),
+        deployment: (**live.deployment.load()).clone(),
     }
 }
 
@@ -84,6 +85,7 @@ pub async fn run_controllers(ctx: Arc<Ctx>) {
     tokio::join!(
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
+        crate::controller::revision::controller(ctx.clone()),
     );
 }
 

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
 use crate::knative::Revision;
-use crate::knative::names::labels;
+use crate::knative::names::{MAX_NAME_LEN, labels};
 
 /// The label Knative adds for tracing when the revision sets none: the revision's name.
 pub const APP_LABEL: &str = "app";
@@ -26,12 +26,15 @@ const EXCLUDED_ANNOTATIONS: &[&str] = &[
 
 /// The labels of the revision's Deployment, pods and Services: the revision's own (less the
 /// routing ones), `serving.knative.dev/revision` and `/revisionUID`, and `app` when the
-/// revision has none (Knative's `makeLabels`).
+/// revision has none (Knative's `makeLabels`). A revision label whose value is longer than a
+/// label value may be (63) is left off: no API server admits it on a child (a real one would
+/// not have admitted the revision either; the configuration's name, which may be longer, still
+/// reaches the pod as `K_CONFIGURATION`).
 pub fn child_labels(rev: &Revision) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = rev
         .labels()
         .iter()
-        .filter(|(k, _)| !EXCLUDED_LABELS.contains(&k.as_str()))
+        .filter(|(k, v)| !EXCLUDED_LABELS.contains(&k.as_str()) && v.len() <= MAX_NAME_LEN)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     out.insert(labels::REVISION.into(), rev.name_any());

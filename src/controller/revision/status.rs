@@ -5,12 +5,13 @@
 //! - **ResourcesAvailable** follows the Deployment: `Progressing` and `ReplicaFailure`
 //!   (`Available` is ignored, as Knative does, since it waits on `minReadySeconds`); Unknown
 //!   `Deploying` until the Deployment reports progress; False `ProgressDeadlineExceeded` when
-//!   the Deployment gave up. While pods are wanted and none is available, the first pod's
-//!   problem overrides it: unschedulable (the `PodScheduled` reason and message), or a
+//!   the Deployment gave up. While pods are wanted and none is available, a pod's problem
+//!   overrides it: unschedulable (the `PodScheduled` reason and message), or a
 //!   container waiting for one of [`FAILING_WAITING_REASONS`] (`ImagePullBackOff`,
 //!   `CrashLoopBackOff`, ... with the kubelet's message) at once — thaw does not wait for the
 //!   progress deadline there, as the data plane does not — and any other waiting reason once
-//!   the deadline has passed (Knative's rule).
+//!   the deadline has passed (Knative's rule). The first pod with a problem explains it (the
+//!   pods run the same spec).
 //! - **ContainerHealthy**: False `ExitCode<N>` "Container failed with: <message>" when a user
 //!   container's last run ended (the message is the termination message, else its reason such
 //!   as `OOMKilled`); True once a replica is ready; otherwise as it was (Unknown `Deploying` at
@@ -78,35 +79,20 @@ impl Set {
         }
     }
 
+    fn into_condition(self, type_: &str) -> Condition {
+        Condition {
+            reason: self.reason,
+            message: self.message,
+            ..Condition::new(type_, self.status)
+        }
+    }
+
     fn true_() -> Self {
         Self {
             status: ConditionStatus::True,
             reason: None,
             message: None,
         }
-    }
-}
-
-/// Sets condition `type_` in `conds`, keeping its `lastTransitionTime` when the status does not
-/// change.
-fn set(conds: &mut Vec<Condition>, type_: &str, v: Set, now: &Time) {
-    let existing = conds.iter().position(|c| c.type_ == type_);
-    let since = match existing.map(|i| &conds[i]) {
-        Some(c) if c.status == v.status => c.last_transition_time.clone(),
-        _ => None,
-    }
-    .unwrap_or_else(|| now.clone());
-    let c = Condition {
-        type_: type_.into(),
-        status: v.status,
-        severity: None,
-        last_transition_time: Some(since),
-        reason: v.reason,
-        message: v.message,
-    };
-    match existing {
-        Some(i) => conds[i] = c,
-        None => conds.push(c),
     }
 }
 
@@ -239,8 +225,7 @@ fn pod_problems(pod: &Pod, deadline_passed: bool) -> (Option<Set>, Option<Set>) 
 /// conditions recomputed from `seen`, `observedGeneration` set, the rest kept.
 pub fn revision_status(rev: &Revision, seen: Observed<'_>, now: &Time) -> RevisionStatus {
     let mut status = rev.status.clone().unwrap_or_default();
-    let conds = &mut status.status.conditions;
-    let previous_health = get(conds, condition::CONTAINER_HEALTHY);
+    let previous_health = get(&status.status.conditions, condition::CONTAINER_HEALTHY);
     let deploying = || Set::new(ConditionStatus::Unknown, reason::DEPLOYING, "");
     let (resources, health) = match seen {
         Observed::Invalid(message) => (
@@ -266,16 +251,20 @@ pub fn revision_status(rev: &Revision, seen: Observed<'_>, now: &Time) -> Revisi
                 .and_then(|s| s.replicas)
                 .unwrap_or(1);
             let available = st.and_then(|s| s.available_replicas).unwrap_or(0);
-            if wanted > 0
-                && available == 0
-                && let Some(pod) = pods.first()
-            {
-                let (r, h) = pod_problems(pod, timed_out(deployment));
-                if let Some(r) = r {
-                    resources = r;
-                }
-                if let Some(h) = h {
-                    health = h;
+            if wanted > 0 && available == 0 {
+                // The first pod with a problem explains them all (they run the same spec).
+                let deadline_passed = timed_out(deployment);
+                let found = pods
+                    .iter()
+                    .map(|p| pod_problems(p, deadline_passed))
+                    .find(|(r, h)| r.is_some() || h.is_some());
+                if let Some((r, h)) = found {
+                    if let Some(r) = r {
+                        resources = r;
+                    }
+                    if let Some(h) = h {
+                        health = h;
+                    }
                 }
             }
             if st.and_then(|s| s.ready_replicas).unwrap_or(0) > 0 {
@@ -284,16 +273,15 @@ pub fn revision_status(rev: &Revision, seen: Observed<'_>, now: &Time) -> Revisi
             (resources, health)
         }
     };
-    let copy = |s: &Set| Set {
-        status: s.status,
-        reason: s.reason.clone(),
-        message: s.message.clone(),
-    };
+    let st = &mut status.status;
+    st.set(resources.into_condition(condition::RESOURCES_AVAILABLE), now);
+    st.set(health.into_condition(condition::CONTAINER_HEALTHY), now);
     // ContainerHealthy first: its reason is the more specific when both fail.
-    let ready = first_not_true([copy(&health), copy(&resources)]);
-    set(conds, condition::RESOURCES_AVAILABLE, resources, now);
-    set(conds, condition::CONTAINER_HEALTHY, health, now);
-    set(conds, condition::READY, ready, now);
+    st.set_ready_from(
+        condition::READY,
+        &[condition::CONTAINER_HEALTHY, condition::RESOURCES_AVAILABLE],
+        now,
+    );
     status.status.observed_generation = rev.metadata.generation;
     status
 }
