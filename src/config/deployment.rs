@@ -90,7 +90,21 @@ pub fn quantity(s: &str) -> Result<String, String> {
     }
     let suffix_ok = matches!(
         suffix,
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E"
+        "" | "Ki"
+            | "Mi"
+            | "Gi"
+            | "Ti"
+            | "Pi"
+            | "Ei"
+            | "n"
+            | "u"
+            | "m"
+            | "k"
+            | "M"
+            | "G"
+            | "T"
+            | "P"
+            | "E"
     ) || suffix
         .strip_prefix(['e', 'E'])
         .map(|e| e.strip_prefix(['+', '-']).unwrap_or(e))
@@ -249,10 +263,7 @@ mod tests {
             Some("25m")
         );
         assert_eq!(c.queue_sidecar_resources.memory_limit, None);
-        assert!(
-            c.queue_sidecar_image
-                .starts_with("ghcr.io/thaw-dev/thaw:")
-        );
+        assert!(c.queue_sidecar_image.starts_with("ghcr.io/thaw-dev/thaw:"));
         assert!(c.queue_sidecar_image.ends_with(env!("CARGO_PKG_VERSION")));
     }
 
@@ -307,7 +318,10 @@ mod tests {
     fn digest_resolution_keys_are_inert_with_a_warning() {
         let parsed = DeploymentConfig::parse(&data(&[
             ("digest-resolution-timeout", "10s"),
-            ("registries-skipping-tag-resolving", "kind.local,ko.local,dev.local"),
+            (
+                "registries-skipping-tag-resolving",
+                "kind.local,ko.local,dev.local",
+            ),
             ("no-such-key", "x"),
         ]))
         .unwrap();

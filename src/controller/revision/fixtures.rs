@@ -45,7 +45,8 @@ impl RevisionFixture {
         rev.metadata = ObjectMeta {
             name: Some(name.into()),
             namespace: Some("default".into()),
-            uid: Some(format!("uid-{name}")),
+            // A uid is 36 characters at most, as the API server writes them.
+            uid: Some(format!("uid-{name}").chars().take(36).collect()),
             generation: Some(1),
             labels: Some(BTreeMap::from([
                 (labels::CONFIGURATION.to_string(), "hello".to_string()),

@@ -195,7 +195,11 @@ mod tests {
         assert_eq!(res.target.type_, "AverageValue");
         assert_eq!(res.target.average_value, Some(Quantity("150Mi".into())));
         assert_eq!(
-            s.behavior.unwrap().scale_down.unwrap().stabilization_window_seconds,
+            s.behavior
+                .unwrap()
+                .scale_down
+                .unwrap()
+                .stabilization_window_seconds,
             Some(120)
         );
     }

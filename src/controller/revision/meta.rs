@@ -39,7 +39,8 @@ pub fn child_labels(rev: &Revision) -> BTreeMap<String, String> {
         .collect();
     out.insert(labels::REVISION.into(), rev.name_any());
     out.insert(labels::REVISION_UID.into(), rev.uid().unwrap_or_default());
-    out.entry(APP_LABEL.into()).or_insert_with(|| rev.name_any());
+    out.entry(APP_LABEL.into())
+        .or_insert_with(|| rev.name_any());
     out
 }
 
@@ -120,7 +121,10 @@ mod tests {
     fn annotations_propagate_less_the_bookkeeping() {
         let rev = RevisionFixture::new("hello-00001")
             .annotation("autoscaling.knative.dev/min-scale", "1")
-            .annotation("serving.knative.dev/routingStateModified", "2026-01-01T00:00:00Z")
+            .annotation(
+                "serving.knative.dev/routingStateModified",
+                "2026-01-01T00:00:00Z",
+            )
             .annotation("serving.knative.dev/routes", "hello")
             .build();
         let a = child_annotations(&rev);

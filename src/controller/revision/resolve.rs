@@ -238,10 +238,7 @@ mod tests {
             "{err}"
         );
         assert!(keys.contains(&"spec.containerConcurrency"), "{err}");
-        assert!(
-            keys.contains(&"autoscaling.knative.dev/min-scale"),
-            "{err}"
-        );
+        assert!(keys.contains(&"autoscaling.knative.dev/min-scale"), "{err}");
         let rev = RevisionFixture::new("none").no_containers().build();
         let err = resolve_default(&rev).unwrap_err();
         assert_eq!(err.0[0].key, "spec.containers");

@@ -155,7 +155,10 @@ mod tests {
     fn http1_services() {
         let rev = RevisionFixture::new("hello-00001").build();
         let (private, public) = build(&rev);
-        assert_eq!(private.metadata.name.as_deref(), Some("hello-00001-private"));
+        assert_eq!(
+            private.metadata.name.as_deref(),
+            Some("hello-00001-private")
+        );
         assert_eq!(public.metadata.name.as_deref(), Some("hello-00001"));
         let pl = private.metadata.labels.as_ref().unwrap();
         assert_eq!(pl[labels::SERVICE_TYPE], "Private");
@@ -178,13 +181,18 @@ mod tests {
         assert_eq!(ports(&public), [("http".to_string(), 80, 8012, None)]);
         for s in [&private, &public] {
             let o = &s.metadata.owner_references.as_ref().unwrap()[0];
-            assert_eq!((o.kind.as_str(), o.uid.as_str()), ("Revision", "uid-hello-00001"));
+            assert_eq!(
+                (o.kind.as_str(), o.uid.as_str()),
+                ("Revision", "uid-hello-00001")
+            );
         }
     }
 
     #[test]
     fn h2c_services() {
-        let rev = RevisionFixture::new("grpc-00001").port(Some("h2c"), 8080).build();
+        let rev = RevisionFixture::new("grpc-00001")
+            .port(Some("h2c"), 8080)
+            .build();
         let (private, public) = build(&rev);
         let h2c = Some("kubernetes.io/h2c".to_string());
         assert_eq!(

@@ -145,7 +145,10 @@ fn first_not_true<const N: usize>(sets: [Set; N]) -> Set {
     if let Some(i) = sets.iter().position(|s| s.status == ConditionStatus::False) {
         return sets.swap_remove(i);
     }
-    if let Some(i) = sets.iter().position(|s| s.status == ConditionStatus::Unknown) {
+    if let Some(i) = sets
+        .iter()
+        .position(|s| s.status == ConditionStatus::Unknown)
+    {
         return sets.swap_remove(i);
     }
     Set::true_()
@@ -153,11 +156,14 @@ fn first_not_true<const N: usize>(sets: [Set; N]) -> Set {
 
 /// Whether the Deployment gave up (`Progressing=False`, `ProgressDeadlineExceeded`).
 fn timed_out(d: &Deployment) -> bool {
-    d.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| {
-        c.type_ == "Progressing"
-            && c.status == "False"
-            && c.reason.as_deref() == Some(reason::PROGRESS_DEADLINE_EXCEEDED)
-    })
+    d.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some(reason::PROGRESS_DEADLINE_EXCEEDED)
+        })
 }
 
 /// `ExitCode<N>`, "Container failed with: <message>" for a user container whose last run
@@ -274,7 +280,10 @@ pub fn revision_status(rev: &Revision, seen: Observed<'_>, now: &Time) -> Revisi
         }
     };
     let st = &mut status.status;
-    st.set(resources.into_condition(condition::RESOURCES_AVAILABLE), now);
+    st.set(
+        resources.into_condition(condition::RESOURCES_AVAILABLE),
+        now,
+    );
     st.set(health.into_condition(condition::CONTAINER_HEALTHY), now);
     // ContainerHealthy first: its reason is the more specific when both fail.
     st.set_ready_from(
