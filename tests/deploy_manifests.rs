@@ -723,7 +723,7 @@ fn each_role_is_granted_exactly_the_calls_in_the_rbac_table() {
     let roles = t["roles"].as_object().unwrap();
     assert_eq!(
         roles.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["activator", "autoscaler"]
+        ["activator", "autoscaler", "controller"]
     );
     let mut service_accounts = BTreeSet::new();
     for (role, spec) in roles {
@@ -864,7 +864,7 @@ fn every_container_is_locked_down() {
         .map(|(_, d)| d)
         .filter(|d| kind(d).1 == "Deployment")
         .collect();
-    assert_eq!(deps.len(), 2);
+    assert_eq!(deps.len(), 3);
     let ns = find(&all, "Namespace", SYSTEM_NAMESPACE);
     assert_eq!(
         str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"),

@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::PostParams;
@@ -156,7 +155,7 @@ pub fn make_revision(
     let name = revision_name(cfg);
     let t = &cfg.spec.template;
     let mut lbl: BTreeMap<String, String> = t.metadata.labels.clone().unwrap_or_default();
-    lbl.insert(labels::CONFIGURATION.into(), cfg.name_any());
+    lbl.insert(labels::CONFIGURATION.into(), labels::value(&cfg.name_any()));
     lbl.insert(
         labels::CONFIGURATION_GENERATION.into(),
         cfg.metadata.generation.unwrap_or(0).to_string(),
@@ -282,14 +281,20 @@ pub async fn reconcile(
     ctx: Arc<Ctx>,
     revisions: Store<Revision>,
 ) -> Result<Action, Error> {
+    // The first reconciles may come before the Revision store has listed.
+    revisions
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Other(e.to_string()))?;
     let ns = cfg.namespace().unwrap_or_default();
     let name = cfg.name_any();
     let settings = ctx.settings();
     let defaults = super::defaults_for(&settings, &ns);
     let problems = template_problems(&ns, &name, &cfg.spec.template, &settings, &defaults);
+    let cfg_label = labels::value(&name);
     let mine: Vec<Arc<Revision>> = revisions.state_filter(|r| {
         r.namespace().as_deref() == Some(ns.as_str())
-            && r.labels().get(labels::CONFIGURATION) == Some(&name)
+            && r.labels().get(labels::CONFIGURATION) == Some(&cfg_label)
     });
     let rev_name = revision_name(&cfg);
     let mut latest: Option<Revision> = None;
@@ -427,24 +432,20 @@ async fn announce(
     }
 }
 
-/// The Configuration controller: owns Revisions (a revision's change re-queues its
-/// configuration); a second watch keeps the Revision store the reconcile reads.
+/// The Configuration controller: owns Revisions through one reflector, so the store a
+/// reconcile reads already holds the revision change that triggered it.
 pub async fn controller(ctx: Arc<Ctx>) {
     let (store, writer) = reflector::store::<Revision>();
-    let feed = reflector::reflector(
+    let revisions = reflector::reflector(
         writer,
         watcher(ctx.watched::<Revision>(), watcher::Config::default()),
     )
     .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
+    .touched_objects();
     let controller = Controller::new(ctx.watched::<Configuration>(), watcher::Config::default())
-        .owns(ctx.watched::<Revision>(), watcher::Config::default());
-    let run = super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
+        .owns_stream(revisions);
+    super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
         reconcile(cfg, ctx, store.clone())
-    });
-    tokio::select! {
-        _ = feed => {}
-        _ = run => {}
-    }
+    })
+    .await;
 }

@@ -40,7 +40,7 @@ pub mod conditions {
 /// last-applied copy) plus `serving.knative.dev/service`.
 fn child_meta(svc: &Service) -> ObjectMeta {
     let mut lbl: BTreeMap<String, String> = svc.labels().clone();
-    lbl.insert(labels::SERVICE.into(), svc.name_any());
+    lbl.insert(labels::SERVICE.into(), labels::value(&svc.name_any()));
     if let Some(uid) = &svc.metadata.uid {
         lbl.insert(labels::SERVICE_UID.into(), uid.clone());
     }

@@ -108,6 +108,14 @@ pub mod labels {
         format!("{SERVICE_TYPE}={SERVICE_TYPE_PRIVATE},{REVISION}")
     }
 
+    /// A label value naming an object: the name itself when it fits Kubernetes' 63-character
+    /// limit on label values, else `child_name(name, "")` (a prefix and the name's MD5, 63
+    /// characters). Every label that names a configuration, service or route goes through
+    /// this, and readers select by the same mapping.
+    pub fn value(name: &str) -> String {
+        super::child_name(name, "")
+    }
+
     /// The label selector of one revision's objects: `serving.knative.dev/revision=<name>`.
     pub fn revision(name: &str) -> String {
         format!("{REVISION}={name}")

@@ -266,6 +266,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// The process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -4,7 +4,7 @@
 //!
 //! The server serves every built-in kind (Deployments with `/scale`, Pods, EndpointSlices,
 //! Leases, ConfigMaps, ...) and the four `serving.knative.dev/v1` kinds from the generated CRDs
-//! (schema enforced, `/status` served), and `events.k8s.io/v1` Events. No controllers run: tests play kubelet and the
+//! (schema enforced, `/status` served). No controllers run: tests play kubelet and the
 //! endpoints controller. It enforces no RBAC, no CEL and no pruning.
 
 #![allow(
@@ -45,8 +45,8 @@ impl TestApi {
         for crd in thaw::knative::crds() {
             handlers.push(crd_handler(store.clone(), &crd));
         }
-        // `events.k8s.io/v1` Events (kube's event recorder writes these; the catalog has only
-        // the core `v1` kind).
+        // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
+        // only `core/v1` ones.
         handlers.push(Arc::new(StoreBackedHandler::new(
             store.clone(),
             "events.k8s.io",

@@ -1,0 +1,579 @@
+//! `thaw controller`'s reconcilers, in-process, against the in-process API server over real
+//! HTTP: the test plays kubelet (it marks Revisions' children ready by writing status) and the
+//! controllers do the rest. Waits poll the server with a deadline; nothing asserts a duration.
+
+mod kube_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use thaw::controller::{Ctx, CtxOptions, Settings};
+use thaw::knative::duck::{Condition, ConditionStatus};
+use thaw::knative::names::labels;
+use thaw::knative::{Configuration, Revision, Route, Service, condition};
+use tokio::task::JoinHandle;
+
+use crate::kube_support::TestApi;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const HELLO: &str = r#"
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata:
+  name: hello
+spec:
+  template:
+    metadata:
+      annotations:
+        autoscaling.knative.dev/min-scale: "1"
+        autoscaling.knative.dev/target: "10"
+    spec:
+      containerConcurrency: 10
+      containers:
+        - image: ghcr.io/knative/helloworld-go:latest
+          ports:
+            - containerPort: 8080
+          env:
+            - name: TARGET
+              value: "World"
+          resources:
+            requests:
+              cpu: 100m
+"#;
+
+struct Running {
+    api: TestApi,
+    ctx: Arc<Ctx>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn start(ns: &str, settings: Settings) -> Running {
+    let api = TestApi::start().await;
+    let ctx = Ctx::with_options(
+        api.client(),
+        settings,
+        CtxOptions {
+            namespace: Some(ns.into()),
+            ..CtxOptions::default()
+        },
+    );
+    let task = tokio::spawn(thaw::roles::controller::run_controllers(ctx.clone()));
+    Running { api, ctx, task }
+}
+
+fn service(yaml: &str, ns: &str) -> Service {
+    let mut s: Service = serde_saphyr::from_str(yaml).expect("service yaml");
+    s.metadata.namespace = Some(ns.into());
+    s
+}
+
+/// Polls `get` until `ok` holds of its result, or fails the test with `what` and the last value.
+async fn wait_for<T: std::fmt::Debug, F, Fut>(what: &str, mut get: F, ok: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let v = get().await;
+        if ok(&v) {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; last: {v:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Option<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.expect("get")
+}
+
+fn cond<'a>(s: &'a thaw::knative::duck::Status, t: &str) -> Option<&'a Condition> {
+    s.condition(t)
+}
+
+/// Plays the Revision reconciler's and kubelet's part: marks a revision Ready.
+async fn mark_ready(revs: &Api<Revision>, name: &str) {
+    let mut r = revs.get_status(name).await.expect("revision");
+    let mut st = r.status.clone().unwrap_or_default();
+    let now = thaw::controller::now();
+    for t in [
+        condition::RESOURCES_AVAILABLE,
+        condition::CONTAINER_HEALTHY,
+        condition::READY,
+    ] {
+        st.status
+            .set(Condition::new(t, ConditionStatus::True), &now);
+    }
+    st.status.observed_generation = r.metadata.generation;
+    r.status = Some(st);
+    revs.replace_status(name, &PostParams::default(), &r)
+        .await
+        .expect("revision status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_service_stamps_configuration_route_and_a_defaulted_revision() {
+    let ns = "default";
+    let run = start(ns, Settings::default()).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let routes: Api<Route> = Api::namespaced(client.clone(), ns);
+    let revs: Api<Revision> = Api::namespaced(client.clone(), ns);
+    let svc = svcs
+        .create(&PostParams::default(), &service(HELLO, ns))
+        .await
+        .expect("create service");
+
+    let cfg = wait_for("the Configuration", || get(&cfgs, "hello"), Option::is_some)
+        .await
+        .unwrap();
+    let owner = cfg.owner_references().first().cloned().expect("owner");
+    assert_eq!(owner.uid, svc.uid().unwrap());
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(
+        cfg.labels().get(labels::SERVICE).map(String::as_str),
+        Some("hello")
+    );
+    assert_eq!(cfg.spec.template, svc.spec.configuration.template);
+
+    let route = wait_for("the Route", || get(&routes, "hello"), Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(route.spec.traffic.len(), 1);
+    assert_eq!(
+        route.spec.traffic[0].configuration_name.as_deref(),
+        Some("hello")
+    );
+    assert_eq!(route.spec.traffic[0].latest_revision, Some(true));
+    assert_eq!(route.spec.traffic[0].percent, Some(100));
+
+    let rev = wait_for("hello-00001", || get(&revs, "hello-00001"), Option::is_some)
+        .await
+        .unwrap();
+    let l = rev.labels();
+    assert_eq!(
+        l.get(labels::CONFIGURATION).map(String::as_str),
+        Some("hello")
+    );
+    assert_eq!(
+        l.get(labels::CONFIGURATION_GENERATION).map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(l.get(labels::SERVICE).map(String::as_str), Some("hello"));
+    assert_eq!(
+        l.get(labels::ROUTING_STATE).map(String::as_str),
+        Some("pending")
+    );
+    assert_eq!(rev.owner_references()[0].uid, cfg.uid().unwrap());
+    assert_eq!(
+        rev.annotations()
+            .get("autoscaling.knative.dev/min-scale")
+            .map(String::as_str),
+        Some("1")
+    );
+    // Defaults resolved into the spec, once.
+    assert_eq!(rev.spec.container_concurrency, Some(10));
+    assert_eq!(rev.spec.timeout_seconds, Some(300));
+    assert_eq!(rev.spec.pod_spec.enable_service_links, Some(false));
+    let c = &rev.spec.pod_spec.containers[0];
+    assert_eq!(c.name, "user-container");
+    // Every container field the user wrote is there.
+    let want = &svc.spec.configuration.template.spec.pod_spec.containers[0];
+    assert_eq!(c.image, want.image);
+    assert_eq!(c.env, want.env);
+    assert_eq!(c.ports, want.ports);
+    assert_eq!(c.resources, want.resources);
+
+    // The revision is not Ready yet: the Configuration is Unknown, latestCreated set.
+    let cfg = wait_for(
+        "latestCreatedRevisionName",
+        || get(&cfgs, "hello"),
+        |c| {
+            c.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .and_then(|s| s.fields.latest_created_revision_name.clone())
+                .as_deref()
+                == Some("hello-00001")
+        },
+    )
+    .await
+    .unwrap();
+    let st = cfg.status.unwrap();
+    assert_eq!(st.status.observed_generation, Some(1));
+    assert_eq!(
+        cond(&st.status, "Ready").map(|c| c.status),
+        Some(ConditionStatus::Unknown)
+    );
+    assert_eq!(st.fields.latest_ready_revision_name, None);
+
+    mark_ready(&revs, "hello-00001").await;
+    let cfg = wait_for(
+        "the Configuration Ready",
+        || get(&cfgs, "hello"),
+        |c| {
+            c.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .is_some_and(|s| s.status.is_true("Ready"))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        cfg.status
+            .unwrap()
+            .fields
+            .latest_ready_revision_name
+            .as_deref(),
+        Some("hello-00001")
+    );
+    let svc = wait_for(
+        "the Service's ConfigurationsReady",
+        || get(&svcs, "hello"),
+        |s| {
+            s.as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some_and(|s| s.status.is_true("ConfigurationsReady"))
+        },
+    )
+    .await
+    .unwrap();
+    let st = svc.status.unwrap();
+    assert_eq!(
+        st.configuration.latest_ready_revision_name.as_deref(),
+        Some("hello-00001")
+    );
+    assert_eq!(
+        st.configuration.latest_created_revision_name.as_deref(),
+        Some("hello-00001")
+    );
+    assert_eq!(st.status.observed_generation, Some(1));
+
+    // Events were recorded on the Configuration.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("hello"))
+        .filter_map(|e| e.reason)
+        .collect();
+    for want in ["Created", "LatestReadyUpdate", "ConfigurationReady"] {
+        assert!(reasons.iter().any(|r| r == want), "{want} in {reasons:?}");
+    }
+    assert!(run.ctx.reconciles() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_edit_stamps_the_next_revision_and_latest_ready_waits_for_it() {
+    let ns = "default";
+    let run = start(ns, Settings::default()).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let revs: Api<Revision> = Api::namespaced(client.clone(), ns);
+    svcs.create(&PostParams::default(), &service(HELLO, ns))
+        .await
+        .unwrap();
+    wait_for("hello-00001", || get(&revs, "hello-00001"), Option::is_some).await;
+    mark_ready(&revs, "hello-00001").await;
+    let latest_ready = |name: &'static str| {
+        move |c: &Option<Configuration>| {
+            c.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .and_then(|s| s.fields.latest_ready_revision_name.as_deref())
+                == Some(name)
+        }
+    };
+    wait_for(
+        "latestReady 00001",
+        || get(&cfgs, "hello"),
+        latest_ready("hello-00001"),
+    )
+    .await;
+
+    let patch = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
+        "image": "ghcr.io/knative/helloworld-go:latest",
+        "ports": [{"containerPort": 8080}],
+        "env": [{"name": "TARGET", "value": "Again"}]
+    }]}}}});
+    svcs.patch("hello", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let rev2 = wait_for("hello-00002", || get(&revs, "hello-00002"), Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(
+        rev2.spec.pod_spec.containers[0].env.as_ref().unwrap()[0]
+            .value
+            .as_deref(),
+        Some("Again")
+    );
+    let cfg = wait_for(
+        "latestCreated 00002",
+        || get(&cfgs, "hello"),
+        |c| {
+            c.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .and_then(|s| s.fields.latest_created_revision_name.as_deref())
+                == Some("hello-00002")
+        },
+    )
+    .await
+    .unwrap();
+    // Not Ready yet: latestReady stays on the old revision.
+    assert_eq!(
+        cfg.status
+            .unwrap()
+            .fields
+            .latest_ready_revision_name
+            .as_deref(),
+        Some("hello-00001")
+    );
+    mark_ready(&revs, "hello-00002").await;
+    wait_for(
+        "latestReady 00002",
+        || get(&cfgs, "hello"),
+        latest_ready("hello-00002"),
+    )
+    .await;
+    // The first revision is still there (config-gc's defaults keep 20).
+    assert!(get(&revs, "hello-00001").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_service_is_reported_with_the_field_and_nothing_is_created() {
+    let ns = "default";
+    let run = start(ns, Settings::default()).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let bad = HELLO.replace("containerConcurrency: 10", "containerConcurrency: 5000");
+    svcs.create(&PostParams::default(), &service(&bad, ns))
+        .await
+        .unwrap();
+    let svc = wait_for(
+        "Ready=False",
+        || get(&svcs, "hello"),
+        |s| {
+            s.as_ref()
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.status.condition("Ready"))
+                .is_some_and(|c| c.status == ConditionStatus::False)
+        },
+    )
+    .await
+    .unwrap();
+    let ready = svc
+        .status
+        .unwrap()
+        .status
+        .condition("Ready")
+        .cloned()
+        .unwrap();
+    let msg = ready.message.unwrap_or_default();
+    assert!(
+        msg.contains("spec.template.spec.containerConcurrency"),
+        "the field is named: {msg}"
+    );
+    assert!(msg.contains("5000"), "{msg}");
+    assert!(get(&cfgs, "hello").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_of_someone_else_is_not_owned_and_left_alone() {
+    let ns = "default";
+    let run = start(ns, Settings::default()).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let theirs = Configuration {
+        metadata: ObjectMeta {
+            name: Some("hello".into()),
+            namespace: Some(ns.into()),
+            labels: Some([("owner".to_string(), "someone-else".to_string())].into()),
+            ..Default::default()
+        },
+        spec: Default::default(),
+        status: None,
+    };
+    cfgs.create(&PostParams::default(), &theirs).await.unwrap();
+    svcs.create(&PostParams::default(), &service(HELLO, ns))
+        .await
+        .unwrap();
+    let svc = wait_for(
+        "ConfigurationsReady=False NotOwned",
+        || get(&svcs, "hello"),
+        |s| {
+            s.as_ref()
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.status.condition("ConfigurationsReady"))
+                .is_some_and(|c| c.reason.as_deref() == Some("NotOwned"))
+        },
+    )
+    .await
+    .unwrap();
+    let ready = svc
+        .status
+        .unwrap()
+        .status
+        .condition("Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready.status, ConditionStatus::False);
+    let cfg = get(&cfgs, "hello").await.unwrap();
+    assert_eq!(
+        cfg.labels().get("owner").map(String::as_str),
+        Some("someone-else")
+    );
+    assert!(cfg.owner_references().is_empty());
+    assert!(
+        cfg.meta()
+            .managed_fields
+            .iter()
+            .flatten()
+            .all(|m| m.manager.as_deref() != Some(thaw::controller::FIELD_MANAGER))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seventy_character_name_keeps_every_child_name_and_label_within_63() {
+    let ns = "default";
+    let run = start(ns, Settings::default()).await;
+    let client = run.api.client();
+    let name = format!("h{}", "e".repeat(69));
+    assert_eq!(name.len(), 70);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let revs: Api<Revision> = Api::namespaced(client.clone(), ns);
+    let cfg: Configuration = {
+        let svc = service(HELLO, ns);
+        Configuration {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            spec: svc.spec.configuration.clone(),
+            status: None,
+        }
+    };
+    cfgs.create(&PostParams::default(), &cfg).await.unwrap();
+    let cfg = wait_for(
+        "latestCreated",
+        || get(&cfgs, &name),
+        |c| {
+            c.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .is_some_and(|s| s.fields.latest_created_revision_name.is_some())
+        },
+    )
+    .await
+    .unwrap();
+    let rev_name = cfg
+        .status
+        .unwrap()
+        .fields
+        .latest_created_revision_name
+        .unwrap();
+    assert!(rev_name.len() <= 63, "{rev_name}");
+    assert_eq!(rev_name, thaw::knative::names::child_name(&name, "-00001"));
+    let rev = get(&revs, &rev_name).await.unwrap();
+    for (k, v) in rev.labels() {
+        assert!(v.len() <= 63, "label {k}={v} is {} characters", v.len());
+    }
+    assert_eq!(
+        rev.labels().get(labels::CONFIGURATION),
+        Some(&labels::value(&name))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
+    let ns = "default";
+    let settings = Settings {
+        gc: thaw::config::GcConfig {
+            retain_since_create_time: None,
+            retain_since_last_active_time: None,
+            min_non_active_revisions: 0,
+            max_non_active_revisions: Some(1),
+        },
+        ..Settings::default()
+    };
+    let run = start(ns, settings).await;
+    let client = run.api.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<Configuration> = Api::namespaced(client.clone(), ns);
+    let revs: Api<Revision> = Api::namespaced(client.clone(), ns);
+    svcs.create(&PostParams::default(), &service(HELLO, ns))
+        .await
+        .unwrap();
+    wait_for("hello-00001", || get(&revs, "hello-00001"), Option::is_some).await;
+    // Playing the Route's labeler: the first revision stays routed (a tag pins it).
+    revs.patch(
+        "hello-00001",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"metadata": {"labels": {labels::ROUTING_STATE: "active"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    mark_ready(&revs, "hello-00001").await;
+    for g in 2..=4 {
+        let patch = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
+            "image": "ghcr.io/knative/helloworld-go:latest",
+            "ports": [{"containerPort": 8080}],
+            "env": [{"name": "TARGET", "value": format!("v{g}")}]
+        }]}}}});
+        svcs.patch("hello", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let name = format!("hello-{g:05}");
+        wait_for(&name, || get(&revs, &name), Option::is_some).await;
+        mark_ready(&revs, &name).await;
+        wait_for(
+            "latestReady",
+            || get(&cfgs, "hello"),
+            |c| {
+                c.as_ref()
+                    .and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.fields.latest_ready_revision_name.as_deref())
+                    == Some(name.as_str())
+            },
+        )
+        .await;
+    }
+    // Non-active: 00002 and 00003; max-non-active-revisions 1 keeps the more recent one.
+    wait_for(
+        "hello-00002 collected",
+        || get(&revs, "hello-00002"),
+        Option::is_none,
+    )
+    .await;
+    assert!(
+        get(&revs, "hello-00001").await.is_some(),
+        "the routed revision stays"
+    );
+    assert!(get(&revs, "hello-00003").await.is_some());
+    assert!(
+        get(&revs, "hello-00004").await.is_some(),
+        "the latest stays"
+    );
+}
