@@ -746,7 +746,13 @@ async fn a_70_character_configuration_keeps_every_name_and_label_within_63() {
     assert_eq!(config.len(), 70);
     let name = child_name(&config, "-00001");
     let mut rev = helloworld(&name);
-    rev["metadata"]["labels"][labels::CONFIGURATION] = config.clone().into();
+    // As the Configuration reconciler writes it: the label hashed, the owner named whole.
+    rev["metadata"]["labels"][labels::CONFIGURATION] = labels::value(&config).into();
+    rev["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "serving.knative.dev/v1", "kind": "Configuration", "name": config,
+        "uid": "6f1c2a1e-0000-4000-8000-000000000001", "controller": true,
+        "blockOwnerDeletion": true
+    }]);
     h.create_revision(rev).await;
     let dep = h.deployment(&child_name(&name, "-deployment")).await;
     let svcs = h.api::<Service>();

@@ -33,7 +33,8 @@ pub struct Resolved {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// `serving.knative.dev/configuration` ("" when the revision has none).
+    /// The configuration's name: from the revision's controller owner reference, else the
+    /// label `serving.knative.dev/configuration` ("" when it has neither).
     pub configuration: String,
     /// `serving.knative.dev/service` ("" when the revision has none).
     pub service: String,
@@ -142,11 +143,19 @@ pub fn resolve(
         deployment.progress_deadline
     };
     let label = |k: &str| rev.labels().get(k).cloned().unwrap_or_default();
+    // The label holds a hashed value for a name past 63 characters; the owner reference has
+    // the configuration's name whole.
+    let configuration = rev
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Configuration" && o.controller == Some(true))
+        .map(|o| o.name.clone())
+        .unwrap_or_else(|| label(labels::CONFIGURATION));
     Ok(Resolved {
         namespace: rev.namespace().unwrap_or_default(),
         name: rev.name_any(),
         uid: rev.uid().unwrap_or_default(),
-        configuration: label(labels::CONFIGURATION),
+        configuration,
         service: label(labels::SERVICE),
         serving_container: serving,
         user_port,

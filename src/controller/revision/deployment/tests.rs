@@ -431,7 +431,19 @@ fn a_70_character_configuration_keeps_names_and_labels_within_63() {
     assert_eq!(config.len(), 70);
     let name = crate::knative::names::child_name(&config, "-00001");
     let rev = RevisionFixture::new(&name)
-        .label(labels::CONFIGURATION, &config)
+        .label(labels::CONFIGURATION, &labels::value(&config))
+        .with(|r| {
+            r.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "serving.knative.dev/v1".into(),
+                    kind: "Configuration".into(),
+                    name: config.clone(),
+                    uid: "cfg-uid".into(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                },
+            ])
+        })
         .build();
     let d = build(&rev, Some(1));
     let n = d.metadata.name.clone().unwrap();
