@@ -80,7 +80,7 @@ pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
 enum Applied<K> {
     Ours(K),
     /// A child of that name controlled by someone else: (kind, name).
-    NotOwned(&'static str, String),
+    NotOwned(String, String),
 }
 
 /// Applies `desired` server-side (forced, [`FIELD_MANAGER`]) unless an object of its name
@@ -98,7 +98,7 @@ where
     if let Some(existing) = api.get_opt(&name).await?
         && !is_owned_by(&existing, rev)
     {
-        return Ok(Applied::NotOwned(kind_of::<K>(), name));
+        return Ok(Applied::NotOwned(K::kind(&()).into_owned(), name));
     }
     let applied = api
         .patch(
@@ -108,15 +108,6 @@ where
         )
         .await?;
     Ok(Applied::Ours(applied))
-}
-
-fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
-    match K::kind(&()).as_ref() {
-        "Deployment" => "Deployment",
-        "Service" => "Service",
-        "HorizontalPodAutoscaler" => "HorizontalPodAutoscaler",
-        _ => "object",
-    }
 }
 
 /// The Deployment: created with the initial scale, else applied without replicas.
@@ -141,7 +132,7 @@ async fn reconcile_deployment(
             Ok(None)
         }
         Some(existing) if !is_owned_by(&existing, rev) => {
-            Ok(Some(Applied::NotOwned("Deployment", name)))
+            Ok(Some(Applied::NotOwned("Deployment".into(), name)))
         }
         Some(_) => {
             let d = deployment::deployment(rev, r, &settings.deployment, None);
@@ -228,7 +219,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
         }
     };
 
-    let mut not_owned: Option<(&'static str, String)> = None;
+    let mut not_owned: Option<(String, String)> = None;
     let dep = reconcile_deployment(&ctx, &rev, &r, &settings).await?;
     let dep = match dep {
         None => None,
