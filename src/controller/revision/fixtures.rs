@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, ContainerState, ContainerStateTerminated, ContainerStateWaiting,
     ContainerStatus, EnvVar, Pod, PodStatus, Probe,
 };
-use kube::api::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::knative::names::labels;
 use crate::knative::{Revision, RevisionSpec};
