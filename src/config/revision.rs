@@ -39,7 +39,8 @@ pub fn resolve_revision(
     input: &RevisionInput,
     configs: &ConfigSet,
 ) -> Result<RevisionSpec, Problems> {
-    let d = &configs.defaults;
+    // The namespace's `namespace-defaults` section, if any, over the cluster's defaults.
+    let d = configs.defaults.for_namespace(&input.namespace);
     let mut p = Vec::new();
 
     let cc = input

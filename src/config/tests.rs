@@ -3,3 +3,4 @@
 
 mod annotations;
 mod keys;
+mod namespace_defaults;

@@ -611,6 +611,7 @@ fn shipped_manifests_are_complete_and_default() {
         crate::config::defaults::KEYS
             .iter()
             .map(|k| k.name)
+            .chain([crate::config::defaults::NAMESPACE_DEFAULTS])
             .collect(),
         DefaultsConfig::parse(&d.data).unwrap().config.show(),
     );
