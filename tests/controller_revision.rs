@@ -170,8 +170,8 @@ impl Harness {
     }
 }
 
-/// Knative's helloworld as the Configuration reconciler stamps it: labels, containerConcurrency,
-/// a readiness probe without a port, a container without a name.
+/// Knative's helloworld as the Configuration reconciler stamps it: labels and owner,
+/// containerConcurrency, a readiness probe without a port, a container without a name.
 fn helloworld(name: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "serving.knative.dev/v1",
@@ -186,6 +186,11 @@ fn helloworld(name: &str) -> serde_json::Value {
                 labels::ROUTING_STATE: "pending",
             },
             "annotations": {"autoscaling.knative.dev/target": "10"},
+            "ownerReferences": [{
+                "apiVersion": "serving.knative.dev/v1", "kind": "Configuration", "name": "hello",
+                "uid": "6f1c2a1e-0000-4000-8000-000000000000", "controller": true,
+                "blockOwnerDeletion": true
+            }],
         },
         "spec": {
             "containerConcurrency": 50,
@@ -876,7 +881,7 @@ async fn an_invalid_revision_is_reported_with_the_field_named() {
         .unwrap();
     assert!(msg.contains("autoscaling.knative.dev/min-scale"), "{msg}");
     assert!(
-        msg.contains("spec.containers[0].ports[0].containerPort"),
+        msg.contains("spec.containers[0].ports.containerPort"),
         "{msg}"
     );
     assert!(

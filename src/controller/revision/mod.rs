@@ -48,9 +48,9 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, defaults_for, now};
-use crate::knative::Revision;
+use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
 use crate::knative::names::labels;
+use crate::knative::{Revision, validate};
 use meta::is_owned_by;
 use resolve::Resolved;
 use status::{Observed, reason};
@@ -62,13 +62,18 @@ pub const KIND: &str = "Revision";
 /// decides).
 const PODS_READ: u32 = 10;
 
-/// The revision resolved, or every problem in one message naming each field.
-///
-/// The seam for Knative's webhook rules (`crate::knative::validate::revision`, helper
-/// "valid"'s module, not on main yet): they join here, before the resolver's own checks.
+/// The revision resolved, or every problem in one message naming each field: Knative's
+/// webhook rules first ([`crate::knative::validate::revision`], with the namespace's
+/// config-defaults), then the resolver's own (the sidecar's limits).
 pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
-    let defaults = defaults_for(settings, &rev.namespace().unwrap_or_default());
-    resolve::resolve(rev, &defaults, &settings.autoscaler, &settings.deployment).map_err(|p| {
+    let errors = validate::revision(rev, &settings.defaults, &settings.autoscaler);
+    if !errors.is_empty() {
+        return Err(validate::render(&errors));
+    }
+    let defaults = settings
+        .defaults
+        .for_namespace(&rev.namespace().unwrap_or_default());
+    resolve::resolve(rev, defaults, &settings.autoscaler, &settings.deployment).map_err(|p| {
         p.0.iter()
             .map(|p| p.to_string())
             .collect::<Vec<_>>()

@@ -43,7 +43,7 @@ pub mod reason {
     pub const NOT_OWNED: &str = "NotOwned";
     /// The revision cannot be deployed as written (thaw's reason: Knative's webhook never
     /// admits such a revision).
-    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const INVALID_SPEC: &str = crate::knative::validate::reason::INVALID_SPEC;
 }
 
 /// What the reconcile found, in the order it checks.
