@@ -40,7 +40,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -105,14 +105,23 @@ where
     {
         return Ok(Applied::NotOwned(K::kind(&()).into_owned(), name));
     }
-    let applied = api
+    Ok(Applied::Ours(
+        server_side_apply(&api, &name, desired).await?,
+    ))
+}
+
+/// The server-side apply itself: forced (the controller is the only writer of these fields).
+async fn server_side_apply<K>(api: &Api<K>, name: &str, desired: &K) -> Result<K, Error>
+where
+    K: Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
         .patch(
-            &name,
+            name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(desired),
         )
-        .await?;
-    Ok(Applied::Ours(applied))
+        .await?)
 }
 
 /// The Deployment: created with the initial scale, else applied without replicas.
@@ -141,7 +150,8 @@ async fn reconcile_deployment(
         }
         Some(_) => {
             let d = deployment::deployment(rev, r, &settings.deployment, None);
-            apply(ctx, rev, &d).await.map(Some)
+            let applied = server_side_apply(&api, &name, &d).await?;
+            Ok(Some(Applied::Ours(applied)))
         }
     }
 }
