@@ -58,12 +58,17 @@ impl Drop for Running {
 }
 
 async fn start(ns: &str, settings: Settings) -> Running {
+    start_in(Some(ns), settings).await
+}
+
+/// The controllers over `ns`, or every namespace.
+async fn start_in(ns: Option<&str>, settings: Settings) -> Running {
     let api = TestApi::start().await;
     let ctx = Ctx::with_options(
         api.client(),
         settings,
         CtxOptions {
-            namespace: Some(ns.into()),
+            namespace: ns.map(String::from),
             ..CtxOptions::default()
         },
     );
@@ -593,4 +598,61 @@ async fn config_gc_collects_old_revisions_but_never_a_routed_one() {
         get(&revs, "hello-00004").await.is_some(),
         "the latest stays"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_section_of_config_defaults_wins_there_and_only_there() {
+    use thaw::config::ConfigMap;
+    let data: std::collections::BTreeMap<String, String> = [
+        ("container-concurrency".to_string(), "4".to_string()),
+        (
+            "namespace-defaults".to_string(),
+            "team-a:\n  container-concurrency: \"10\"\n  revision-timeout-seconds: \"60\"\n"
+                .to_string(),
+        ),
+    ]
+    .into();
+    let defaults = thaw::config::DefaultsConfig::parse(&data)
+        .expect("config-defaults with a namespace section")
+        .config;
+    let run = start_in(
+        None,
+        Settings {
+            defaults,
+            ..Settings::default()
+        },
+    )
+    .await;
+    let client = run.api.client();
+    let no_cc = HELLO.replace("      containerConcurrency: 10\n", "");
+    for ns in ["team-a", "team-b"] {
+        let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+        svcs.create(&PostParams::default(), &service(&no_cc, ns))
+            .await
+            .unwrap();
+    }
+    let a: Api<Revision> = Api::namespaced(client.clone(), "team-a");
+    let b: Api<Revision> = Api::namespaced(client.clone(), "team-b");
+    let ra = wait_for(
+        "team-a's revision",
+        || get(&a, "hello-00001"),
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    let rb = wait_for(
+        "team-b's revision",
+        || get(&b, "hello-00001"),
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ra.spec.container_concurrency, Some(10), "team-a's section");
+    assert_eq!(ra.spec.timeout_seconds, Some(60), "team-a's section");
+    assert_eq!(
+        rb.spec.container_concurrency,
+        Some(4),
+        "the cluster default"
+    );
+    assert_eq!(rb.spec.timeout_seconds, Some(300), "the cluster default");
 }

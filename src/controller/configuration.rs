@@ -23,6 +23,7 @@ use super::{Ctx, Error, EventKind, Settings, is_owned_by, now, owner_ref};
 use crate::config::{ConfigSet, DefaultsConfig};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::{child_name, labels};
+use crate::knative::validate::{self, FieldError};
 use crate::knative::{
     Configuration, ConfigurationStatus, Revision, RevisionSpec, RevisionTemplateSpec, condition,
 };
@@ -89,15 +90,16 @@ pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSp
     spec
 }
 
-/// Problems that make the template unusable, each naming its field: the data plane's resolver
-/// run on the defaulted spec (containerConcurrency range, timeouts, autoscaling annotations).
+/// What the data plane's resolver finds wrong with the defaulted template (the
+/// `activator.thaw.dev/*` annotations and anything the validation lets through), each naming
+/// its field under `spec.template`.
 pub fn template_problems(
     namespace: &str,
     name: &str,
     template: &RevisionTemplateSpec,
     settings: &Settings,
     defaults: &DefaultsConfig,
-) -> Vec<String> {
+) -> Vec<FieldError> {
     let spec = &template.spec;
     let configs = ConfigSet {
         autoscaler: Arc::new(settings.autoscaler.clone()),
@@ -120,30 +122,41 @@ pub fn template_problems(
         annotations: template.metadata.annotations.clone().unwrap_or_default(),
         hosts: Vec::new(),
     };
-    let mut out: Vec<String> = match crate::config::revision::resolve_revision(&input, &configs) {
+    match crate::config::revision::resolve_revision(&input, &configs) {
         Ok(_) => Vec::new(),
         Err(p) => {
             p.0.iter()
-                .map(|p| {
-                    let field = match p.key.strip_prefix("spec.") {
+                .map(|p| FieldError {
+                    path: match p.key.strip_prefix("spec.") {
                         Some(f) => format!("spec.template.spec.{f}"),
                         None => format!("spec.template.metadata.annotations.{}", p.key),
-                    };
-                    let p = crate::config::Problem::new(field, p.value.clone(), p.reason.clone());
-                    p.to_string()
+                    },
+                    message: if p.value.is_empty() {
+                        p.reason.clone()
+                    } else {
+                        format!("invalid value: {}: {}", p.value, p.reason)
+                    },
+                    details: None,
                 })
                 .collect()
         }
-    };
-    if let Some(cc) = spec.container_concurrency
-        && cc < 0
-    {
-        out.push(format!(
-            "spec.template.spec.containerConcurrency: {cc}: must be in [0, {}]",
-            defaults.container_concurrency_max_limit
-        ));
     }
-    out
+}
+
+/// Every problem of `cfg` as written: Knative's validation, then the resolver's.
+pub fn problems(cfg: &Configuration, settings: &Settings) -> Vec<FieldError> {
+    let e = validate::configuration(cfg, &settings.defaults, &settings.autoscaler);
+    if !e.is_empty() {
+        return e;
+    }
+    let ns = cfg.namespace().unwrap_or_default();
+    template_problems(
+        &ns,
+        &cfg.name_any(),
+        &cfg.spec.template,
+        settings,
+        settings.defaults.for_namespace(&ns),
+    )
 }
 
 /// The Revision of `cfg`'s current generation, as the controller creates it.
@@ -202,16 +215,16 @@ pub fn compute_status(
     cfg: &Configuration,
     latest: Option<&Revision>,
     revisions: &[Arc<Revision>],
-    problems: &[String],
+    failure: Option<&str>,
 ) -> ConfigurationStatus {
     let mut st = cfg.status.clone().unwrap_or_default();
     let t = now();
     st.status.observed_generation = cfg.metadata.generation;
-    if !problems.is_empty() {
+    if let Some(f) = failure {
         st.status.set(
             Condition {
-                reason: Some("RevisionFailed".into()),
-                message: Some(problems.join("; ")),
+                reason: Some(validate::reason::REVISION_FAILED.into()),
+                message: Some(f.to_string()),
                 ..Condition::new(condition::READY, ConditionStatus::False)
             },
             &t,
@@ -290,7 +303,8 @@ pub async fn reconcile(
     let name = cfg.name_any();
     let settings = ctx.settings();
     let defaults = super::defaults_for(&settings, &ns);
-    let problems = template_problems(&ns, &name, &cfg.spec.template, &settings, &defaults);
+    let errors = problems(&cfg, &settings);
+    let invalid = (!errors.is_empty()).then(|| validate::revision_creation_failed(&errors));
     let cfg_label = labels::value(&name);
     let mine: Vec<Arc<Revision>> = revisions.state_filter(|r| {
         r.namespace().as_deref() == Some(ns.as_str())
@@ -299,7 +313,7 @@ pub async fn reconcile(
     let rev_name = revision_name(&cfg);
     let mut latest: Option<Revision> = None;
     let mut failure: Option<String> = None;
-    if problems.is_empty() {
+    if invalid.is_none() {
         let api = ctx.api::<Revision>(&ns);
         let found = match mine.iter().find(|r| r.name_any() == rev_name) {
             Some(r) => Some((**r).clone()),
@@ -353,11 +367,8 @@ pub async fn reconcile(
     {
         all.push(Arc::new(l.clone()));
     }
-    let mut problems = problems;
-    if let Some(f) = &failure {
-        problems.push(f.clone());
-    }
-    let status = compute_status(&cfg, latest.as_ref(), &all, &problems);
+    let message = invalid.clone().or_else(|| failure.clone());
+    let status = compute_status(&cfg, latest.as_ref(), &all, message.as_deref());
     let before = cfg.status.clone().unwrap_or_default();
     if status != before {
         announce(&ctx, &cfg, &before, &status).await;
@@ -367,23 +378,18 @@ pub async fn reconcile(
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
     }
-    if problems.is_empty()
+    if message.is_none()
         && let Ok(fresh) = ctx.api::<Configuration>(&ns).get_status(&name).await
     {
         super::gc::collect(&ctx, &fresh, &all, &settings.gc).await?;
     }
-    if !problems.is_empty() {
-        if failure.is_none() {
-            ctx.event(
-                &*cfg,
-                EventKind::Warning,
-                "InvalidSpec",
-                problems.join("; "),
-            )
+    if let Some(m) = invalid {
+        ctx.event(&*cfg, EventKind::Warning, "InvalidSpec", m.clone())
             .await;
-            return Err(Error::Invalid(problems.join("; ")));
-        }
-        return Err(Error::Other(problems.join("; ")));
+        return Err(Error::Invalid(m));
+    }
+    if let Some(f) = failure {
+        return Err(Error::Other(f));
     }
     Ok(Action::requeue(ctx.resync()))
 }

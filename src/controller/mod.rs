@@ -73,8 +73,7 @@ pub struct Settings {
 /// The revision defaults of `namespace`: config-defaults' cluster values with that
 /// namespace's section over them.
 pub fn defaults_for(settings: &Settings, namespace: &str) -> DefaultsConfig {
-    let _ = namespace;
-    settings.defaults.clone()
+    settings.defaults.for_namespace(namespace).clone()
 }
 
 /// What an Event says happened.

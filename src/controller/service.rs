@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now, owner_ref};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
+use crate::knative::validate;
 use crate::knative::{
     Configuration, ConfigurationSpec, Route, RouteSpec, Service, ServiceStatus, TrafficTarget,
     condition,
@@ -174,21 +175,60 @@ fn mirrored(
     }
 }
 
+/// Why a Service cannot be reconciled as written: the condition it fails, Knative's reason
+/// and the message ([`crate::knative::validate`]'s table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub condition: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Every problem of `svc` as written (Knative's validation, then the resolver's), as the
+/// condition it sets.
+pub fn invalid(svc: &Service, settings: &super::Settings) -> Option<Invalid> {
+    let mut e = validate::service(svc, &settings.defaults, &settings.autoscaler);
+    if e.is_empty() {
+        let ns = svc.namespace().unwrap_or_default();
+        e = super::configuration::template_problems(
+            &ns,
+            &svc.name_any(),
+            &svc.spec.configuration.template,
+            settings,
+            settings.defaults.for_namespace(&ns),
+        );
+    }
+    if e.is_empty() {
+        return None;
+    }
+    let (condition, reason) = validate::reason::for_service(&e);
+    let message = if reason == validate::reason::REVISION_FAILED {
+        validate::revision_creation_failed(&e)
+    } else {
+        validate::render(&e)
+    };
+    Some(Invalid {
+        condition,
+        reason,
+        message,
+    })
+}
+
 /// The Service's status from its children (`None`: not created yet, or not ours). Pure.
 pub fn compute_status(
     svc: &Service,
     cfg: Result<Option<&Configuration>, &str>,
     route: Result<Option<&Route>, &str>,
-    problems: &[String],
+    invalid: Option<&Invalid>,
 ) -> ServiceStatus {
     let mut st = svc.status.clone().unwrap_or_default();
     let t = now();
     st.status.observed_generation = svc.metadata.generation;
-    if !problems.is_empty() {
+    if let Some(inv) = invalid {
         let c = Condition {
-            reason: Some("InvalidSpec".into()),
-            message: Some(problems.join("; ")),
-            ..Condition::new(conditions::CONFIGURATIONS_READY, ConditionStatus::False)
+            reason: Some(inv.reason.into()),
+            message: Some(inv.message.clone()),
+            ..Condition::new(inv.condition, ConditionStatus::False)
         };
         st.status.set(c, &t);
         st.status.set_ready_from(
@@ -304,16 +344,9 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     let settings = ctx.settings();
-    let defaults = super::defaults_for(&settings, &ns);
-    let problems = super::configuration::template_problems(
-        &ns,
-        &name,
-        &svc.spec.configuration.template,
-        &settings,
-        &defaults,
-    );
+    let invalid = invalid(&svc, &settings);
     let mut children_ours = true;
-    let status = if problems.is_empty() {
+    let status = if invalid.is_none() {
         let cfg = apply_child(&ctx, &svc, &make_configuration(&svc)).await?;
         let route = apply_child(&ctx, &svc, &make_route(&svc)).await?;
         children_ours = cfg.is_ok() && route.is_ok();
@@ -321,10 +354,10 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error
             &svc,
             cfg.as_ref().map(Some).map_err(String::as_str),
             route.as_ref().map(Some).map_err(String::as_str),
-            &[],
+            None,
         )
     } else {
-        compute_status(&svc, Ok(None), Ok(None), &problems)
+        compute_status(&svc, Ok(None), Ok(None), invalid.as_ref())
     };
     let before = svc.status.clone().unwrap_or_default();
     if status != before {
@@ -355,15 +388,15 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
     }
-    if !problems.is_empty() {
+    if let Some(inv) = invalid {
         ctx.event(
             &*svc,
             EventKind::Warning,
             "InvalidSpec",
-            problems.join("; "),
+            inv.message.clone(),
         )
         .await;
-        return Err(Error::Invalid(problems.join("; ")));
+        return Err(Error::Invalid(inv.message));
     }
     if !children_ours {
         return Err(Error::Other(format!(

@@ -210,7 +210,7 @@ fn the_service_status_mirrors_its_children() {
     let s = svc(vec![]);
     let c = child_cfg(2, Some("hello-00002"), ConditionStatus::True);
     let r = child_route(1, ConditionStatus::True, "hello-00002");
-    let st = service::compute_status(&s, Ok(Some(&c)), Ok(Some(&r)), &[]);
+    let st = service::compute_status(&s, Ok(Some(&c)), Ok(Some(&r)), None);
     assert!(st.status.is_true(conditions::CONFIGURATIONS_READY));
     assert!(st.status.is_true(conditions::ROUTES_READY));
     assert!(st.status.is_true(condition::READY));
@@ -226,7 +226,7 @@ fn the_service_status_mirrors_its_children() {
 
     // A child that has not observed its generation is OutOfDate.
     let stale = child_cfg(1, Some("hello-00002"), ConditionStatus::True);
-    let st = service::compute_status(&s, Ok(Some(&stale)), Ok(Some(&r)), &[]);
+    let st = service::compute_status(&s, Ok(Some(&stale)), Ok(Some(&r)), None);
     let c = st
         .status
         .condition(conditions::CONFIGURATIONS_READY)
@@ -250,7 +250,7 @@ fn the_service_status_mirrors_its_children() {
             ConditionStatus::True,
         ))),
         Ok(Some(&old)),
-        &[],
+        None,
     );
     let c = st.status.condition(conditions::ROUTES_READY).unwrap();
     assert_eq!(c.reason.as_deref(), Some("TrafficNotMigrated"));
@@ -270,7 +270,7 @@ fn the_service_status_mirrors_its_children() {
         }),
         ..cfg(2)
     };
-    let st = service::compute_status(&s, Ok(Some(&failed)), Ok(Some(&r)), &[]);
+    let st = service::compute_status(&s, Ok(Some(&failed)), Ok(Some(&r)), None);
     let c = st.status.condition(condition::READY).unwrap();
     assert_eq!(
         (c.status, c.reason.as_deref()),
@@ -278,7 +278,7 @@ fn the_service_status_mirrors_its_children() {
     );
 
     // A child that is not ours.
-    let st = service::compute_status(&s, Err("not ours"), Ok(Some(&r)), &[]);
+    let st = service::compute_status(&s, Err("not ours"), Ok(Some(&r)), None);
     let c = st
         .status
         .condition(conditions::CONFIGURATIONS_READY)
@@ -367,7 +367,7 @@ fn latest_ready_moves_only_to_a_ready_revision_of_a_newer_generation() {
         rev("hello-00002", 2, Some(true)),
         rev("hello-00003", 3, None),
     ];
-    let st = configuration::compute_status(&c, Some(&revs[2]), &revs, &[]);
+    let st = configuration::compute_status(&c, Some(&revs[2]), &revs, None);
     assert_eq!(
         st.fields.latest_created_revision_name.as_deref(),
         Some("hello-00003")
@@ -385,7 +385,7 @@ fn latest_ready_moves_only_to_a_ready_revision_of_a_newer_generation() {
         rev("hello-00001", 1, Some(true)),
         rev("hello-00003", 3, Some(false)),
     ];
-    let st = configuration::compute_status(&c, Some(&revs[1]), &revs, &[]);
+    let st = configuration::compute_status(&c, Some(&revs[1]), &revs, None);
     let r = st.status.condition(condition::READY).unwrap();
     assert_eq!(
         (r.status, r.reason.as_deref()),

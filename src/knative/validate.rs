@@ -216,7 +216,9 @@ pub fn configuration(
 ) -> Vec<FieldError> {
     let mut e = Vec::new();
     let meta = &cfg.metadata;
-    object_meta(meta, &mut e);
+    // A Configuration's name is only ever a prefix of its children's names, which
+    // `child_name` keeps within 63 characters; it may be as long as any object name.
+    object_meta_with(meta, 253, &mut e);
     for (k, v) in meta.labels.iter().flatten() {
         match k.as_str() {
             labels::ROUTE | labels::CONFIGURATION_UID | labels::SERVICE_UID => {}
@@ -343,6 +345,11 @@ fn go_list(msgs: &[String]) -> String {
 
 /// Knative's `apis.ValidateObjectMetadata`: a DNS-1035 `name` or `generateName`.
 fn object_meta(meta: &ObjectMeta, e: &mut Vec<FieldError>) {
+    object_meta_with(meta, 63, e);
+}
+
+/// [`object_meta`] with names of up to `max_name` characters.
+fn object_meta_with(meta: &ObjectMeta, max_name: usize, e: &mut Vec<FieldError>) {
     let name = meta.name.as_deref().unwrap_or("");
     let generate = meta.generate_name.as_deref().unwrap_or("");
     if !generate.is_empty() {
@@ -356,7 +363,13 @@ fn object_meta(meta: &ObjectMeta, e: &mut Vec<FieldError>) {
         }
     }
     if !name.is_empty() {
-        let msgs = dns1035_label_errors(name);
+        let mut msgs = dns1035_label_errors(name);
+        if max_name > 63 {
+            msgs.retain(|m| !m.starts_with("must be no more than 63"));
+            if name.len() > max_name {
+                msgs.insert(0, format!("must be no more than {max_name} characters"));
+            }
+        }
         if !msgs.is_empty() {
             e.push(FieldError::new(
                 "metadata.name",
