@@ -7,11 +7,12 @@ mod kube_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::{Condition, ConditionStatus};
-use thaw::knative::names::labels;
+use thaw::knative::names::{child_name, labels};
 use thaw::knative::{Configuration, Revision, Route, Service, condition};
 use tokio::task::JoinHandle;
 
@@ -111,29 +112,40 @@ fn cond<'a>(s: &'a thaw::knative::duck::Status, t: &str) -> Option<&'a Condition
     s.condition(t)
 }
 
-/// Plays the Revision reconciler's and kubelet's part: marks a revision Ready.
+/// Plays kubelet and the Deployment controller: the revision's Deployment (the Revision
+/// reconciler's) gets a ready replica, and the Revision reconciler marks the revision Ready.
 async fn mark_ready(revs: &Api<Revision>, name: &str) {
-    // Read, then replace; a conflict with the Route's labeler (a metadata patch) is retried.
-    loop {
-        let mut r = revs.get_status(name).await.expect("revision");
-        let mut st = r.status.clone().unwrap_or_default();
-        let now = thaw::controller::now();
-        for t in [
-            condition::RESOURCES_AVAILABLE,
-            condition::CONTAINER_HEALTHY,
-            condition::READY,
-        ] {
-            st.status
-                .set(Condition::new(t, ConditionStatus::True), &now);
-        }
-        st.status.observed_generation = r.metadata.generation;
-        r.status = Some(st);
-        match revs.replace_status(name, &PostParams::default(), &r).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            Err(e) => panic!("revision status: {e}"),
-        }
-    }
+    let deps: Api<Deployment> = Api::namespaced(revs.clone().into_client(), "default");
+    let dep = child_name(name, "-deployment");
+    wait_for(
+        "the revision's Deployment",
+        || async { deps.get_opt(&dep).await.ok().flatten() },
+        |d| d.is_some(),
+    )
+    .await;
+    deps.patch_status(
+        &dep,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {
+            "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+            ]
+        }})),
+    )
+    .await
+    .expect("deployment status");
+    wait_for(
+        "the revision Ready",
+        || async { revs.get_status(name).await.ok() },
+        |r| {
+            r.as_ref()
+                .and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.status.is_true(condition::READY))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`,
-//! `config-activator`, `config-gc` and the network ones (`config-domain`, `config-network`,
-//! `config-istio`) in the system namespace (`--system-namespace`, default `thaw-system`),
+//! `config-activator`, `config-gc`, `config-deployment` and the network ones (`config-domain`,
+//! `config-network`, `config-istio`) in the system namespace (`--system-namespace`, default `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
@@ -24,7 +24,7 @@ use tracing::Instrument;
 use super::keys::ConfigMap;
 use super::network::{DomainConfig, IstioConfig, TemplateConfig};
 use super::reload::{Outcome, apply};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 
 /// The default system namespace (`--system-namespace`).
@@ -44,6 +44,8 @@ pub struct LiveConfig {
     pub network: Arc<ArcSwap<TemplateConfig>>,
     /// `config-istio`'s gateways (read by the controller only).
     pub istio: Arc<ArcSwap<IstioConfig>>,
+    /// `config-deployment` (read by the controller only).
+    pub deployment: Arc<ArcSwap<DeploymentConfig>>,
 }
 
 /// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
@@ -154,6 +156,12 @@ pub fn watch_configmaps(
                         &metrics,
                         &labels,
                     ),
+                    super::deployment::NAME => apply(
+                        parse::<DeploymentConfig>(&data),
+                        &config.deployment,
+                        &metrics,
+                        &labels,
+                    ),
                     _ => apply(
                         parse::<ActivatorConfig>(&data),
                         &config.activator,
@@ -183,6 +191,7 @@ fn is_ours(name: &str) -> bool {
         super::network::DOMAIN_NAME,
         super::network::NETWORK_NAME,
         super::network::ISTIO_NAME,
+        super::deployment::NAME,
     ]
     .contains(&name)
 }

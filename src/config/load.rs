@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::keys::{ConfigMap, Shown};
 use super::parse::{Problem, Problems};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, GcConfig};
+use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 
 /// A ConfigMap as read from a manifest: its name and its `data:` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,12 +135,13 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::network::DOMAIN_NAME => check::<super::network::DomainConfig>(cm),
         super::network::NETWORK_NAME => check::<super::network::TemplateConfig>(cm),
         super::network::ISTIO_NAME => check::<super::network::IstioConfig>(cm),
+        super::deployment::NAME => check::<DeploymentConfig>(cm),
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
-                 config-gc, config-domain, config-network, config-istio)",
+                 config-gc, config-domain, config-network, config-istio, config-deployment)",
             )])),
             Vec::new(),
         ),

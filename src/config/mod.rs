@@ -8,6 +8,8 @@
 //! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection;
 //! - `config-domain`, `config-network` and `config-istio` ([`NetworkConfig`]): the route's
 //!   domains, host templates and Istio gateways.
+//! - `config-deployment` ([`DeploymentConfig`]): the revision Deployments the controller writes
+//!   (queue sidecar image and resources, progress deadline).
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -25,6 +27,7 @@ pub mod annotations;
 pub mod autoscaler;
 pub mod check;
 pub mod defaults;
+pub mod deployment;
 pub mod gc;
 pub mod keys;
 pub mod live;
@@ -41,6 +44,7 @@ pub use activator::{ActivatorConfig, ActivatorOverrides, TrustedProxies};
 pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
+pub use deployment::DeploymentConfig;
 pub use gc::GcConfig;
 pub use keys::ConfigMap;
 pub use network::NetworkConfig;

@@ -18,6 +18,7 @@
 
 pub mod configuration;
 pub mod gc;
+pub mod revision;
 pub mod route;
 pub mod service;
 
@@ -67,6 +68,9 @@ pub struct Settings {
     pub gc: GcConfig,
     /// `config-domain`, `config-network` and `config-istio` (the Route reconciler's).
     pub network: crate::config::NetworkConfig,
+    /// `config-deployment` (the revision Deployments: sidecar image and resources, progress
+    /// deadline).
+    pub deployment: crate::config::DeploymentConfig,
 }
 
 /// The revision defaults of `namespace`: config-defaults' cluster values with that

@@ -407,7 +407,8 @@ fn owned_by(meta: &ObjectMeta, kind: &str, name: &str, label: &str, e: &mut Vec<
         .owner_references
         .iter()
         .flatten()
-        .any(|r| r.kind == kind && r.name == name);
+        // The label holds `labels::value` of the owner's name (hashed past 63 characters).
+        .any(|r| r.kind == kind && labels::value(&r.name) == name);
     if !owned {
         e.push(FieldError::new(
             format!("metadata.labels.{label}"),

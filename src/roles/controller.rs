@@ -81,6 +81,7 @@ fn snapshot(live: &LiveConfig) -> Settings {
             templates: (**live.network.load()).clone(),
             istio: (**live.istio.load()).clone(),
         },
+        deployment: (**live.deployment.load()).clone(),
     }
 }
 
@@ -90,6 +91,7 @@ pub async fn run_controllers(ctx: Arc<Ctx>) {
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
         crate::controller::route::controller(ctx.clone()),
+        crate::controller::revision::controller(ctx.clone()),
     );
 }
 

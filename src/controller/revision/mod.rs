@@ -1,0 +1,324 @@
+//! Revision → Deployment, private and public Service, and (HPA class) a
+//! HorizontalPodAutoscaler; the Revision's `ResourcesAvailable`, `ContainerHealthy` and
+//! `Ready` from the Deployment and the revision's pods (Knative's revision reconciler, with
+//! the KPA's ServerlessService pair of Services folded in).
+//!
+//! Each reconcile:
+//! 1. resolves the revision against the settings snapshot ([`resolve`]); an invalid revision
+//!    gets `ResourcesAvailable=False` / `Ready=False` `InvalidSpec` with every field named, a
+//!    Warning Event, no child written, and is not retried until it changes;
+//! 2. the Deployment ([`deployment`]): **created** (POST) with the revision's initial scale
+//!    when missing; otherwise applied server-side **without `spec.replicas`**, so the field
+//!    stays with whoever last set it (the autoscaler's `/scale`), never reset by the
+//!    controller;
+//! 3. the private and public Services ([`services`]) and, for the HPA class, the HPA
+//!    ([`hpa`]), applied server-side;
+//! 4. the status ([`status`]), written with `replace_status` only when it changed.
+//!
+//! Every child carries a controller owner reference to the revision. One that exists and is
+//! controlled by someone else is not touched: the revision is `NotOwned` (a Warning Event when
+//! it becomes so) and the reconcile is retried with backoff.
+//!
+//! The controller owns Deployments, Services and HPAs (each selected by the label
+//! `serving.knative.dev/revision`), and watches the revisions' Pods by the same label, so a
+//! pod that starts crashing re-queues its revision at once.
+
+pub mod deployment;
+pub mod hpa;
+pub mod meta;
+pub mod queue;
+pub mod resolve;
+pub mod services;
+pub mod status;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+
+use std::sync::Arc;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
+use crate::knative::names::labels;
+use crate::knative::{Revision, validate};
+use meta::is_owned_by;
+use resolve::Resolved;
+use status::{Observed, reason};
+
+/// The kind's name in metrics, spans and the backoff bookkeeping.
+pub const KIND: &str = "Revision";
+
+/// Pods read to explain a revision with no available replica (the first with a problem
+/// decides).
+const PODS_READ: u32 = 10;
+
+/// The revision resolved, or every problem in one message naming each field: Knative's
+/// webhook rules first ([`crate::knative::validate::revision`], with the namespace's
+/// config-defaults), then the resolver's own (the sidecar's limits).
+pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
+    let errors = validate::revision(rev, &settings.defaults, &settings.autoscaler);
+    if !errors.is_empty() {
+        return Err(validate::render(&errors));
+    }
+    let defaults = settings
+        .defaults
+        .for_namespace(&rev.namespace().unwrap_or_default());
+    resolve::resolve(rev, defaults, &settings.autoscaler, &settings.deployment).map_err(|p| {
+        p.0.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// What [`apply`] found.
+enum Applied<K> {
+    Ours(K),
+    /// A child of that name controlled by someone else: (kind, name).
+    NotOwned(String, String),
+}
+
+/// Applies `desired` server-side (forced, [`FIELD_MANAGER`]) unless an object of its name
+/// exists that the revision does not control.
+async fn apply<K>(ctx: &Ctx, rev: &Revision, desired: &K) -> Result<Applied<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let api = ctx.api::<K>(&rev.namespace().unwrap_or_default());
+    if let Some(existing) = api.get_opt(&name).await?
+        && !is_owned_by(&existing, rev)
+    {
+        return Ok(Applied::NotOwned(K::kind(&()).into_owned(), name));
+    }
+    Ok(Applied::Ours(
+        server_side_apply(&api, &name, desired).await?,
+    ))
+}
+
+/// The server-side apply itself: forced (the controller is the only writer of these fields).
+async fn server_side_apply<K>(api: &Api<K>, name: &str, desired: &K) -> Result<K, Error>
+where
+    K: Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await?)
+}
+
+/// The Deployment: created with the initial scale, else applied without replicas.
+async fn reconcile_deployment(
+    ctx: &Ctx,
+    rev: &Revision,
+    r: &Resolved,
+    settings: &Settings,
+) -> Result<Option<Applied<Deployment>>, Error> {
+    let api = ctx.api::<Deployment>(&r.namespace);
+    let name = deployment::deployment_name(&r.name);
+    match api.get_opt(&name).await? {
+        None => {
+            let initial = deployment::initial_replicas(r);
+            let d = deployment::deployment(rev, r, &settings.deployment, Some(initial));
+            let pp = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            };
+            api.create(&pp, &d).await?;
+            tracing::info!(deployment = %name, replicas = initial, "deployment created");
+            Ok(None)
+        }
+        Some(existing) if !is_owned_by(&existing, rev) => {
+            Ok(Some(Applied::NotOwned("Deployment".into(), name)))
+        }
+        Some(_) => {
+            let d = deployment::deployment(rev, r, &settings.deployment, None);
+            let applied = server_side_apply(&api, &name, &d).await?;
+            Ok(Some(Applied::Ours(applied)))
+        }
+    }
+}
+
+/// The revision's pods (a few), to explain why none is available.
+async fn pods(ctx: &Ctx, r: &Resolved) -> Result<Vec<Pod>, Error> {
+    let lp = ListParams::default()
+        .labels(&format!("{}={}", labels::REVISION_UID, r.uid))
+        .limit(PODS_READ);
+    Ok(ctx.api::<Pod>(&r.namespace).list(&lp).await?.items)
+}
+
+/// Writes `next` as the revision's status when it differs from what was read (a PUT with the
+/// `resourceVersion` read: a concurrent write is a 409, retried).
+async fn write_status(
+    ctx: &Ctx,
+    rev: &Revision,
+    next: crate::knative::RevisionStatus,
+) -> Result<(), Error> {
+    if rev.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    let before = rev.status.clone().unwrap_or_default();
+    let mut obj = rev.clone();
+    obj.status = Some(next.clone());
+    ctx.api::<Revision>(&rev.namespace().unwrap_or_default())
+        .replace_status(&rev.name_any(), &PostParams::default(), &obj)
+        .await?;
+    let ready = |s: &crate::knative::RevisionStatus| {
+        s.status
+            .condition(crate::knative::condition::READY)
+            .map(|c| c.status)
+    };
+    if ready(&next) != ready(&before)
+        && ready(&next) == Some(crate::knative::duck::ConditionStatus::True)
+    {
+        ctx.event(
+            rev,
+            EventKind::Normal,
+            "RevisionReady",
+            "Revision becomes ready upon all resources being ready".into(),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Whether the revision's status says `NotOwned` already (the Event is sent on the change).
+fn was_not_owned(rev: &Revision) -> bool {
+    rev.status
+        .as_ref()
+        .and_then(|s| {
+            s.status
+                .condition(crate::knative::condition::RESOURCES_AVAILABLE)
+        })
+        .is_some_and(|c| c.reason.as_deref() == Some(reason::NOT_OWNED))
+}
+
+/// Reconciles one Revision (see the module docs).
+pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let settings = ctx.settings();
+    let t = now();
+    let r = match check(&rev, &settings) {
+        Ok(r) => r,
+        Err(message) => {
+            write_status(
+                &ctx,
+                &rev,
+                status::revision_status(&rev, Observed::Invalid(&message), &t),
+            )
+            .await?;
+            ctx.event(
+                &*rev,
+                EventKind::Warning,
+                reason::INVALID_SPEC,
+                message.clone(),
+            )
+            .await;
+            return Err(Error::Invalid(message));
+        }
+    };
+
+    let mut not_owned: Option<(String, String)> = None;
+    let dep = reconcile_deployment(&ctx, &rev, &r, &settings).await?;
+    let dep = match dep {
+        None => None,
+        Some(Applied::Ours(d)) => Some(d),
+        Some(Applied::NotOwned(k, n)) => {
+            not_owned = Some((k, n));
+            None
+        }
+    };
+    let mut children = vec![
+        services::private_service(&rev, &r),
+        services::public_service(&rev, &r),
+    ]
+    .into_iter();
+    while not_owned.is_none()
+        && let Some(svc) = children.next()
+    {
+        if let Applied::NotOwned(k, n) = apply(&ctx, &rev, &svc).await? {
+            not_owned = Some((k, n));
+        }
+    }
+    if not_owned.is_none()
+        && hpa::is_hpa_class(&r)
+        && let Applied::NotOwned(k, n) = apply(&ctx, &rev, &hpa::hpa(&rev, &r)).await?
+    {
+        not_owned = Some((k, n));
+    }
+
+    if let Some((kind, name)) = &not_owned {
+        let seen = Observed::NotOwned { kind, name };
+        let next = status::revision_status(&rev, seen, &t);
+        if !was_not_owned(&rev) {
+            ctx.event(
+                &*rev,
+                EventKind::Warning,
+                reason::NOT_OWNED,
+                format!("There is an existing {kind} {name:?} that we do not own."),
+            )
+            .await;
+        }
+        write_status(&ctx, &rev, next).await?;
+        return Err(Error::Other(format!(
+            "revision {:?} does not own {kind} {name:?}",
+            r.name
+        )));
+    }
+
+    let next = match &dep {
+        None => status::revision_status(&rev, Observed::Created, &t),
+        Some(d) => {
+            let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let available = d
+                .status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0);
+            let pods = if wanted > 0 && available == 0 {
+                pods(&ctx, &r).await?
+            } else {
+                Vec::new()
+            };
+            let seen = Observed::Deployment {
+                deployment: d,
+                pods: &pods,
+            };
+            status::revision_status(&rev, seen, &t)
+        }
+    };
+    write_status(&ctx, &rev, next).await?;
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// The Revision controller: owns the revisions' Deployments, Services and HPAs, and follows
+/// their Pods (a pod's change re-queues its revision).
+pub async fn controller(ctx: Arc<Ctx>) {
+    let by_revision = || watcher::Config::default().labels(labels::REVISION);
+    let controller = Controller::new(ctx.watched::<Revision>(), watcher::Config::default())
+        .owns(ctx.watched::<Deployment>(), by_revision())
+        .owns(ctx.watched::<Service>(), by_revision())
+        .owns(ctx.watched::<HorizontalPodAutoscaler>(), by_revision())
+        .watches(ctx.watched::<Pod>(), by_revision(), |pod: Pod| {
+            let ns = pod.namespace()?;
+            let rev = pod.labels().get(labels::REVISION)?;
+            Some(ObjectRef::<Revision>::new(rev).within(&ns))
+        });
+    super::run(ctx.clone(), KIND, controller, reconcile).await;
+}
