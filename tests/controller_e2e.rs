@@ -306,6 +306,129 @@ async fn hello_service_stamps_configuration_route_and_a_defaulted_revision() {
         assert!(reasons.iter().any(|r| r == want), "{want} in {reasons:?}");
     }
     assert!(run.ctx.reconciles() > 0);
+
+    // Everything below the Service, as the revision and route reconcilers made it.
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service as KubeService;
+    use thaw::controller::route::virtual_service::VirtualService;
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let dep = get(&deps, "hello-00001-deployment")
+        .await
+        .expect("the Deployment");
+    assert_eq!(
+        dep.spec.as_ref().unwrap().replicas,
+        Some(1),
+        "min-scale 1 as initial scale"
+    );
+    let pod = dep.spec.unwrap().template.spec.unwrap();
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["user-container", "queue-proxy"]);
+    let user = &pod.containers[0];
+    let env = |c: &k8s_openapi::api::core::v1::Container, k: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == k)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(env(user, "PORT").as_deref(), Some("8080"));
+    assert_eq!(env(user, "K_SERVICE").as_deref(), Some("hello"));
+    assert_eq!(env(user, "K_CONFIGURATION").as_deref(), Some("hello"));
+    assert_eq!(env(user, "K_REVISION").as_deref(), Some("hello-00001"));
+    assert_eq!(env(user, "TARGET").as_deref(), Some("World"));
+    let pre_stop = user.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap();
+    assert_eq!(
+        pre_stop.http_get.as_ref().unwrap().path.as_deref(),
+        Some("/wait-for-drain")
+    );
+    let queue = &pod.containers[1];
+    assert_eq!(env(queue, "CONTAINER_CONCURRENCY").as_deref(), Some("10"));
+    assert!(
+        queue.readiness_probe.is_some(),
+        "readiness through the sidecar"
+    );
+    assert_eq!(pod.enable_service_links, Some(false));
+    let svcs_k: Api<KubeService> = Api::namespaced(client.clone(), ns);
+    let private = get(&svcs_k, "hello-00001-private")
+        .await
+        .expect("private Service");
+    assert!(private.spec.as_ref().unwrap().selector.is_some());
+    let public = get(&svcs_k, "hello-00001").await.expect("public Service");
+    assert!(
+        public.spec.as_ref().unwrap().selector.is_none(),
+        "its slices are the autoscaler's"
+    );
+    let placeholder = get(&svcs_k, "hello")
+        .await
+        .expect("the Route's placeholder Service");
+    assert_eq!(
+        placeholder.spec.as_ref().unwrap().type_.as_deref(),
+        Some("ExternalName")
+    );
+    let vss: Api<VirtualService> = Api::namespaced(client.clone(), ns);
+    let vs = wait_for(
+        "the VirtualService routing to hello-00001",
+        || get(&vss, "hello-ingress"),
+        |v| {
+            v.as_ref()
+                .is_some_and(|v| v.spec.http.iter().any(|h| !h.route.is_empty()))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        vs.spec
+            .hosts
+            .iter()
+            .any(|h| h == "hello.default.example.com"),
+        "{:?}",
+        vs.spec.hosts
+    );
+    assert!(
+        vs.spec
+            .hosts
+            .iter()
+            .any(|h| h == "hello.default.svc.cluster.local")
+    );
+    for h in &vs.spec.http {
+        for d in &h.route {
+            assert_eq!(d.destination.host, "hello-00001.default.svc.cluster.local");
+            assert_eq!(d.weight, Some(100));
+            let set = &d.headers.as_ref().unwrap().request.as_ref().unwrap().set;
+            assert_eq!(
+                set.get("Knative-Serving-Revision").map(String::as_str),
+                Some("hello-00001")
+            );
+            assert_eq!(
+                set.get("Knative-Serving-Namespace").map(String::as_str),
+                Some("default")
+            );
+        }
+    }
+    let svc = wait_for(
+        "the Service Ready",
+        || get(&svcs, "hello"),
+        |s| {
+            s.as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some_and(|s| s.status.is_true("Ready"))
+        },
+    )
+    .await
+    .unwrap();
+    let st = svc.status.unwrap();
+    assert_eq!(
+        st.route.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    assert_eq!(
+        st.route.traffic[0].revision_name.as_deref(),
+        Some("hello-00001")
+    );
+    assert_eq!(st.route.traffic[0].percent, Some(100));
+    for t in ["ConfigurationsReady", "RoutesReady", "Ready"] {
+        assert!(st.status.is_true(t), "{t}: {:?}", st.status.conditions);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

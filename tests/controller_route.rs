@@ -132,6 +132,32 @@ async fn mark_ready(api: &Api<Revision>, name: &str) {
     }
 }
 
+/// Plays kubelet and the Deployment controller for a revision whose Deployment the Revision
+/// reconciler made: one available replica.
+async fn mark_deployment_ready(run: &Running, revision: &str) {
+    let deps = run.api::<k8s_openapi::api::apps::v1::Deployment>();
+    let name = thaw::knative::names::child_name(revision, "-deployment");
+    wait_for(
+        "the revision's Deployment",
+        || async { deps.get_opt(&name).await.unwrap() },
+        Option::is_some,
+    )
+    .await;
+    deps.patch_status(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"status": {
+            "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+            ]
+        }})),
+    )
+    .await
+    .unwrap();
+}
+
 /// Plays the Configuration reconciler: sets latest created / latest ready (a conflict with
 /// the labeler's metadata patch is retried).
 async fn set_configuration(run: &Running, name: &str, created: &str, ready: Option<&str>) {
@@ -741,7 +767,8 @@ async fn a_services_route_is_programmed_and_the_service_goes_ready() {
         Option::is_some,
     )
     .await;
-    mark_ready(&revs, "hello-00001").await;
+    // Every reconciler runs here, the Revision's too: play kubelet through its Deployment.
+    mark_deployment_ready(&run, "hello-00001").await;
     let vs = vs_until(&run, "hello-ingress", |s| {
         s.http.first().is_some_and(|h| !h.route.is_empty())
     })
