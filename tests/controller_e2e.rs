@@ -793,3 +793,42 @@ async fn a_namespace_section_of_config_defaults_wins_there_and_only_there() {
     );
     assert_eq!(rb.spec.timeout_seconds, Some(300), "the cluster default");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_reconcile_comes_back_after_the_resync_period() {
+    use kube::runtime::controller::Action;
+    let api = TestApi::start().await;
+    let ctx = Ctx::with_options(
+        api.client(),
+        Settings::default(),
+        CtxOptions {
+            namespace: Some("default".into()),
+            resync: Duration::from_secs(7),
+            ..CtxOptions::default()
+        },
+    );
+    let svcs: Api<Service> = Api::namespaced(api.client(), "default");
+    let svc = svcs
+        .create(&PostParams::default(), &service(HELLO, "default"))
+        .await
+        .unwrap();
+    let action = thaw::controller::service::reconcile(Arc::new(svc), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::requeue(Duration::from_secs(7)));
+    // An invalid object is not retried until it changes (Knative's permanent error).
+    let bad = HELLO
+        .replace("containerConcurrency: 10", "containerConcurrency: 5000")
+        .replace("name: hello", "name: bad");
+    let bad = svcs
+        .create(&PostParams::default(), &service(&bad, "default"))
+        .await
+        .unwrap();
+    let err = thaw::controller::service::reconcile(Arc::new(bad.clone()), ctx.clone())
+        .await
+        .expect_err("invalid");
+    assert_eq!(
+        thaw::controller::error_policy(Arc::new(bad), &err, ctx, "Service"),
+        Action::await_change()
+    );
+}
