@@ -402,6 +402,82 @@ pub fn is_owned_by<P: Resource>(child: &ObjectMeta, parent: &P) -> bool {
         .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
 }
 
+/// A child after [`apply_owned`].
+#[derive(Debug)]
+pub enum Applied<K> {
+    /// Ours: what the server holds after the apply (or, when nothing changed, what was found).
+    Ours(K),
+    /// An object of that name the parent does not control: left alone (Knative's `NotOwned`).
+    NotOwned {
+        /// Its kind (`Deployment`, `Service`, ...).
+        kind: String,
+        name: String,
+    },
+}
+
+impl<K> Applied<K> {
+    /// Knative's `NotOwned` message for a child someone else controls.
+    pub fn not_owned_message(kind: &str, name: &str) -> String {
+        format!("There is an existing {kind} {name:?} that we do not own.")
+    }
+}
+
+/// Writes `desired`, a child of `parent`, by server-side apply ([`FIELD_MANAGER`], forced: the
+/// controller is the only writer of these fields), unless an object of its name exists that
+/// `parent` does not control. `cached`: the child as a store holds it (`None`: the server is
+/// asked, as a store may lag or not follow someone else's object); when `unchanged(existing,
+/// desired)` holds, nothing is written.
+pub async fn apply_owned<P, K>(
+    ctx: &Ctx,
+    parent: &P,
+    desired: &K,
+    cached: Option<K>,
+    unchanged: impl Fn(&K, &K) -> bool,
+) -> Result<Applied<K>, Error>
+where
+    P: Resource,
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + DeserializeOwned
+        + Debug,
+{
+    let ns = desired
+        .meta()
+        .namespace
+        .clone()
+        .or_else(|| parent.meta().namespace.clone())
+        .unwrap_or_default();
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let api = ctx.api::<K>(&ns);
+    let existing = match cached {
+        Some(c) => Some(c),
+        None => api.get_opt(&name).await?,
+    };
+    if let Some(existing) = existing {
+        if !is_owned_by(existing.meta(), parent) {
+            return Ok(Applied::NotOwned {
+                kind: K::kind(&()).into_owned(),
+                name,
+            });
+        }
+        if unchanged(&existing, desired) {
+            return Ok(Applied::Ours(existing));
+        }
+    }
+    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
+    body["apiVersion"] = K::api_version(&()).into();
+    body["kind"] = K::kind(&()).into();
+    let applied = api
+        .patch(
+            &name,
+            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&body),
+        )
+        .await?;
+    Ok(Applied::Ours(applied))
+}
+
 /// The time a status change is stamped with.
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())

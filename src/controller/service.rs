@@ -13,13 +13,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now, owner_ref};
+use super::{Applied, Ctx, Error, EventKind, apply_owned, now, owner_ref};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
 use crate::knative::validate;
@@ -305,8 +305,8 @@ pub fn compute_status(
     st
 }
 
-/// Applies `desired` (server-side, ours) unless an object of that name exists that is not the
-/// Service's; returns what the server holds afterwards, or the NotOwned message.
+/// Applies `desired` unless an object of that name exists that is not the Service's; what the
+/// server holds afterwards, or the NotOwned message.
 async fn apply_child<K>(ctx: &Ctx, svc: &Service, desired: &K) -> Result<Result<K, String>, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -315,28 +315,12 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let ns = svc.namespace().unwrap_or_default();
-    let name = svc.name_any();
-    let api = ctx.api::<K>(&ns);
-    if let Some(existing) = api.get_opt(&name).await?
-        && !is_owned_by(existing.meta(), svc)
-    {
-        return Ok(Err(format!(
-            "There is an existing {} {name:?} that we do not own.",
-            K::kind(&())
-        )));
-    }
-    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
-    body["apiVersion"] = K::api_version(&()).into();
-    body["kind"] = K::kind(&()).into();
-    let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
-    Ok(Ok(applied))
+    Ok(
+        match apply_owned(ctx, svc, desired, None, |_, _| false).await? {
+            Applied::Ours(k) => Ok(k),
+            Applied::NotOwned { kind, name } => Err(Applied::<K>::not_owned_message(&kind, &name)),
+        },
+    )
 }
 
 /// Reconciles one Service.

@@ -24,7 +24,7 @@ use tracing::{Instrument, info, warn};
 use super::serving::{self, Swap};
 use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
-use crate::cli::{parse_duration, parse_listen};
+use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::{LeaseSettings, elect};
 use crate::platform::Platform;
@@ -62,16 +62,9 @@ pub struct AutoscalerArgs {
     /// The Lease the replicas run for.
     #[arg(long, default_value = "thaw-autoscaler")]
     pub lease_name: String,
-    /// How long candidates wait after the Lease's last renewal before taking it (whole
-    /// seconds).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it stops leading.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub renew_deadline: Duration,
-    /// How often the leader renews and candidates retry.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub retry_period: Duration,
+    /// The Lease's timings.
+    #[command(flatten)]
+    pub lease_timings: super::LeaseTimings,
     /// Log JSON lines instead of text.
     #[arg(long)]
     pub log_json: bool,
@@ -102,9 +95,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| stats_addr.to_string());
     let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
-    lease.lease_duration = args.lease_duration;
-    lease.renew_deadline = args.renew_deadline;
-    lease.retry_period = args.retry_period;
+    args.lease_timings.apply(&mut lease);
     lease
         .validate()
         .map_err(|e| format!("thaw autoscaler: invalid lease settings: {e}"))?;

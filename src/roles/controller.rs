@@ -49,16 +49,9 @@ pub struct ControllerArgs {
     /// The Lease the replicas run for.
     #[arg(long, default_value = CONTROLLER_NAME)]
     pub lease_name: String,
-    /// How long candidates wait after the Lease's last renewal before taking it (whole
-    /// seconds).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it stops leading.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub renew_deadline: Duration,
-    /// How often the leader renews and candidates retry.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub retry_period: Duration,
+    /// The Lease's timings.
+    #[command(flatten)]
+    pub lease_timings: super::LeaseTimings,
     /// Log JSON lines instead of text.
     #[arg(long)]
     pub log_json: bool,
@@ -107,9 +100,7 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| format!("{}-{}", CONTROLLER_NAME, std::process::id()));
     let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
-    lease.lease_duration = args.lease_duration;
-    lease.renew_deadline = args.renew_deadline;
-    lease.retry_period = args.retry_period;
+    args.lease_timings.apply(&mut lease);
     lease
         .validate()
         .map_err(|e| format!("thaw controller: invalid lease settings: {e}"))?;

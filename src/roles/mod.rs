@@ -127,3 +127,28 @@ pub(crate) fn run_role(
         }
     }
 }
+
+/// The Lease timings of a leader-elected role (`--lease-duration`, `--renew-deadline`,
+/// `--retry-period`; client-go's defaults).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseTimings {
+    /// How long candidates wait after the Lease's last renewal before taking it (whole
+    /// seconds).
+    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    pub lease_duration: std::time::Duration,
+    /// How long the leader keeps trying to renew before it stops leading.
+    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    pub renew_deadline: std::time::Duration,
+    /// How often the leader renews and candidates retry.
+    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    pub retry_period: std::time::Duration,
+}
+
+impl LeaseTimings {
+    /// Puts these timings into `lease`.
+    pub fn apply(&self, lease: &mut crate::leader::LeaseSettings) {
+        lease.lease_duration = self.lease_duration;
+        lease.renew_deadline = self.renew_deadline;
+        lease.retry_period = self.retry_period;
+    }
+}

@@ -77,18 +77,6 @@ pub fn owner_ref(rev: &Revision) -> OwnerReference {
         })
 }
 
-/// Whether `child` is controlled by `rev` (an owner reference with the revision's uid and
-/// `controller: true`).
-pub fn is_owned_by<K: Resource>(child: &K, rev: &Revision) -> bool {
-    let Some(uid) = rev.uid() else {
-        return false;
-    };
-    child
-        .owner_references()
-        .iter()
-        .any(|o| o.uid == uid && o.controller == Some(true))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,11 +36,13 @@ pub(crate) mod fixtures;
 
 use std::sync::Arc;
 
+use crate::controller::Applied;
+
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -51,7 +53,6 @@ use serde::de::DeserializeOwned;
 use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
 use crate::knative::names::labels;
 use crate::knative::{Revision, validate};
-use meta::is_owned_by;
 use resolve::Resolved;
 use status::{Observed, reason};
 
@@ -81,15 +82,7 @@ pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
     })
 }
 
-/// What [`apply`] found.
-enum Applied<K> {
-    Ours(K),
-    /// A child of that name controlled by someone else: (kind, name).
-    NotOwned(String, String),
-}
-
-/// Applies `desired` server-side (forced, [`FIELD_MANAGER`]) unless an object of its name
-/// exists that the revision does not control.
+/// Applies `desired` unless an object of its name exists that the revision does not control.
 async fn apply<K>(ctx: &Ctx, rev: &Revision, desired: &K) -> Result<Applied<K>, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -98,30 +91,7 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
-    let name = desired.meta().name.clone().unwrap_or_default();
-    let api = ctx.api::<K>(&rev.namespace().unwrap_or_default());
-    if let Some(existing) = api.get_opt(&name).await?
-        && !is_owned_by(&existing, rev)
-    {
-        return Ok(Applied::NotOwned(K::kind(&()).into_owned(), name));
-    }
-    Ok(Applied::Ours(
-        server_side_apply(&api, &name, desired).await?,
-    ))
-}
-
-/// The server-side apply itself: forced (the controller is the only writer of these fields).
-async fn server_side_apply<K>(api: &Api<K>, name: &str, desired: &K) -> Result<K, Error>
-where
-    K: Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api
-        .patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await?)
+    crate::controller::apply_owned(ctx, rev, desired, None, |_, _| false).await
 }
 
 /// The Deployment: created with the initial scale, else applied without replicas.
@@ -145,13 +115,11 @@ async fn reconcile_deployment(
             tracing::info!(deployment = %name, replicas = initial, "deployment created");
             Ok(None)
         }
-        Some(existing) if !is_owned_by(&existing, rev) => {
-            Ok(Some(Applied::NotOwned("Deployment".into(), name)))
-        }
-        Some(_) => {
+        Some(existing) => {
             let d = deployment::deployment(rev, r, &settings.deployment, None);
-            let applied = server_side_apply(&api, &name, &d).await?;
-            Ok(Some(Applied::Ours(applied)))
+            crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
+                .await
+                .map(Some)
         }
     }
 }
@@ -239,7 +207,7 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
     let dep = match dep {
         None => None,
         Some(Applied::Ours(d)) => Some(d),
-        Some(Applied::NotOwned(k, n)) => {
+        Some(Applied::NotOwned { kind: k, name: n }) => {
             not_owned = Some((k, n));
             None
         }
@@ -252,13 +220,14 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
     while not_owned.is_none()
         && let Some(svc) = children.next()
     {
-        if let Applied::NotOwned(k, n) = apply(&ctx, &rev, &svc).await? {
+        if let Applied::NotOwned { kind: k, name: n } = apply(&ctx, &rev, &svc).await? {
             not_owned = Some((k, n));
         }
     }
     if not_owned.is_none()
         && hpa::is_hpa_class(&r)
-        && let Applied::NotOwned(k, n) = apply(&ctx, &rev, &hpa::hpa(&rev, &r)).await?
+        && let Applied::NotOwned { kind: k, name: n } =
+            apply(&ctx, &rev, &hpa::hpa(&rev, &r)).await?
     {
         not_owned = Some((k, n));
     }

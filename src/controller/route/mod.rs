@@ -47,7 +47,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::{Ctx, Error, EventKind, FIELD_MANAGER, is_owned_by, now};
+use super::{Ctx, Error, EventKind, is_owned_by, now};
 use crate::config::network::NetworkConfig;
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
@@ -215,12 +215,10 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
     refs
 }
 
-/// Applies `desired` (server-side, ours) unless an object of its name exists that is not the
-/// route's; a child equal to what is wanted is not written again. `cached`: the child as the
-/// controller's store holds it (when absent there, the server is asked: the store may lag, or
-/// not follow someone else's object of that name). Returns the NotOwned message when it is
-/// someone else's.
-async fn apply_owned<K>(
+/// Applies `desired` unless an object of its name exists that is not the route's; a child
+/// equal to what is wanted (`same`) is not written again. `cached`: the child as the
+/// controller's store holds it. Returns the NotOwned message when it is someone else's.
+async fn apply_child<K>(
     ctx: &Ctx,
     route: &Route,
     desired: &K,
@@ -234,38 +232,20 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let ns = route.namespace().unwrap_or_default();
-    let name = desired.name_any();
-    let api = ctx.api::<K>(&ns);
-    let existing = match cached {
-        Some(c) => Some((*c).clone()),
-        None => api.get_opt(&name).await?,
-    };
-    if let Some(existing) = existing {
-        if !is_owned_by(existing.meta(), route) {
-            return Ok(Some(format!(
-                "There is an existing {} {name:?} that we do not own.",
-                if K::kind(&()) == "Service" {
+    let cached = cached.map(|c| (*c).clone());
+    Ok(
+        match super::apply_owned(ctx, route, desired, cached, same).await? {
+            super::Applied::Ours(_) => None,
+            super::Applied::NotOwned { kind, name } => {
+                let what = if kind == "Service" {
                     "placeholder Service"
                 } else {
-                    "VirtualService"
-                }
-            )));
-        }
-        if same(&existing, desired) {
-            return Ok(None);
-        }
-    }
-    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
-    body["apiVersion"] = K::api_version(&()).into();
-    body["kind"] = K::kind(&()).into();
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
+                    kind.as_str()
+                };
+                Some(super::Applied::<K>::not_owned_message(what, &name))
+            }
+        },
     )
-    .await?;
-    Ok(None)
 }
 
 fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
@@ -312,7 +292,7 @@ async fn program(
         let cached = stores
             .placeholders
             .get(&ObjectRef::new(&svc.name_any()).within(&ns));
-        if let Some(msg) = apply_owned(ctx, route, svc, cached, same_placeholder).await? {
+        if let Some(msg) = apply_child(ctx, route, svc, cached, same_placeholder).await? {
             return Ok(Ingress::NotOwned(msg));
         }
     }
@@ -320,7 +300,7 @@ async fn program(
     let cached = stores
         .virtual_services
         .get(&ObjectRef::new(&vs.name_any()).within(&ns));
-    if let Some(msg) = apply_owned(ctx, route, &vs, cached, |e: &VirtualService, d| {
+    if let Some(msg) = apply_child(ctx, route, &vs, cached, |e: &VirtualService, d| {
         e.spec == d.spec && same_labels(e, d)
     })
     .await?
