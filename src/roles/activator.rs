@@ -96,9 +96,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         }
     };
     let name = args.name.clone().unwrap_or_else(|| advertise.to_string());
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("thaw activator: no Kubernetes client configuration: {e}"))?;
+    let client = super::kube_client("activator").await?;
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     info!(data = %data_addr, advertise = %advertise, name = %name, "thaw activator starting");

@@ -26,7 +26,7 @@ use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
-use crate::leader::{LeaseSettings, elect};
+use crate::leader::elect;
 use crate::platform::Platform;
 use crate::remote::server::{StatsPort, serve as serve_stats};
 use crate::remote::token::Token;
@@ -94,14 +94,13 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         .stats_advertise
         .clone()
         .unwrap_or_else(|| stats_addr.to_string());
-    let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
-    args.lease_timings.apply(&mut lease);
-    lease
-        .validate()
-        .map_err(|e| format!("thaw autoscaler: invalid lease settings: {e}"))?;
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("thaw autoscaler: no Kubernetes client configuration: {e}"))?;
+    let lease = args.lease_timings.lease(
+        "autoscaler",
+        &args.system_namespace,
+        &args.lease_name,
+        &identity,
+    )?;
+    let client = super::kube_client("autoscaler").await?;
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);

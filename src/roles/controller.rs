@@ -22,7 +22,7 @@ use super::admin;
 use crate::cli::{parse_duration, parse_listen};
 use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::controller::{CONTROLLER_NAME, Ctx, CtxOptions, DEFAULT_WORKERS, Settings};
-use crate::leader::{LeaseSettings, elect};
+use crate::leader::elect;
 use crate::telemetry::{Telemetry, init_tracing};
 
 /// Arguments of `thaw controller`.
@@ -99,14 +99,13 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{}-{}", CONTROLLER_NAME, std::process::id()));
-    let mut lease = LeaseSettings::new(&args.system_namespace, &args.lease_name, &identity);
-    args.lease_timings.apply(&mut lease);
-    lease
-        .validate()
-        .map_err(|e| format!("thaw controller: invalid lease settings: {e}"))?;
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("thaw controller: no Kubernetes client configuration: {e}"))?;
+    let lease = args.lease_timings.lease(
+        "controller",
+        &args.system_namespace,
+        &args.lease_name,
+        &identity,
+    )?;
+    let client = super::kube_client("controller").await?;
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);

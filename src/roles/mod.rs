@@ -145,10 +145,29 @@ pub struct LeaseTimings {
 }
 
 impl LeaseTimings {
-    /// Puts these timings into `lease`.
-    pub fn apply(&self, lease: &mut crate::leader::LeaseSettings) {
+    /// The Lease `namespace/name` held as `identity` with these timings, checked; the error
+    /// names the role (`thaw autoscaler: invalid lease settings: ...`).
+    pub fn lease(
+        &self,
+        role: &str,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+    ) -> Result<crate::leader::LeaseSettings, String> {
+        let mut lease = crate::leader::LeaseSettings::new(namespace, name, identity);
         lease.lease_duration = self.lease_duration;
         lease.renew_deadline = self.renew_deadline;
         lease.retry_period = self.retry_period;
+        lease
+            .validate()
+            .map_err(|e| format!("thaw {role}: invalid lease settings: {e}"))?;
+        Ok(lease)
     }
+}
+
+/// The Kubernetes client of a role (in-cluster, or `KUBECONFIG`); the error names the role.
+pub(crate) async fn kube_client(role: &str) -> Result<kube::Client, String> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| format!("thaw {role}: no Kubernetes client configuration: {e}"))
 }
