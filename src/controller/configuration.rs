@@ -371,18 +371,17 @@ pub async fn reconcile(
     let message = invalid.clone().or_else(|| failure.clone());
     let status = compute_status(&cfg, latest.as_ref(), &all, message.as_deref());
     let before = cfg.status.clone().unwrap_or_default();
+    // The configuration as it stands after this reconcile (GC reads its latest revisions).
+    let mut next = (*cfg).clone();
+    next.status = Some(status.clone());
     if status != before {
         announce(&ctx, &cfg, &before, &status).await;
-        let mut next = (*cfg).clone();
-        next.status = Some(status);
         ctx.api::<Configuration>(&ns)
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
     }
-    if message.is_none()
-        && let Ok(fresh) = ctx.api::<Configuration>(&ns).get_status(&name).await
-    {
-        super::gc::collect(&ctx, &fresh, &all, &settings.gc).await?;
+    if message.is_none() {
+        super::gc::collect(&ctx, &next, &all, &settings.gc).await?;
     }
     if let Some(m) = invalid {
         ctx.event(&*cfg, EventKind::Warning, "InvalidSpec", m.clone())
