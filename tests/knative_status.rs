@@ -75,6 +75,7 @@ async fn applies_only_the_autoscalers_fields_to_status() {
         Some(0),
         0,
         active_condition(Activity::Inactive, since),
+        None,
     )
     .await
     .unwrap();

@@ -159,6 +159,32 @@ impl Lifecycle {
         l
     }
 
+    /// A revision initialized before this scaler followed it (a leader change), with `ready`
+    /// pods ready and `replicas` asked for: active when enough pods are ready, inactive at
+    /// zero, activating otherwise, from `now`.
+    pub fn adopted(
+        spec: &AutoscalingSpec,
+        reachable: bool,
+        ready: u32,
+        replicas: Option<u32>,
+        now: Instant,
+    ) -> Self {
+        let mut l = Self {
+            activity: Activity::Activating { since: now },
+            initialized: true,
+        };
+        let min_ready = l.min_ready(spec, reachable);
+        if ready >= min_ready && ready > 0 {
+            l.activity = Activity::Active { since: now };
+        } else if replicas == Some(0) || min_ready == 0 && ready == 0 {
+            l.activity = Activity::Inactive {
+                since: now,
+                reason: InactiveReason::NoTraffic,
+            };
+        }
+        l
+    }
+
     /// The current activity.
     pub fn activity(&self) -> Activity {
         self.activity

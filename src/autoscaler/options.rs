@@ -75,6 +75,8 @@ pub struct ScalerOptions {
     /// gets at least ceil(activators / cc) pods, so each activator's share of the pods'
     /// concurrency is at least one request.
     pub activators: Arc<AtomicU32>,
+    /// Decision rounds (ticks) completed; a takeover is complete after its first.
+    pub rounds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for ScalerOptions {
@@ -87,6 +89,7 @@ impl Default for ScalerOptions {
             tick: Duration::from_secs(2),
             scale_timeout: Duration::from_secs(5),
             activators: Arc::new(AtomicU32::new(1)),
+            rounds: Arc::default(),
         }
     }
 }

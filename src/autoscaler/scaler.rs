@@ -27,7 +27,7 @@ pub use super::options::{ActivatorPath, InPath, RevisionStatus, ScalerOptions, T
 use super::state::{Env, RevisionState, Revisions};
 use crate::clock;
 use crate::config::annotations::KPA_CLASS;
-use crate::platform::{Platform, PlatformError};
+use crate::platform::{Found, Platform, PlatformError};
 use crate::revision::{Delta, RevisionCatalog, RevisionKey};
 use crate::stats::StatMessage;
 use crate::telemetry::Telemetry;
@@ -89,7 +89,10 @@ impl Scaler {
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break,
-                    _ = ticker.tick() => self.tick(Instant::now()).await,
+                    _ = ticker.tick() => {
+                        self.tick(Instant::now()).await;
+                        self.options.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     Ok(()) = catalog_changed.changed() => self.sync_catalog(Instant::now()).await,
                     msg = stats.recv(), if stats_open => match msg {
                         Some(msg) => {
@@ -160,6 +163,7 @@ impl Scaler {
                     }
                 }
                 None => {
+                    let found = self.platform.found(&rev.key);
                     let endpoints = self.platform.endpoints(&rev.key);
                     let slot =
                         self.collector
@@ -171,29 +175,36 @@ impl Scaler {
                         endpoints,
                         &self.metrics,
                         now,
+                        found,
                     );
-                    self.scale_states.publish(&rev.key, ScaleState::default());
+                    self.scale_states.publish(&rev.key, state.scale_state());
                     self.revisions.insert(rev.key.clone(), state);
-                    added.push(rev.key.clone());
+                    added.push((rev.key.clone(), found));
                 }
             }
         }
-        for key in added {
-            self.start(&key, now).await;
+        for (key, found) in added {
+            self.start(&key, found, now).await;
         }
     }
 
-    /// A new revision gets its initial scale, as a new Deployment does, unless that many
-    /// pods are ready already (a restarted autoscaler adopting a running revision). If the
-    /// platform refuses (e.g. it does not know the revision yet), the next decisions retry.
-    async fn start(&mut self, key: &RevisionKey, now: Instant) {
+    /// A new revision gets its initial scale, as a new Deployment does, unless it was
+    /// initialized before (Knative's `ScaleTargetInitialized`: a leader change adopts it as
+    /// found), that many pods are ready, or that many are asked for already. If the platform
+    /// refuses (e.g. it does not know the revision yet), the next decisions retry.
+    async fn start(&mut self, key: &RevisionKey, found: Found, now: Instant) {
         let Some(state) = self.revisions.get_mut(key) else {
             return;
         };
         let initial = state.spec.initial_scale;
         let ready = state.ready_now();
-        info!(revision = %key, initial_scale = initial, ready, "tracking revision");
-        if initial > 0 && ready < initial {
+        info!(revision = %key, initial_scale = initial, ready, replicas = ?found.replicas,
+            initialized = found.initialized, in_path = ?found.activator_in_path, "tracking revision");
+        if initial > 0
+            && ready < initial
+            && !found.initialized
+            && found.replicas.is_none_or(|r| r < initial)
+        {
             let env = env(
                 &self.collector,
                 &*self.platform,
@@ -341,6 +352,9 @@ pub struct ScaleState {
     pub decided_at: Option<Instant>,
     /// Whether the activator must stay in the request path (cold, or short of burst capacity).
     pub activator_in_path: bool,
+    /// Whether the revision reached its initial scale once (Knative's
+    /// `ScaleTargetInitialized`); never set back.
+    pub initialized: bool,
 }
 
 impl Default for ScaleState {
@@ -349,6 +363,7 @@ impl Default for ScaleState {
             desired: -1,
             decided_at: None,
             activator_in_path: true,
+            initialized: false,
         }
     }
 }

@@ -16,7 +16,7 @@ use super::lifecycle::{Facts, Lifecycle, Verdict};
 use super::scaler::{ActivatorPath, RevisionStatus, ScaleState, ScaleStates, Trigger};
 use crate::clock;
 use crate::config::{AutoscalingSpec, Metric};
-use crate::platform::{EndpointSnapshot, Platform};
+use crate::platform::{EndpointSnapshot, Found, Platform};
 use crate::revision::RevisionKey;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, FloatGauge, MetricLabels, RevisionLabels};
 
@@ -130,6 +130,11 @@ pub(super) struct RevisionState {
     /// When the scaler first saw the revision (the activator fronts it from then on in local
     /// mode).
     added_at: Instant,
+    /// Adopted from an earlier scaler (a leader change) with replicas or initialized: silence
+    /// counts as idleness only once this scaler has watched it for a stable window.
+    adopted: bool,
+    /// The serving mode as found is kept until a decision made on stats (not on silence).
+    hold_path: bool,
     /// Replicas last accepted by the platform; `None` before the first scale call.
     pub replicas: Option<u32>,
     /// The initial scale still to be applied: set when the revision appears, cleared by the
@@ -152,7 +157,9 @@ pub(super) struct RevisionState {
 }
 
 impl RevisionState {
-    /// A revision seen for the first time at `now`, with `endpoints` already subscribed.
+    /// A revision seen for the first time at `now`, with `endpoints` already subscribed, and
+    /// what the platform `found` of it (an earlier leader's replicas, initialization and
+    /// serving mode, adopted as they are).
     pub fn new(
         key: &RevisionKey,
         spec: Arc<AutoscalingSpec>,
@@ -160,6 +167,7 @@ impl RevisionState {
         endpoints: watch::Receiver<Arc<EndpointSnapshot>>,
         metrics: &AutoscalerMetrics,
         now: Instant,
+        found: Found,
     ) -> Self {
         let ready = ready_count(&endpoints);
         let labels = RevisionLabels {
@@ -180,20 +188,28 @@ impl RevisionState {
         let ebc = Decider::initial_excess_burst_capacity(&spec);
         gauges.set([0, i64::from(ready), i64::from(ready > 1), ebc]);
         gauges.set_load(&spec, None, metrics);
+        let lifecycle = if found.initialized {
+            Lifecycle::adopted(&spec, spec.reachable, ready, found.replicas, now)
+        } else {
+            Lifecycle::new(&spec, spec.reachable, now)
+        };
+        let in_path = found.activator_in_path.unwrap_or(true);
         Self {
             decider: Decider::new(&spec, ready, now),
-            lifecycle: Lifecycle::new(&spec, spec.reachable, now),
+            lifecycle,
             excess_burst_capacity: Decider::initial_excess_burst_capacity(&spec),
             panicking: ready > 1,
             spec,
             slot,
             endpoints,
             added_at: now,
-            replicas: None,
+            adopted: found.initialized || found.replicas.is_some_and(|r| r > 0),
+            hold_path: found.activator_in_path.is_some(),
+            replicas: found.replicas,
             initial: None,
             decided: -1,
-            activator_in_path: true,
-            in_path_since: Some(now),
+            activator_in_path: in_path,
+            in_path_since: in_path.then_some(now),
             decided_at: None,
             observed: None,
             ready,
@@ -205,6 +221,16 @@ impl RevisionState {
     /// Where the collector keeps this revision's windows.
     pub fn slot(&self) -> Slot {
         self.slot
+    }
+
+    /// The state to publish before the first decision: what was found.
+    pub fn scale_state(&self) -> ScaleState {
+        ScaleState {
+            desired: self.replicas.map_or(-1, to_i32),
+            decided_at: self.decided_at,
+            activator_in_path: self.activator_in_path,
+            initialized: self.lifecycle.initialized(),
+        }
     }
 
     /// Pods ready now.
@@ -252,6 +278,7 @@ impl RevisionState {
                 desired: to_i32(replicas),
                 decided_at: Some(now),
                 activator_in_path: self.activator_in_path,
+                initialized: self.lifecycle.initialized(),
             };
             env.scale_states.publish(key, announced.clone());
             self.published = announced;
@@ -292,14 +319,17 @@ impl RevisionState {
         let ready = self.ready_now();
         self.ready = ready;
 
-        let observed = env
-            .collector
-            .observe_slot(self.slot, &spec, second)
-            .or_else(|| {
+        let from_stats = env.collector.observe_slot(self.slot, &spec, second);
+        let from_data = from_stats.is_some();
+        let observed = from_stats.or_else(|| {
                 // No stat for a whole stable window. When every request passes the activator
                 // (and it reports every revision it holds requests for), silence is zero load;
                 // otherwise it is only zero load when no pod could be serving.
-                let silent_is_idle = match env.activator_path {
+                // A revision adopted from an earlier leader is watched for a stable window
+                // before silence counts (its windows start empty, not idle).
+                let watched = !self.adopted
+                    || now.saturating_duration_since(self.added_at) >= spec.stable_window;
+                let silent_is_idle = watched && match env.activator_path {
                     ActivatorPath::Always { .. } => true,
                     ActivatorPath::FollowsDecision => ready == 0,
                     ActivatorPath::Confirmed(in_path) => ready == 0 || in_path.since(key).is_some(),
@@ -338,7 +368,7 @@ impl RevisionState {
         let turned_inactive =
             self.lifecycle
                 .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
-        self.update_path(verdict, ready, now);
+        self.update_path(verdict, ready, now, from_data);
         if turned_inactive {
             // Knative reconciles again as soon as the activator is in the path; do it now.
             verdict =
@@ -346,7 +376,7 @@ impl RevisionState {
                     .verdict(&spec, self.decided, &self.facts(key, ready, env, now));
             self.lifecycle
                 .observe(&spec, verdict.want, &self.facts(key, ready, env, now));
-            self.update_path(verdict, ready, now);
+            self.update_path(verdict, ready, now, from_data);
         }
 
         if !verdict.apply
@@ -374,11 +404,7 @@ impl RevisionState {
             }
         }
 
-        let state = ScaleState {
-            desired: self.replicas.map_or(-1, to_i32),
-            decided_at: self.decided_at,
-            activator_in_path: self.activator_in_path,
-        };
+        let state = self.scale_state();
         if state != self.published {
             env.scale_states.publish(key, state.clone());
             self.published = state;
@@ -407,8 +433,15 @@ impl RevisionState {
     }
 
     /// The activator leaves the path only when the revision wants pods and has burst
-    /// capacity to spare (Knative's SKS Serve mode), and never while no pod is ready.
-    fn update_path(&mut self, verdict: Verdict, ready: u32, now: Instant) {
+    /// capacity to spare (Knative's SKS Serve mode), and never while no pod is ready. A mode
+    /// adopted from an earlier leader stays until a decision made on stats (`from_data`).
+    fn update_path(&mut self, verdict: Verdict, ready: u32, now: Instant, from_data: bool) {
+        if self.hold_path {
+            if !from_data && ready > 0 {
+                return;
+            }
+            self.hold_path = false;
+        }
         let in_path = !(verdict.want > 0 && self.excess_burst_capacity >= 0) || ready == 0;
         if in_path != self.activator_in_path {
             debug!(in_path, "activator path changes");

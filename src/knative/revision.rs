@@ -134,4 +134,9 @@ pub mod condition {
     pub const CONTAINER_HEALTHY: &str = "ContainerHealthy";
     /// Serving traffic (False with `NoTraffic` at zero): the autoscaler's, outside Ready.
     pub const ACTIVE: &str = "Active";
+    /// thaw's own (Knative keeps it on the PodAutoscaler): the revision once reached its
+    /// initial scale. Written True once by the autoscaler, never set back; severity Info, so
+    /// outside Ready. A later autoscaler leader reads it: initial scale applies only to a
+    /// revision never initialized.
+    pub const SCALE_TARGET_INITIALIZED: &str = "ScaleTargetInitialized";
 }

@@ -1,7 +1,9 @@
 //! The part of a Revision's status the autoscaler writes: `desiredReplicas`,
-//! `actualReplicas` and the `Active` condition, applied server-side to `/status` with the
-//! autoscaler's own field manager, so the controller's fields and conditions are never
-//! overwritten (the CRD makes `conditions` a map keyed by `type` for this).
+//! `actualReplicas`, the `Active` condition and, once the revision reached its initial scale,
+//! `ScaleTargetInitialized`, applied server-side to `/status` with the autoscaler's own field
+//! manager, so the controller's fields and conditions are never overwritten (the CRD makes
+//! `conditions` a map keyed by `type` for this). [`AutoscalerStatus::of`] reads them back, so a
+//! new leader writes nothing that is already true.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -57,16 +59,79 @@ pub fn active_condition(activity: Activity, since: Time) -> Condition {
     }
 }
 
-/// The server-side apply body of the autoscaler's status fields.
+/// `ScaleTargetInitialized=True` (severity Info: outside Ready), set at `since`.
+pub fn initialized_condition(since: Time) -> Condition {
+    Condition {
+        type_: condition::SCALE_TARGET_INITIALIZED.into(),
+        status: ConditionStatus::True,
+        severity: Some(ConditionSeverity::Info),
+        last_transition_time: Some(since),
+        reason: None,
+        message: None,
+    }
+}
+
+/// The autoscaler's part of a Revision's status as stored: what a leader compares with before
+/// it writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AutoscalerStatus {
+    pub desired: Option<i32>,
+    pub actual: Option<i32>,
+    /// The `Active` condition's status, reason and last transition.
+    pub active: Option<(ConditionStatus, Option<String>, Option<Time>)>,
+    /// `ScaleTargetInitialized=True` is stored (since then).
+    pub initialized_written: Option<Time>,
+    /// The revision counts as initialized: `ScaleTargetInitialized=True`, or (a revision from
+    /// before the condition existed) no such condition and `Ready=True`.
+    pub initialized: bool,
+}
+
+impl AutoscalerStatus {
+    /// Reads `rev`'s stored status.
+    pub fn of(rev: &Revision) -> Self {
+        let Some(st) = rev.status.as_ref() else {
+            return Self::default();
+        };
+        let conds = &st.status;
+        let initialized_cond = conds.condition(condition::SCALE_TARGET_INITIALIZED);
+        let written = initialized_cond.is_some_and(|c| c.status == ConditionStatus::True);
+        Self {
+            desired: st.desired_replicas,
+            actual: st.actual_replicas,
+            active: conds.condition(condition::ACTIVE).map(|c| {
+                (
+                    c.status,
+                    c.reason.clone(),
+                    c.last_transition_time.clone(),
+                )
+            }),
+            initialized_written: initialized_cond
+                .filter(|_| written)
+                .map(|c| c.last_transition_time.clone().unwrap_or_else(epoch)),
+            initialized: written
+                || (initialized_cond.is_none() && conds.is_true(condition::READY)),
+        }
+    }
+}
+
+fn epoch() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+/// The server-side apply body of the autoscaler's status fields. Once `initialized` is given
+/// it must be given in every later apply (a field left out of an apply is removed).
 pub fn autoscaler_status(
     name: &str,
     desired: Option<i32>,
     actual: i32,
     active: Condition,
+    initialized: Option<Condition>,
 ) -> serde_json::Value {
+    let mut conditions = vec![active];
+    conditions.extend(initialized);
     let mut status = serde_json::json!({
         "actualReplicas": actual,
-        "conditions": [active],
+        "conditions": conditions,
     });
     if let Some(d) = desired {
         status["desiredReplicas"] = d.into();
@@ -87,9 +152,10 @@ pub async fn apply_autoscaler_status(
     desired: Option<i32>,
     actual: i32,
     active: Condition,
+    initialized: Option<Condition>,
 ) -> Result<Revision, kube::Error> {
     let api: Api<Revision> = Api::namespaced(client, &revision.namespace);
-    let body = autoscaler_status(&revision.name, desired, actual, active);
+    let body = autoscaler_status(&revision.name, desired, actual, active, initialized);
     api.patch_status(
         &revision.name,
         &PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force(),

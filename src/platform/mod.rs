@@ -81,6 +81,21 @@ pub enum PlatformError {
     },
 }
 
+/// What a scaler finds of a revision it starts to follow: the state a previous scaler (an
+/// earlier leader) left in the cluster, which the new one adopts instead of starting over.
+/// Nothing is known by default (a fresh platform: `thaw local`, tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Found {
+    /// The replicas the platform is asked for now (the Deployment's `spec.replicas`).
+    pub replicas: Option<u32>,
+    /// The revision reached its initial scale once (Knative's `ScaleTargetInitialized`):
+    /// initial scale no longer applies to it.
+    pub initialized: bool,
+    /// Whether the activators are in the revision's request path as found (its public
+    /// endpoints); `None` when nothing was written yet.
+    pub activator_in_path: Option<bool>,
+}
+
 /// Where replicas run: child processes (`local`) or Deployments (`kubernetes`).
 pub trait Platform: EndpointSource {
     /// Asks for `replicas` replicas of `revision`. Returns once the request is accepted, not
@@ -90,4 +105,9 @@ pub trait Platform: EndpointSource {
         revision: &RevisionKey,
         replicas: u32,
     ) -> BoxFuture<'_, Result<(), PlatformError>>;
+
+    /// What the platform holds of `revision` from before this scaler followed it.
+    fn found(&self, _revision: &RevisionKey) -> Found {
+        Found::default()
+    }
 }

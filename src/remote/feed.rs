@@ -152,6 +152,7 @@ fn apply(states: &ScaleStates, line: &[u8]) {
             desired,
             decided_at,
             activator_in_path: d.activator_in_path,
+            initialized: false,
         },
     );
 }

@@ -1,6 +1,8 @@
-//! The autoscaler's admin port: `/metrics`, `/healthz`, `/readyz` (ready once its watches
-//! have listed and until it stops) and `/leader` (JSON: this replica's identity, whether it
-//! leads, and the revisions it scales). HTTP/1.1; runs until cancelled.
+//! The admin port of the leader-elected roles: `/metrics`, `/healthz`, `/readyz` (ready once
+//! its watches have listed and until it stops), `/leader` (JSON: this replica's identity,
+//! whether it leads, and the revisions it scales) and, on the autoscaler, `/revisions` (JSON:
+//! each revision's serving mode, whether it was adopted as found, its initialization and pod
+//! stats). HTTP/1.1; runs until cancelled.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -24,6 +26,8 @@ pub struct AdminState {
     pub ready: tokio::sync::watch::Receiver<bool>,
     /// The JSON of `/leader`.
     pub leader: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// The JSON of `/revisions` (the autoscaler's; none on the controller).
+    pub revisions: Option<Box<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
 /// Serves `state` on `listener` until `stop`.
@@ -86,6 +90,11 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             StatusCode::OK,
             "application/json",
             (state.leader)().to_string(),
+        ),
+        "/revisions" if state.revisions.is_some() => reply(
+            StatusCode::OK,
+            "application/json",
+            state.revisions.as_ref().map_or_else(String::new, |f| f().to_string()),
         ),
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }

@@ -106,6 +106,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     let (ready_tx, ready_rx) = watch::channel(false);
     let leading_now = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scale_states = ScaleStates::new();
+    let revisions_view: Arc<std::sync::Mutex<Option<RevisionsView>>> = Arc::default();
     {
         let (identity, leading_now, states) =
             (identity.clone(), leading_now.clone(), scale_states.clone());
@@ -119,6 +120,15 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                     "revisions": states.all().len(),
                 })
             }),
+            revisions: {
+                let view = revisions_view.clone();
+                Some(Box::new(move || {
+                    match &*view.lock().unwrap_or_else(|p| p.into_inner()) {
+                        Some(v) => v.json(),
+                        None => serde_json::json!({"revisions": []}),
+                    }
+                }))
+            },
         });
         tokio::spawn(admin::serve(state, admin_listener, stop.clone()));
     }
@@ -145,10 +155,15 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     };
     let services =
         serving::watch_public_services(client.clone(), args.namespace.as_deref(), stop.clone());
+    // What a new leader adopts: every replica follows the public slices, so a takeover finds
+    // them listed.
+    let (public, mut public_synced) =
+        serving::watch_public_slices(client.clone(), args.namespace.as_deref(), stop.clone());
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
+            let _ = public_synced.wait_for(|s| *s).await;
         } => {}
         _ = signal_stop() => return Ok(()),
     }
@@ -176,6 +191,18 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         flow: flow.clone(),
         activators,
         services,
+        public,
+        metrics: telemetry.autoscaler.clone(),
+        writes: Default::default(),
+        modes: Default::default(),
+        first_pass_pending: Default::default(),
+    });
+    *revisions_view.lock().unwrap_or_else(|p| p.into_inner()) = Some(RevisionsView {
+        catalog: catalog.clone(),
+        states: scale_states.clone(),
+        swap: swap.clone(),
+        flow: flow.clone(),
+        platform: platform.clone(),
     });
     let work = {
         let (catalog, platform, states, telemetry, options, stats_tx, flow) = (
@@ -207,13 +234,30 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                 leading_now.store(true, Ordering::Relaxed);
                 let _not_leading = Flag(leading_now);
                 info!("leading: scaling, pulling pod stats, swapping serving modes");
+                telemetry.autoscaler.leader_changes.inc();
+                // Writes are made only while this term lasts (the Lease renewed within its
+                // deadline); they stop the moment it ends.
+                platform.fence(term.clone());
+                tokio::spawn(
+                    takeover(
+                        platform.clone(),
+                        swap.clone(),
+                        options.rounds.clone(),
+                        telemetry.clone(),
+                        term.clone(),
+                    )
+                    .instrument(tracing::info_span!("takeover")),
+                );
                 let mut shared_rx = stats_rx.lock().await;
                 // Stats from before this term are stale: start from an empty channel.
                 while shared_rx.try_recv().is_ok() {}
                 let (tx, rx) = mpsc::channel(STATS_CHANNEL);
                 let scaler = Scaler::new(
                     catalog.clone(),
-                    Arc::new(platform.clone()) as Arc<dyn Platform>,
+                    Arc::new(serving::AdoptingPlatform {
+                        platform: platform.clone(),
+                        swap: swap.clone(),
+                    }) as Arc<dyn Platform>,
                     states,
                     &telemetry,
                     options,
@@ -270,6 +314,88 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     platform.shutdown();
     info!("thaw autoscaler stopped");
     Ok(())
+}
+
+/// Waits until the new term has adopted every revision (the first decision round is done and
+/// every serving task has read back and acted once), then records how long that took and how
+/// many API writes it made.
+async fn takeover(
+    platform: crate::platform::kubernetes::KubePlatform,
+    swap: Arc<Swap>,
+    rounds: Arc<std::sync::atomic::AtomicU64>,
+    telemetry: Arc<Telemetry>,
+    term: CancellationToken,
+) {
+    let started = tokio::time::Instant::now();
+    let writes = || platform.writes() + swap.writes.load(Ordering::Relaxed);
+    let before = writes();
+    let round0 = rounds.load(Ordering::Relaxed);
+    loop {
+        // Give the serving tasks of this term a moment to be spawned before counting them.
+        tokio::select! {
+            () = term.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        if rounds.load(Ordering::Relaxed) > round0
+            && swap.first_pass_pending.load(Ordering::Relaxed) == 0
+        {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    let made = writes() - before;
+    telemetry
+        .autoscaler
+        .takeover_seconds
+        .set(took.as_secs_f64());
+    telemetry
+        .autoscaler
+        .takeover_writes
+        .set(i64::try_from(made).unwrap_or(i64::MAX));
+    info!(took = ?took, writes = made, "takeover complete: every revision adopted");
+}
+
+/// What `/revisions` shows of each revision on this replica: the scaler's state (on the
+/// leader), the serving mode (written, or found at takeover), and whether pod stats flow.
+struct RevisionsView {
+    catalog: Arc<crate::revision::RevisionCatalog>,
+    states: Arc<ScaleStates>,
+    swap: Arc<Swap>,
+    flow: Arc<pull::PodStatsFlow>,
+    platform: crate::platform::kubernetes::KubePlatform,
+}
+
+impl RevisionsView {
+    fn json(&self) -> serde_json::Value {
+        use crate::platform::EndpointSource;
+        let snapshot = self.catalog.load();
+        let mut out = Vec::new();
+        for rev in snapshot.revisions() {
+            let key = &rev.key;
+            let state = self.states.get(key);
+            let mode = match self.swap.modes.get(key).map(|m| *m) {
+                Some(m) => Some((m.mode, m.adopted)),
+                None => self.swap.found_mode(key).map(|m| (m, true)),
+            };
+            let ready = self.platform.endpoints(key).borrow().ready.len();
+            let found = self.platform.stored_status(key).unwrap_or_default();
+            out.push(serde_json::json!({
+                "namespace": &*key.namespace,
+                "name": &*key.name,
+                "desired": state.as_ref().map(|s| s.desired),
+                "ready": ready,
+                "activatorInPath": state.as_ref().map(|s| s.activator_in_path),
+                "initialized": state.as_ref().is_some_and(|s| s.initialized) || found.initialized,
+                "servingMode": mode.map(|(m, _)| match m {
+                    serving::Mode::Proxy => "proxy",
+                    serving::Mode::Serve => "serve",
+                }),
+                "servingModeAdopted": mode.map(|(_, a)| a),
+                "podStatsFlowing": self.flow.flows(key),
+            }));
+        }
+        serde_json::json!({ "revisions": out })
+    }
 }
 
 /// Clears the "leading" flag of `/leader` when a term ends.

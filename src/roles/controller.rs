@@ -121,6 +121,7 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
                     "leading": leading.load(std::sync::atomic::Ordering::Relaxed),
                 })
             }),
+            revisions: None,
         });
         tokio::spawn(admin::serve(state, admin_listener, stop.clone()));
     }

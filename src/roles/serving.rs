@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use futures::StreamExt;
@@ -43,10 +44,14 @@ use tracing::Instrument;
 use super::pull::PodStatsFlow;
 use crate::autoscaler::scaler::{InPath, ScaleState, ScaleStates};
 use crate::knative::names::{child_name, labels};
-use crate::knative::status::{AUTOSCALER_FIELD_MANAGER, Activity, active_condition};
+use crate::knative::duck::ConditionStatus;
+use crate::knative::status::{
+    AUTOSCALER_FIELD_MANAGER, Activity, active_condition, initialized_condition,
+};
 use crate::platform::kubernetes::service_slices::ServiceEndpoints;
 use crate::platform::kubernetes::{APP_PROTOCOL_H2C, KubePlatform, PORT_NAME_HTTP2};
-use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
+use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus, Found, Platform};
+use crate::telemetry::autoscaler::{AutoscalerMetrics, WriteLabels};
 use crate::revision::{Protocol, RevisionCatalog, RevisionKey};
 
 /// A revision's public Service as the swap needs it.
@@ -69,7 +74,7 @@ pub enum Mode {
 type SliceShape = (bool, Vec<(String, u16)>);
 
 /// One endpoint of a public slice: an IP and its port per port name.
-type Backend = (std::net::IpAddr, BTreeMap<String, u16>);
+pub type Backend = (std::net::IpAddr, BTreeMap<String, u16>);
 
 /// The mode a revision should be in.
 pub fn mode(state: &ScaleState, snap: &EndpointSnapshot, stats_flow: bool) -> Mode {
@@ -288,7 +293,272 @@ pub struct Swap {
     pub flow: Arc<PodStatsFlow>,
     pub activators: watch::Receiver<Arc<ServiceEndpoints>>,
     pub services: watch::Receiver<Arc<BTreeMap<RevisionKey, PublicService>>>,
+    /// The public slices as the cluster holds them (every replica follows them).
+    pub public: watch::Receiver<PublicSlices>,
+    /// Writes of public slices and Revision status.
+    pub metrics: AutoscalerMetrics,
+    /// Slice and status writes made (for the takeover's count).
+    pub writes: AtomicU64,
+    /// Each revision's mode as last written or found, for `/revisions`.
+    pub modes: DashMap<RevisionKey, ModeView>,
+    /// Revision tasks of this term that have not finished their first pass.
+    pub first_pass_pending: AtomicUsize,
 }
+
+/// A revision's serving mode as `/revisions` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeView {
+    pub mode: Mode,
+    /// Found in the cluster at takeover and not rewritten since.
+    pub adopted: bool,
+}
+
+impl Swap {
+    /// The serving mode `key`'s public slices show now (`None`: none written), judged
+    /// against the current activators and ready pods.
+    pub fn found_mode(&self, key: &RevisionKey) -> Option<Mode> {
+        let found = self.public.borrow().get(key).cloned()?;
+        let snap = self.platform.endpoints(key).borrow().clone();
+        let acts = self.activators.borrow().clone();
+        let svc = self.services.borrow().get(key).cloned()?;
+        let protocol = self
+            .catalog
+            .load()
+            .get(key)
+            .map_or(Protocol::Http1, |s| s.protocol);
+        classify(&found.backends, &svc, protocol, &acts, &snap)
+    }
+
+    fn wrote(&self, resource: &'static str) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .api_writes
+            .get_or_create(&WriteLabels { resource })
+            .inc();
+    }
+}
+
+/// One revision's public slices as found: their names, owner and backends.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FoundSlices {
+    pub names: BTreeSet<String>,
+    /// The Service that owns them (its uid).
+    pub owner: Option<String>,
+    pub backends: Vec<Backend>,
+}
+
+/// Every revision's public slices written by an autoscaler.
+pub type PublicSlices = imbl::OrdMap<RevisionKey, Arc<FoundSlices>>;
+
+/// The mode public slices with `found` backends put a revision in: Serve when they list a
+/// ready pod of the revision and no activator, Proxy otherwise; `None` when empty.
+pub fn classify(
+    found: &[Backend],
+    svc: &PublicService,
+    protocol: Protocol,
+    activators: &ServiceEndpoints,
+    snap: &EndpointSnapshot,
+) -> Option<Mode> {
+    if found.is_empty() {
+        return None;
+    }
+    let proxy = backends(Mode::Proxy, svc, protocol, activators, snap);
+    let serve = backends(Mode::Serve, svc, protocol, activators, snap);
+    let any_activator = found.iter().any(|b| proxy.contains(b));
+    let any_pod = found.iter().any(|b| serve.contains(b));
+    Some(if any_pod && !any_activator {
+        Mode::Serve
+    } else {
+        Mode::Proxy
+    })
+}
+
+/// The backends a public slice lists (ready endpoints, by port name).
+fn slice_backends(slice: &EndpointSlice) -> Vec<Backend> {
+    let ports: BTreeMap<String, u16> = slice
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.port?).ok()?)))
+        .collect();
+    let mut out = Vec::new();
+    for e in &slice.endpoints {
+        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+            continue;
+        }
+        for a in &e.addresses {
+            if let Ok(ip) = a.parse() {
+                out.push((ip, ports.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Follows the public EndpointSlices an autoscaler wrote (`managed-by`
+/// `autoscaler.thaw.dev`) in `namespace` (all when `None`): what a new leader finds. The
+/// receiver's second value says whether the first list is done.
+pub fn watch_public_slices(
+    client: kube::Client,
+    namespace: Option<&str>,
+    stop: CancellationToken,
+) -> (watch::Receiver<PublicSlices>, watch::Receiver<bool>) {
+    let (tx, rx) = watch::channel(PublicSlices::new());
+    let (synced_tx, synced) = watch::channel(false);
+    let api: Api<EndpointSlice> = match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let cfg = watcher::Config::default().labels(&format!(
+        "{}={},{}={}",
+        labels::ENDPOINTSLICE_MANAGED_BY,
+        labels::MANAGED_BY_AUTOSCALER,
+        labels::SERVICE_TYPE,
+        labels::SERVICE_TYPE_PUBLIC,
+    ));
+    tokio::spawn(
+        async move {
+            let mut s = std::pin::pin!(watch_stream(api, cfg).default_backoff());
+            // Per revision, per slice name: the slice's owner and backends.
+            type Slices = BTreeMap<RevisionKey, BTreeMap<String, (Option<String>, Vec<Backend>)>>;
+            let mut all: Slices = BTreeMap::new();
+            let mut listing: Option<Slices> = None;
+            let key_of = |sl: &EndpointSlice| -> Option<RevisionKey> {
+                Some(RevisionKey::new(sl.namespace()?, sl.labels().get(labels::REVISION)?))
+            };
+            let owner_of = |sl: &EndpointSlice| {
+                sl.owner_references()
+                    .iter()
+                    .find(|o| o.kind == "Service")
+                    .map(|o| o.uid.clone())
+            };
+            let found = |m: &BTreeMap<String, (Option<String>, Vec<Backend>)>| {
+                let mut f = FoundSlices::default();
+                for (name, (owner, b)) in m {
+                    f.names.insert(name.clone());
+                    f.owner = f.owner.take().or_else(|| owner.clone());
+                    f.backends.extend(b.iter().cloned());
+                }
+                f.backends.sort();
+                f.backends.dedup();
+                Arc::new(f)
+            };
+            loop {
+                let ev = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ev = s.next() => ev,
+                };
+                let changed: Vec<RevisionKey> = match ev {
+                    None => return,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watch error; resuming");
+                        continue;
+                    }
+                    Some(Ok(Event::Init)) => {
+                        listing = Some(BTreeMap::new());
+                        continue;
+                    }
+                    Some(Ok(Event::InitApply(sl))) => {
+                        if let (Some(l), Some(k)) = (listing.as_mut(), key_of(&sl)) {
+                            l.entry(k)
+                                .or_default()
+                                .insert(sl.name_any(), (owner_of(&sl), slice_backends(&sl)));
+                        }
+                        continue;
+                    }
+                    Some(Ok(Event::InitDone)) => {
+                        all = listing.take().unwrap_or_default();
+                        let map: PublicSlices =
+                            all.iter().map(|(k, m)| (k.clone(), found(m))).collect();
+                        tx.send_replace(map);
+                        synced_tx.send_replace(true);
+                        continue;
+                    }
+                    Some(Ok(Event::Apply(sl))) => match key_of(&sl) {
+                        Some(k) => {
+                            all.entry(k.clone())
+                                .or_default()
+                                .insert(sl.name_any(), (owner_of(&sl), slice_backends(&sl)));
+                            vec![k]
+                        }
+                        None => continue,
+                    },
+                    Some(Ok(Event::Delete(sl))) => match key_of(&sl) {
+                        Some(k) => {
+                            if let Some(m) = all.get_mut(&k) {
+                                m.remove(&sl.name_any());
+                                if m.is_empty() {
+                                    all.remove(&k);
+                                }
+                            }
+                            vec![k]
+                        }
+                        None => continue,
+                    },
+                };
+                tx.send_modify(|map| {
+                    for k in changed {
+                        match all.get(&k) {
+                            Some(m) => {
+                                map.insert(k, found(m));
+                            }
+                            None => {
+                                map.remove(&k);
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        .instrument(tracing::info_span!("watch", resource = "endpointslices", kind = "public")),
+    );
+    (rx, synced)
+}
+
+/// The scaler's platform on Kubernetes: [`KubePlatform`], plus the serving mode each revision
+/// was found in (its public slices), so a new leader adopts it.
+#[derive(Clone)]
+pub struct AdoptingPlatform {
+    pub platform: KubePlatform,
+    pub swap: Arc<Swap>,
+}
+
+impl std::fmt::Debug for AdoptingPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.platform.fmt(f)
+    }
+}
+
+impl EndpointSource for AdoptingPlatform {
+    fn endpoints(&self, revision: &RevisionKey) -> watch::Receiver<Arc<EndpointSnapshot>> {
+        self.platform.endpoints(revision)
+    }
+
+    fn drained(&self, revision: &RevisionKey, addr: SocketAddr) {
+        self.platform.drained(revision, addr);
+    }
+}
+
+impl Platform for AdoptingPlatform {
+    fn scale(
+        &self,
+        revision: &RevisionKey,
+        replicas: u32,
+    ) -> crate::platform::BoxFuture<'_, Result<(), crate::platform::PlatformError>> {
+        self.platform.scale(revision, replicas)
+    }
+
+    fn found(&self, revision: &RevisionKey) -> Found {
+        Found {
+            activator_in_path: self.swap.found_mode(revision).map(|m| m == Mode::Proxy),
+            ..self.platform.found(revision)
+        }
+    }
+}
+
+/// How long after a takeover a revision found served by its pods stays so while its pod
+/// stats are not flowing yet (the first pulls of the new leader).
+const ADOPTED_SERVE_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs a swap task for each revision that has a public Service, until `stop` (the end of
 /// leadership). Tasks start and stop as revisions and Services come and go.
@@ -296,6 +566,8 @@ pub async fn run(swap: Arc<Swap>, stop: CancellationToken) {
     let tasks: DashMap<RevisionKey, CancellationToken> = DashMap::new();
     let mut services = swap.services.clone();
     let mut catalog = swap.catalog.subscribe();
+    let term_start = Instant::now();
+    swap.first_pass_pending.store(0, Ordering::Relaxed);
     loop {
         let svcs = services.borrow_and_update().clone();
         let snapshot = swap.catalog.load();
@@ -303,8 +575,9 @@ pub async fn run(swap: Arc<Swap>, stop: CancellationToken) {
             if snapshot.get(key).is_some() && !tasks.contains_key(key) {
                 let token = stop.child_token();
                 tasks.insert(key.clone(), token.clone());
+                swap.first_pass_pending.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(
-                    revision_task(swap.clone(), key.clone(), token)
+                    revision_task(swap.clone(), key.clone(), token, term_start)
                         .instrument(tracing::info_span!("serving_mode", revision = %key)),
                 );
             }
@@ -314,6 +587,7 @@ pub async fn run(swap: Arc<Swap>, stop: CancellationToken) {
             if !keep {
                 token.cancel();
                 swap.in_path.clear(key);
+                swap.modes.remove(key);
             }
             keep
         });
@@ -325,17 +599,81 @@ pub async fn run(swap: Arc<Swap>, stop: CancellationToken) {
     }
 }
 
-async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToken) {
+/// The stored `Active` condition as an [`Activity`].
+fn stored_activity(status: ConditionStatus, reason: Option<&str>) -> Activity {
+    match (status, reason) {
+        (ConditionStatus::True, _) => Activity::Active,
+        (ConditionStatus::Unknown, _) => Activity::Activating,
+        (ConditionStatus::False, Some("TimedOut")) => Activity::TimedOut,
+        (ConditionStatus::False, _) => Activity::Inactive,
+    }
+}
+
+/// What the status write covers: (desired, actual, activity, initialized).
+type StatusKey = (i32, i32, Activity, bool);
+
+/// Runs `write` unless the term (`stop`) ends first; `None` then (a write under way is
+/// abandoned: a replica that lost the Lease must not race the new leader).
+async fn fenced<T>(stop: &CancellationToken, write: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        r = write => Some(r),
+    }
+}
+
+async fn revision_task(
+    swap: Arc<Swap>,
+    key: RevisionKey,
+    stop: CancellationToken,
+    term_start: Instant,
+) {
     let mut state_rx = swap.states.subscribe(&key);
     let mut endpoints = swap.platform.endpoints(&key);
     let mut activators = swap.activators.clone();
     let mut services = swap.services.clone();
     let api: Api<EndpointSlice> = Api::namespaced(swap.client.clone(), &key.namespace);
-    let mut written: Option<(Mode, BTreeMap<String, serde_json::Value>)> = None;
-    let mut owned: Option<BTreeSet<String>> = None;
-    let mut status_written: Option<(i32, i32, Activity)> = None;
-    let mut activity_since = Time(k8s_openapi::jiff::Timestamp::now());
+    // What the cluster holds already (an earlier leader's writes): adopted, not rewritten.
+    let found = swap.public.borrow().get(&key).cloned();
+    let mut owned: Option<BTreeSet<String>> = found.as_ref().map(|f| f.names.clone());
+    let mut written: Option<(Mode, Option<String>, Vec<Backend>)> = None;
+    let mut adopted_serve = false;
+    if let (Some(f), Some(mode)) = (found.as_ref(), swap.found_mode(&key)) {
+        written = Some((mode, f.owner.clone(), f.backends.clone()));
+        adopted_serve = mode == Mode::Serve;
+        swap.modes.insert(
+            key.clone(),
+            ModeView {
+                mode,
+                adopted: true,
+            },
+        );
+        match mode {
+            Mode::Proxy => swap.in_path.confirm(&key, Instant::now()),
+            Mode::Serve => swap.in_path.clear(&key),
+        }
+        tracing::debug!(mode = ?mode, "serving mode adopted as found");
+    }
+    let stored = swap.platform.stored_status(&key).unwrap_or_default();
+    let now_time = || Time(k8s_openapi::jiff::Timestamp::now());
+    let mut status_written: Option<StatusKey> = match (stored.desired, stored.actual, &stored.active) {
+        (Some(d), Some(a), Some((st, reason, _))) => Some((
+            d,
+            a,
+            stored_activity(*st, reason.as_deref()),
+            stored.initialized_written.is_some(),
+        )),
+        _ => None,
+    };
+    let mut activity_since = stored
+        .active
+        .as_ref()
+        .and_then(|(_, _, t)| t.clone())
+        .unwrap_or_else(now_time);
+    let mut initialized_since = stored.initialized_written.clone();
+    let stored_initialized = stored.initialized;
     let mut retry = Duration::from_millis(100);
+    let mut first_pass = true;
     loop {
         let state = state_rx.borrow_and_update().clone();
         let snap = endpoints.borrow_and_update().clone();
@@ -347,21 +685,36 @@ async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToke
             .get(&key)
             .map_or(Protocol::Http1, |s| s.protocol);
         let mut failed = false;
+        // A revision found served by its pods keeps that mode for a moment after a takeover,
+        // while this leader's first pod-stats pulls come in.
+        let in_grace = adopted_serve && term_start.elapsed() < ADOPTED_SERVE_GRACE;
+        let stats_flow = swap.flow.flows(&key) || in_grace;
         if let Some(svc) = svc {
-            let mode = mode(&state, &snap, swap.flow.flows(&key));
-            let want = slices(&key, &svc, &backends(mode, &svc, protocol, &acts, &snap));
-            if written.as_ref() != Some(&(mode, want.clone())) {
-                match write(&api, &key, &svc, &want, &mut owned).await {
-                    Ok(()) => {
+            let mode = mode(&state, &snap, stats_flow);
+            let want_backends = backends(mode, &svc, protocol, &acts, &snap);
+            let want_key = (mode, Some(svc.uid.clone()), want_backends);
+            if written.as_ref() != Some(&want_key) {
+                let want = slices(&key, &svc, &want_key.2);
+                match fenced(&stop, write(&swap, &api, &key, &svc, &want, &mut owned)).await {
+                    None => return,
+                    Some(Ok(())) => {
                         tracing::info!(mode = ?mode, slices = want.len(), "public endpoints written");
                         match mode {
                             Mode::Proxy => swap.in_path.confirm(&key, Instant::now()),
                             Mode::Serve => swap.in_path.clear(&key),
                         }
-                        written = Some((mode, want));
+                        swap.modes.insert(
+                            key.clone(),
+                            ModeView {
+                                mode,
+                                adopted: false,
+                            },
+                        );
+                        written = Some(want_key);
+                        adopted_serve = false;
                         retry = Duration::from_millis(100);
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         tracing::warn!(error = %e, "writing public endpoints failed; retrying");
                         failed = true;
                     }
@@ -378,34 +731,48 @@ async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToke
             (_, _, d) if d > 0 => Activity::Activating,
             _ => Activity::Inactive,
         };
-        let status = (state.desired, ready, activity);
+        let initialized = state.initialized || stored_initialized;
+        let status = (state.desired, ready, activity, initialized);
         if state.desired >= 0 && status_written != Some(status) {
-            if status_written.is_none_or(|(_, _, a)| a != activity) {
-                activity_since = Time(k8s_openapi::jiff::Timestamp::now());
+            if status_written.is_none_or(|(_, _, a, _)| a != activity) {
+                activity_since = now_time();
             }
-            match crate::knative::status::apply_autoscaler_status(
+            let init = initialized.then(|| {
+                initialized_condition(initialized_since.get_or_insert_with(now_time).clone())
+            });
+            let call = crate::knative::status::apply_autoscaler_status(
                 swap.client.clone(),
                 &key,
                 Some(state.desired),
                 ready,
                 active_condition(activity, activity_since.clone()),
-            )
-            .await
-            {
-                Ok(_) => status_written = Some(status),
-                Err(e) => {
+                init,
+            );
+            swap.wrote("revisionstatus");
+            match fenced(&stop, call).await {
+                None => return,
+                Some(Ok(_)) => status_written = Some(status),
+                Some(Err(e)) => {
                     tracing::debug!(error = %e, "revision status not written; retrying");
                     failed = true;
                 }
             }
         }
-        let wants_pods =
-            !state.activator_in_path && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
+        if first_pass {
+            first_pass = false;
+            let _ = swap.first_pass_pending.fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |n| n.checked_sub(1),
+            );
+        }
+        let wants_pods = !state.activator_in_path
+            && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
         let wait = if failed {
             let w = retry;
             retry = (retry * 2).min(Duration::from_secs(10));
             Some(w)
-        } else if wants_pods {
+        } else if wants_pods || in_grace {
             Some(Duration::from_secs(1))
         } else {
             None
@@ -423,6 +790,7 @@ async fn revision_task(swap: Arc<Swap>, key: RevisionKey, stop: CancellationToke
 
 /// Applies `want` and deletes the other slices this autoscaler owns for the Service.
 async fn write(
+    swap: &Swap,
     api: &Api<EndpointSlice>,
     key: &RevisionKey,
     svc: &PublicService,
@@ -448,6 +816,7 @@ async fn write(
     }
     let pp = PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force();
     for (name, body) in want {
+        swap.wrote("endpointslices");
         api.patch(name, &pp, &Patch::Apply(body)).await?;
         owned.get_or_insert_default().insert(name.clone());
     }
@@ -458,6 +827,7 @@ async fn write(
         .cloned()
         .collect();
     for name in stale {
+        swap.wrote("endpointslices");
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}

@@ -39,6 +39,14 @@ pub struct RejectLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the leader's API writes: what was written (`scale`, `endpointslices`,
+/// `revisionstatus`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// The resource written.
+    pub resource: &'static str,
+}
+
 /// The autoscaler's metric families. Per-revision children are resolved once when the scaler
 /// starts tracking a revision and removed when it forgets it.
 #[derive(Debug, Clone)]
@@ -69,6 +77,17 @@ pub struct AutoscalerMetrics {
     /// `thaw_autoscaler_scale_errors_total`: platform scale calls that failed or timed out
     /// (retried at the next decision).
     pub scale_errors: Counter,
+    /// `thaw_autoscaler_leader_changes_total`: times this replica became the leader.
+    pub leader_changes: Counter,
+    /// `thaw_autoscaler_takeover_seconds`: the last takeover, from acquiring the Lease to
+    /// every revision adopted (first decision round, every serving mode read back).
+    pub takeover_seconds: FloatGauge,
+    /// `thaw_autoscaler_takeover_writes`: API writes the last takeover made (target 0 on a
+    /// steady cluster).
+    pub takeover_writes: Gauge,
+    /// `thaw_autoscaler_api_writes_total{resource}`: writes of public EndpointSlices and
+    /// Revision status by the leader (`/scale` patches: `thaw_platform_scale_patches_total`).
+    pub api_writes: Family<WriteLabels, Counter>,
 }
 
 impl Default for AutoscalerMetrics {
@@ -85,6 +104,10 @@ impl Default for AutoscalerMetrics {
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 4.0, 12)),
             stats_rejected: Family::default(),
             scale_errors: Counter::default(),
+            leader_changes: Counter::default(),
+            takeover_seconds: FloatGauge::default(),
+            takeover_writes: Gauge::default(),
+            api_writes: Family::default(),
         }
     }
 }
@@ -142,6 +165,26 @@ impl AutoscalerMetrics {
             "autoscaler_scale_errors",
             "Platform scale calls that failed or timed out",
             m.scale_errors.clone(),
+        );
+        reg.register(
+            "autoscaler_leader_changes",
+            "Times this replica became the leader",
+            m.leader_changes.clone(),
+        );
+        reg.register(
+            "autoscaler_takeover_seconds",
+            "The last takeover: from acquiring the Lease to every revision adopted",
+            m.takeover_seconds.clone(),
+        );
+        reg.register(
+            "autoscaler_takeover_writes",
+            "API writes the last takeover made",
+            m.takeover_writes.clone(),
+        );
+        reg.register(
+            "autoscaler_api_writes",
+            "Public EndpointSlice and Revision status writes by the leader",
+            super::Listed(m.api_writes.clone()),
         );
         m
     }

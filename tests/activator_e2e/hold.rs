@@ -243,6 +243,7 @@ async fn cold_start_phases_include_the_scaler_decision() {
             desired: 1,
             decided_at: Some(tokio::time::Instant::now()),
             activator_in_path: true,
+            initialized: false,
         },
     );
     let up = Upstream::start().await;

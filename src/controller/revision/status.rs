@@ -21,8 +21,13 @@
 //! - `NotOwned` (a child someone else controls) and `InvalidSpec` (the revision cannot be
 //!   deployed as written) make ResourcesAvailable and Ready False.
 //!
-//! The autoscaler's fields (`actualReplicas`, `desiredReplicas`, the `Active` condition) and
-//! everything else the controller does not compute are kept as read.
+//! - **ScaleTargetInitialized** (the autoscaler's, once the revision reached its initial
+//!   scale; Knative's `PropagateAutoscalerStatus`) makes ResourcesAvailable and
+//!   ContainerHealthy True unless the Deployment or a pod makes them False now.
+//!
+//! The autoscaler's fields (`actualReplicas`, `desiredReplicas`, the `Active` and
+//! `ScaleTargetInitialized` conditions) and everything else the controller does not compute
+//! are kept as read.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
@@ -275,6 +280,21 @@ pub fn revision_status(rev: &Revision, seen: Observed<'_>, now: &Time) -> Revisi
             }
             if st.and_then(|s| s.ready_replicas).unwrap_or(0) > 0 {
                 health = Set::true_();
+            }
+            // Knative's `PropagateAutoscalerStatus`: once the autoscaler says the revision
+            // reached its initial scale, its resources were available and its containers
+            // healthy, unless the Deployment or a pod says otherwise now.
+            if rev
+                .status
+                .as_ref()
+                .is_some_and(|s| s.status.is_true(condition::SCALE_TARGET_INITIALIZED))
+            {
+                if resources.status != ConditionStatus::False {
+                    resources = Set::true_();
+                }
+                if health.status != ConditionStatus::False {
+                    health = Set::true_();
+                }
             }
             (resources, health)
         }

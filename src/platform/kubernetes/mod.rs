@@ -50,17 +50,52 @@ pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoin
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::platform::{BoxFuture, EndpointSnapshot, EndpointSource, Platform, PlatformError};
+use crate::knative::status::AutoscalerStatus;
+use crate::platform::{
+    BoxFuture, EndpointSnapshot, EndpointSource, Found, Platform, PlatformError,
+};
 use crate::revision::{Protocol, RevisionKey};
 use crate::telemetry::platform::PlatformMetrics;
 use state::RevEntry;
+
+/// A revision's Deployment as the watch last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeploymentRef {
+    pub name: String,
+    /// Its `spec.replicas` (what the scale subresource holds).
+    pub replicas: Option<u32>,
+}
+
+/// When `/scale` may be written.
+#[derive(Debug, Clone, Default)]
+pub enum Fence {
+    /// Always (a platform nobody fences: tests, tools).
+    #[default]
+    Open,
+    /// While this leadership term lasts (not cancelled); a patch under way when it ends is
+    /// abandoned, and nothing is written until the next term.
+    Term(CancellationToken),
+}
+
+impl Fence {
+    /// The term, if writes are fenced by one; `Err` when writing is not allowed now.
+    fn term(&self) -> Result<Option<&CancellationToken>, ()> {
+        match self {
+            Fence::Open => Ok(None),
+            Fence::Term(t) if t.is_cancelled() => Err(()),
+            Fence::Term(t) => Ok(Some(t)),
+        }
+    }
+}
 
 /// Settings of the Kubernetes platform, fixed at construction.
 #[derive(Debug, Clone)]
@@ -128,8 +163,16 @@ pub(crate) struct Inner {
     /// Every revision seen (subscribed to, scaled, or found in a watch). Bounded by the
     /// revisions in the watched namespaces, plus those asked about.
     pub revisions: DashMap<RevisionKey, Arc<RevEntry>>,
-    /// Revision -> the name of its Deployment (from the Deployment watch).
-    pub deployments: DashMap<RevisionKey, String>,
+    /// Revision -> its Deployment (from the Deployment watch).
+    pub deployments: DashMap<RevisionKey, DeploymentRef>,
+    /// The autoscaler's part of each Revision's stored status (from the Revision watch).
+    pub statuses: DashMap<RevisionKey, AutoscalerStatus>,
+    /// Whether `/scale` may be written now ([`KubePlatform::fence`]).
+    pub fence: ArcSwap<Fence>,
+    /// `/scale` patches sent (every attempt).
+    pub writes: AtomicU64,
+    /// The current term's number (1 before any fence); each [`KubePlatform::fence`] adds one.
+    pub term_id: AtomicU64,
     /// Bumped on every change of `deployments`, so scalers waiting for one wake up.
     pub deployments_changed: tokio_watch::Sender<u64>,
     /// Set once each watch has finished its first list.
@@ -159,6 +202,10 @@ impl KubePlatform {
             metrics,
             revisions: DashMap::new(),
             deployments: DashMap::new(),
+            statuses: DashMap::new(),
+            fence: ArcSwap::from_pointee(Fence::Open),
+            writes: AtomicU64::new(0),
+            term_id: AtomicU64::new(1),
             deployments_changed: tokio_watch::channel(0).0,
             synced: tokio_watch::channel(0).0,
             shutdown: CancellationToken::new(),
@@ -194,6 +241,7 @@ impl KubePlatform {
     /// task ends, and a later subscription or scale starts from a fresh entry. Unknown
     /// revisions: no-op.
     pub fn remove(&self, key: &RevisionKey) {
+        self.inner.statuses.remove(key);
         if let Some((_, entry)) = self.inner.revisions.remove(key) {
             tracing::info!(revision = %key, "revision removed");
             entry.update(|st| st.removed = true);
@@ -246,6 +294,36 @@ impl KubePlatform {
             out.dedup();
             out
         })
+    }
+
+    /// Lets `/scale` be written only while `term` lasts (a leader's term: writes stop the
+    /// moment it ends, so a replica that lost the Lease cannot race the new leader). Before
+    /// the first call every write is allowed.
+    pub fn fence(&self, term: CancellationToken) {
+        self.inner.term_id.fetch_add(1, Ordering::Relaxed);
+        self.inner.fence.store(Arc::new(Fence::Term(term)));
+        // Scaler tasks waiting for a term look again.
+        self.inner.deployments_changed.send_modify(|n| *n += 1);
+    }
+
+    /// `/scale` patches sent so far (every attempt, answered or not).
+    pub fn writes(&self) -> u64 {
+        self.inner.writes.load(Ordering::Relaxed)
+    }
+
+    /// Records the autoscaler's part of `revision`'s stored status (the Revision watch).
+    pub fn observe_status(&self, revision: &RevisionKey, status: AutoscalerStatus) {
+        match self.inner.statuses.get(revision) {
+            Some(s) if *s == status => {}
+            _ => {
+                self.inner.statuses.insert(revision.clone(), status);
+            }
+        }
+    }
+
+    /// The autoscaler's part of `revision`'s stored status, as last seen.
+    pub fn stored_status(&self, revision: &RevisionKey) -> Option<AutoscalerStatus> {
+        self.inner.statuses.get(revision).map(|s| s.clone())
     }
 
     /// Stops the watches and every scaler task. Scale requests not yet applied are dropped.
@@ -305,6 +383,24 @@ impl Platform for KubePlatform {
             }
             Ok(())
         })
+    }
+
+    /// The Deployment's `spec.replicas` and whether the Revision's status says it was
+    /// initialized (`ScaleTargetInitialized`, or `Ready=True` from before the condition).
+    fn found(&self, revision: &RevisionKey) -> Found {
+        Found {
+            replicas: self
+                .inner
+                .deployments
+                .get(revision)
+                .and_then(|d| d.replicas),
+            initialized: self
+                .inner
+                .statuses
+                .get(revision)
+                .is_some_and(|s| s.initialized),
+            activator_in_path: None,
+        }
     }
 }
 

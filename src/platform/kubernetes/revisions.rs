@@ -320,6 +320,9 @@ impl Follower {
     /// stays).
     pub fn apply(&mut self, rev: &Revision) {
         let key = RevisionKey::new(rev.namespace().unwrap_or_default(), rev.name_any());
+        // The autoscaler's part of the status, for a leader adopting the revision.
+        self.platform
+            .observe_status(&key, crate::knative::status::AutoscalerStatus::of(rev));
         let input = match revision_input(rev) {
             Ok(input) => input,
             Err(problems) => return self.reject(&key, &problems),

@@ -129,11 +129,49 @@ async fn apply(
         {
             want = n;
         }
-        let name = inner.deployments.get(&entry.key).map(|n| n.clone());
-        let outcome = match &name {
-            None => Outcome::Missing,
-            Some(name) => patch(inner, &entry.key, name, want).await,
+        let fence = inner.fence.load_full();
+        let Ok(term) = fence.term() else {
+            // Not leading: this count is dropped; the next leader decides again.
+            tracing::debug!(replicas = want, "not leading; scale not written");
+            tokio::select! {
+                _ = inner.shutdown.cancelled() => return None,
+                r = desired.changed() => if r.is_err() { return None },
+            }
+            let Some(n) = *desired.borrow_and_update() else {
+                continue;
+            };
+            want = n;
+            backoff = inner.opts.retry_initial;
+            continue;
         };
+        let known = inner.deployments.get(&entry.key).map(|d| d.clone());
+        let term_id = inner.term_id.load(Ordering::Relaxed);
+        if let Some(d) = &known
+            && d.replicas == Some(want)
+            && entry.wrote_in_term.load(Ordering::Relaxed) != term_id
+        {
+            // Knative's rule: the scale already says so; nothing to write. Trusted only until
+            // this term's first write: after it, the watch may lag behind that write.
+            tracing::debug!(replicas = want, deployment = %d.name, "scale unchanged");
+            entry.update(|st| st.deployment_missing = false);
+            return Some(want);
+        }
+        let outcome = match &known {
+            None => Outcome::Missing,
+            Some(d) => {
+                inner.writes.fetch_add(1, Ordering::Relaxed);
+                entry.wrote_in_term.store(term_id, Ordering::Relaxed);
+                let call = patch(inner, &entry.key, &d.name, want);
+                match term {
+                    None => call.await,
+                    Some(term) => tokio::select! {
+                        o = call => o,
+                        () = term.cancelled() => Outcome::Retry("leadership ended".into()),
+                    },
+                }
+            }
+        };
+        let name = known.map(|d| d.name);
         count(inner, &entry.key, &outcome);
         let missing = matches!(outcome, Outcome::Missing);
         let wait = match outcome {

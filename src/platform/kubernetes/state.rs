@@ -24,6 +24,8 @@ pub(crate) struct RevEntry {
     pub desired: watch::Sender<Option<u32>>,
     /// Whether the scaler task runs (started on the first `scale`).
     pub scaler_started: std::sync::atomic::AtomicBool,
+    /// The term (`Inner::term_id`) in which `/scale` was last written; 0: never.
+    pub wrote_in_term: std::sync::atomic::AtomicU64,
     state: Mutex<RevState>,
 }
 
@@ -57,6 +59,7 @@ impl RevEntry {
             tx: watch::channel(Arc::new(EndpointSnapshot::default())).0,
             desired: watch::channel(None).0,
             scaler_started: std::sync::atomic::AtomicBool::new(false),
+            wrote_in_term: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(RevState::default()),
         }
     }

@@ -17,7 +17,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::Inner;
+use super::{DeploymentRef, Inner};
 use super::pods::pod_failure;
 use crate::knative::names::labels;
 use crate::revision::RevisionKey;
@@ -214,7 +214,15 @@ pub(super) async fn pods(inner: Arc<Inner>) {
 /// The Deployments of every revision -> which Deployment scales which revision.
 pub(super) async fn deployments(inner: Arc<Inner>) {
     let s = stream::<Deployment>(&inner, labels::REVISION);
-    let mut listing: Option<Vec<(RevisionKey, String)>> = None;
+    let mut listing: Option<Vec<(RevisionKey, DeploymentRef)>> = None;
+    let of = |d: &Deployment| DeploymentRef {
+        name: d.name_any(),
+        replicas: d
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .and_then(|r| u32::try_from(r).ok()),
+    };
     let on_event = move |inner: &Inner, ev: Event<Deployment>| {
         match ev {
             Event::Init => {
@@ -223,26 +231,26 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
             }
             Event::InitApply(d) => {
                 if let (Some(l), Some(key)) = (listing.as_mut(), revision_of(&d)) {
-                    l.push((key, d.name_any()));
+                    l.push((key, of(&d)));
                 }
                 return;
             }
             Event::InitDone => {
                 inner.deployments.clear();
-                for (k, n) in listing.take().unwrap_or_default() {
-                    inner.deployments.insert(k, n);
+                for (k, d) in listing.take().unwrap_or_default() {
+                    inner.deployments.insert(k, d);
                 }
             }
             Event::Apply(d) => {
                 if let Some(key) = revision_of(&d) {
-                    inner.deployments.insert(key, d.name_any());
+                    inner.deployments.insert(key, of(&d));
                 }
             }
             Event::Delete(d) => {
                 if let Some(key) = revision_of(&d) {
                     inner
                         .deployments
-                        .remove_if(&key, |_, name| *name == d.name_any());
+                        .remove_if(&key, |_, known| known.name == d.name_any());
                 }
             }
         }

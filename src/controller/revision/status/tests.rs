@@ -380,3 +380,54 @@ fn the_autoscalers_fields_are_kept() {
     assert_eq!(a, &active);
     assert_eq!(a.severity, Some(ConditionSeverity::Info));
 }
+
+/// Knative's `PropagateAutoscalerStatus`: a revision the autoscaler marked initialized is
+/// available and healthy while its Deployment has not reported progress (a controller
+/// restarted during a rollout of the cluster), but a problem the Deployment reports now wins.
+#[test]
+fn scale_target_initialized_marks_resources_and_health() {
+    let initialized =
+        crate::knative::status::initialized_condition(t("2026-01-01T00:00:00Z"));
+    let rev = |conds: Vec<Condition>| {
+        RevisionFixture::new("r")
+            .with(|r| {
+                r.status = Some(RevisionStatus {
+                    status: crate::knative::duck::Status {
+                        conditions: conds,
+                        ..Default::default()
+                    },
+                    ..RevisionStatus::default()
+                })
+            })
+            .build()
+    };
+    let no_progress = deployment(0, 0, 0, &[]);
+    let seen = Observed::Deployment {
+        deployment: &no_progress,
+        pods: &[],
+    };
+    let now = t("2026-01-01T00:05:00Z");
+    let without = revision_status(&rev(vec![]), seen, &now);
+    assert_eq!(
+        summary(&without, condition::READY),
+        (ConditionStatus::Unknown, Some("Deploying".into()))
+    );
+    let with = revision_status(&rev(vec![initialized.clone()]), seen, &now);
+    assert_eq!(summary(&with, condition::READY), (ConditionStatus::True, None));
+    // Info severity: outside Ready, kept as the autoscaler wrote it.
+    assert_eq!(cond(&with, condition::SCALE_TARGET_INITIALIZED), &initialized);
+
+    let gave_up = deployment(1, 0, 0, &[DEADLINE]);
+    let seen = Observed::Deployment {
+        deployment: &gave_up,
+        pods: &[],
+    };
+    let s = revision_status(&rev(vec![initialized]), seen, &now);
+    assert_eq!(
+        summary(&s, condition::RESOURCES_AVAILABLE),
+        (
+            ConditionStatus::False,
+            Some("ProgressDeadlineExceeded".into())
+        )
+    );
+}
