@@ -154,3 +154,51 @@ fn conditions_are_a_map_keyed_by_type_in_every_crd() {
         );
     }
 }
+
+/// What a new autoscaler leader reads back: `ScaleTargetInitialized` once written; a Revision
+/// from before the condition existed counts as initialized when it is Ready; the condition
+/// written False (never, by thaw) or a revision not Ready does not.
+#[test]
+fn initialization_is_read_back_with_the_upgrade_rule() {
+    use thaw::knative::Revision;
+    use thaw::knative::status::{AutoscalerStatus, initialized_condition};
+    let t: Time = serde_json::from_value(serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
+    let rev = |conditions: serde_json::Value| -> Revision {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
+            "metadata": {"name": "r", "namespace": "default"},
+            "spec": {"containers": [{"image": "app"}]},
+            "status": {"desiredReplicas": 0, "actualReplicas": 0, "conditions": conditions},
+        }))
+        .unwrap()
+    };
+    let ready = serde_json::json!({"type": "Ready", "status": "True"});
+    let active = serde_json::to_value(active_condition(Activity::Inactive, t.clone())).unwrap();
+    let init = serde_json::to_value(initialized_condition(t.clone())).unwrap();
+
+    let upgraded = AutoscalerStatus::of(&rev(serde_json::json!([ready, active])));
+    assert!(upgraded.initialized);
+    assert_eq!(
+        upgraded.initialized_written, None,
+        "still to be written once"
+    );
+    assert_eq!(upgraded.desired, Some(0));
+    assert_eq!(
+        upgraded.active,
+        Some((
+            ConditionStatus::False,
+            Some("NoTraffic".into()),
+            Some(t.clone())
+        ))
+    );
+
+    let written = AutoscalerStatus::of(&rev(serde_json::json!([active, init])));
+    assert!(written.initialized);
+    assert_eq!(written.initialized_written, Some(t));
+
+    let deploying =
+        serde_json::json!({"type": "Ready", "status": "Unknown", "reason": "Deploying"});
+    assert!(!AutoscalerStatus::of(&rev(serde_json::json!([deploying]))).initialized);
+    let said_no = serde_json::json!({"type": "ScaleTargetInitialized", "status": "False"});
+    assert!(!AutoscalerStatus::of(&rev(serde_json::json!([ready, said_no]))).initialized);
+}

@@ -322,23 +322,24 @@ impl RevisionState {
         let from_stats = env.collector.observe_slot(self.slot, &spec, second);
         let from_data = from_stats.is_some();
         let observed = from_stats.or_else(|| {
-                // No stat for a whole stable window. When every request passes the activator
-                // (and it reports every revision it holds requests for), silence is zero load;
-                // otherwise it is only zero load when no pod could be serving.
-                // A revision adopted from an earlier leader is watched for a stable window
-                // before silence counts (its windows start empty, not idle).
-                let watched = !self.adopted
-                    || now.saturating_duration_since(self.added_at) >= spec.stable_window;
-                let silent_is_idle = watched && match env.activator_path {
+            // No stat for a whole stable window. When every request passes the activator
+            // (and it reports every revision it holds requests for), silence is zero load;
+            // otherwise it is only zero load when no pod could be serving.
+            // A revision adopted from an earlier leader is watched for a stable window
+            // before silence counts (its windows start empty, not idle).
+            let watched =
+                !self.adopted || now.saturating_duration_since(self.added_at) >= spec.stable_window;
+            let silent_is_idle = watched
+                && match env.activator_path {
                     ActivatorPath::Always { .. } => true,
                     ActivatorPath::FollowsDecision => ready == 0,
                     ActivatorPath::Confirmed(in_path) => ready == 0 || in_path.since(key).is_some(),
                 };
-                silent_is_idle.then_some(Observed {
-                    stable: 0.0,
-                    panic: 0.0,
-                })
-            });
+            silent_is_idle.then_some(Observed {
+                stable: 0.0,
+                panic: 0.0,
+            })
+        });
         self.observed = observed;
         if let Some(o) = observed {
             let obs = Observation {

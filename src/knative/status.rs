@@ -98,18 +98,13 @@ impl AutoscalerStatus {
         Self {
             desired: st.desired_replicas,
             actual: st.actual_replicas,
-            active: conds.condition(condition::ACTIVE).map(|c| {
-                (
-                    c.status,
-                    c.reason.clone(),
-                    c.last_transition_time.clone(),
-                )
-            }),
+            active: conds
+                .condition(condition::ACTIVE)
+                .map(|c| (c.status, c.reason.clone(), c.last_transition_time.clone())),
             initialized_written: initialized_cond
                 .filter(|_| written)
                 .map(|c| c.last_transition_time.clone().unwrap_or_else(epoch)),
-            initialized: written
-                || (initialized_cond.is_none() && conds.is_true(condition::READY)),
+            initialized: written || (initialized_cond.is_none() && conds.is_true(condition::READY)),
         }
     }
 }

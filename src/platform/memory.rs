@@ -22,7 +22,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{BoxFuture, EndpointSnapshot, EndpointSource, EndpointStatus, Platform, PlatformError};
+use super::{
+    BoxFuture, EndpointSnapshot, EndpointSource, EndpointStatus, Found, Platform, PlatformError,
+};
 use crate::revision::RevisionKey;
 
 /// Scale calls remembered (oldest dropped first).
@@ -99,6 +101,8 @@ impl Rev {
 #[derive(Debug, Default)]
 struct Inner {
     revisions: HashMap<RevisionKey, Rev>,
+    /// What a scaler finds of a revision (as an earlier leader left it).
+    found: HashMap<RevisionKey, Found>,
     calls: VecDeque<ScaleCall>,
     next_port: u16,
 }
@@ -128,6 +132,17 @@ impl MemoryPlatform {
     /// A platform whose endpoints change only when the test says so.
     pub fn new() -> Arc<Self> {
         Arc::default()
+    }
+
+    /// Makes `found` what a scaler finds of `revision` when it starts following it (an
+    /// earlier leader's replicas, initialization and serving mode); its replicas are also
+    /// the platform's current count.
+    pub fn set_found(&self, revision: &RevisionKey, found: Found) {
+        let mut inner = self.lock();
+        if let Some(n) = found.replicas {
+            inner.rev(revision).replicas = Some(n);
+        }
+        inner.found.insert(revision.clone(), found);
     }
 
     /// A platform whose pods become ready `delay` after they are asked for.
@@ -296,6 +311,10 @@ impl Platform for MemoryPlatform {
     ) -> BoxFuture<'_, Result<(), PlatformError>> {
         let result = self.apply_scale(revision, replicas);
         Box::pin(std::future::ready(result))
+    }
+
+    fn found(&self, revision: &RevisionKey) -> Found {
+        self.lock().found.get(revision).copied().unwrap_or_default()
     }
 }
 

@@ -94,7 +94,10 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "/revisions" if state.revisions.is_some() => reply(
             StatusCode::OK,
             "application/json",
-            state.revisions.as_ref().map_or_else(String::new, |f| f().to_string()),
+            state
+                .revisions
+                .as_ref()
+                .map_or_else(String::new, |f| f().to_string()),
         ),
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }

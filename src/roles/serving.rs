@@ -43,16 +43,16 @@ use tracing::Instrument;
 
 use super::pull::PodStatsFlow;
 use crate::autoscaler::scaler::{InPath, ScaleState, ScaleStates};
-use crate::knative::names::{child_name, labels};
 use crate::knative::duck::ConditionStatus;
+use crate::knative::names::{child_name, labels};
 use crate::knative::status::{
     AUTOSCALER_FIELD_MANAGER, Activity, active_condition, initialized_condition,
 };
 use crate::platform::kubernetes::service_slices::ServiceEndpoints;
 use crate::platform::kubernetes::{APP_PROTOCOL_H2C, KubePlatform, PORT_NAME_HTTP2};
 use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus, Found, Platform};
-use crate::telemetry::autoscaler::{AutoscalerMetrics, WriteLabels};
 use crate::revision::{Protocol, RevisionCatalog, RevisionKey};
+use crate::telemetry::autoscaler::{AutoscalerMetrics, WriteLabels};
 
 /// A revision's public Service as the swap needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -424,7 +424,10 @@ pub fn watch_public_slices(
             let mut all: Slices = BTreeMap::new();
             let mut listing: Option<Slices> = None;
             let key_of = |sl: &EndpointSlice| -> Option<RevisionKey> {
-                Some(RevisionKey::new(sl.namespace()?, sl.labels().get(labels::REVISION)?))
+                Some(RevisionKey::new(
+                    sl.namespace()?,
+                    sl.labels().get(labels::REVISION)?,
+                ))
             };
             let owner_of = |sl: &EndpointSlice| {
                 sl.owner_references()
@@ -510,7 +513,11 @@ pub fn watch_public_slices(
                 });
             }
         }
-        .instrument(tracing::info_span!("watch", resource = "endpointslices", kind = "public")),
+        .instrument(tracing::info_span!(
+            "watch",
+            resource = "endpointslices",
+            kind = "public"
+        )),
     );
     (rx, synced)
 }
@@ -656,15 +663,16 @@ async fn revision_task(
     }
     let stored = swap.platform.stored_status(&key).unwrap_or_default();
     let now_time = || Time(k8s_openapi::jiff::Timestamp::now());
-    let mut status_written: Option<StatusKey> = match (stored.desired, stored.actual, &stored.active) {
-        (Some(d), Some(a), Some((st, reason, _))) => Some((
-            d,
-            a,
-            stored_activity(*st, reason.as_deref()),
-            stored.initialized_written.is_some(),
-        )),
-        _ => None,
-    };
+    let mut status_written: Option<StatusKey> =
+        match (stored.desired, stored.actual, &stored.active) {
+            (Some(d), Some(a), Some((st, reason, _))) => Some((
+                d,
+                a,
+                stored_activity(*st, reason.as_deref()),
+                stored.initialized_written.is_some(),
+            )),
+            _ => None,
+        };
     let mut activity_since = stored
         .active
         .as_ref()
@@ -760,14 +768,12 @@ async fn revision_task(
         }
         if first_pass {
             first_pass = false;
-            let _ = swap.first_pass_pending.fetch_update(
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-                |n| n.checked_sub(1),
-            );
+            let _ =
+                swap.first_pass_pending
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
-        let wants_pods = !state.activator_in_path
-            && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
+        let wants_pods =
+            !state.activator_in_path && written.as_ref().is_some_and(|w| w.0 == Mode::Proxy);
         let wait = if failed {
             let w = retry;
             retry = (retry * 2).min(Duration::from_secs(10));

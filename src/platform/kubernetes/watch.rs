@@ -17,8 +17,8 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::{DeploymentRef, Inner};
 use super::pods::pod_failure;
+use super::{DeploymentRef, Inner};
 use crate::knative::names::labels;
 use crate::revision::RevisionKey;
 use crate::telemetry::platform::WatchLabels;

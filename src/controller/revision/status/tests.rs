@@ -386,8 +386,7 @@ fn the_autoscalers_fields_are_kept() {
 /// restarted during a rollout of the cluster), but a problem the Deployment reports now wins.
 #[test]
 fn scale_target_initialized_marks_resources_and_health() {
-    let initialized =
-        crate::knative::status::initialized_condition(t("2026-01-01T00:00:00Z"));
+    let initialized = crate::knative::status::initialized_condition(t("2026-01-01T00:00:00Z"));
     let rev = |conds: Vec<Condition>| {
         RevisionFixture::new("r")
             .with(|r| {
@@ -413,9 +412,15 @@ fn scale_target_initialized_marks_resources_and_health() {
         (ConditionStatus::Unknown, Some("Deploying".into()))
     );
     let with = revision_status(&rev(vec![initialized.clone()]), seen, &now);
-    assert_eq!(summary(&with, condition::READY), (ConditionStatus::True, None));
+    assert_eq!(
+        summary(&with, condition::READY),
+        (ConditionStatus::True, None)
+    );
     // Info severity: outside Ready, kept as the autoscaler wrote it.
-    assert_eq!(cond(&with, condition::SCALE_TARGET_INITIALIZED), &initialized);
+    assert_eq!(
+        cond(&with, condition::SCALE_TARGET_INITIALIZED),
+        &initialized
+    );
 
     let gave_up = deployment(1, 0, 0, &[DEADLINE]);
     let seen = Observed::Deployment {
