@@ -1,123 +1,156 @@
-//! The autoscaler's Revision status write, checked on the wire: a server-side apply of only
-//! its own fields to `/status`, with its field manager, forced. (The in-process API server
-//! used by the other kube tests does not implement server-side apply on subresources, so the
-//! request is checked against a recording HTTP server instead.)
+//! The autoscaler's Revision status write: only its own fields, as a read-modify-PUT of
+//! `/status` carrying the resourceVersion read (the in-process API server enforces it), and
+//! what a new leader reads back.
 
-use std::sync::{Arc, Mutex};
+mod kube_support;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_support::TestApi;
+use thaw::knative::Revision;
 use thaw::knative::duck::{ConditionSeverity, ConditionStatus};
-use thaw::knative::status::{Activity, active_condition, apply_autoscaler_status};
+use thaw::knative::status::{
+    Activity, active_condition, apply_autoscaler_status, initialized_condition,
+};
 use thaw::revision::RevisionKey;
 
-#[derive(Debug, Default, Clone)]
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: String,
-    body: serde_json::Value,
-}
-
+/// The write against the in-process API server: the controller's conditions and fields stay
+/// as they were, the autoscaler's are set (conditions sorted by type), and a second writer's
+/// update in between is not lost (the PUT carries the resourceVersion read).
 #[tokio::test]
-async fn applies_only_the_autoscalers_fields_to_status() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let s = seen.clone();
-    tokio::spawn(async move {
-        let (sock, _) = listener.accept().await.unwrap();
-        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-            let s = s.clone();
-            async move {
-                let method = req.method().to_string();
-                let uri = req.uri().to_string();
-                let content_type = req
-                    .headers()
-                    .get("content-type")
-                    .map(|v| v.to_str().unwrap().to_string())
-                    .unwrap_or_default();
-                let bytes = req.into_body().collect().await.unwrap().to_bytes();
-                let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-                let mut answer = body.clone();
-                answer["spec"] = serde_json::json!({"containers": [{"image": "img"}]});
-                answer["metadata"]["namespace"] = "default".into();
-                *s.lock().unwrap() = Seen {
-                    method,
-                    uri,
-                    content_type,
-                    body,
-                };
-                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                    answer.to_string(),
-                ))))
-            }
-        });
-        let _ = http1::Builder::new()
-            .serve_connection(TokioIo::new(sock), svc)
-            .await;
-    });
-
-    let client = {
-        let mut config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-        config.default_namespace = "default".into();
-        kube::Client::try_from(config).unwrap()
-    };
-    let since: Time = serde_json::from_value(serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
-    let rev = apply_autoscaler_status(
-        client,
-        &RevisionKey::new("default", "hello-00001"),
-        Some(0),
-        0,
-        active_condition(Activity::Inactive, since),
-        None,
+async fn writes_only_the_autoscalers_fields_with_a_precondition() {
+    let api = TestApi::start().await;
+    let client = api.client();
+    let revs: Api<Revision> = Api::namespaced(client.clone(), "default");
+    revs.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
+            "metadata": {"name": "hello-00001"},
+            "spec": {"containers": [{"image": "img"}]},
+        }))
+        .unwrap(),
     )
     .await
     .unwrap();
-    assert_eq!(rev.status.unwrap().desired_replicas, Some(0));
-
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.method, "PATCH");
-    assert!(
-        seen.uri.starts_with(
-            "/apis/serving.knative.dev/v1/namespaces/default/revisions/hello-00001/status?"
+    revs.patch_status(
+        "hello-00001",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"status": {"observedGeneration": 1, "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "ResourcesAvailable", "status": "True"},
+            ]}}),
         ),
-        "{}",
-        seen.uri
-    );
-    assert!(
-        seen.uri.contains("fieldManager=autoscaler.thaw.dev"),
-        "{}",
-        seen.uri
-    );
-    assert!(seen.uri.contains("force=true"), "{}", seen.uri);
-    assert_eq!(seen.content_type, "application/apply-patch+yaml");
-    // Only the autoscaler's fields: no spec, no other condition, no observedGeneration.
+    )
+    .await
+    .unwrap();
+    let since: Time = serde_json::from_value(serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
+    let key = RevisionKey::new("default", "hello-00001");
+    let rev = apply_autoscaler_status(
+        client.clone(),
+        &key,
+        Some(0),
+        0,
+        active_condition(Activity::Inactive, since.clone()),
+        Some(initialized_condition(since.clone())),
+    )
+    .await
+    .unwrap();
+    let st = rev.status.unwrap();
     assert_eq!(
-        seen.body,
-        serde_json::json!({
-            "apiVersion": "serving.knative.dev/v1",
-            "kind": "Revision",
-            "metadata": {"name": "hello-00001"},
-            "status": {
-                "actualReplicas": 0,
-                "desiredReplicas": 0,
-                "conditions": [{
-                    "type": "Active",
-                    "status": "False",
-                    "severity": "Info",
-                    "lastTransitionTime": "2026-11-25T10:00:00Z",
-                    "reason": "NoTraffic",
-                    "message": "The target is not receiving traffic."
-                }]
-            }
-        })
+        (st.desired_replicas, st.actual_replicas),
+        (Some(0), Some(0))
     );
+    assert_eq!(st.status.observed_generation, Some(1));
+    let types: Vec<&str> = st
+        .status
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "Active",
+            "Ready",
+            "ResourcesAvailable",
+            "ScaleTargetInitialized"
+        ]
+    );
+    let active = st.status.condition("Active").unwrap();
+    assert_eq!(active.reason.as_deref(), Some("NoTraffic"));
+    assert_eq!(active.severity, Some(ConditionSeverity::Info));
+
+    // The controller writes after the autoscaler read: the next write keeps its change.
+    revs.patch_status(
+        "hello-00001",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"observedGeneration": 2}})),
+    )
+    .await
+    .unwrap();
+    let rev = apply_autoscaler_status(
+        client,
+        &key,
+        Some(1),
+        0,
+        active_condition(Activity::Activating, since.clone()),
+        Some(initialized_condition(since)),
+    )
+    .await
+    .unwrap();
+    let st = rev.status.unwrap();
+    assert_eq!(st.status.observed_generation, Some(2));
+    assert_eq!(st.desired_replicas, Some(1));
+    assert_eq!(
+        st.status.condition("Active").unwrap().status,
+        ConditionStatus::Unknown
+    );
+    api.stop().await;
+}
+
+/// A write from a stale read is refused by the API server (the precondition), never applied.
+#[tokio::test]
+async fn a_stale_resource_version_is_refused() {
+    let api = TestApi::start().await;
+    let revs: Api<Revision> = Api::namespaced(api.client(), "default");
+    revs.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
+            "metadata": {"name": "r"}, "spec": {"containers": [{"image": "img"}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut stale = revs.get_status("r").await.unwrap();
+    revs.patch_status(
+        "r",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"observedGeneration": 5}})),
+    )
+    .await
+    .unwrap();
+    let since: Time = serde_json::from_value(serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
+    thaw::knative::status::set_autoscaler_status(
+        &mut stale,
+        Some(3),
+        3,
+        &active_condition(Activity::Active, since),
+        None,
+    );
+    match revs
+        .replace_status("r", &PostParams::default(), &stale)
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 409),
+        other => panic!("a stale write went through: {other:?}"),
+    }
+    let st = revs.get_status("r").await.unwrap().status.unwrap();
+    assert_eq!(st.desired_replicas, None);
+    api.stop().await;
 }
 
 #[test]
@@ -160,8 +193,7 @@ fn conditions_are_a_map_keyed_by_type_in_every_crd() {
 /// written False (never, by thaw) or a revision not Ready does not.
 #[test]
 fn initialization_is_read_back_with_the_upgrade_rule() {
-    use thaw::knative::Revision;
-    use thaw::knative::status::{AutoscalerStatus, initialized_condition};
+    use thaw::knative::status::AutoscalerStatus;
     let t: Time = serde_json::from_value(serde_json::json!("2026-11-25T10:00:00Z")).unwrap();
     let rev = |conditions: serde_json::Value| -> Revision {
         serde_json::from_value(serde_json::json!({

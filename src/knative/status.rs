@@ -1,12 +1,13 @@
 //! The part of a Revision's status the autoscaler writes: `desiredReplicas`,
 //! `actualReplicas`, the `Active` condition and, once the revision reached its initial scale,
-//! `ScaleTargetInitialized`, applied server-side to `/status` with the autoscaler's own field
-//! manager, so the controller's fields and conditions are never overwritten (the CRD makes
-//! `conditions` a map keyed by `type` for this). [`AutoscalerStatus::of`] reads them back, so a
-//! new leader writes nothing that is already true.
+//! `ScaleTargetInitialized`, written to `/status` with the autoscaler's own field manager as a
+//! read-modify-PUT carrying the `resourceVersion` read, so the controller's fields and
+//! conditions are never overwritten and a write that crosses another is refused (409) rather
+//! than lost. [`AutoscalerStatus::of`] reads them back, so a new leader writes nothing that is
+//! already true.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, PostParams};
 
 use super::duck::{Condition, ConditionSeverity, ConditionStatus};
 use super::{Revision, condition};
@@ -113,34 +114,12 @@ fn epoch() -> Time {
     Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
 
-/// The server-side apply body of the autoscaler's status fields. Once `initialized` is given
-/// it must be given in every later apply (a field left out of an apply is removed).
-pub fn autoscaler_status(
-    name: &str,
-    desired: Option<i32>,
-    actual: i32,
-    active: Condition,
-    initialized: Option<Condition>,
-) -> serde_json::Value {
-    let mut conditions = vec![active];
-    conditions.extend(initialized);
-    let mut status = serde_json::json!({
-        "actualReplicas": actual,
-        "conditions": conditions,
-    });
-    if let Some(d) = desired {
-        status["desiredReplicas"] = d.into();
-    }
-    serde_json::json!({
-        "apiVersion": "serving.knative.dev/v1",
-        "kind": "Revision",
-        "metadata": { "name": name },
-        "status": status,
-    })
-}
-
-/// Applies the autoscaler's status fields to `revision`'s `/status` (server-side apply,
-/// [`AUTOSCALER_FIELD_MANAGER`], forced: these fields are the autoscaler's alone).
+/// Writes the autoscaler's status fields to `revision`'s `/status`: reads the Revision,
+/// sets `desiredReplicas`, `actualReplicas` and the given conditions (by type, leaving every
+/// other field and condition as read), and PUTs it back with the `resourceVersion` read, as
+/// [`AUTOSCALER_FIELD_MANAGER`]. The resourceVersion is the write's precondition: a write
+/// crossing another (the controller's, or a stale leader's) is refused with 409 and made again
+/// from a fresh read (a few times; then the error is returned and the caller retries later).
 pub async fn apply_autoscaler_status(
     client: kube::Client,
     revision: &RevisionKey,
@@ -150,11 +129,42 @@ pub async fn apply_autoscaler_status(
     initialized: Option<Condition>,
 ) -> Result<Revision, kube::Error> {
     let api: Api<Revision> = Api::namespaced(client, &revision.namespace);
-    let body = autoscaler_status(&revision.name, desired, actual, active, initialized);
-    api.patch_status(
-        &revision.name,
-        &PatchParams::apply(AUTOSCALER_FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await
+    let pp = PostParams {
+        field_manager: Some(AUTOSCALER_FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    let mut conflicts = 0;
+    loop {
+        let mut rev = api.get_status(&revision.name).await?;
+        set_autoscaler_status(&mut rev, desired, actual, &active, initialized.as_ref());
+        rev.metadata.managed_fields = None;
+        match api.replace_status(&revision.name, &pp, &rev).await {
+            Err(kube::Error::Api(e)) if e.code == 409 && conflicts < 3 => conflicts += 1,
+            r => return r,
+        }
+    }
+}
+
+/// Sets the autoscaler's fields of `rev`'s status (conditions replaced by type, kept sorted
+/// by type as Knative keeps them); everything else stays.
+pub fn set_autoscaler_status(
+    rev: &mut Revision,
+    desired: Option<i32>,
+    actual: i32,
+    active: &Condition,
+    initialized: Option<&Condition>,
+) {
+    let st = rev.status.get_or_insert_default();
+    st.actual_replicas = Some(actual);
+    if desired.is_some() {
+        st.desired_replicas = desired;
+    }
+    let conds = &mut st.status.conditions;
+    for c in std::iter::once(active).chain(initialized) {
+        match conds.iter_mut().find(|o| o.type_ == c.type_) {
+            Some(o) => *o = c.clone(),
+            None => conds.push(c.clone()),
+        }
+    }
+    conds.sort_by(|a, b| a.type_.cmp(&b.type_));
 }
