@@ -25,7 +25,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use takeover_support::{SYSTEM, autoscaler, revision, settle, takeover, wait_ready};
+use takeover_support::{SYSTEM, autoscaler_with, revision, settle, takeover, wait_ready};
+
+/// client-go's Lease timings (thaw's defaults).
+const LEASE: &[&str] = &[
+    "--lease-duration=15s",
+    "--renew-deadline=10s",
+    "--retry-period=2s",
+];
 use tokio::time::Instant;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -53,14 +60,14 @@ async fn main() {
     );
 
     let log_a = dir.path().join("a.log");
-    let mut a = autoscaler(kubeconfig, &log_a);
+    let mut a = autoscaler_with(kubeconfig, &log_a, LEASE);
     let within = Duration::from_secs(600);
     let t = takeover(a.admin, &log_a, within).await;
     println!("upgrade (A, revisions without the condition): {t}");
     settle(a.admin, Duration::from_secs(3)).await;
 
     let log_b = dir.path().join("b.log");
-    let b = autoscaler(kubeconfig, &log_b);
+    let b = autoscaler_with(kubeconfig, &log_b, LEASE);
     wait_ready(b.admin, within).await;
     let _ = a.child.kill();
     let _ = a.child.wait();
@@ -74,7 +81,7 @@ async fn main() {
         .ok()
         .and_then(|l| l.spec?.holder_identity);
     println!(
-        "B leads ({holder:?}) and has adopted everything {:.1} s after A's SIGKILL (lease duration 3 s)",
+        "B leads ({holder:?}) and has adopted everything {:.1} s after A's SIGKILL (lease duration 15 s)",
         killed.elapsed().as_secs_f64()
     );
     drop(b);

@@ -196,6 +196,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         writes: Default::default(),
         modes: Default::default(),
         first_pass_pending: Default::default(),
+        write_permits: tokio::sync::Semaphore::new(serving::WRITES_IN_FLIGHT),
     });
     *revisions_view.lock().unwrap_or_else(|p| p.into_inner()) = Some(RevisionsView {
         catalog: catalog.clone(),

@@ -303,7 +303,14 @@ pub struct Swap {
     pub modes: DashMap<RevisionKey, ModeView>,
     /// Revision tasks of this term that have not finished their first pass.
     pub first_pass_pending: AtomicUsize,
+    /// Bounds the slice and status writes in flight at once ([`WRITES_IN_FLIGHT`]), so a
+    /// takeover or an activator change over thousands of revisions queues here instead of
+    /// flooding the API server (and starving the Lease renewal).
+    pub write_permits: tokio::sync::Semaphore,
 }
+
+/// Public-slice and status writes the leader has in flight at most.
+pub const WRITES_IN_FLIGHT: usize = 32;
 
 /// A revision's serving mode as `/revisions` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -703,7 +710,11 @@ async fn revision_task(
             let want_key = (mode, Some(svc.uid.clone()), want_backends);
             if written.as_ref() != Some(&want_key) {
                 let want = slices(&key, &svc, &want_key.2);
-                match fenced(&stop, write(&swap, &api, &key, &svc, &want, &mut owned)).await {
+                let written_now = fenced(&stop, async {
+                    let _permit = swap.write_permits.acquire().await;
+                    write(&swap, &api, &key, &svc, &want, &mut owned).await
+                });
+                match written_now.await {
                     None => return,
                     Some(Ok(())) => {
                         tracing::info!(mode = ?mode, slices = want.len(), "public endpoints written");
@@ -756,7 +767,11 @@ async fn revision_task(
                 active_condition(activity, activity_since.clone()),
                 init,
             );
-            swap.wrote("revisionstatus");
+            let call = async {
+                let _permit = swap.write_permits.acquire().await;
+                swap.wrote("revisionstatus");
+                call.await
+            };
             match fenced(&stop, call).await {
                 None => return,
                 Some(Ok(_)) => status_written = Some(status),

@@ -148,7 +148,25 @@ impl Drop for Autoscaler {
     }
 }
 
+/// A `thaw autoscaler` with short Lease timings (3 s / 2 s / 500 ms).
 pub fn autoscaler(kubeconfig: &std::path::Path, log: &std::path::Path) -> Autoscaler {
+    autoscaler_with(
+        kubeconfig,
+        log,
+        &[
+            "--lease-duration=3s",
+            "--renew-deadline=2s",
+            "--retry-period=500ms",
+        ],
+    )
+}
+
+/// A `thaw autoscaler` with `lease` flags.
+pub fn autoscaler_with(
+    kubeconfig: &std::path::Path,
+    log: &std::path::Path,
+    lease: &[&str],
+) -> Autoscaler {
     let (stats, admin) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_thaw"))
         .args([
@@ -156,10 +174,8 @@ pub fn autoscaler(kubeconfig: &std::path::Path, log: &std::path::Path) -> Autosc
             format!("--system-namespace={SYSTEM}"),
             format!("--stats-listen=127.0.0.1:{stats}"),
             format!("--admin-listen=127.0.0.1:{admin}"),
-            "--lease-duration=3s".into(),
-            "--renew-deadline=2s".into(),
-            "--retry-period=500ms".into(),
         ])
+        .args(lease)
         .env("KUBECONFIG", kubeconfig)
         .env(
             "RUST_LOG",
