@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -46,6 +47,11 @@ pub const TICK: Duration = Duration::from_millis(50);
 pub const RESTART_BACKOFF: Duration = Duration::from_secs(1);
 /// The kubelet's restart back-off cap.
 pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The finalizer the Deployment controller puts on pods when deletion is graceful: the
+/// in-process API server deletes a pod at once, Kubernetes keeps it (`deletionTimestamp` set,
+/// its endpoints terminating) until the kubelet has stopped its containers; the kubelet
+/// removes this finalizer then.
+pub const KUBELET_FINALIZER: &str = "stack.thaw.dev/kubelet";
 /// The field manager of the endpoints controller's slices (Kubernetes' name).
 pub const ENDPOINTSLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
 
@@ -188,7 +194,7 @@ where
 impl Cluster {
     /// Starts the Deployment controller, the kubelet (pods' logs under `dir`) and the
     /// endpoints controller, and the public-slice recorder.
-    pub fn start(client: kube::Client, net: Net, dir: PathBuf) -> Self {
+    pub fn start(client: kube::Client, net: Net, dir: PathBuf, graceful: bool) -> Self {
         std::fs::create_dir_all(&dir).unwrap();
         let records = Arc::new(Records::new());
         let mut tasks = Vec::new();
@@ -215,6 +221,7 @@ impl Cluster {
             client.clone(),
             deployments,
             pods.clone(),
+            graceful,
         )));
         tasks.push(tokio::spawn(endpoints_controller(
             client.clone(),
@@ -260,12 +267,19 @@ fn short_hash(s: &str) -> String {
 // The Deployment controller
 
 /// Pods for every Deployment's `spec.replicas` (created from its template; on scale-down the
-/// not-ready ones go first, then the newest), and its status.
+/// not-ready ones go first, then the newest), and its status. `graceful`: pods carry
+/// [`KUBELET_FINALIZER`].
 async fn deployment_controller(
     client: kube::Client,
     deployments: Store<Deployment>,
     pods: Store<Pod>,
+    graceful: bool,
 ) {
+    let finalizers: Vec<&str> = if graceful {
+        vec![KUBELET_FINALIZER]
+    } else {
+        vec![]
+    };
     // (namespace, deployment) -> the pods this controller made, oldest first.
     let mut owned: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut statuses: HashMap<(String, String), serde_json::Value> = HashMap::new();
@@ -304,6 +318,7 @@ async fn deployment_controller(
                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
                             "name": name, "uid": d.uid().unwrap_or_default(),
                             "controller": true, "blockOwnerDeletion": true}],
+                        "finalizers": finalizers,
                     },
                     "spec": template["spec"],
                 }))
@@ -697,6 +712,8 @@ struct KubeletInner {
     procs: Mutex<Vec<Proc>>,
     /// (namespace, pod, container) -> its log file.
     logs: Mutex<Vec<(String, PathBuf)>>,
+    /// Every pod's task (aborted on drop).
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct PodHandle {
@@ -711,8 +728,8 @@ pub struct Kubelet {
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
-        for h in self.inner.pods.lock().unwrap().values() {
-            h.stop.cancel();
+        for t in self.inner.tasks.lock().unwrap().iter() {
+            t.abort();
         }
         for p in self.inner.procs.lock().unwrap().iter() {
             if let Some(mut c) = p.lock().unwrap().take() {
@@ -736,6 +753,7 @@ impl Kubelet {
                 pods: Mutex::default(),
                 procs: Mutex::default(),
                 logs: Mutex::default(),
+                tasks: Mutex::default(),
             }),
         }
     }
@@ -766,13 +784,14 @@ impl Kubelet {
             },
         );
         let created = api.create(&PostParams::default(), &obj).await.unwrap();
-        tokio::spawn(run_pod(
+        let task = tokio::spawn(run_pod(
             k.clone(),
             created,
             IpAddr::V4(pod.ip),
             Vec::new(),
             stop,
         ));
+        k.tasks.lock().unwrap().push(task);
     }
 
     /// Every container's log.
@@ -830,7 +849,8 @@ impl KubeletRun {
                     .as_ref()
                     .map(|s| s.containers.clone())
                     .unwrap_or_default();
-                tokio::spawn(run_pod(k.clone(), (**p).clone(), ip, containers, stop));
+                let task = tokio::spawn(run_pod(k.clone(), (**p).clone(), ip, containers, stop));
+                k.tasks.lock().unwrap().push(task);
             }
             let mut handles = k.pods.lock().unwrap();
             handles.retain(|key, h| {
@@ -855,6 +875,8 @@ struct Running {
     restarts: i32,
     restart_at: Option<Instant>,
     last_exit: Option<(i32, String)>,
+    /// How it ended while the pod terminated.
+    terminated: Option<(i32, String)>,
     waiting: Option<(String, String)>,
     started_at: Option<String>,
 }
@@ -1053,12 +1075,21 @@ async fn run_pod(
             restarts: 0,
             restart_at: (!adopted).then_some(now),
             last_exit: None,
+            terminated: None,
             waiting: None,
             started_at: adopted.then(now_rfc3339),
         })
         .collect();
     let pod_started = now_rfc3339();
     let mut written: Option<serde_json::Value> = None;
+    let grace = Duration::from_secs(
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0) as u64,
+    );
+    let mut terminating: Option<JoinHandle<()>> = None;
     loop {
         // Start (or restart) what is due.
         for c in cs.iter_mut() {
@@ -1092,27 +1123,32 @@ async fn run_pod(
         // Exits.
         for c in cs.iter_mut() {
             let Some(p) = c.proc.clone() else { continue };
-            let exited = p.lock().unwrap().as_mut().map(|ch| ch.try_wait());
-            if let Some(Ok(Some(st))) = exited {
-                p.lock().unwrap().take();
-                c.proc = None;
-                c.ready = false;
-                let code = st.code().unwrap_or(137);
-                c.last_exit = Some((
-                    code,
-                    if code == 0 {
-                        "Completed".into()
-                    } else {
-                        "Error".into()
-                    },
-                ));
-                c.restarts += 1;
-                c.waiting = Some((
-                    "CrashLoopBackOff".into(),
-                    format!("back-off restarting failed container {}", c.spec.name),
-                ));
-                c.restart_at = Some(Instant::now() + backoff(c.restarts));
+            let exited = p.lock().unwrap().as_mut().map(Child::try_wait);
+            let st = match exited {
+                Some(Ok(Some(st))) => st,
+                // Killed with the kubelet.
+                None => {
+                    c.proc = None;
+                    continue;
+                }
+                Some(_) => continue,
+            };
+            p.lock().unwrap().take();
+            c.proc = None;
+            c.ready = false;
+            let code = st.code().unwrap_or(128 + st.signal().unwrap_or(9));
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            if terminating.is_some() {
+                c.terminated = Some((code, reason.into()));
+                continue;
             }
+            c.last_exit = Some((code, reason.into()));
+            c.restarts += 1;
+            c.waiting = Some((
+                "CrashLoopBackOff".into(),
+                format!("back-off restarting failed container {}", c.spec.name),
+            ));
+            c.restart_at = Some(Instant::now() + backoff(c.restarts));
         }
         // Readiness.
         let due: Vec<usize> = cs
@@ -1162,6 +1198,10 @@ async fn run_pod(
             .map(|c| {
                 let state = match (&c.proc, &c.waiting) {
                     (Some(_), _) => serde_json::json!({"running": {"startedAt": c.started_at}}),
+                    (None, _) if c.terminated.is_some() => {
+                        let (code, reason) = c.terminated.clone().unwrap_or_default();
+                        serde_json::json!({"terminated": {"exitCode": code, "reason": reason}})
+                    }
                     (None, Some((reason, message))) => {
                         serde_json::json!({"waiting": {"reason": reason, "message": message}})
                     }
@@ -1188,7 +1228,7 @@ async fn run_pod(
                 cond("ContainersReady", all_ready), cond("Ready", all_ready)],
             "containerStatuses": statuses,
         });
-        if written.as_ref() != Some(&status) && !stop.is_cancelled() {
+        if written.as_ref() != Some(&status) {
             match api
                 .patch_status(
                     &name,
@@ -1198,85 +1238,90 @@ async fn run_pod(
                 .await
             {
                 Ok(_) => written = Some(status),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                // Gone (deleted at once): nothing to report to.
+                Err(kube::Error::Api(e)) if e.code == 404 => written = Some(status),
                 Err(e) => eprintln!("kubelet: status of {ns}/{name}: {e}"),
             }
         }
+        if let Some(t) = &terminating
+            && t.is_finished()
+        {
+            break;
+        }
         tokio::select! {
-            () = stop.cancelled() => break,
+            () = stop.cancelled(), if terminating.is_none() => {
+                if adopted {
+                    return;
+                }
+                // Termination: the pod's status keeps following its containers meanwhile.
+                let procs = cs
+                    .iter()
+                    .filter_map(|c| Some((c.spec.clone(), c.proc.clone()?)))
+                    .collect();
+                for c in cs.iter_mut() {
+                    c.restart_at = None;
+                }
+                terminating = Some(tokio::spawn(terminate(procs, ip, grace)));
+            }
             () = tokio::time::sleep(TICK) => {}
         }
     }
-    if adopted {
-        return;
-    }
-    // Termination: every container at once; each runs its preStop hook, then SIGTERM, SIGKILL
-    // at the end of the grace period.
-    let grace = Duration::from_secs(
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.termination_grace_period_seconds)
-            .unwrap_or(30)
-            .max(0) as u64,
-    );
+    // The pod goes once its containers have stopped (the finalizer stands in for the API
+    // server's graceful deletion).
+    let _ = api
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+}
+
+/// Every container at once: its preStop hook (HTTP), then SIGTERM, SIGKILL at the end of the
+/// grace period.
+async fn terminate(procs: Vec<(Container, Proc)>, ip: IpAddr, grace: Duration) {
     let deadline = Instant::now() + grace;
-    futures::future::join_all(cs.into_iter().filter_map(|c| {
-        let p = c.proc?;
-        let hook = c
-            .spec
+    futures::future::join_all(procs.into_iter().map(|(spec, p)| async move {
+        let hook = spec
             .lifecycle
             .as_ref()
             .and_then(|l| l.pre_stop.clone())
             .and_then(|h| h.http_get);
-        let spec = c.spec.clone();
-        Some(async move {
-            if let Some(h) = hook {
-                let probe = Probe {
-                    http_get: Some(h),
-                    timeout_seconds: Some(grace.as_secs().max(1) as i32),
-                    ..Probe::default()
-                };
-                let _ = tokio::time::timeout_at(deadline, self::probe(&probe, ip, &spec)).await;
-            }
-            if let Some(ch) = p.lock().unwrap().as_ref() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(ch.id() as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-            loop {
-                let done = p
-                    .lock()
-                    .unwrap()
-                    .as_mut()
-                    .map(|ch| matches!(ch.try_wait(), Ok(Some(_))))
-                    .unwrap_or(true);
-                if done {
-                    p.lock().unwrap().take();
-                    return;
-                }
-                if Instant::now() >= deadline {
-                    if let Some(mut ch) = p.lock().unwrap().take() {
-                        let _ = ch.kill();
-                        let _ = ch.wait();
+        if let Some(h) = hook {
+            let probe = Probe {
+                http_get: Some(h),
+                timeout_seconds: Some(grace.as_secs().max(1) as i32),
+                ..Probe::default()
+            };
+            let _ = tokio::time::timeout_at(deadline, self::probe(&probe, ip, &spec)).await;
+        }
+        if let Some(ch) = p.lock().unwrap().as_ref() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(ch.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        loop {
+            {
+                let mut guard = p.lock().unwrap();
+                // The exit status stays in the Child (std keeps it once reaped): the pod's
+                // loop reports it.
+                match guard.as_mut().map(Child::try_wait) {
+                    None | Some(Ok(Some(_))) | Some(Err(_)) => return,
+                    Some(Ok(None)) if Instant::now() >= deadline => {
+                        if let Some(ch) = guard.as_mut() {
+                            let _ = ch.kill();
+                            let _ = ch.wait();
+                        }
+                        return;
                     }
-                    return;
+                    Some(Ok(None)) => {}
                 }
-                tokio::time::sleep(TICK).await;
             }
-        })
+            tokio::time::sleep(TICK).await;
+        }
     }))
     .await;
-    // A pod the server kept while terminating (deletionTimestamp) goes now.
-    let _ = api
-        .delete(
-            &name,
-            &DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            },
-        )
-        .await;
 }
 
 fn backoff(restarts: i32) -> Duration {

@@ -74,6 +74,10 @@ pub struct StackOptions {
     pub controllers: usize,
     pub autoscalers: usize,
     pub activators: usize,
+    /// Pods are deleted gracefully, as on Kubernetes: a deleted pod stays, terminating (its
+    /// endpoints too), until the kubelet has stopped its containers (after the sidecar's
+    /// drain: 30 s). Off, a deleted pod is gone at once and its processes stop behind it.
+    pub graceful_pod_deletion: bool,
 }
 
 /// The address plan: a /16 of 127/8 per stack, so two stacks on one host (two worktrees'
@@ -148,7 +152,12 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let net = Net::pick();
         system_objects(&client, &opts).await;
-        let cluster = Cluster::start(client.clone(), net, dir.path().join("pods"));
+        let cluster = Cluster::start(
+            client.clone(),
+            net,
+            dir.path().join("pods"),
+            opts.graceful_pod_deletion,
+        );
         let mut roles = Vec::new();
         for i in 0..opts.controllers {
             let ip = net.role(1 + i as u8);
