@@ -12,6 +12,10 @@
 //! only what it takes to bind the pod's address: `--host` for the app; `--listen`,
 //! `--admin-listen` and `THAW_USER_HOST` for the sidecar. Any other image fails to pull.
 //!
+//! Pod deletion: the in-process server deletes a pod at once (its processes then stop behind
+//! it), unless the stack runs with graceful deletion ([`KUBELET_FINALIZER`]): then a deleted
+//! pod stays terminating, its endpoints too, until its containers have stopped.
+//!
 //! Not played: ReplicaSets (pods are the Deployment's own), liveness and startup probes,
 //! resources, volumes.
 
@@ -42,10 +46,12 @@ use super::{HELLOWORLD_IMAGE, Net, QUEUE_IMAGE};
 
 /// How often the controllers and the kubelet act on what their reflectors hold.
 pub const TICK: Duration = Duration::from_millis(50);
-/// The kubelet's first restart back-off of an exited container (the kubelet's is 10 s; short
-/// here, like the Lease timings, so a drill that kills a container is quick).
+/// The kubelet restarts an exited container at once, then, if it exits again within the
+/// back-off's reach, after this (doubling each time: CrashLoopBackOff). The kubelet's is 10 s;
+/// short here, like the Lease timings, so a drill that crashes a container is quick.
 pub const RESTART_BACKOFF: Duration = Duration::from_secs(1);
-/// The kubelet's restart back-off cap.
+/// The back-off's cap; a container that ran twice this long starts over at an immediate
+/// restart (the kubelet forgets its back-off then).
 pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// The finalizer the Deployment controller puts on pods when deletion is graceful: the
 /// in-process API server deletes a pod at once, Kubernetes keeps it (`deletionTimestamp` set,
@@ -709,7 +715,8 @@ struct KubeletInner {
     /// (namespace, pod) -> its task's stop token, for pods the kubelet runs or adopted.
     pods: Mutex<BTreeMap<(String, String), PodHandle>>,
     /// Every process ever started (killed on drop).
-    procs: Mutex<Vec<Proc>>,
+    /// (`namespace/pod/container`, process).
+    procs: Mutex<Vec<(String, Proc)>>,
     /// (namespace, pod, container) -> its log file.
     logs: Mutex<Vec<(String, PathBuf)>>,
     /// Every pod's task (aborted on drop).
@@ -731,7 +738,7 @@ impl Drop for Kubelet {
         for t in self.inner.tasks.lock().unwrap().iter() {
             t.abort();
         }
-        for p in self.inner.procs.lock().unwrap().iter() {
+        for (_, p) in self.inner.procs.lock().unwrap().iter() {
             if let Some(mut c) = p.lock().unwrap().take() {
                 let _ = c.kill();
                 let _ = c.wait();
@@ -804,6 +811,23 @@ impl Kubelet {
         out
     }
 
+    /// Sends `sig` to the running process of `container` in pod `namespace/pod` (a container
+    /// that exits is restarted with back-off, as the kubelet does); whether one ran.
+    pub fn signal(&self, pod: &str, container: &str, sig: nix::sys::signal::Signal) -> bool {
+        let key = format!("{pod}/{container}");
+        let procs = self.inner.procs.lock().unwrap();
+        let mut sent = false;
+        for (_, p) in procs.iter().filter(|(k, _)| *k == key) {
+            if let Some(ch) = p.lock().unwrap().as_mut()
+                && matches!(ch.try_wait(), Ok(None))
+            {
+                sent |=
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(ch.id() as i32), sig).is_ok();
+            }
+        }
+        sent
+    }
+
     /// The pods the kubelet runs now (not adopted ones), `namespace/name`.
     pub fn running(&self) -> Vec<String> {
         self.inner
@@ -873,6 +897,9 @@ struct Running {
     failures: i32,
     next_probe: Instant,
     restarts: i32,
+    /// Exits in a row within the back-off's reach.
+    streak: u32,
+    started: Option<Instant>,
     restart_at: Option<Instant>,
     last_exit: Option<(i32, String)>,
     /// How it ended while the pod terminated.
@@ -1054,7 +1081,10 @@ async fn run_pod(
             .spawn()
             .map_err(|e| ("RunContainerError".to_string(), e.to_string()))?;
         let p: Proc = Arc::new(Mutex::new(Some(child)));
-        k.procs.lock().unwrap().push(p.clone());
+        k.procs
+            .lock()
+            .unwrap()
+            .push((format!("{ns}/{name}/{}", c.name), p.clone()));
         let mut logs = k.logs.lock().unwrap();
         let entry = (format!("{ns}/{name}/{}", c.name), log);
         if !logs.contains(&entry) {
@@ -1073,6 +1103,8 @@ async fn run_pod(
             failures: 0,
             next_probe: now,
             restarts: 0,
+            streak: 0,
+            started: None,
             restart_at: (!adopted).then_some(now),
             last_exit: None,
             terminated: None,
@@ -1100,6 +1132,7 @@ async fn run_pod(
                         c.proc = Some(p);
                         c.waiting = None;
                         c.started_at = Some(now_rfc3339());
+                        c.started = Some(Instant::now());
                         c.next_probe = Instant::now()
                             + Duration::from_secs(
                                 c.spec
@@ -1114,8 +1147,9 @@ async fn run_pod(
                     }
                     Err(w) => {
                         c.waiting = Some(w);
-                        c.restarts += 1;
-                        c.restart_at = Some(Instant::now() + backoff(c.restarts));
+                        c.streak += 1;
+                        c.restart_at =
+                            Some(Instant::now() + backoff(c.streak).max(RESTART_BACKOFF));
                     }
                 }
             }
@@ -1144,11 +1178,23 @@ async fn run_pod(
             }
             c.last_exit = Some((code, reason.into()));
             c.restarts += 1;
-            c.waiting = Some((
-                "CrashLoopBackOff".into(),
-                format!("back-off restarting failed container {}", c.spec.name),
-            ));
-            c.restart_at = Some(Instant::now() + backoff(c.restarts));
+            if c.started
+                .is_some_and(|t| t.elapsed() >= RESTART_BACKOFF_MAX * 2)
+            {
+                c.streak = 0;
+            }
+            c.streak += 1;
+            let delay = backoff(c.streak);
+            c.waiting = (!delay.is_zero()).then(|| {
+                (
+                    "CrashLoopBackOff".into(),
+                    format!(
+                        "back-off {delay:?} restarting failed container {}",
+                        c.spec.name
+                    ),
+                )
+            });
+            c.restart_at = Some(Instant::now() + delay);
         }
         // Readiness.
         let due: Vec<usize> = cs
@@ -1324,7 +1370,10 @@ async fn terminate(procs: Vec<(Container, Proc)>, ip: IpAddr, grace: Duration) {
     .await;
 }
 
-fn backoff(restarts: i32) -> Duration {
-    let shift = (restarts.max(1) - 1).min(8) as u32;
-    (RESTART_BACKOFF * 2u32.pow(shift)).min(RESTART_BACKOFF_MAX)
+/// The wait before the restart after the `streak`-th exit in a row: none after the first.
+fn backoff(streak: u32) -> Duration {
+    if streak <= 1 {
+        return Duration::ZERO;
+    }
+    (RESTART_BACKOFF * 2u32.pow((streak - 2).min(8))).min(RESTART_BACKOFF_MAX)
 }
