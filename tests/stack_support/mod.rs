@@ -7,10 +7,11 @@
 //! are the ones the manifests and the Deployments name.
 //!
 //! What a drill uses: [`Stack::role`] (kill -9, SIGTERM, restart with the same arguments, the
-//! role's relay to cut and restore), [`Stack::autoscaler_leader`], [`Stack::records`] (every
-//! `/scale` change the Deployment controller saw and every change of each revision's public
-//! slices, timestamped), and [`traffic::SteadyLoop`] (requests through the [`ingress::Ingress`]
-//! on kept-alive and fresh connections, counted). When the test panics (or [`LOGS_ENV`] is
+//! role's relay to cut and restore), [`Stack::autoscaler_leader`], [`Stack::activator_view`]
+//! (an activator's `/revisions` entry), [`cluster::Kubelet::signal`] (one container of a pod),
+//! [`Stack::records`] (every `/scale` change the Deployment controller saw and every change of
+//! each revision's public slices, timestamped), and [`traffic::SteadyLoop`] (requests through
+//! the [`ingress::Ingress`] on kept-alive and fresh connections, counted). When the test panics (or [`LOGS_ENV`] is
 //! set), dropping the stack prints every role's and every container's log.
 
 #![allow(
