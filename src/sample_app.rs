@@ -8,7 +8,9 @@
 //! - `GET /healthz` answers `ok` at once.
 //! - `GET /inflight` answers `{"inFlight":N,"peak":M}`: requests to `/` and `/stream` being
 //!   handled now, and the most ever at once (tests check a concurrency limit in front of it).
-//! - Listens on `127.0.0.1:$PORT` (or `--port`) after `--startup-delay` (a slow cold start).
+//! - Listens on `127.0.0.1:$PORT` (or `--port`; `--host` for another address, such as a pod's
+//!   own loopback address when several pods share one host) after `--startup-delay` (a slow
+//!   cold start).
 //! - `--crash` writes one line to stderr and exits 1 at once (a crashing revision).
 //! - SIGTERM or SIGINT: stops accepting, finishes in-flight requests (at most 30 s), exits 0.
 //!   `--ignore-sigterm` ignores SIGTERM (an app that must be SIGKILLed).
@@ -17,7 +19,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,9 +41,12 @@ use tokio::time::Sleep;
 /// Arguments of `thaw sample-app`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SampleAppArgs {
-    /// Port to listen on, on 127.0.0.1.
+    /// Port to listen on, on `--host`.
     #[arg(long, env = "PORT")]
     pub port: Option<u16>,
+    /// Address to listen on.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub host: IpAddr,
     /// Who says hello: `Hello from <message>!`.
     #[arg(long, env = "TARGET")]
     pub message: Option<String>,
@@ -113,14 +118,15 @@ pub fn run(args: &SampleAppArgs) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
         }
-        let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
+        let addr = std::net::SocketAddr::new(args.host, port);
+        let listener = match TcpListener::bind(addr).await {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("sample-app: cannot listen on 127.0.0.1:{port}: {e}");
+                eprintln!("sample-app: cannot listen on {addr}: {e}");
                 return ExitCode::FAILURE;
             }
         };
-        println!("sample-app: listening on 127.0.0.1:{port}");
+        println!("sample-app: listening on {addr}");
         serve(listener, Arc::new(Settings::from_args(args)), stop).await;
         println!("sample-app: stopped");
         ExitCode::SUCCESS

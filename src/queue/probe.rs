@@ -198,8 +198,10 @@ mod tests {
                     .await;
             }
         });
-        assert!(probe_once(&UserProbe::Tcp { port }).await);
+        let host = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert!(probe_once(&UserProbe::Tcp { host, port }).await);
         let http = |path: &str| UserProbe::Http {
+            host,
             port,
             path: path.into(),
             headers: vec![],
@@ -212,6 +214,6 @@ mod tests {
         let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = gone.local_addr().unwrap().port();
         drop(gone);
-        assert!(!probe_once(&UserProbe::Tcp { port }).await);
+        assert!(!probe_once(&UserProbe::Tcp { host, port }).await);
     }
 }

@@ -29,8 +29,11 @@ pub const REVISION_TIMEOUT_SECONDS: &str = "REVISION_TIMEOUT_SECONDS";
 pub const REVISION_RESPONSE_START_TIMEOUT_SECONDS: &str = "REVISION_RESPONSE_START_TIMEOUT_SECONDS";
 /// The revision's `idleTimeoutSeconds` (0 = none).
 pub const REVISION_IDLE_TIMEOUT_SECONDS: &str = "REVISION_IDLE_TIMEOUT_SECONDS";
-/// The user container's port on 127.0.0.1.
+/// The user container's port on 127.0.0.1 (or `THAW_USER_HOST`).
 pub const USER_PORT: &str = "USER_PORT";
+/// thaw's: the user container's address (default 127.0.0.1), for pods that share one network
+/// namespace each on its own loopback address (a test's pods on one host). Probes go there too.
+pub const THAW_USER_HOST: &str = "THAW_USER_HOST";
 /// The data port (HTTP/1.1 and h2c).
 pub const QUEUE_SERVING_PORT: &str = "QUEUE_SERVING_PORT";
 /// The user container's readiness probe, as Knative's queue-proxy reads it (JSON of a
@@ -57,6 +60,7 @@ pub const VARIABLES: &[&str] = &[
     REVISION_RESPONSE_START_TIMEOUT_SECONDS,
     REVISION_IDLE_TIMEOUT_SECONDS,
     USER_PORT,
+    THAW_USER_HOST,
     QUEUE_SERVING_PORT,
     SERVING_READINESS_PROBE,
     THAW_QUEUE_ADMIN_PORT,
@@ -77,6 +81,7 @@ Environment (Knative's queue-proxy names where one exists):
   REVISION_RESPONSE_START_TIMEOUT_SECONDS  time to the response head (0 = the total)
   REVISION_IDLE_TIMEOUT_SECONDS         longest silence in a response body (0 = none)
   USER_PORT                             the user container's port on 127.0.0.1 (default 8080)
+  THAW_USER_HOST                        the user container's address instead of 127.0.0.1 (pods sharing a host)
   THAW_USER_PROTOCOL                    http1 (default) or h2c
   SERVING_READINESS_PROBE               the container's readiness probe as JSON (default: TCP on USER_PORT)
   QUEUE_SERVING_PORT                    the data port (default 8012)
@@ -109,9 +114,10 @@ pub fn reserved_ports(s: &Settings) -> [u16; 2] {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserProbe {
     /// A TCP connect to the port.
-    Tcp { port: u16 },
+    Tcp { host: IpAddr, port: u16 },
     /// `GET path` answered 2xx or 3xx.
     Http {
+        host: IpAddr,
         port: u16,
         path: String,
         headers: Vec<(String, String)>,
@@ -119,12 +125,10 @@ pub enum UserProbe {
 }
 
 impl UserProbe {
-    /// The address probed (always loopback: the user container shares the pod's network).
+    /// The address probed: the user container's host (the pod's loopback) and the port.
     pub fn addr(&self) -> SocketAddr {
-        let port = match self {
-            UserProbe::Tcp { port } | UserProbe::Http { port, .. } => *port,
-        };
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+        let (UserProbe::Tcp { host, port } | UserProbe::Http { host, port, .. }) = self;
+        SocketAddr::new(*host, *port)
     }
 }
 
@@ -151,7 +155,7 @@ pub struct Settings {
     pub container_concurrency: u32,
     pub queue_depth: u32,
     pub timeouts: Timeouts,
-    /// The user container: 127.0.0.1:`USER_PORT`.
+    /// The user container: 127.0.0.1 (or `THAW_USER_HOST`):`USER_PORT`.
     pub user: SocketAddr,
     pub user_protocol: Protocol,
     pub probe: UserProbe,
@@ -290,11 +294,25 @@ impl Settings {
                 Protocol::Http1
             }
         };
+        let user_host = match value(THAW_USER_HOST) {
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(v) => v.parse::<IpAddr>().unwrap_or_else(|_| {
+                fail(
+                    THAW_USER_HOST,
+                    format!("expected an IP address such as 127.0.0.1, got {v:?}"),
+                );
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            }),
+        };
+        let tcp = UserProbe::Tcp {
+            host: user_host,
+            port: user_port,
+        };
         let probe = match value(SERVING_READINESS_PROBE) {
-            None => UserProbe::Tcp { port: user_port },
-            Some(json) => parse_probe(&json, user_port).unwrap_or_else(|reason| {
+            None => tcp,
+            Some(json) => parse_probe(&json, user_host, user_port).unwrap_or_else(|reason| {
                 fail(SERVING_READINESS_PROBE, reason);
-                UserProbe::Tcp { port: user_port }
+                tcp
             }),
         };
         let pod = value(SERVING_POD)
@@ -331,7 +349,7 @@ impl Settings {
             container_concurrency: cc,
             queue_depth,
             timeouts,
-            user: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), user_port),
+            user: SocketAddr::new(user_host, user_port),
             user_protocol,
             probe,
             data,
@@ -343,8 +361,9 @@ impl Settings {
 
 /// Knative's `SERVING_READINESS_PROBE`: the JSON of the user container's readiness probe.
 /// `tcpSocket` or `httpGet` (`path`, `port`, `httpHeaders`); a missing or zero port is the
-/// user port. `exec` and `grpc` probes are not the sidecar's to run.
-fn parse_probe(json: &str, user_port: u16) -> Result<UserProbe, String> {
+/// user port; the host is always the user container's (`host` in the JSON is ignored).
+/// `exec` and `grpc` probes are not the sidecar's to run.
+fn parse_probe(json: &str, host: IpAddr, user_port: u16) -> Result<UserProbe, String> {
     let v: serde_json::Value =
         serde_json::from_str(json).map_err(|e| format!("not JSON ({e}): {json:?}"))?;
     let port_of = |p: &serde_json::Value| -> Result<u16, String> {
@@ -362,6 +381,7 @@ fn parse_probe(json: &str, user_port: u16) -> Result<UserProbe, String> {
     };
     if let Some(tcp) = v.get("tcpSocket") {
         return Ok(UserProbe::Tcp {
+            host,
             port: port_of(tcp)?,
         });
     }
@@ -392,6 +412,7 @@ fn parse_probe(json: &str, user_port: u16) -> Result<UserProbe, String> {
             }
         }
         return Ok(UserProbe::Http {
+            host,
             port: port_of(http)?,
             path,
             headers,
@@ -428,7 +449,13 @@ mod tests {
         assert_eq!(s.timeouts.total, Duration::from_secs(300));
         assert_eq!(s.timeouts.response_start, Duration::from_secs(300));
         assert_eq!(s.timeouts.idle, None);
-        assert_eq!(s.probe, UserProbe::Tcp { port: 8080 });
+        assert_eq!(
+            s.probe,
+            UserProbe::Tcp {
+                host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 8080
+            }
+        );
         assert_eq!(s.drain_delay, Duration::from_secs(30));
         assert_eq!(s.user_protocol, Protocol::Http1);
     }
@@ -492,6 +519,7 @@ mod tests {
         assert_eq!(
             settings(&v).unwrap().probe,
             UserProbe::Http {
+                host: IpAddr::V4(Ipv4Addr::LOCALHOST),
                 port: 8081,
                 path: "/ready".into(),
                 headers: vec![("X-A".into(), "b".into())]
@@ -502,7 +530,13 @@ mod tests {
             SERVING_READINESS_PROBE,
             r#"{"tcpSocket":{"port":8082,"host":"127.0.0.1"}}"#,
         ));
-        assert_eq!(settings(&v).unwrap().probe, UserProbe::Tcp { port: 8082 });
+        assert_eq!(
+            settings(&v).unwrap().probe,
+            UserProbe::Tcp {
+                host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 8082
+            }
+        );
     }
 
     #[test]
@@ -527,6 +561,31 @@ mod tests {
             errs[0]
                 .to_string()
                 .contains("11 exceeds REVISION_TIMEOUT_SECONDS (10)")
+        );
+    }
+
+    #[test]
+    fn the_user_host_moves_the_user_container_and_its_probe() {
+        let mut v = BASE.to_vec();
+        v.push((THAW_USER_HOST, "127.0.0.7"));
+        v.push((
+            SERVING_READINESS_PROBE,
+            r#"{"tcpSocket":{"port":8080,"host":"127.0.0.1"}}"#,
+        ));
+        let s = settings(&v).unwrap();
+        assert_eq!(s.user, "127.0.0.7:8080".parse().unwrap());
+        assert_eq!(s.probe.addr(), "127.0.0.7:8080".parse().unwrap());
+        v.pop();
+        assert_eq!(
+            settings(&v).unwrap().probe.addr(),
+            "127.0.0.7:8080".parse().unwrap()
+        );
+        v[2] = (THAW_USER_HOST, "pod-1");
+        let errs = settings(&v).unwrap_err();
+        assert!(
+            errs[0].to_string().contains(
+                "THAW_USER_HOST: expected an IP address such as 127.0.0.1, got \"pod-1\""
+            )
         );
     }
 }

@@ -87,3 +87,27 @@ async fn stopping_finishes_in_flight_requests_and_refuses_new_ones() {
     task.await.unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[test]
+fn host_is_loopback_unless_given() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        app: SampleAppArgs,
+    }
+    let parse = |args: &[&str]| {
+        <Cli as clap::Parser>::try_parse_from(
+            std::iter::once("sample-app").chain(args.iter().copied()),
+        )
+        .map(|c| c.app.host)
+    };
+    assert_eq!(
+        parse(&["--port", "1"]).unwrap(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    );
+    assert_eq!(
+        parse(&["--port", "1", "--host", "127.0.0.5"]).unwrap(),
+        "127.0.0.5".parse::<IpAddr>().unwrap()
+    );
+    assert!(parse(&["--host", "pod-1"]).is_err());
+}

@@ -1,0 +1,209 @@
+//! The whole stack: Knative's helloworld-go Service applied to the in-process API server, with
+//! `thaw controller`, two `thaw autoscaler` and two `thaw activator` processes, and the test
+//! playing the Deployment controller, the kubelet (real `thaw sample-app` and `thaw queue`
+//! processes per pod), the endpoints controller and the ingress (tests/stack_support). Real
+//! clock; every wait polls a condition with a deadline; nothing asserts a duration.
+
+mod kube_e2e_support;
+mod kube_support;
+mod stack_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
+use stack_support::ingress::{Ingress, keepalive_client};
+use stack_support::roles::RoleKind;
+use stack_support::traffic::SteadyLoop;
+use stack_support::{NS, Stack, StackOptions};
+use thaw::knative::{Service, condition};
+use tokio::time::Instant;
+
+/// knative/docs, code-samples/serving/hello-world/helloworld-go/service.yaml.
+const HELLOWORLD_GO: &str = r#"
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata:
+  name: helloworld-go
+  namespace: default
+spec:
+  template:
+    spec:
+      containers:
+        - image: ghcr.io/knative/helloworld-go:latest
+          env:
+            - name: TARGET
+              value: "Go Sample v1"
+"#;
+
+/// config-autoscaler: Knative's defaults but these, shortened so the test sees a scale to
+/// zero soon (the stable window at its lower bound).
+const STABLE_WINDOW: &str = "6s";
+const SCALE_TO_ZERO_GRACE_PERIOD: &str = "2s";
+const SCALE_TO_ZERO_POD_RETENTION_PERIOD: &str = "0s";
+
+/// Deadlines of the scenario's waits.
+const READY: Duration = Duration::from_secs(30);
+/// To zero: the stable window without traffic, the grace period, then the pod's stop.
+const TO_ZERO: Duration = Duration::from_secs(40);
+/// How long the steady loop runs while warm, and the pause between a flavour's requests.
+const STEADY_FOR: Duration = Duration::from_secs(3);
+const STEADY_PACE: Duration = Duration::from_millis(20);
+
+const REVISION: &str = "helloworld-go-00001";
+const DEPLOYMENT: &str = "helloworld-go-00001-deployment";
+const BODY: &str = "Hello from Go Sample v1!\n";
+
+fn options() -> StackOptions {
+    StackOptions {
+        autoscaler: BTreeMap::from([
+            ("stable-window".into(), STABLE_WINDOW.into()),
+            (
+                "scale-to-zero-grace-period".into(),
+                SCALE_TO_ZERO_GRACE_PERIOD.into(),
+            ),
+            (
+                "scale-to-zero-pod-retention-period".into(),
+                SCALE_TO_ZERO_POD_RETENTION_PERIOD.into(),
+            ),
+        ]),
+        controllers: 1,
+        autoscalers: 2,
+        activators: 2,
+        graceful_pod_deletion: false,
+    }
+}
+
+/// The revision's pods (any phase).
+async fn pods(stack: &Stack) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(stack.client.clone(), NS);
+    let lp = ListParams::default().labels(&format!("serving.knative.dev/revision={REVISION}"));
+    api.list(&lp).await.map(|l| l.items).unwrap_or_default()
+}
+
+fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn replicas(stack: &Stack) -> Option<i32> {
+    let api: Api<Deployment> = Api::namespaced(stack.client.clone(), NS);
+    api.get_opt(DEPLOYMENT).await.ok()??.spec?.replicas
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helloworld_go_serves_goes_to_zero_and_wakes() {
+    let began = Instant::now();
+    let stack = Stack::start(options()).await;
+    println!("stack up in {:.1}s", began.elapsed().as_secs_f64());
+
+    // Apply the Service as Knative's docs give it.
+    let svc: Service = serde_saphyr::from_str(HELLOWORLD_GO).expect("the docs' YAML");
+    let services: Api<Service> = Api::namespaced(stack.client.clone(), NS);
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create the Service");
+
+    // Ready, with its URL, and its first pod up (initial scale 1).
+    let url = stack
+        .until(READY, "the Service Ready with a URL", || async {
+            let s = services.get_status("helloworld-go").await.ok()?;
+            let st = s.status.as_ref()?;
+            st.status.is_true(condition::READY).then_some(())?;
+            st.route.url.clone()
+        })
+        .await;
+    let host = url
+        .strip_prefix("http://")
+        .unwrap_or(&url)
+        .trim_end_matches('/')
+        .to_string();
+    assert_eq!(host, "helloworld-go.default.example.com");
+    stack
+        .until(READY, "one ready pod of the revision", || async {
+            let p = pods(&stack).await;
+            (p.len() == 1 && ready(&p[0])).then_some(())
+        })
+        .await;
+    assert_eq!(stack.records().scale_of(DEPLOYMENT).first(), Some(&1));
+
+    // Through the ingress: 200 with the app's hello.
+    let ingress = Arc::new(Ingress::start(stack.client.clone()));
+    stack
+        .until(
+            READY,
+            "the ingress routing the host to endpoints",
+            || async { (!ingress.endpoints(&host).is_empty()).then_some(()) },
+        )
+        .await;
+    let client = keepalive_client();
+    let reply = ingress.get(&client, &host, "/").await.expect("a reply");
+    assert_eq!((reply.status, reply.body.as_str()), (200, BODY));
+
+    // Steady traffic while warm: nothing fails.
+    let steady = SteadyLoop::start(ingress.clone(), &host, "/", STEADY_PACE);
+    tokio::time::sleep(STEADY_FOR).await;
+    let report = steady.stop().await;
+    println!("{report}");
+    assert!(
+        report.keepalive.requests > 0 && report.fresh.requests > 0,
+        "{report}"
+    );
+    assert_eq!(report.failures(), 0, "{report}");
+
+    // Idle: to zero, the pods gone, the public slices back on the activators.
+    stack
+        .until(TO_ZERO, "the Deployment scaled to 0", || async {
+            (replicas(&stack).await == Some(0)).then_some(())
+        })
+        .await;
+    stack
+        .until(TO_ZERO, "the revision's pods gone", || async {
+            pods(&stack).await.is_empty().then_some(())
+        })
+        .await;
+    // ... and no activator has an endpoint left for it (a request now is a cold one).
+    for act in stack.roles_of(RoleKind::Activator) {
+        stack
+            .until(
+                TO_ZERO,
+                &format!("{} seeing the revision cold", act.name),
+                || async {
+                    let v = stack.activator_view(act, NS, REVISION).await?;
+                    (v["ready"]["count"] == 0).then_some(())
+                },
+            )
+            .await;
+    }
+    let public = stack.records().public_of(REVISION);
+    let last = public.last().expect("the public slices were written");
+    assert!(
+        !last.endpoints.is_empty() && last.endpoints.iter().all(|a| stack.is_activator(a)),
+        "public slices at zero: {:?}",
+        last.endpoints
+    );
+
+    // A request wakes it: held by an activator, answered 200.
+    let reply = ingress.get(&client, &host, "/").await.expect("a reply");
+    assert_eq!((reply.status, reply.body.as_str()), (200, BODY));
+    assert!(
+        stack.is_activator(&reply.endpoint),
+        "answered via {}",
+        reply.endpoint
+    );
+    let scale = stack.records().scale_of(DEPLOYMENT);
+    let zero = scale.iter().rposition(|r| *r == 0);
+    assert!(
+        zero.is_some_and(|i| scale[i + 1..].iter().any(|r| *r > 0)),
+        "/scale changes: {scale:?}"
+    );
+
+    println!("{}", stack.records().describe());
+    println!("wall time {:.1}s", began.elapsed().as_secs_f64());
+}
