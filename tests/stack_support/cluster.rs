@@ -777,8 +777,9 @@ impl Kubelet {
             "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
             "spec": {"containers": [{"name": "main", "image": "thaw",
                 "ports": pod.ports.iter().map(|(n, p)| serde_json::json!({"name": n, "containerPort": p})).collect::<Vec<_>>(),
+                // deploy/activator/deployment.yaml's probe.
                 "readinessProbe": {"httpGet": {"path": pod.readiness.1, "port": pod.readiness.0},
-                    "periodSeconds": 1, "failureThreshold": 1}}]},
+                    "periodSeconds": 2, "failureThreshold": 2}}]},
         }))
         .unwrap();
         // The handle first: the kubelet's loop must never take this pod for one it runs.

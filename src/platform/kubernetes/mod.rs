@@ -313,11 +313,14 @@ impl KubePlatform {
 
     /// Records the autoscaler's part of `revision`'s stored status (the Revision watch).
     pub fn observe_status(&self, revision: &RevisionKey, status: AutoscalerStatus) {
-        match self.inner.statuses.get(revision) {
-            Some(s) if *s == status => {}
-            _ => {
-                self.inner.statuses.insert(revision.clone(), status);
-            }
+        // (The read guard must be gone before the insert: both lock the same shard.)
+        let same = self
+            .inner
+            .statuses
+            .get(revision)
+            .is_some_and(|s| *s == status);
+        if !same {
+            self.inner.statuses.insert(revision.clone(), status);
         }
     }
 

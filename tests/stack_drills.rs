@@ -1,0 +1,377 @@
+//! Drills on the whole stack (tests/stack_support: the in-process API server, `thaw
+//! controller`, two `thaw autoscaler`, two `thaw activator`; the test plays the Deployment
+//! controller, the kubelet with real `thaw queue` + `thaw sample-app` pods, the endpoints
+//! controller and the ingress). Three Knative Services at Knative's default settings but the
+//! windows below: one warm behind the activators (the default target burst capacity keeps them
+//! in its path), one warm served by its pods (`target-burst-capacity: "0"`), one idle at zero.
+//! Under a steady client loop (keep-alive and fresh connections through the ingress) each
+//! drill must leave every `/scale` and every public EndpointSlice as it was, and fail no
+//! request:
+//! 1. SIGKILL the autoscaler leader: the standby takes over;
+//! 2. SIGTERM the leader (a rollout): it releases the Lease, the other leads within seconds;
+//! 3. cut every role off the API server for 10 s: warm traffic flows, nothing rescales, all
+//!    resumes;
+//! 4. revisions as the previous version left them (no `ScaleTargetInitialized`), then a
+//!    takeover: no `/scale` write, and the condition written back.
+//!
+//! Real clock; waits poll conditions with deadlines; nothing asserts a duration.
+
+mod kube_e2e_support;
+mod kube_support;
+mod stack_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, PostParams};
+use stack_support::ingress::Ingress;
+use stack_support::roles::{Role, RoleKind};
+use stack_support::traffic::SteadyLoop;
+use stack_support::{NS, Stack, StackOptions};
+use thaw::knative::{Revision, Service, condition};
+use tokio::time::Instant;
+
+/// config-autoscaler: Knative's defaults but these (and the Lease timings of the rig,
+/// 3 s / 2 s / 500 ms), shortened so the idle Service reaches zero soon.
+const STABLE_WINDOW: &str = "6s";
+const SCALE_TO_ZERO_GRACE_PERIOD: &str = "2s";
+const SCALE_TO_ZERO_POD_RETENTION_PERIOD: &str = "0s";
+
+const WITHIN: Duration = Duration::from_secs(40);
+/// After a takeover: a few decision rounds (2 s) and pod-stats pulls (1 s) under the new
+/// leader, for anything it would move to show.
+const AFTER_TAKEOVER: Duration = Duration::from_secs(5);
+const CUT_FOR: Duration = Duration::from_secs(10);
+const PACE: Duration = Duration::from_millis(25);
+
+/// Knative's helloworld-go Service under another name, with template annotations.
+fn service(name: &str, annotations: &str) -> Service {
+    let yaml = format!(
+        r#"
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  template:
+    metadata:
+      annotations: {{{annotations}}}
+    spec:
+      containers:
+        - image: ghcr.io/knative/helloworld-go:latest
+          env:
+            - name: TARGET
+              value: "Go Sample v1"
+"#
+    );
+    serde_saphyr::from_str(&yaml).expect("a Service")
+}
+
+const PROXIED: &str = "proxied";
+const SERVED: &str = "served";
+const IDLE: &str = "idle";
+
+fn revision(svc: &str) -> String {
+    format!("{svc}-00001")
+}
+
+fn deployment(svc: &str) -> String {
+    format!("{svc}-00001-deployment")
+}
+
+async fn replicas(stack: &Stack, svc: &str) -> Option<i32> {
+    let api: Api<Deployment> = Api::namespaced(stack.client.clone(), NS);
+    api.get_opt(&deployment(svc)).await.ok()??.spec?.replicas
+}
+
+/// What must not move: every `/scale` change and every public-slice change recorded so far.
+#[derive(Debug, PartialEq)]
+struct Moves {
+    scale: Vec<(String, i32)>,
+    public: Vec<(String, Vec<std::net::SocketAddr>)>,
+}
+
+fn moves(stack: &Stack) -> Moves {
+    let r = stack.records();
+    Moves {
+        scale: r
+            .scale()
+            .into_iter()
+            .map(|c| (c.deployment, c.replicas))
+            .collect(),
+        public: r
+            .public()
+            .into_iter()
+            .map(|c| (c.revision, c.endpoints))
+            .collect(),
+    }
+}
+
+/// How many takeovers `role` has completed (its log, across restarts).
+fn takeovers(role: &Role) -> usize {
+    role.logs().matches("takeover complete").count()
+}
+
+fn autoscalers(stack: &Stack) -> Vec<&Role> {
+    stack.roles_of(RoleKind::Autoscaler).collect()
+}
+
+/// Waits for one more takeover than `before` (per autoscaler) to complete; the new leader.
+async fn next_takeover<'a>(stack: &'a Stack, before: &BTreeMap<String, usize>) -> &'a Role {
+    stack
+        .until(WITHIN, "a new leader's completed takeover", || async {
+            autoscalers(stack)
+                .into_iter()
+                .find(|r| takeovers(r) > before.get(&r.name).copied().unwrap_or(0))
+        })
+        .await
+}
+
+fn takeover_counts(stack: &Stack) -> BTreeMap<String, usize> {
+    autoscalers(stack)
+        .into_iter()
+        .map(|r| (r.name.clone(), takeovers(r)))
+        .collect()
+}
+
+/// The public endpoints of `svc`'s revision as last recorded.
+fn public_now(stack: &Stack, svc: &str) -> Vec<std::net::SocketAddr> {
+    stack
+        .records()
+        .public_of(&revision(svc))
+        .last()
+        .map(|c| c.endpoints.clone())
+        .unwrap_or_default()
+}
+
+async fn ready_again(stack: &Stack, role: &Role) {
+    let admin = role.admin();
+    stack
+        .until(
+            WITHIN,
+            &format!("{} ready again", role.name),
+            || async move { stack_support::ready(admin).await.then_some(()) },
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_changes_and_an_api_cut_are_non_events() {
+    let began = Instant::now();
+    let stack = Stack::start(StackOptions {
+        autoscaler: BTreeMap::from([
+            ("stable-window".into(), STABLE_WINDOW.into()),
+            (
+                "scale-to-zero-grace-period".into(),
+                SCALE_TO_ZERO_GRACE_PERIOD.into(),
+            ),
+            (
+                "scale-to-zero-pod-retention-period".into(),
+                SCALE_TO_ZERO_POD_RETENTION_PERIOD.into(),
+            ),
+        ]),
+        controllers: 1,
+        autoscalers: 2,
+        activators: 2,
+        graceful_pod_deletion: false,
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(stack.client.clone(), NS);
+    for (name, annotations) in [
+        (PROXIED, ""),
+        (
+            SERVED,
+            r#""autoscaling.knative.dev/target-burst-capacity": "0""#,
+        ),
+        (IDLE, ""),
+    ] {
+        services
+            .create(&PostParams::default(), &service(name, annotations))
+            .await
+            .expect("create a Service");
+    }
+    let mut hosts = BTreeMap::new();
+    for name in [PROXIED, SERVED, IDLE] {
+        let url = stack
+            .until(WITHIN, &format!("{name} Ready with a URL"), || async {
+                let s = services.get_status(name).await.ok()?;
+                let st = s.status.as_ref()?;
+                st.status.is_true(condition::READY).then_some(())?;
+                st.route.url.clone()
+            })
+            .await;
+        hosts.insert(name, url.trim_start_matches("http://").to_string());
+    }
+    let ingress = Arc::new(Ingress::start(stack.client.clone()));
+    for name in [PROXIED, SERVED] {
+        stack
+            .until(WITHIN, &format!("the ingress routing {name}"), || async {
+                (!ingress.endpoints(&hosts[name]).is_empty()).then_some(())
+            })
+            .await;
+    }
+    // Warm traffic from now on, so the two warm Services stay warm while the idle one goes.
+    let loops: Vec<(&str, SteadyLoop)> = [PROXIED, SERVED]
+        .into_iter()
+        .map(|s| (s, SteadyLoop::start(ingress.clone(), &hosts[s], "/", PACE)))
+        .collect();
+    stack
+        .until(WITHIN, "the idle Service at zero", || async {
+            (replicas(&stack, IDLE).await == Some(0)).then_some(())
+        })
+        .await;
+    stack
+        .until(
+            WITHIN,
+            "the served Service's public slices on its pods",
+            || async {
+                let p = public_now(&stack, SERVED);
+                (!p.is_empty() && p.iter().all(|a| stack.net.is_pod(a.ip()))).then_some(())
+            },
+        )
+        .await;
+    let proxied = public_now(&stack, PROXIED);
+    assert!(
+        !proxied.is_empty() && proxied.iter().all(|a| stack.is_activator(a)),
+        "the proxied Service behind the activators: {proxied:?}"
+    );
+    // Every revision initialized, said on its status by the autoscaler.
+    let revs: Api<Revision> = Api::namespaced(stack.client.clone(), NS);
+    for name in [PROXIED, SERVED, IDLE] {
+        stack
+            .until(
+                WITHIN,
+                &format!("{name}'s ScaleTargetInitialized"),
+                || async {
+                    let r = revs.get_status(&revision(name)).await.ok()?;
+                    r.status?
+                        .status
+                        .is_true(condition::SCALE_TARGET_INITIALIZED)
+                        .then_some(())
+                },
+            )
+            .await;
+    }
+    let steady = moves(&stack);
+    println!(
+        "steady after {:.1}s: {steady:?}",
+        began.elapsed().as_secs_f64()
+    );
+
+    // 1. SIGKILL the leader.
+    let before = takeover_counts(&stack);
+    let lead = stack.autoscaler_leader().await.expect("a leader");
+    lead.kill9();
+    let next = next_takeover(&stack, &before).await;
+    assert_ne!(next.name, lead.name);
+    tokio::time::sleep(AFTER_TAKEOVER).await;
+    assert_eq!(moves(&stack), steady, "after the SIGKILL of {}", lead.name);
+    println!(
+        "SIGKILL {}: {} took over; nothing moved",
+        lead.name, next.name
+    );
+    lead.restart();
+    ready_again(&stack, lead).await;
+
+    // 2. SIGTERM the leader: the Lease is released, the other leads at once.
+    let before = takeover_counts(&stack);
+    let lead = stack.autoscaler_leader().await.expect("a leader");
+    let termed = Instant::now();
+    lead.sigterm();
+    let next = next_takeover(&stack, &before).await;
+    let handover = termed.elapsed();
+    assert_ne!(next.name, lead.name);
+    let exit = lead
+        .wait_exit(WITHIN)
+        .await
+        .expect("the leader exits on SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+    assert!(lead.logs().contains("lease released"));
+    tokio::time::sleep(AFTER_TAKEOVER).await;
+    assert_eq!(moves(&stack), steady, "after the SIGTERM of {}", lead.name);
+    println!(
+        "SIGTERM {}: {} led and had adopted everything {handover:?} after the signal; nothing moved",
+        lead.name, next.name
+    );
+    lead.restart();
+    ready_again(&stack, lead).await;
+
+    // 3. Every role cut off the API server for 10 s.
+    let before = takeover_counts(&stack);
+    stack.cut_all();
+    tokio::time::sleep(CUT_FOR).await;
+    assert_eq!(moves(&stack), steady, "during the cut");
+    stack.restore_all();
+    let next = next_takeover(&stack, &before).await;
+    tokio::time::sleep(AFTER_TAKEOVER).await;
+    assert_eq!(moves(&stack), steady, "after the cut");
+    println!(
+        "API cut for {CUT_FOR:?}: {} leads again; nothing moved",
+        next.name
+    );
+
+    // 4. The previous version's revisions: no ScaleTargetInitialized. Both autoscalers stop,
+    //    the condition is taken off, one autoscaler comes back.
+    for r in autoscalers(&stack) {
+        r.sigterm();
+        r.wait_exit(WITHIN)
+            .await
+            .expect("an autoscaler exits on SIGTERM");
+    }
+    for name in [PROXIED, SERVED, IDLE] {
+        let mut r = revs.get_status(&revision(name)).await.unwrap();
+        let st = r.status.as_mut().unwrap();
+        st.status
+            .conditions
+            .retain(|c| c.type_ != condition::SCALE_TARGET_INITIALIZED);
+        revs.replace_status(&revision(name), &PostParams::default(), &r)
+            .await
+            .unwrap();
+    }
+    let before = takeover_counts(&stack);
+    let one = autoscalers(&stack)[0];
+    one.restart();
+    let next = next_takeover(&stack, &before).await;
+    tokio::time::sleep(AFTER_TAKEOVER).await;
+    assert_eq!(moves(&stack), steady, "after the upgrade takeover");
+    let metrics = kube_e2e_support::get_text(next.admin(), "/metrics").await;
+    assert_eq!(
+        kube_e2e_support::metric(&metrics, "thaw_platform_scale_patches_total", &[]),
+        0.0,
+        "no /scale write"
+    );
+    for name in [PROXIED, SERVED, IDLE] {
+        stack
+            .until(
+                WITHIN,
+                &format!("{name}'s condition written back"),
+                || async {
+                    let r = revs.get_status(&revision(name)).await.ok()?;
+                    r.status?
+                        .status
+                        .is_true(condition::SCALE_TARGET_INITIALIZED)
+                        .then_some(())
+                },
+            )
+            .await;
+    }
+    println!(
+        "upgrade: {} adopted every revision with no /scale write",
+        next.name
+    );
+
+    for (name, l) in loops {
+        let report = l.stop().await;
+        println!("{name}: {report}");
+        assert!(
+            report.keepalive.requests > 0 && report.fresh.requests > 0,
+            "{report}"
+        );
+        assert_eq!(report.failures(), 0, "{name}: {report}");
+    }
+    println!("{}", stack.records().describe());
+    println!("wall time {:.1}s", began.elapsed().as_secs_f64());
+}
