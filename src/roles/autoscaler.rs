@@ -393,6 +393,8 @@ impl RevisionsView {
                 }),
                 "servingModeAdopted": mode.map(|(_, a)| a),
                 "podStatsFlowing": self.flow.flows(key),
+                // Why a pulled revision's pod stats stopped (it returns to the activators).
+                "podStats": self.flow.health(key).map(|h| h.reason()),
             }));
         }
         serde_json::json!({ "revisions": out })
