@@ -253,7 +253,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                 // Stats from before this term are stale: start from an empty channel.
                 while shared_rx.try_recv().is_ok() {}
                 let (tx, rx) = mpsc::channel(STATS_CHANNEL);
-                let scaler = Scaler::new(
+                let mut scaler = Scaler::new(
                     catalog.clone(),
                     Arc::new(serving::AdoptingPlatform {
                         platform: platform.clone(),
@@ -263,6 +263,10 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                     &telemetry,
                     options,
                 );
+                // Adopt every revision (publishing what was found) before a serving task can
+                // read its state: a task that ran first would see no state, take the activators
+                // for the path and rewrite a revision served by its pods.
+                scaler.sync_catalog(tokio::time::Instant::now()).await;
                 tokio::spawn(
                     pull::run(
                         platform,
