@@ -557,3 +557,59 @@ async fn measure_slice_update_to_subscriber() {
     );
     p.shutdown();
 }
+
+/// `/scale` is written only while the leadership term lasts: a count asked for after the term
+/// ended is never written (not even once the next term begins: that term's scaler decides
+/// again), and the next term's counts are. The Deployment's every value is followed through a
+/// watch, so a write that should not have happened would show before the next one.
+#[tokio::test]
+async fn scale_writes_stop_when_the_term_ends() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api = kube_support::TestApi::start().await;
+    let deps: Api<Deployment> = Api::namespaced(api.client(), NS);
+    deps.create(&PostParams::default(), &deployment("d", "hello-00001"))
+        .await
+        .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<i32>::new()));
+    let s = seen.clone();
+    let w = deps.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher::watcher(w, watcher::Config::default()));
+        while let Some(Ok(ev)) = stream.next().await {
+            if let watcher::Event::Apply(d) | watcher::Event::InitApply(d) = ev {
+                let r = d.spec.and_then(|s| s.replicas).unwrap_or(-1);
+                let mut v = s.lock().unwrap();
+                if v.last() != Some(&r) {
+                    v.push(r);
+                }
+            }
+        }
+    });
+    let p = platform(api.client(), opts()).await;
+    let rev = RevisionKey::new(NS, "hello-00001");
+    let term = tokio_util::sync::CancellationToken::new();
+    p.fence(term.clone());
+    p.scale(&rev, 3).await.unwrap();
+    wait_replicas(&deps, "d", 3).await;
+    assert_eq!(p.writes(), 1);
+
+    term.cancel();
+    p.scale(&rev, 5).await.unwrap();
+    let next = tokio_util::sync::CancellationToken::new();
+    p.fence(next.clone());
+    p.scale(&rev, 4).await.unwrap();
+    wait_replicas(&deps, "d", 4).await;
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while seen.lock().unwrap().last() != Some(&4) {
+        assert!(tokio::time::Instant::now() < end, "the watch never saw 4");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [0, 3, 4],
+        "5 was asked for between the terms and never written"
+    );
+    assert_eq!(p.writes(), 2);
+    p.shutdown();
+}
