@@ -611,5 +611,28 @@ async fn scale_writes_stop_when_the_term_ends() {
         "5 was asked for between the terms and never written"
     );
     assert_eq!(p.writes(), 2);
+
+    // Another leader (here: the test) sets 7 while this replica does not lead; when it leads
+    // again and asks for 4, it writes 4: what it applied in an earlier term is not assumed.
+    next.cancel();
+    deps.patch_scale(
+        "d",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 7}})),
+    )
+    .await
+    .unwrap();
+    // (Once the platform's own watch shows it: a new term trusts that view.)
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while p.found(&rev).replicas != Some(7) {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the platform never saw 7"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.fence(tokio_util::sync::CancellationToken::new());
+    p.scale(&rev, 4).await.unwrap();
+    wait_replicas(&deps, "d", 4).await;
     p.shutdown();
 }

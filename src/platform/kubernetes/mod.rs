@@ -300,6 +300,11 @@ impl KubePlatform {
     /// moment it ends, so a replica that lost the Lease cannot race the new leader). Before
     /// the first call every write is allowed.
     pub fn fence(&self, term: CancellationToken) {
+        // Counts asked for in an earlier term are not this term's to write: withdrawn before
+        // the new term opens, so a scaler task that sees the new term sees the withdrawal too.
+        for e in &self.inner.revisions {
+            e.desired.send_replace(None);
+        }
         self.inner.term_id.fetch_add(1, Ordering::Relaxed);
         self.inner.fence.store(Arc::new(Fence::Term(term)));
         // Scaler tasks waiting for a term look again.

@@ -30,18 +30,32 @@ pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {
         let mut desired = entry.desired.subscribe();
         let mut endpoints = entry.subscribe();
         let mut applied: Option<u32> = None;
+        let mut term = inner.term_id.load(Ordering::Relaxed);
         // Deadline of the current activation (scale-up from zero with no ready endpoint).
         let mut activating: Option<Instant> = None;
         loop {
             if entry.read(|st| st.removed) {
                 return;
             }
+            let now_term = inner.term_id.load(Ordering::Relaxed);
+            if now_term != term {
+                // A new leadership term: what this task applied in an earlier one may have
+                // been changed since by another leader; the new term's counts are compared
+                // with the Deployment as the watch shows it.
+                term = now_term;
+                applied = None;
+            }
             let want = *desired.borrow_and_update();
             if let Some(want) = want
                 && Some(want) != applied
             {
-                let Some(n) = apply(&inner, &entry, &mut desired, want).await else {
-                    return;
+                let n = match apply(&inner, &entry, &mut desired, want).await {
+                    Applied::Done(n) => n,
+                    Applied::Dropped => {
+                        applied = None;
+                        continue;
+                    }
+                    Applied::Shutdown => return,
                 };
                 if n == 0 {
                     activating = None;
@@ -112,38 +126,51 @@ enum Outcome {
     Failed(String),
 }
 
-/// Patches until the latest wanted count is applied; `None` on shutdown. A newer count
-/// replaces the one being retried.
+/// How [`apply`] ended.
+enum Applied {
+    /// The count is in place (written, or the Deployment said so already).
+    Done(u32),
+    /// The count was withdrawn (a new leadership term): nothing more to write for it.
+    Dropped,
+    Shutdown,
+}
+
+/// Patches until the latest wanted count is applied. A newer count replaces the one being
+/// retried; a withdrawn one (`None`: the term changed) ends it.
 async fn apply(
     inner: &Inner,
     entry: &RevEntry,
     desired: &mut watch::Receiver<Option<u32>>,
     mut want: u32,
-) -> Option<u32> {
+) -> Applied {
     let mut backoff = inner.opts.retry_initial;
     let mut missing_since: Option<Instant> = None;
     let mut deployments = inner.deployments_changed.subscribe();
     loop {
-        if desired.has_changed().unwrap_or(false)
-            && let Some(n) = *desired.borrow_and_update()
-        {
-            want = n;
+        if desired.has_changed().unwrap_or(false) {
+            match *desired.borrow_and_update() {
+                Some(n) => want = n,
+                None => return Applied::Dropped,
+            }
         }
         let fence = inner.fence.load_full();
         let Ok(term) = fence.term() else {
             // Not leading: this count is dropped; the next leader decides again.
             tracing::debug!(replicas = want, "not leading; scale not written");
             tokio::select! {
-                _ = inner.shutdown.cancelled() => return None,
-                r = desired.changed() => if r.is_err() { return None },
+                _ = inner.shutdown.cancelled() => return Applied::Shutdown,
+                r = desired.changed() => if r.is_err() { return Applied::Shutdown },
             }
-            let Some(n) = *desired.borrow_and_update() else {
-                continue;
-            };
-            want = n;
+            match *desired.borrow_and_update() {
+                Some(n) => want = n,
+                None => return Applied::Dropped,
+            }
             backoff = inner.opts.retry_initial;
             continue;
         };
+        if desired.has_changed().unwrap_or(false) {
+            continue; // withdrawn or replaced meanwhile (a new term withdraws first)
+        }
         let known = inner.deployments.get(&entry.key).map(|d| d.clone());
         let term_id = inner.term_id.load(Ordering::Relaxed);
         if let Some(d) = &known
@@ -154,7 +181,7 @@ async fn apply(
             // this term's first write: after it, the watch may lag behind that write.
             tracing::debug!(replicas = want, deployment = %d.name, "scale unchanged");
             entry.update(|st| st.deployment_missing = false);
-            return Some(want);
+            return Applied::Done(want);
         }
         let outcome = match &known {
             None => Outcome::Missing,
@@ -178,11 +205,11 @@ async fn apply(
             Outcome::Ok => {
                 tracing::info!(replicas = want, deployment = name.as_deref(), "scaled");
                 entry.update(|st| st.deployment_missing = false);
-                return Some(want);
+                return Applied::Done(want);
             }
             Outcome::Missing if want == 0 => {
                 // Nothing runs without a Deployment: zero is already true.
-                return Some(0);
+                return Applied::Done(0);
             }
             Outcome::Missing => {
                 let since = *missing_since.get_or_insert_with(Instant::now);
@@ -213,7 +240,7 @@ async fn apply(
             }
         };
         tokio::select! {
-            _ = inner.shutdown.cancelled() => return None,
+            _ = inner.shutdown.cancelled() => return Applied::Shutdown,
             _ = desired.changed() => {}
             // A Deployment appearing ends the wait for it, not a backoff after an error.
             _ = deployments.changed(), if missing => {}
