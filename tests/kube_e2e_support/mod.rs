@@ -71,16 +71,7 @@ impl Cluster {
         let client = api.client();
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: http://{}\n\
-                 contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: {SYSTEM}\n\
-                 current-context: e2e\nusers:\n- name: e2e\n  user: {{}}\n",
-                relay.addr()
-            ),
-        )
-        .unwrap();
+        crate::kube_support::write_kubeconfig(&kubeconfig, relay.addr(), SYSTEM);
         let c = Self {
             api,
             relay,

@@ -90,6 +90,20 @@ impl TestApi {
     }
 }
 
+/// Writes a kubeconfig at `path` for a role reaching the server (or a relay) at `server` over
+/// plain HTTP, with `namespace` as its default namespace (how the tests start `thaw` roles).
+pub fn write_kubeconfig(path: &std::path::Path, server: SocketAddr, namespace: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://{server}\n\
+             contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: {namespace}\n\
+             current-context: test\nusers:\n- name: test\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+}
+
 /// A client of a server (or relay) at `addr`, over plain HTTP.
 pub fn client_at(addr: SocketAddr) -> kube::Client {
     let url: http::Uri = format!("http://{addr}").parse().unwrap();

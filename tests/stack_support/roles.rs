@@ -60,16 +60,7 @@ impl Role {
         let name = format!("{}-{n}", kind.word());
         let relay = Relay::start(api.addr()).await;
         let kubeconfig = dir.join(format!("{name}.kubeconfig"));
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: stack\n  cluster:\n    server: http://{}\n\
-                 contexts:\n- name: stack\n  context:\n    cluster: stack\n    user: stack\n    namespace: {SYSTEM}\n\
-                 current-context: stack\nusers:\n- name: stack\n  user: {{}}\n",
-                relay.addr()
-            ),
-        )
-        .unwrap();
+        crate::kube_support::write_kubeconfig(&kubeconfig, relay.addr(), SYSTEM);
         let lease = [
             format!("--lease-duration={LEASE_DURATION}"),
             format!("--renew-deadline={RENEW_DEADLINE}"),

@@ -314,16 +314,7 @@ impl Steady {
         let client = api.client();
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-                &kubeconfig,
-                format!(
-                        "apiVersion: v1\nkind: Config\nclusters:\n- name: b\n  cluster:\n        server: http://{}\n\
-                         contexts:\n- name: b\n  context:\n        cluster: b\n        user: b\n        namespace: {SYSTEM}\n\
-                         current-context: b\nusers:\n- name: b\n  user: {{}}\n",
-                        api.addr()
-                ),
-        )
-        .unwrap();
+        crate::kube_support::write_kubeconfig(&kubeconfig, api.addr(), SYSTEM);
         let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM);
         secrets
             .create(
