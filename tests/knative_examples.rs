@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use thaw::config::{AutoscalerConfig, DefaultsConfig};
+use thaw::config::{AutoscalerConfig, DefaultsConfig, FeaturesConfig};
 use thaw::knative::validate::{self, render};
 use thaw::knative::{Configuration, Revision, Route, Service};
 
@@ -105,6 +105,7 @@ where
 fn every_knative_example_is_valid_and_round_trips_whole() {
     let d = DefaultsConfig::default();
     let a = AutoscalerConfig::default();
+    let f = FeaturesConfig::default();
     let mut checked = Vec::new();
     for (file, doc) in documents() {
         let (api, k) = kind(&doc);
@@ -112,9 +113,11 @@ fn every_knative_example_is_valid_and_round_trips_whole() {
             continue;
         }
         let lost = match k {
-            "Service" => check::<Service>(&doc, |s| validate::service(s, &d, &a)),
-            "Configuration" => check::<Configuration>(&doc, |c| validate::configuration(c, &d, &a)),
-            "Revision" => check::<Revision>(&doc, |r| validate::revision(r, &d, &a)),
+            "Service" => check::<Service>(&doc, |s| validate::service(s, &d, &a, &f)),
+            "Configuration" => {
+                check::<Configuration>(&doc, |c| validate::configuration(c, &d, &a, &f))
+            }
+            "Revision" => check::<Revision>(&doc, |r| validate::revision(r, &d, &a, &f)),
             "Route" => check::<Route>(&doc, validate::route),
             other => panic!("{file}: no typed struct for {other}"),
         };

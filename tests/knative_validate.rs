@@ -2,7 +2,7 @@
 //! field path and Knative's message as `render` prints them.
 
 use serde_json::{Value, json};
-use thaw::config::{AutoscalerConfig, ConfigMap, DefaultsConfig};
+use thaw::config::{AutoscalerConfig, ConfigMap, DefaultsConfig, FeaturesConfig};
 use thaw::knative::validate::{self, FieldError, reason, render};
 use thaw::knative::{Configuration, Revision, Route, Service};
 
@@ -42,7 +42,12 @@ fn hello() -> Value {
 
 fn service_errors_with(v: Value, d: &DefaultsConfig) -> Vec<FieldError> {
     let svc: Service = serde_json::from_value(v).expect("a Service");
-    validate::service(&svc, d, &AutoscalerConfig::default())
+    validate::service(
+        &svc,
+        d,
+        &AutoscalerConfig::default(),
+        &FeaturesConfig::default(),
+    )
 }
 
 fn service_errors(v: Value) -> Vec<FieldError> {
@@ -85,7 +90,10 @@ fn helloworld_is_valid_as_service_configuration_and_revision() {
     .unwrap();
     let d = DefaultsConfig::default();
     let a = AutoscalerConfig::default();
-    assert_eq!(validate::configuration(&cfg, &d, &a), []);
+    assert_eq!(
+        validate::configuration(&cfg, &d, &a, &FeaturesConfig::default()),
+        []
+    );
     let rev: Revision = serde_json::from_value(json!({
         "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
         "metadata": {"name": "hello-world", "namespace": "default",
@@ -93,7 +101,10 @@ fn helloworld_is_valid_as_service_configuration_and_revision() {
         "spec": h["spec"]["template"]["spec"]
     }))
     .unwrap();
-    assert_eq!(validate::revision(&rev, &d, &a), []);
+    assert_eq!(
+        validate::revision(&rev, &d, &a, &FeaturesConfig::default()),
+        []
+    );
     // The Service's default traffic (none written) is 100 % to the latest revision.
     assert_eq!(svc(edit(|v| v["spec"]["traffic"] = json!([]))), "");
 }
@@ -595,7 +606,12 @@ fn autoscaling_annotations_use_the_data_planes_parser() {
             json!("20")
     }))
     .unwrap();
-    let out = render(&validate::service(&s, &DefaultsConfig::default(), &limited));
+    let out = render(&validate::service(
+        &s,
+        &DefaultsConfig::default(),
+        &limited,
+        &FeaturesConfig::default(),
+    ));
     assert_eq!(
         out,
         "invalid value: 20: spec.template.metadata.annotations.autoscaling.knative.dev/max-scale\n\
@@ -712,6 +728,7 @@ fn the_types_helloworld_fixture_is_valid() {
         &svc,
         &DefaultsConfig::default(),
         &AutoscalerConfig::default(),
+        &FeaturesConfig::default(),
     );
     assert!(errors.is_empty(), "{}", render(&errors));
 }

@@ -1,6 +1,7 @@
-//! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`,
-//! `config-activator`, `config-gc`, `config-deployment` and the network ones (`config-domain`,
-//! `config-network`, `config-istio`) in the system namespace (`--system-namespace`, default `thaw-system`),
+//! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`, `config-activator`,
+//! `config-gc`, `config-deployment`, `config-features` and the network ones (`config-domain`,
+//! `config-network`, `config-istio`) in the system namespace (`--system-namespace`, default
+//! `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
@@ -24,7 +25,9 @@ use tracing::Instrument;
 use super::keys::ConfigMap;
 use super::network::{DomainConfig, IstioConfig, TemplateConfig};
 use super::reload::{Outcome, apply};
-use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
+use super::{
+    ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, FeaturesConfig, GcConfig,
+};
 use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 
 /// The default system namespace (`--system-namespace`).
@@ -46,6 +49,8 @@ pub struct LiveConfig {
     pub istio: Arc<ArcSwap<IstioConfig>>,
     /// `config-deployment` (read by the controller only).
     pub deployment: Arc<ArcSwap<DeploymentConfig>>,
+    /// `config-features` (read by the controller only).
+    pub features: Arc<ArcSwap<FeaturesConfig>>,
 }
 
 /// One update seen by the watch, numbered so a waiter can tell a new one from one it has seen.
@@ -162,6 +167,12 @@ pub fn watch_configmaps(
                         &metrics,
                         &labels,
                     ),
+                    super::features::NAME => apply(
+                        parse::<FeaturesConfig>(&data),
+                        &config.features,
+                        &metrics,
+                        &labels,
+                    ),
                     _ => apply(
                         parse::<ActivatorConfig>(&data),
                         &config.activator,
@@ -192,6 +203,7 @@ fn is_ours(name: &str) -> bool {
         super::network::NETWORK_NAME,
         super::network::ISTIO_NAME,
         super::deployment::NAME,
+        super::features::NAME,
     ]
     .contains(&name)
 }

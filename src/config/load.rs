@@ -136,12 +136,14 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::network::NETWORK_NAME => check::<super::network::TemplateConfig>(cm),
         super::network::ISTIO_NAME => check::<super::network::IstioConfig>(cm),
         super::deployment::NAME => check::<DeploymentConfig>(cm),
+        super::features::NAME => check::<super::FeaturesConfig>(cm),
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
-                 config-gc, config-domain, config-network, config-istio, config-deployment)",
+                 config-gc, config-domain, config-network, config-istio, config-deployment, \
+                 config-features)",
             )])),
             Vec::new(),
         ),

@@ -10,6 +10,8 @@
 //!   domains, host templates and Istio gateways.
 //! - `config-deployment` ([`DeploymentConfig`]): the revision Deployments the controller writes
 //!   (queue sidecar image and resources, progress deadline).
+//! - `config-features` ([`FeaturesConfig`]): Knative's feature flags opening pod-spec fields
+//!   to Service authors, and the secure pod defaults.
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -28,6 +30,7 @@ pub mod autoscaler;
 pub mod check;
 pub mod defaults;
 pub mod deployment;
+pub mod features;
 pub mod gc;
 pub mod keys;
 pub mod live;
@@ -45,6 +48,7 @@ pub use annotations::{Aggregation, AutoscalingSpec, Metric};
 pub use autoscaler::AutoscalerConfig;
 pub use defaults::DefaultsConfig;
 pub use deployment::DeploymentConfig;
+pub use features::FeaturesConfig;
 pub use gc::GcConfig;
 pub use keys::ConfigMap;
 pub use network::NetworkConfig;

@@ -146,7 +146,12 @@ pub fn template_problems(
 
 /// Every problem of `cfg` as written: Knative's validation, then the resolver's.
 pub fn problems(cfg: &Configuration, settings: &Settings) -> Vec<FieldError> {
-    let e = validate::configuration(cfg, &settings.defaults, &settings.autoscaler);
+    let e = validate::configuration(
+        cfg,
+        &settings.defaults,
+        &settings.autoscaler,
+        &settings.features,
+    );
     if !e.is_empty() {
         return e;
     }

@@ -71,6 +71,8 @@ pub struct Settings {
     /// `config-deployment` (the revision Deployments: sidecar image and resources, progress
     /// deadline).
     pub deployment: crate::config::DeploymentConfig,
+    /// `config-features` (the pod-spec fields a Service may set; the secure pod defaults).
+    pub features: crate::config::FeaturesConfig,
 }
 
 /// The revision defaults of `namespace`: config-defaults' cluster values with that

@@ -187,7 +187,12 @@ pub struct Invalid {
 /// Every problem of `svc` as written (Knative's validation, then the resolver's), as the
 /// condition it sets.
 pub fn invalid(svc: &Service, settings: &super::Settings) -> Option<Invalid> {
-    let mut e = validate::service(svc, &settings.defaults, &settings.autoscaler);
+    let mut e = validate::service(
+        svc,
+        &settings.defaults,
+        &settings.autoscaler,
+        &settings.features,
+    );
     if e.is_empty() {
         let ns = svc.namespace().unwrap_or_default();
         e = super::configuration::template_problems(

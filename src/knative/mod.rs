@@ -25,6 +25,7 @@ pub mod cel;
 pub mod cmd;
 mod configuration;
 pub mod duck;
+pub mod fieldmask;
 pub mod names;
 mod revision;
 mod route;

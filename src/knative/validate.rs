@@ -13,11 +13,10 @@
 //! env vars, container names and mount paths, volumes, probes), `containerConcurrency` and the
 //! timeouts against `config-defaults` (per namespace: [`DefaultsConfig::for_namespace`]), the
 //! `autoscaling.knative.dev/*` annotations (through [`crate::config::annotations::resolve`], the
-//! parser the data plane uses), and the traffic list (percent range and sum, one target kind per
-//! entry, tags). Differences from Knative: field masks (Knative's feature-flagged allow-list of
-//! pod-spec fields) are not applied, since thaw passes the pod spec through whole; volumes of
-//! every kind the masks would allow are accepted (emptyDir and persistentVolumeClaim included);
-//! image references are checked only for presence.
+//! parser the data plane uses), the traffic list (percent range and sum, one target kind per
+//! entry, tags), and Knative's field masks with the keys of `config-features`
+//! ([`super::fieldmask`]): a closed field is refused naming the key that opens it. Difference
+//! from Knative: image references are checked only for presence.
 //!
 //! # How a reconciler reports an invalid object
 //! Validate before any write; an invalid object gets no child written or changed, a Warning
@@ -43,9 +42,11 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::fieldmask;
 use super::{Configuration, Revision, RevisionSpec, RevisionTemplateSpec, Route, Service};
 use super::{TrafficTarget, names::labels};
-use crate::config::{AutoscalerConfig, DefaultsConfig, annotations};
+use crate::config::features::key as feature_key;
+use crate::config::{AutoscalerConfig, DefaultsConfig, FeaturesConfig, annotations};
 
 /// One problem: where (the full field path, Knative's spelling) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +60,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             path: path.into(),
             message: message.into(),
@@ -67,7 +68,7 @@ impl FieldError {
         }
     }
 
-    fn details(mut self, d: impl Into<String>) -> Self {
+    pub(crate) fn details(mut self, d: impl Into<String>) -> Self {
         self.details = Some(d.into());
         self
     }
@@ -180,6 +181,7 @@ pub fn service(
     svc: &Service,
     defaults: &DefaultsConfig,
     autoscaler: &AutoscalerConfig,
+    features: &FeaturesConfig,
 ) -> Vec<FieldError> {
     let mut e = Vec::new();
     let meta = &svc.metadata;
@@ -199,6 +201,7 @@ pub fn service(
         "spec.template",
         defaults,
         autoscaler,
+        features,
         &mut e,
     );
     if !svc.spec.route.traffic.is_empty() {
@@ -213,6 +216,7 @@ pub fn configuration(
     cfg: &Configuration,
     defaults: &DefaultsConfig,
     autoscaler: &AutoscalerConfig,
+    features: &FeaturesConfig,
 ) -> Vec<FieldError> {
     let mut e = Vec::new();
     let meta = &cfg.metadata;
@@ -235,6 +239,7 @@ pub fn configuration(
         "spec.template",
         defaults,
         autoscaler,
+        features,
         &mut e,
     );
     e
@@ -246,6 +251,7 @@ pub fn revision(
     rev: &Revision,
     defaults: &DefaultsConfig,
     autoscaler: &AutoscalerConfig,
+    features: &FeaturesConfig,
 ) -> Vec<FieldError> {
     let mut e = Vec::new();
     let meta = &rev.metadata;
@@ -267,7 +273,7 @@ pub fn revision(
     }
     let defaults = defaults.for_namespace(ns(meta));
     annotation_values(meta, "metadata.annotations", &rev.spec, autoscaler, &mut e);
-    revision_spec(&rev.spec, "spec", defaults, &mut e);
+    revision_spec(&rev.spec, "spec", defaults, features, &mut e);
     e
 }
 
@@ -438,9 +444,10 @@ fn template(
     at: &str,
     defaults: &DefaultsConfig,
     autoscaler: &AutoscalerConfig,
+    features: &FeaturesConfig,
     e: &mut Vec<FieldError>,
 ) {
-    revision_spec(&t.spec, &format!("{at}.spec"), defaults, e);
+    revision_spec(&t.spec, &format!("{at}.spec"), defaults, features, e);
     annotation_values(
         &t.metadata,
         &format!("{at}.metadata.annotations"),
@@ -529,8 +536,14 @@ fn annotation_values(
     }
 }
 
-fn revision_spec(s: &RevisionSpec, at: &str, d: &DefaultsConfig, e: &mut Vec<FieldError>) {
-    pod_spec(&s.pod_spec, at, e);
+fn revision_spec(
+    s: &RevisionSpec,
+    at: &str,
+    d: &DefaultsConfig,
+    features: &FeaturesConfig,
+    e: &mut Vec<FieldError>,
+) {
+    pod_spec(&s.pod_spec, at, features, e);
     let max_timeout = d.max_revision_timeout.as_secs() as i64;
     // Knative: 0 means the default; otherwise within [0, max-revision-timeout-seconds].
     if let Some(t) = s.timeout_seconds
@@ -586,8 +599,22 @@ fn out_of_bounds(v: i64, lo: i64, hi: i64, path: &str) -> FieldError {
     FieldError::new(path, format!("expected {lo} <= {v} <= {hi}"))
 }
 
-/// Knative's `ValidatePodSpec`, less the field masks.
-fn pod_spec(ps: &PodSpec, at: &str, e: &mut Vec<FieldError>) {
+/// Knative's `ValidatePodSpec`: the field masks ([`fieldmask::check`]) with the keys of
+/// `config-features`, then the rules on values.
+fn pod_spec(ps: &PodSpec, at: &str, features: &FeaturesConfig, e: &mut Vec<FieldError>) {
+    e.extend(fieldmask::check(ps, features, at));
+    if ps.containers.len() > 1 && !features.multi_container.open() {
+        e.push(
+            FieldError::new(
+                format!("{at}.containers"),
+                format!(
+                    "multi-container is off, but found {} containers",
+                    ps.containers.len()
+                ),
+            )
+            .details(closed_by(feature_key::MULTI_CONTAINER)),
+        );
+    }
     let all: Vec<&Container> = ps
         .init_containers
         .iter()
@@ -599,7 +626,7 @@ fn pod_spec(ps: &PodSpec, at: &str, e: &mut Vec<FieldError>) {
         .flat_map(|c| c.volume_mounts.iter().flatten())
         .map(|m| m.name.as_str())
         .collect();
-    let volumes = volumes(ps, &mounted, &format!("{at}.volumes"), e);
+    let volumes = volumes(ps, &mounted, &format!("{at}.volumes"), features, e);
 
     // Init containers: no name shared with a container.
     let names: BTreeSet<&str> = ps.containers.iter().map(|c| c.name.as_str()).collect();
@@ -711,14 +738,32 @@ enum Role {
     Init,
 }
 
+/// The details of a refusal that a `config-features` key would lift.
+pub fn closed_by(key: &str) -> String {
+    format!("closed by config-features; \"{key}: enabled\" in config-features opens it")
+}
+
+/// What a volume mount may do: `Writable` (emptyDir, hostPath, csi, and
+/// persistentVolumeClaim with `kubernetes.podspec-persistent-volume-write`), or read only and
+/// why.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mount {
+    Writable,
+    ReadOnly,
+    /// A claim, read only until persistent-volume-write opens it.
+    ReadOnlyClaim,
+}
+
 /// The volumes by name, after checking each: unique name, mounted somewhere, exactly one
-/// source. Returns whether each is writable-by-default (emptyDir, persistentVolumeClaim).
+/// source (Knative's `validateVolume`), a claim read only unless persistent-volume-write is
+/// enabled. Returns what a mount of each may do.
 fn volumes<'a>(
     ps: &'a PodSpec,
     mounted: &BTreeSet<&str>,
     at: &str,
+    features: &FeaturesConfig,
     e: &mut Vec<FieldError>,
-) -> BTreeMap<&'a str, bool> {
+) -> BTreeMap<&'a str, Mount> {
     let mut out = BTreeMap::new();
     for (i, v) in ps.volumes.iter().flatten().enumerate() {
         let vat = format!("{at}[{i}]");
@@ -742,12 +787,29 @@ fn volumes<'a>(
                 format!("invalid value: {}", v.name),
             ));
         }
+        let f = features;
+        // (name, set, may be set): the kinds Knative counts, each behind its key if any.
         let sources = [
-            ("secret", v.secret.is_some()),
-            ("configMap", v.config_map.is_some()),
-            ("projected", v.projected.is_some()),
-            ("emptyDir", v.empty_dir.is_some()),
-            ("persistentVolumeClaim", v.persistent_volume_claim.is_some()),
+            ("secret", v.secret.is_some(), true),
+            ("configMap", v.config_map.is_some(), true),
+            ("projected", v.projected.is_some(), true),
+            (
+                "emptyDir",
+                v.empty_dir.is_some(),
+                f.podspec_volumes_emptydir.open(),
+            ),
+            (
+                "persistentVolumeClaim",
+                v.persistent_volume_claim.is_some(),
+                f.podspec_persistent_volume_claim.open(),
+            ),
+            (
+                "hostPath",
+                v.host_path.is_some(),
+                f.podspec_volumes_hostpath.open(),
+            ),
+            ("csi", v.csi.is_some(), f.podspec_volumes_csi.open()),
+            ("image", v.image.is_some(), f.podspec_volumes_image.open()),
         ];
         let set: Vec<&str> = sources.iter().filter(|s| s.1).map(|s| s.0).collect();
         let paths = |names: &[&str]| -> Vec<String> {
@@ -755,7 +817,7 @@ fn volumes<'a>(
         };
         match set.len() {
             0 => {
-                let all: Vec<&str> = sources.iter().map(|s| s.0).collect();
+                let all: Vec<&str> = sources.iter().filter(|s| s.2).map(|s| s.0).collect();
                 for p in paths(&all) {
                     e.push(FieldError::new(p, "expected exactly one, got neither"));
                 }
@@ -767,8 +829,35 @@ fn volumes<'a>(
                 }
             }
         }
-        let writable = v.empty_dir.is_some() || v.persistent_volume_claim.is_some();
-        out.insert(v.name.as_str(), writable);
+        let write = f.podspec_persistent_volume_write.open();
+        if let Some(pvc) = &v.persistent_volume_claim
+            && pvc.read_only != Some(true)
+            && !write
+        {
+            e.push(
+                FieldError::new(
+                    format!("{vat}.persistentVolumeClaim.readOnly"),
+                    format!(
+                        "Persistent volume write support is disabled, but found persistent \
+                         volume claim {} that is not read-only",
+                        pvc.claim_name
+                    ),
+                )
+                .details(closed_by(feature_key::PERSISTENT_VOLUME_WRITE)),
+            );
+        }
+        let mount = if v.empty_dir.is_some() || v.host_path.is_some() || v.csi.is_some() {
+            Mount::Writable
+        } else if v.persistent_volume_claim.is_some() {
+            if write {
+                Mount::Writable
+            } else {
+                Mount::ReadOnlyClaim
+            }
+        } else {
+            Mount::ReadOnly
+        };
+        out.insert(v.name.as_str(), mount);
     }
     out
 }
@@ -777,7 +866,7 @@ fn volumes<'a>(
 fn container(
     c: &Container,
     role: Role,
-    volumes: &BTreeMap<&str, bool>,
+    volumes: &BTreeMap<&str, Mount>,
     at: &str,
     e: &mut Vec<FieldError>,
 ) {
@@ -920,11 +1009,16 @@ fn container(
             ));
         }
         seen_paths.insert(clean);
-        if writable == Some(false) && m.read_only != Some(true) {
-            e.push(FieldError::new(
+        if writable.is_some_and(|w| w != Mount::Writable) && m.read_only != Some(true) {
+            let err = FieldError::new(
                 format!("{mat}.readOnly"),
                 "volume mount should be readOnly for this type of volume",
-            ));
+            );
+            e.push(if writable == Some(Mount::ReadOnlyClaim) {
+                err.details(closed_by(feature_key::PERSISTENT_VOLUME_WRITE))
+            } else {
+                err
+            });
         }
     }
 }

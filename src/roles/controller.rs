@@ -75,6 +75,7 @@ fn snapshot(live: &LiveConfig) -> Settings {
             istio: (**live.istio.load()).clone(),
         },
         deployment: (**live.deployment.load()).clone(),
+        features: (**live.features.load()).clone(),
     }
 }
 

@@ -1,6 +1,10 @@
 //! The revision's Deployment `<revision>-deployment` (Knative's `MakeDeployment`): the user's
-//! pod spec whole, with only what Knative adds:
+//! pod spec through Knative's field masks ([`crate::knative::fieldmask::mask`]: a field that
+//! `config-features` keeps closed never reaches the Deployment, even if validation were
+//! bypassed), with only what Knative adds:
 //!
+//! - with `secure-pod-defaults` on, each user and init container's security context filled
+//!   where the author left it unset ([`secure_defaults`]);
 //! - on every user container: `K_REVISION`, `K_CONFIGURATION`, `K_SERVICE`; a `preStop`
 //!   hook that waits on the sidecar's `/wait-for-drain` (so the container stops only once
 //!   every request that reached the pod has been answered); `stdin`/`tty` off; the
@@ -9,8 +13,9 @@
 //!   read from the Revision, not from here), `PORT`, its HTTP/TCP readiness probe moved into
 //!   the sidecar, and numeric ports in its liveness and startup probes;
 //! - the `thaw queue` sidecar ([`super::queue`]), last;
-//! - `terminationGracePeriodSeconds` at least the drain delay + the revision's timeout (+10 s
-//!   for the sidecar to stop), `enableServiceLinks: false` unless the user set it;
+//! - `terminationGracePeriodSeconds`: the drain delay + the revision's timeout (+10 s for the
+//!   sidecar to stop; the masks keep the author's value out), `enableServiceLinks: false`
+//!   unless the user set it;
 //! - `progressDeadlineSeconds` from config-deployment (or the revision's annotation),
 //!   `revisionHistoryLimit: 0`, rolling updates with `maxUnavailable: 0`, the pods selected by
 //!   the revision's UID and labelled as [`super::meta::child_labels`].
@@ -24,8 +29,8 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, HTTPGetAction, Lifecycle, LifecycleHandler, PodSpec,
-    PodTemplateSpec, Probe,
+    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, Lifecycle, LifecycleHandler,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -34,8 +39,9 @@ use super::meta::{child_annotations, child_labels, owner_ref, selector};
 use super::queue::{DRAIN_PATH, move_readiness, probe_port, queue_container};
 use super::resolve::Resolved;
 use crate::config::DeploymentConfig;
-use crate::knative::Revision;
+use crate::config::features::{FeaturesConfig, SecurePodDefaults};
 use crate::knative::names::{DEPLOYMENT_SUFFIX, child_name};
+use crate::knative::{Revision, fieldmask};
 use crate::queue::settings::{DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_DELAY};
 
 /// Knative's name for the serving container's port in the pod.
@@ -70,12 +76,11 @@ fn numeric_probe(p: &mut Probe, user_port: u16, named: &BTreeMap<String, i32>) {
     }
 }
 
-/// The user containers as they run in the pod, and the readiness probe the sidecar takes.
-fn user_containers(rev: &Revision, r: &Resolved) -> (Vec<Container>, super::queue::MovedProbe) {
+/// The user containers as they run in the pod (from the masked pod spec `user`), and the
+/// readiness probe the sidecar takes.
+fn user_containers(user: &PodSpec, r: &Resolved) -> (Vec<Container>, super::queue::MovedProbe) {
     let mut moved = None;
-    let containers = rev
-        .spec
-        .pod_spec
+    let containers = user
         .containers
         .iter()
         .enumerate()
@@ -83,7 +88,7 @@ fn user_containers(rev: &Revision, r: &Resolved) -> (Vec<Container>, super::queu
             let mut c = c.clone();
             if c.name.is_empty() {
                 // Knative's defaulting: `user-container`, numbered when there are several.
-                c.name = if rev.spec.pod_spec.containers.len() == 1 {
+                c.name = if user.containers.len() == 1 {
                     "user-container".into()
                 } else {
                     format!("user-container-{i}")
@@ -141,22 +146,73 @@ fn user_containers(rev: &Revision, r: &Resolved) -> (Vec<Container>, super::queu
     (containers, moved)
 }
 
-/// The pod spec: the user's, whole, with the sidecar and what Knative adds.
-pub fn pod_spec(rev: &Revision, r: &Resolved, cfg: &DeploymentConfig) -> PodSpec {
-    let (mut containers, moved) = user_containers(rev, r);
+/// Knative's `secure-pod-defaults` on one container: what the author left unset in its
+/// security context, filled as Pod Security `restricted` asks (`pod`: the pod's own).
+pub fn secure_defaults(
+    c: &mut Container,
+    pod: Option<&PodSecurityContext>,
+    mode: SecurePodDefaults,
+) {
+    if mode == SecurePodDefaults::Disabled {
+        return;
+    }
+    let mut sc = c.security_context.take().unwrap_or_default();
+    if sc.allow_privilege_escalation.is_none() {
+        sc.allow_privilege_escalation = Some(false);
+    }
+    let pod_seccomp = pod
+        .and_then(|p| p.seccomp_profile.as_ref())
+        .is_some_and(|s| !s.type_.is_empty());
+    if !pod_seccomp {
+        let profile = sc
+            .seccomp_profile
+            .get_or_insert_with(SeccompProfile::default);
+        if profile.type_.is_empty() {
+            profile.type_ = "RuntimeDefault".into();
+        }
+    }
+    if sc.capabilities.is_none() {
+        let low_port = c.ports.iter().flatten().any(|p| p.container_port < 1024);
+        sc.capabilities = Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: low_port.then(|| vec![fieldmask::NET_BIND_SERVICE.into()]),
+        });
+    }
+    if mode == SecurePodDefaults::Enabled
+        && sc.run_as_non_root.is_none()
+        && pod.and_then(|p| p.run_as_non_root).is_none()
+    {
+        sc.run_as_non_root = Some(true);
+    }
+    c.security_context = Some(sc);
+}
+
+/// The pod spec: the user's through the field masks, with the sidecar and what Knative adds.
+pub fn pod_spec(
+    rev: &Revision,
+    r: &Resolved,
+    cfg: &DeploymentConfig,
+    features: &FeaturesConfig,
+) -> PodSpec {
+    let mut user = fieldmask::mask(&rev.spec.pod_spec, features);
+    let (mut containers, moved) = user_containers(&user, r);
+    let mode = features.secure_pod_defaults;
+    for c in containers
+        .iter_mut()
+        .chain(user.init_containers.iter_mut().flatten())
+    {
+        secure_defaults(c, user.security_context.as_ref(), mode);
+    }
     containers.push(queue_container(r, cfg, &moved));
+    // The masks keep `terminationGracePeriodSeconds` from the author: the drain sets it.
     let grace = DEFAULT_DRAIN_DELAY.as_secs() as i64
         + r.timeouts.total.as_secs() as i64
         + STOP_MARGIN_SECONDS;
-    let user = &rev.spec.pod_spec;
     PodSpec {
         containers,
-        termination_grace_period_seconds: Some(
-            user.termination_grace_period_seconds
-                .map_or(grace, |g| g.max(grace)),
-        ),
+        termination_grace_period_seconds: Some(grace),
         enable_service_links: Some(user.enable_service_links.unwrap_or(false)),
-        ..user.clone()
+        ..user
     }
 }
 
@@ -166,6 +222,7 @@ pub fn deployment(
     rev: &Revision,
     r: &Resolved,
     cfg: &DeploymentConfig,
+    features: &FeaturesConfig,
     replicas: Option<i32>,
 ) -> Deployment {
     let labels = child_labels(rev);
@@ -200,7 +257,7 @@ pub fn deployment(
                     annotations: (!annotations.is_empty()).then_some(annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(pod_spec(rev, r, cfg)),
+                spec: Some(pod_spec(rev, r, cfg, features)),
             },
             ..DeploymentSpec::default()
         }),

@@ -67,7 +67,12 @@ const PODS_READ: u32 = 10;
 /// webhook rules first ([`crate::knative::validate::revision`], with the namespace's
 /// config-defaults), then the resolver's own (the sidecar's limits).
 pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
-    let errors = validate::revision(rev, &settings.defaults, &settings.autoscaler);
+    let errors = validate::revision(
+        rev,
+        &settings.defaults,
+        &settings.autoscaler,
+        &settings.features,
+    );
     if !errors.is_empty() {
         return Err(validate::render(&errors));
     }
@@ -106,7 +111,13 @@ async fn reconcile_deployment(
     match api.get_opt(&name).await? {
         None => {
             let initial = deployment::initial_replicas(r);
-            let d = deployment::deployment(rev, r, &settings.deployment, Some(initial));
+            let d = deployment::deployment(
+                rev,
+                r,
+                &settings.deployment,
+                &settings.features,
+                Some(initial),
+            );
             let pp = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PostParams::default()
@@ -116,7 +127,7 @@ async fn reconcile_deployment(
             Ok(None)
         }
         Some(existing) => {
-            let d = deployment::deployment(rev, r, &settings.deployment, None);
+            let d = deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
             crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
                 .await
                 .map(Some)

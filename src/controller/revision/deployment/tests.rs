@@ -7,6 +7,10 @@ use crate::knative::names::labels;
 use crate::queue::settings as env;
 
 fn build(rev: &Revision, replicas: Option<i32>) -> Deployment {
+    build_with(rev, replicas, &FeaturesConfig::default())
+}
+
+fn build_with(rev: &Revision, replicas: Option<i32>, features: &FeaturesConfig) -> Deployment {
     let cfg = DeploymentConfig::default();
     let r = resolve(
         rev,
@@ -15,7 +19,7 @@ fn build(rev: &Revision, replicas: Option<i32>) -> Deployment {
         &cfg,
     )
     .unwrap();
-    deployment(rev, &r, &cfg, replicas)
+    deployment(rev, &r, &cfg, features, replicas)
 }
 
 fn pod(d: &Deployment) -> &PodSpec {
@@ -263,7 +267,7 @@ fn initial_scale_follows_knative() {
 }
 
 #[test]
-fn every_field_the_user_wrote_reaches_the_pod() {
+fn every_open_field_the_user_wrote_reaches_the_pod() {
     let rev = RevisionFixture::new("full-00001")
         .port(Some("h2c"), 9000)
         .with_user(|c| {
@@ -328,7 +332,11 @@ fn every_field_the_user_wrote_reaches_the_pod() {
         })
         .sidecar_container("logger")
         .build();
-    let d = build(&rev, None);
+    let features = FeaturesConfig {
+        podspec_node_selector: crate::config::features::Flag::Enabled,
+        ..FeaturesConfig::default()
+    };
+    let d = build_with(&rev, None, &features);
     let p = pod(&d);
     assert_eq!(p.service_account_name.as_deref(), Some("hello"));
     assert_eq!(
@@ -338,8 +346,8 @@ fn every_field_the_user_wrote_reaches_the_pod() {
     );
     assert_eq!(
         p.termination_grace_period_seconds,
-        Some(1000),
-        "longer than ours"
+        Some(30 + 300 + 10),
+        "the author's value is closed by the masks: the drain sets it"
     );
     assert_eq!(p.node_selector.as_ref().unwrap()["disk"], "ssd");
     assert_eq!(p.volumes.as_ref().unwrap()[0].name, "data");
@@ -391,9 +399,9 @@ fn every_field_the_user_wrote_reaches_the_pod() {
         IntOrString::Int(9000)
     );
     assert_eq!(start.period_seconds, Some(2));
-    // The user's postStart stays beside Knative's preStop.
+    // `lifecycle` is closed to the author (Knative's mask): only the drain's preStop is there.
     let lc = user.lifecycle.as_ref().unwrap();
-    assert!(lc.post_start.is_some() && lc.pre_stop.is_some());
+    assert!(lc.post_start.is_none() && lc.pre_stop.is_some());
     assert_eq!(user.readiness_probe, None);
 
     // The other container gets the Knative env and the drain hook, not PORT.
@@ -477,4 +485,128 @@ fn a_70_character_configuration_keeps_names_and_labels_within_63() {
         env_of(container(&d, "user-container"), "K_CONFIGURATION").as_deref(),
         Some(config.as_str())
     );
+}
+
+#[test]
+fn closed_fields_never_reach_the_deployment_even_past_validation() {
+    // What an author could write if validation were skipped: the builder masks on its own.
+    let rev = RevisionFixture::new("root-00001")
+        .port(None, 8080)
+        .with_user(|c| {
+            c.security_context = Some(
+                serde_json::from_value(serde_json::json!({
+                    "privileged": true, "capabilities": {"add": ["SYS_ADMIN"], "drop": ["NET_RAW"]},
+                    "runAsUser": 1000,
+                }))
+                .unwrap(),
+            );
+            c.ports.as_mut().unwrap()[0].host_port = Some(80);
+        })
+        .with(|r| {
+            let p = &mut r.spec.pod_spec;
+            p.host_network = Some(true);
+            p.host_pid = Some(true);
+            p.node_name = Some("node-1".into());
+        })
+        .build();
+    let d = build(&rev, None);
+    let p = pod(&d);
+    assert_eq!(
+        (p.host_network, p.host_pid, p.node_name.as_deref()),
+        (None, None, None)
+    );
+    let user = container(&d, "user-container");
+    let sc = user.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, None);
+    assert_eq!(sc.run_as_user, Some(1000), "an open field stays");
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(
+        caps.add, None,
+        "SYS_ADMIN needs kubernetes.containerspec-addcapabilities"
+    );
+    assert_eq!(caps.drop.as_deref(), Some(&["NET_RAW".to_string()][..]));
+    assert!(user.ports.iter().flatten().all(|p| p.host_port.is_none()));
+
+    // Opened by their keys, they are written.
+    let open = FeaturesConfig {
+        podspec_host_network: crate::config::features::Flag::Enabled,
+        containerspec_add_capabilities: crate::config::features::Flag::Allowed,
+        ..FeaturesConfig::default()
+    };
+    let d = build_with(&rev, None, &open);
+    assert_eq!(pod(&d).host_network, Some(true));
+    assert_eq!(pod(&d).host_pid, None, "its own key is still closed");
+    let caps = container(&d, "user-container")
+        .security_context
+        .as_ref()
+        .unwrap()
+        .capabilities
+        .clone()
+        .unwrap();
+    assert_eq!(caps.add.as_deref(), Some(&["SYS_ADMIN".to_string()][..]));
+}
+
+#[test]
+fn secure_pod_defaults_fill_what_the_author_left_unset() {
+    use crate::config::features::SecurePodDefaults;
+    let rev = RevisionFixture::new("safe-00001")
+        .port(None, 80)
+        .sidecar_container("logger")
+        .with(|r| {
+            // The logger chose its own capabilities and user.
+            r.spec.pod_spec.containers[0].security_context = Some(
+                serde_json::from_value(serde_json::json!({
+                    "capabilities": {"drop": ["NET_RAW"]}, "runAsNonRoot": false,
+                }))
+                .unwrap(),
+            );
+        })
+        .build();
+    let with = |mode| {
+        build_with(
+            &rev,
+            None,
+            &FeaturesConfig {
+                secure_pod_defaults: mode,
+                ..FeaturesConfig::default()
+            },
+        )
+    };
+    let d = with(SecurePodDefaults::Disabled);
+    assert_eq!(container(&d, "user-container").security_context, None);
+
+    let d = with(SecurePodDefaults::Enabled);
+    let sc = container(&d, "user-container")
+        .security_context
+        .clone()
+        .unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(
+        caps.add.as_deref(),
+        Some(&["NET_BIND_SERVICE".to_string()][..]),
+        "port 80 needs it"
+    );
+    let logger = container(&d, "logger").security_context.clone().unwrap();
+    assert_eq!(
+        logger.run_as_non_root,
+        Some(false),
+        "the author's choice stands"
+    );
+    assert_eq!(
+        logger.capabilities.unwrap().drop.as_deref(),
+        Some(&["NET_RAW".to_string()][..])
+    );
+    assert_eq!(logger.allow_privilege_escalation, Some(false));
+
+    let d = with(SecurePodDefaults::AllowRootBounded);
+    let sc = container(&d, "user-container")
+        .security_context
+        .clone()
+        .unwrap();
+    assert_eq!(sc.run_as_non_root, None, "root stays allowed");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
 }
