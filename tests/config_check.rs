@@ -266,3 +266,48 @@ fn shipped_network_configs_are_knatives_defaults() {
     assert!(err.contains("domain-template"), "{err}");
     assert!(err.contains("unsupported template action"), "{err}");
 }
+
+/// config/config-features.yaml sets every key thaw reads, each at Knative's default, with a
+/// comment above it; a value that is no flag is refused naming the key.
+#[test]
+fn shipped_features_config_documents_every_key_at_knatives_default() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-features.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("unknown key"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["_non_default"], serde_json::json!([]));
+    assert_eq!(v["kubernetes.podspec-volumes-emptydir"], "enabled");
+    assert_eq!(v["kubernetes.podspec-hostnetwork"], "disabled");
+    let text = std::fs::read_to_string("config/config-features.yaml").unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for k in thaw::config::features::KEYS {
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with(&format!("{}:", k.name)))
+            .unwrap_or_else(|| panic!("{} is not in config/config-features.yaml", k.name));
+        assert!(
+            lines[at - 1].trim_start().starts_with('#'),
+            "{} has no comment above it",
+            k.name
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        dir.path(),
+        "features.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-features}\ndata: {kubernetes.podspec-hostnetwork: \"yes\"}\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &bad]);
+    assert_eq!(code, 1);
+    assert!(err.contains("kubernetes.podspec-hostnetwork"), "{err}");
+    assert!(
+        err.contains("expected enabled, allowed or disabled"),
+        "{err}"
+    );
+}

@@ -340,9 +340,8 @@ fn error(path: String, why: Closed) -> FieldError {
         }
         Closed::OnlyFalse => e.details("automountServiceAccountToken may only be set to false"),
         Closed::AddCapabilities => e.details(format!(
-            "only {NET_BIND_SERVICE} may be added; \"{}: enabled\" in config-features opens the \
-             others",
-            key::ADD_CAPABILITIES
+            "{} ({NET_BIND_SERVICE} alone needs no key)",
+            closed_by(key::ADD_CAPABILITIES)
         )),
     }
 }
