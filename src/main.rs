@@ -51,6 +51,10 @@ enum Command {
     Queue(thaw::queue::QueueArgs),
     /// Print the serving.knative.dev/v1 CRDs (Service, Configuration, Revision, Route).
     Crds(thaw::knative::cmd::CrdsArgs),
+    /// Check Knative objects (files or `kubectl get -o yaml` on stdin) as the controller would,
+    /// under given config-features, config-defaults and config-autoscaler files.
+    #[command(after_help = EXIT_CODES)]
+    Validate(thaw::knative::check::ValidateArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
         Command::Crds(args) => thaw::knative::cmd::run(&args),
+        Command::Validate(args) => thaw::knative::check::run(&args),
         Command::Queue(args) => thaw::queue::run(&args),
     }
 }

@@ -22,6 +22,7 @@
 //!   parts of [`ServiceSpec`]), so the wire shape is Knative's.
 
 pub mod cel;
+pub mod check;
 pub mod cmd;
 mod configuration;
 pub mod duck;
