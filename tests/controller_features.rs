@@ -4,7 +4,9 @@
 //! edit of `config-features` opens the keyed fields and their Deployments are written with
 //! them, while fields no key opens stay refused. And the upgrade case: a Revision whose
 //! Deployment an earlier version already wrote keeps it untouched (not updated, not deleted,
-//! its scale left to the autoscaler) while it reads `Ready=False` with the same message.
+//! its scale left to the autoscaler) while it reads `Ready=False` with the same message. And
+//! `kubernetes.podspec-dryrun`: a pod the namespace refuses (a 403 injected by the relay, as
+//! Pod Security admission answers) refuses the revision before any Deployment exists.
 //! Waits poll with deadlines; nothing asserts a duration.
 
 mod kube_e2e_support;
@@ -400,4 +402,86 @@ async fn an_existing_deployment_of_a_now_refused_revision_is_left_as_it_is() {
         before.spec.unwrap().template,
         "the pod template is as the earlier version wrote it"
     );
+}
+
+/// The namespace refuses every pod (as Pod Security admission answers: 403) until cleared.
+fn refuse_pods(c: &Cluster) {
+    c.relay
+        .fail_next("POST /api/v1/namespaces/default/pods", &[403; 1000]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_dry_run_refused_by_the_namespace_refuses_the_revision() {
+    let c = Cluster::start(json!({})).await;
+    c.config_map(
+        "config-features",
+        json!({"kubernetes.podspec-dryrun": "enabled"}),
+    )
+    .await;
+    let _ctl = controller(&c);
+    let revs: Api<Revision> = Api::namespaced(c.client.clone(), NS);
+    let deps: Api<Deployment> = Api::namespaced(c.client.clone(), NS);
+    let plain = || spec(json!({}), json!({}));
+    let deployment = |name: &'static str| {
+        let deps = deps.clone();
+        async move {
+            until(WAIT, &format!("{name}'s deployment"), || async {
+                deps.get_opt(&format!("{name}-deployment")).await.ok()?
+            })
+            .await
+        }
+    };
+    refuse_pods(&c);
+    revs.create(&PostParams::default(), &revision("denied", &plain()))
+        .await
+        .unwrap();
+    let msg = refused(&c, "denied", &["dry run failed with injected".to_string()]).await;
+    assert!(!msg.contains("must not set"), "{msg}");
+    assert!(deps.get_opt("denied-deployment").await.unwrap().is_none());
+
+    // A pod the API server accepts: the dry run passes, nothing is stored, the Deployment is
+    // written.
+    c.relay.clear_faults();
+    revs.create(&PostParams::default(), &revision("accepted", &plain()))
+        .await
+        .unwrap();
+    deployment("accepted").await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), NS);
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        0
+    );
+    assert!(
+        c.relay
+            .requests()
+            .iter()
+            .any(|l| l.starts_with("POST /api/v1/namespaces/default/pods")
+                && l.contains("dryRun=All")),
+        "the dry runs asked for dryRun=All"
+    );
+
+    // `allowed`: only a revision annotated for it is dry-run, so with the namespace refusing
+    // pods again, the plain one gets its Deployment and the annotated one is refused.
+    c.config_map(
+        "config-features",
+        json!({"kubernetes.podspec-dryrun": "allowed"}),
+    )
+    .await;
+    refuse_pods(&c);
+    revs.create(&PostParams::default(), &revision("quiet", &plain()))
+        .await
+        .unwrap();
+    let mut asked = revision("asked", &plain());
+    asked.metadata.annotations = Some(
+        [(
+            "features.knative.dev/podspec-dryrun".to_string(),
+            "enabled".to_string(),
+        )]
+        .into(),
+    );
+    revs.create(&PostParams::default(), &asked).await.unwrap();
+    deployment("quiet").await;
+    refused(&c, "asked", &["dry run failed with injected".to_string()]).await;
+    assert!(deps.get_opt("asked-deployment").await.unwrap().is_none());
+    c.relay.clear_faults();
 }

@@ -68,6 +68,11 @@ impl Relay {
         f.extend(codes.iter().map(|c| (fragment.to_string(), *c)));
     }
 
+    /// Drops the faults not yet used: matching requests are forwarded again.
+    pub fn clear_faults(&self) {
+        self.faults.lock().unwrap().clear();
+    }
+
     /// Faults not yet used.
     pub fn faults_left(&self) -> usize {
         self.faults.lock().unwrap().len()

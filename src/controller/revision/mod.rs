@@ -8,7 +8,8 @@
 //!    gets `ResourcesAvailable=False` / `Ready=False` `InvalidSpec` with every field named, a
 //!    Warning Event, no child written, and is not retried until it changes;
 //! 2. the Deployment ([`deployment`]): **created** (POST) with the revision's initial scale
-//!    when missing; otherwise applied server-side **without `spec.replicas`**, so the field
+//!    when missing, after a dry run of its pod when `kubernetes.podspec-dryrun` asks for one
+//!    ([`wants_dry_run`]; a refusal is `InvalidSpec` like the validation's); otherwise applied server-side **without `spec.replicas`**, so the field
 //!    stays with whoever last set it (the autoscaler's `/scale`), never reset by the
 //!    controller;
 //! 3. the private and public Services ([`services`]) and, for the HPA class, the HPA
@@ -51,6 +52,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
+use crate::config::FeaturesConfig;
+use crate::config::features::{DRYRUN_ANNOTATION, Flag};
 use crate::knative::names::labels;
 use crate::knative::{Revision, validate};
 use resolve::Resolved;
@@ -99,17 +102,96 @@ where
     crate::controller::apply_owned(ctx, rev, desired, None, |_, _| false).await
 }
 
-/// The Deployment: created with the initial scale, else applied without replicas.
+/// Whether the revision's pod is dry-run before its Deployment is created
+/// (`kubernetes.podspec-dryrun`: `enabled`, or `allowed` and the revision annotated
+/// `features.knative.dev/podspec-dryrun: enabled`).
+pub fn wants_dry_run(rev: &Revision, features: &FeaturesConfig) -> bool {
+    match features.podspec_dryrun {
+        Flag::Enabled => true,
+        Flag::Allowed => rev
+            .annotations()
+            .get(DRYRUN_ANNOTATION)
+            .is_some_and(|v| v.eq_ignore_ascii_case("enabled")),
+        Flag::Disabled => false,
+    }
+}
+
+/// Knative's pod dry run: the revision's pod, as its Deployment would make it, created with
+/// `dryRun=All` in its namespace, so what the namespace refuses (Pod Security admission,
+/// quotas, limit ranges, other webhooks) refuses the revision. `Some(message)`: refused.
+/// An API server that cannot dry-run pods, or thaw lacking the right to ask, is logged and
+/// the revision goes on (as Knative's webhook does); other failures are retried.
+async fn dry_run(
+    ctx: &Ctx,
+    rev: &Revision,
+    r: &Resolved,
+    settings: &Settings,
+) -> Result<Option<String>, Error> {
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(crate::knative::names::child_name(&r.name, "-dryrun")),
+            namespace: Some(r.namespace.clone()),
+            labels: Some(meta::child_labels(rev)),
+            ..Default::default()
+        },
+        spec: Some(deployment::pod_spec(
+            rev,
+            r,
+            &settings.deployment,
+            &settings.features,
+        )),
+        status: None,
+    };
+    let pp = PostParams {
+        dry_run: true,
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
+    match ctx.api::<Pod>(&r.namespace).create(&pp, &pod).await {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(ae)) => {
+            let unsupported = ae.message.contains("does not support dry run");
+            let not_allowed = ae.message.contains("cannot create resource");
+            if unsupported || not_allowed || ae.code == 409 {
+                tracing::warn!(revision = %r.name, code = ae.code, message = %ae.message,
+                    "pod dry run not possible; going on without it");
+                Ok(None)
+            } else if (400..500).contains(&ae.code) && ae.code != 429 {
+                Ok(Some(format!("dry run failed with {}", ae.message)))
+            } else {
+                Err(kube::Error::Api(ae).into())
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What became of the Deployment.
+enum DeploymentOutcome {
+    /// Created now (its status comes later).
+    Created,
+    /// Applied over the existing one.
+    Applied(Applied<Deployment>),
+    /// Not created: the pod dry run was refused (the message).
+    Refused(String),
+}
+
+/// The Deployment: created with the initial scale (after the pod dry run when asked for),
+/// else applied without replicas.
 async fn reconcile_deployment(
     ctx: &Ctx,
     rev: &Revision,
     r: &Resolved,
     settings: &Settings,
-) -> Result<Option<Applied<Deployment>>, Error> {
+) -> Result<DeploymentOutcome, Error> {
     let api = ctx.api::<Deployment>(&r.namespace);
     let name = deployment::deployment_name(&r.name);
     match api.get_opt(&name).await? {
         None => {
+            if wants_dry_run(rev, &settings.features)
+                && let Some(refused) = dry_run(ctx, rev, r, settings).await?
+            {
+                return Ok(DeploymentOutcome::Refused(refused));
+            }
             let initial = deployment::initial_replicas(r);
             let d = deployment::deployment(
                 rev,
@@ -124,13 +206,13 @@ async fn reconcile_deployment(
             };
             api.create(&pp, &d).await?;
             tracing::info!(deployment = %name, replicas = initial, "deployment created");
-            Ok(None)
+            Ok(DeploymentOutcome::Created)
         }
         Some(existing) => {
             let d = deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
             crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
                 .await
-                .map(Some)
+                .map(DeploymentOutcome::Applied)
         }
     }
 }
@@ -189,39 +271,39 @@ fn was_not_owned(rev: &Revision) -> bool {
         .is_some_and(|c| c.reason.as_deref() == Some(reason::NOT_OWNED))
 }
 
+/// Marks the revision invalid (`InvalidSpec` with `message`), with a Warning Event; not
+/// retried until it changes.
+async fn refuse(ctx: &Ctx, rev: &Revision, message: String) -> Result<Action, Error> {
+    let seen = Observed::Invalid(&message);
+    write_status(ctx, rev, status::revision_status(rev, seen, &now())).await?;
+    ctx.event(
+        rev,
+        EventKind::Warning,
+        reason::INVALID_SPEC,
+        message.clone(),
+    )
+    .await;
+    Err(Error::Invalid(message))
+}
+
 /// Reconciles one Revision (see the module docs).
 pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let settings = ctx.settings();
     let t = now();
     let r = match check(&rev, &settings) {
         Ok(r) => r,
-        Err(message) => {
-            write_status(
-                &ctx,
-                &rev,
-                status::revision_status(&rev, Observed::Invalid(&message), &t),
-            )
-            .await?;
-            ctx.event(
-                &*rev,
-                EventKind::Warning,
-                reason::INVALID_SPEC,
-                message.clone(),
-            )
-            .await;
-            return Err(Error::Invalid(message));
-        }
+        Err(message) => return refuse(&ctx, &rev, message).await,
     };
 
     let mut not_owned: Option<(String, String)> = None;
-    let dep = reconcile_deployment(&ctx, &rev, &r, &settings).await?;
-    let dep = match dep {
-        None => None,
-        Some(Applied::Ours(d)) => Some(d),
-        Some(Applied::NotOwned { kind: k, name: n }) => {
+    let dep = match reconcile_deployment(&ctx, &rev, &r, &settings).await? {
+        DeploymentOutcome::Created => None,
+        DeploymentOutcome::Applied(Applied::Ours(d)) => Some(d),
+        DeploymentOutcome::Applied(Applied::NotOwned { kind: k, name: n }) => {
             not_owned = Some((k, n));
             None
         }
+        DeploymentOutcome::Refused(message) => return refuse(&ctx, &rev, message).await,
     };
     let mut children = vec![
         services::private_service(&rev, &r),
