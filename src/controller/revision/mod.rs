@@ -169,8 +169,8 @@ async fn dry_run(
 enum DeploymentOutcome {
     /// Created now (its status comes later).
     Created,
-    /// Applied over the existing one.
-    Applied(Applied<Deployment>),
+    /// Applied over the existing one (boxed: a Deployment is large).
+    Applied(Box<Applied<Deployment>>),
     /// Not created: the pod dry run was refused (the message).
     Refused(String),
 }
@@ -212,7 +212,7 @@ async fn reconcile_deployment(
             let d = deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
             crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
                 .await
-                .map(DeploymentOutcome::Applied)
+                .map(|a| DeploymentOutcome::Applied(Box::new(a)))
         }
     }
 }
@@ -298,11 +298,13 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
     let mut not_owned: Option<(String, String)> = None;
     let dep = match reconcile_deployment(&ctx, &rev, &r, &settings).await? {
         DeploymentOutcome::Created => None,
-        DeploymentOutcome::Applied(Applied::Ours(d)) => Some(d),
-        DeploymentOutcome::Applied(Applied::NotOwned { kind: k, name: n }) => {
-            not_owned = Some((k, n));
-            None
-        }
+        DeploymentOutcome::Applied(applied) => match *applied {
+            Applied::Ours(d) => Some(d),
+            Applied::NotOwned { kind: k, name: n } => {
+                not_owned = Some((k, n));
+                None
+            }
+        },
         DeploymentOutcome::Refused(message) => return refuse(&ctx, &rev, message).await,
     };
     let mut children = vec![
