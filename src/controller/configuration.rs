@@ -56,8 +56,10 @@ pub fn revision_name(cfg: &Configuration) -> String {
 
 /// The revision spec with every default resolved (Knative's `RevisionSpec.SetDefaults` with
 /// `config-defaults`): containerConcurrency, timeoutSeconds (0 means the default), the
-/// response-start and idle timeouts when configured, a container name, and
-/// `enableServiceLinks: false` unless the user set it.
+/// response-start and idle timeouts when configured and shorter than the timeout, container
+/// names ([`crate::knative::names::default_container_names`]), the serving container's
+/// readiness probe ([`default_readiness_probe`]), and `enableServiceLinks: false` unless the
+/// user set it.
 pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSpec {
     let mut spec = template.clone();
     if spec.container_concurrency.is_none() {
@@ -66,28 +68,51 @@ pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSp
     if spec.timeout_seconds.unwrap_or(0) == 0 {
         spec.timeout_seconds = Some(d.revision_timeout.as_secs() as i64);
     }
-    if spec.response_start_timeout_seconds.is_none()
-        && let Some(t) = d.revision_response_start_timeout
-    {
-        spec.response_start_timeout_seconds = Some(t.as_secs() as i64);
+    // Knative applies the response-start and idle defaults only when set and shorter than
+    // the revision's timeout (a longer one would make the revision invalid).
+    let timeout = spec.timeout_seconds.unwrap_or(0);
+    let shorter = |t: i64| (t > 0 && t < timeout).then_some(t);
+    if spec.response_start_timeout_seconds.is_none() {
+        spec.response_start_timeout_seconds = d
+            .revision_response_start_timeout
+            .and_then(|t| shorter(t.as_secs() as i64));
     }
-    if spec.idle_timeout_seconds.is_none() && !d.revision_idle_timeout.is_zero() {
-        spec.idle_timeout_seconds = Some(d.revision_idle_timeout.as_secs() as i64);
+    if spec.idle_timeout_seconds.is_none() {
+        spec.idle_timeout_seconds = shorter(d.revision_idle_timeout.as_secs() as i64);
     }
-    let single = spec.pod_spec.containers.len() == 1;
-    for (i, c) in spec.pod_spec.containers.iter_mut().enumerate() {
-        if c.name.is_empty() {
-            c.name = if single {
-                "user-container".into()
-            } else {
-                format!("user-container-{i}")
-            };
-        }
+    crate::knative::names::default_container_names(&mut spec.pod_spec);
+    let serving = crate::controller::revision::resolve::serving_container(&spec.pod_spec.containers);
+    if let Some(c) = spec.pod_spec.containers.get_mut(serving) {
+        default_readiness_probe(c);
     }
     if spec.pod_spec.enable_service_links.is_none() {
         spec.pod_spec.enable_service_links = Some(false);
     }
     spec
+}
+
+/// Knative's readiness-probe defaulting of the serving container: a TCP probe of the serving
+/// port when no handler is given, `successThreshold: 1`, and with a `periodSeconds`
+/// Kubernetes' `failureThreshold: 3` and `timeoutSeconds: 1`.
+pub fn default_readiness_probe(c: &mut k8s_openapi::api::core::v1::Container) {
+    let p = c.readiness_probe.get_or_insert_with(Default::default);
+    if p.tcp_socket.is_none() && p.http_get.is_none() && p.exec.is_none() && p.grpc.is_none() {
+        p.tcp_socket = Some(k8s_openapi::api::core::v1::TCPSocketAction {
+            port: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0),
+            host: None,
+        });
+    }
+    if p.success_threshold.unwrap_or(0) == 0 {
+        p.success_threshold = Some(1);
+    }
+    if p.period_seconds.unwrap_or(0) != 0 {
+        if p.failure_threshold.unwrap_or(0) == 0 {
+            p.failure_threshold = Some(3);
+        }
+        if p.timeout_seconds.unwrap_or(0) == 0 {
+            p.timeout_seconds = Some(1);
+        }
+    }
 }
 
 /// What the data plane's resolver finds wrong with the defaulted template (the

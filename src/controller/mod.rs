@@ -388,9 +388,11 @@ fn tokio_stream_of(mut rx: watch::Receiver<u64>) -> impl futures::Stream<Item = 
 /// `blockOwnerDeletion: true`), so Kubernetes' garbage collector deletes it with its parent.
 pub fn owner_ref<P: Resource<DynamicType = ()>>(parent: &P) -> OwnerReference {
     // Every object the controller reconciles was read from the API server: it has a uid.
-    parent
+    let mut r = parent
         .controller_owner_ref(&())
-        .expect("a stored object has a name and uid")
+        .expect("a stored object has a name and uid");
+    r.block_owner_deletion = Some(true);
+    r
 }
 
 /// Whether `child` is controlled by `parent` (its controller owner reference has the parent's

@@ -472,3 +472,106 @@ fn gc_never_collects_a_routed_or_latest_revision() {
         assert!(!doomed.iter().any(|d| d == keep));
     }
 }
+
+#[test]
+fn unnamed_containers_take_the_next_free_name_as_in_knative() {
+    let mut t = template().spec;
+    let names = [
+        "",
+        "user-container-0",
+        "user-container-3",
+        "",
+        "user-container-5",
+        "",
+        "",
+        "user-container-4",
+    ];
+    let base = t.pod_spec.containers[0].clone();
+    t.pod_spec.containers = names
+        .iter()
+        .map(|n| k8s_openapi::api::core::v1::Container {
+            name: n.to_string(),
+            ..base.clone()
+        })
+        .collect();
+    let s = defaulted_spec(&t, &DefaultsConfig::default());
+    let got: Vec<&str> = s.pod_spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "user-container-1",
+            "user-container-0",
+            "user-container-3",
+            "user-container-2",
+            "user-container-5",
+            "user-container-6",
+            "user-container-7",
+            "user-container-4",
+        ]
+    );
+}
+
+#[test]
+fn response_start_and_idle_defaults_apply_only_below_the_timeout() {
+    let d = |start: u64, idle: u64| DefaultsConfig {
+        revision_timeout: Duration::from_secs(300),
+        revision_response_start_timeout: Some(Duration::from_secs(start)),
+        revision_idle_timeout: Duration::from_secs(idle),
+        ..DefaultsConfig::default()
+    };
+    let mut t = template().spec;
+    t.timeout_seconds = Some(100);
+    // Longer than the revision's 100 s: not copied (the revision would be invalid).
+    let s = defaulted_spec(&t, &d(300, 300));
+    assert_eq!(s.response_start_timeout_seconds, None);
+    assert_eq!(s.idle_timeout_seconds, None);
+    // Shorter: copied.
+    let s = defaulted_spec(&t, &d(30, 60));
+    assert_eq!(s.response_start_timeout_seconds, Some(30));
+    assert_eq!(s.idle_timeout_seconds, Some(60));
+    // Equal to the timeout (the cluster default of 400 for both): absent.
+    let mut t = template().spec;
+    t.timeout_seconds = None;
+    let eq = DefaultsConfig {
+        revision_timeout: Duration::from_secs(400),
+        ..d(400, 400)
+    };
+    let s = defaulted_spec(&t, &eq);
+    assert_eq!(s.timeout_seconds, Some(400));
+    assert_eq!(s.response_start_timeout_seconds, None);
+    assert_eq!(s.idle_timeout_seconds, None);
+}
+
+#[test]
+fn the_default_readiness_probe_is_written_into_the_revision_spec() {
+    let s = defaulted_spec(&template().spec, &DefaultsConfig::default());
+    let p = s.pod_spec.containers[0].readiness_probe.clone().unwrap();
+    assert_eq!(
+        p.tcp_socket.unwrap().port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0)
+    );
+    assert_eq!(p.success_threshold, Some(1));
+    assert_eq!((p.period_seconds, p.failure_threshold), (None, None));
+    // A user's HTTP probe with a period gets Kubernetes' thresholds, and keeps its handler.
+    let mut t = template().spec;
+    t.pod_spec.containers[0].readiness_probe = Some(
+        serde_json::from_value(serde_json::json!({"httpGet": {"path": "/ready"}, "periodSeconds": 5}))
+            .unwrap(),
+    );
+    let s = defaulted_spec(&t, &DefaultsConfig::default());
+    let p = s.pod_spec.containers[0].readiness_probe.clone().unwrap();
+    assert!(p.tcp_socket.is_none() && p.http_get.is_some());
+    assert_eq!(
+        (p.success_threshold, p.failure_threshold, p.timeout_seconds),
+        (Some(1), Some(3), Some(1))
+    );
+}
+
+#[test]
+fn every_owner_reference_blocks_the_owners_deletion() {
+    // Foreground deletion waits for children only through blockOwnerDeletion.
+    let o = super::owner_ref(&cfg(1));
+    assert_eq!(o.controller, Some(true));
+    assert_eq!(o.block_owner_deletion, Some(true));
+    assert_eq!(o.kind, "Configuration");
+}

@@ -86,14 +86,6 @@ fn user_containers(user: &PodSpec, r: &Resolved) -> (Vec<Container>, super::queu
         .enumerate()
         .map(|(i, c)| {
             let mut c = c.clone();
-            if c.name.is_empty() {
-                // Knative's defaulting: `user-container`, numbered when there are several.
-                c.name = if user.containers.len() == 1 {
-                    "user-container".into()
-                } else {
-                    format!("user-container-{i}")
-                };
-            }
             let mut env = c.env.take().unwrap_or_default();
             set_env(&mut env, "K_REVISION", &r.name);
             set_env(&mut env, "K_CONFIGURATION", &r.configuration);
@@ -195,6 +187,8 @@ pub fn pod_spec(
     features: &FeaturesConfig,
 ) -> PodSpec {
     let mut user = fieldmask::mask(&rev.spec.pod_spec, features);
+    // Knative's defaulting, for a Revision that was not created through a Configuration.
+    crate::knative::names::default_container_names(&mut user);
     let (mut containers, moved) = user_containers(&user, r);
     let mode = features.secure_pod_defaults;
     for c in containers
