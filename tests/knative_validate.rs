@@ -732,3 +732,39 @@ fn the_types_helloworld_fixture_is_valid() {
     );
     assert!(errors.is_empty(), "{}", render(&errors));
 }
+
+#[test]
+fn rollout_duration_is_a_whole_non_negative_duration() {
+    let with = |d: &str| {
+        let mut v = hello();
+        v["metadata"]["annotations"] = json!({"serving.knative.dev/rollout-duration": d});
+        svc(v)
+    };
+    assert_eq!(with("180s"), "");
+    assert_eq!(with("2m"), "");
+    assert_eq!(
+        with("CLXXXIIIs"),
+        "invalid value: CLXXXIIIs: metadata.annotations.serving.knative.dev/rollout-duration"
+    );
+    assert_eq!(
+        with("1.5s"),
+        "rollout-duration=1.5s is not at second precision: \
+         metadata.annotations.serving.knative.dev/rollout-duration"
+    );
+    assert_eq!(
+        with("-10s"),
+        "rollout-duration=-10s must be positive: \
+         metadata.annotations.serving.knative.dev/rollout-duration"
+    );
+}
+
+#[test]
+fn a_template_may_not_carry_the_visibility_annotation() {
+    let mut v = hello();
+    v["spec"]["template"]["metadata"]["annotations"]["networking.knative.dev/visibility"] =
+        json!("cluster-local");
+    assert_eq!(
+        svc(v),
+        "invalid key name \"networking.knative.dev/visibility\": spec.template.metadata.annotations"
+    );
+}

@@ -81,7 +81,8 @@ pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSp
         spec.idle_timeout_seconds = shorter(d.revision_idle_timeout.as_secs() as i64);
     }
     crate::knative::names::default_container_names(&mut spec.pod_spec);
-    let serving = crate::controller::revision::resolve::serving_container(&spec.pod_spec.containers);
+    let serving =
+        crate::controller::revision::resolve::serving_container(&spec.pod_spec.containers);
     if let Some(c) = spec.pod_spec.containers.get_mut(serving) {
         default_readiness_probe(c);
     }

@@ -495,7 +495,12 @@ fn unnamed_containers_take_the_next_free_name_as_in_knative() {
         })
         .collect();
     let s = defaulted_spec(&t, &DefaultsConfig::default());
-    let got: Vec<&str> = s.pod_spec.containers.iter().map(|c| c.name.as_str()).collect();
+    let got: Vec<&str> = s
+        .pod_spec
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
     assert_eq!(
         got,
         [
@@ -555,8 +560,10 @@ fn the_default_readiness_probe_is_written_into_the_revision_spec() {
     // A user's HTTP probe with a period gets Kubernetes' thresholds, and keeps its handler.
     let mut t = template().spec;
     t.pod_spec.containers[0].readiness_probe = Some(
-        serde_json::from_value(serde_json::json!({"httpGet": {"path": "/ready"}, "periodSeconds": 5}))
-            .unwrap(),
+        serde_json::from_value(
+            serde_json::json!({"httpGet": {"path": "/ready"}, "periodSeconds": 5}),
+        )
+        .unwrap(),
     );
     let s = defaulted_spec(&t, &DefaultsConfig::default());
     let p = s.pod_spec.containers[0].readiness_probe.clone().unwrap();

@@ -246,7 +246,10 @@ pub fn default_container_names(spec: &mut k8s_openapi::api::core::v1::PodSpec) {
             }
             let named = |k: usize| child_name(base, &format!("-{k}"));
             let name = if taken.contains(&named(i)) {
-                (0..).map(named).find(|n| !taken.contains(n)).unwrap_or_default()
+                (0..)
+                    .map(named)
+                    .find(|n| !taken.contains(n))
+                    .unwrap_or_default()
             } else {
                 named(i)
             };

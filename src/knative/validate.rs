@@ -164,6 +164,9 @@ pub const RESERVED_CONTAINER_NAMES: &[&str] = &["queue-proxy"];
 /// The serving container's port names: `http1`, `h2c`, or none.
 const VALID_PORT_NAMES: &[&str] = &["", "h2c", "http1"];
 
+/// Knative's gradual rollout duration annotation (Service, Configuration, Route).
+pub const ROLLOUT_DURATION: &str = "serving.knative.dev/rollout-duration";
+
 /// `networking.knative.dev/visibility`: its one allowed value is `cluster-local`.
 pub const VISIBILITY_LABEL: &str = "networking.knative.dev/visibility";
 
@@ -391,6 +394,33 @@ fn object_meta_with(meta: &ObjectMeta, max_name: usize, e: &mut Vec<FieldError>)
             "name or generateName is required",
         ));
     }
+    rollout_duration(meta, "metadata.annotations", e);
+}
+
+/// `serving.knative.dev/rollout-duration`: a Go duration, whole seconds, not negative
+/// (Knative's `validateRolloutDurationAnnotation`).
+fn rollout_duration(meta: &ObjectMeta, at: &str, e: &mut Vec<FieldError>) {
+    let Some(v) = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ROLLOUT_DURATION))
+        .filter(|v| !v.is_empty())
+    else {
+        return;
+    };
+    let path = format!("{at}.{ROLLOUT_DURATION}");
+    match crate::config::parse::parse_go_duration_nanos(v) {
+        Err(_) => e.push(FieldError::new(path, format!("invalid value: {v}"))),
+        Ok(n) if n % 1_000_000_000 != 0 => e.push(FieldError::new(
+            path,
+            format!("rollout-duration={v} is not at second precision"),
+        )),
+        Ok(n) if n < 0 => e.push(FieldError::new(
+            path,
+            format!("rollout-duration={v} must be positive"),
+        )),
+        Ok(_) => {}
+    }
 }
 
 fn invalid_key(key: &str, path: &str) -> FieldError {
@@ -455,6 +485,18 @@ fn template(
         autoscaler,
         e,
     );
+    // Visibility is the Service's or Route's label; a revision template may not carry it.
+    if t.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(VISIBILITY_LABEL))
+    {
+        e.push(invalid_key(
+            VISIBILITY_LABEL,
+            &format!("{at}.metadata.annotations"),
+        ));
+    }
+    rollout_duration(&t.metadata, &format!("{at}.metadata.annotations"), e);
     // Knative's validateRevisionName.
     if let Some(generate) = t
         .metadata
