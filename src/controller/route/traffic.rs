@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::ResourceExt;
 
 use crate::knative::duck::ConditionStatus;
+use crate::knative::names::labels;
 use crate::knative::{Configuration, Revision, Route, TrafficTarget, condition};
 
 /// The Configurations and Revisions a route refers to, by name (those that exist).
@@ -66,6 +67,13 @@ pub enum TargetError {
     RevisionNotReady { name: String, failed: bool },
     /// A target names neither a revision nor a configuration.
     NoTarget { index: usize },
+    /// A Service's route names a revision of another Service (`owner`: that Service), or of
+    /// none (`owner: None`).
+    NotOwned {
+        revision: String,
+        service: String,
+        owner: Option<String>,
+    },
     /// The route fails Knative's validation ([`crate::knative::validate::route`]): False
     /// `InvalidSpec` with the rendered field errors.
     Invalid(String),
@@ -75,7 +83,10 @@ impl TargetError {
     /// Whether the route failed (False), as opposed to waiting (Unknown).
     pub fn is_failure(&self) -> bool {
         match self {
-            Self::Missing { .. } | Self::NoTarget { .. } | Self::Invalid(_) => true,
+            Self::Missing { .. }
+            | Self::NoTarget { .. }
+            | Self::Invalid(_)
+            | Self::NotOwned { .. } => true,
             Self::ConfigurationNotReady { failed, .. } | Self::RevisionNotReady { failed, .. } => {
                 *failed
             }
@@ -115,6 +126,24 @@ impl TargetError {
             } => (
                 "RevisionMissing".into(),
                 format!("Revision \"{name}\" is not yet ready."),
+            ),
+            Self::NotOwned {
+                revision,
+                service,
+                owner: Some(other),
+            } => (
+                "RevisionNotOwned".into(),
+                format!(
+                    "Revision \"{revision}\" belongs to Service \"{other}\", not Service \"{service}\"."
+                ),
+            ),
+            Self::NotOwned {
+                revision,
+                service,
+                owner: None,
+            } => (
+                "RevisionNotOwned".into(),
+                format!("Revision \"{revision}\" does not belong to Service \"{service}\"."),
             ),
             Self::Invalid(message) => (
                 crate::knative::validate::reason::INVALID_SPEC.into(),
@@ -227,6 +256,18 @@ pub fn resolve(route: &Route, refs: &Referenced) -> Result<Traffic, TargetError>
                 });
                 continue;
             };
+            // A Service's route may only pin the Service's own revisions.
+            if let Some(service) = service_of(route) {
+                let owner = rev.labels().get(labels::SERVICE);
+                if owner != Some(&labels::value(&service)) {
+                    defer(TargetError::NotOwned {
+                        revision: name.clone(),
+                        service,
+                        owner: owner.cloned(),
+                    });
+                    continue;
+                }
+            }
             if !revision_ready(rev) {
                 let failed = rev
                     .status
@@ -269,6 +310,19 @@ pub fn resolve(route: &Route, refs: &Referenced) -> Result<Traffic, TargetError>
                 });
                 continue;
             };
+            // The latest ready revision failed since (its pods crash): Knative fails the
+            // target rather than send traffic to it.
+            if rev
+                .status
+                .as_ref()
+                .is_some_and(|s| ready_status(&s.status) == ConditionStatus::False)
+            {
+                defer(TargetError::RevisionNotReady {
+                    name: latest_ready.to_string(),
+                    failed: true,
+                });
+                continue;
+            }
             (rev, Some(cfg_name))
         } else {
             defer(TargetError::NoTarget { index });

@@ -246,3 +246,68 @@ fn references_include_latest_created_and_status_revisions() {
             .into()
     );
 }
+
+#[test]
+fn a_failed_latest_ready_revision_fails_its_configuration_target() {
+    let r = route("hello").with_config("hello", 100).build();
+    let refs = refs(
+        vec![configuration("hello").latest_ready("hello-00001").build()],
+        vec![revision("hello-00001").failed().build()],
+    );
+    let e = resolve(&r, &refs).unwrap_err();
+    assert_eq!(
+        e.condition(),
+        (
+            ConditionStatus::False,
+            "RevisionMissing".into(),
+            "Revision \"hello-00001\" failed to become ready.".into()
+        )
+    );
+}
+
+#[test]
+fn a_services_route_may_only_pin_its_own_revisions() {
+    let owned = |mut r: crate::knative::Route| {
+        r.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Service".into(),
+                name: "hello".into(),
+                uid: "uid-svc".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        r
+    };
+    let r = owned(route("hello").with_revision("other-00001", 100).build());
+    let theirs = revision("other-00001")
+        .ready()
+        .label("serving.knative.dev/service", "other")
+        .build();
+    let e = resolve(&r, &refs(vec![], vec![theirs])).unwrap_err();
+    assert_eq!(
+        e.condition(),
+        (
+            ConditionStatus::False,
+            "RevisionNotOwned".into(),
+            "Revision \"other-00001\" belongs to Service \"other\", not Service \"hello\".".into()
+        )
+    );
+    let loose = revision("other-00001").ready().build();
+    let e = resolve(&r, &refs(vec![], vec![loose])).unwrap_err();
+    assert_eq!(
+        e.condition().2,
+        "Revision \"other-00001\" does not belong to Service \"hello\"."
+    );
+    // Its own revision passes; a Route of no Service may name any revision.
+    let r = owned(route("hello").with_revision("hello-00001", 100).build());
+    let mine = revision("hello-00001")
+        .ready()
+        .label("serving.knative.dev/service", "hello")
+        .build();
+    assert!(resolve(&r, &refs(vec![], vec![mine])).is_ok());
+    let r = route("plain").with_revision("other-00001", 100).build();
+    let loose = revision("other-00001").ready().build();
+    assert!(resolve(&r, &refs(vec![], vec![loose])).is_ok());
+}
