@@ -9,6 +9,7 @@
 //! Ready one from the last ready generation up to the current one; `Ready` mirrors the latest
 //! created revision (False `RevisionFailed` when it failed).
 
+use crate::controller::route::labeler::ROUTES_ANNOTATION;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -191,6 +192,8 @@ pub fn problems(cfg: &Configuration, settings: &Settings) -> Vec<FieldError> {
     )
 }
 
+/// Knative's `serving.knative.dev/creator`: who created the object (set by the webhook).
+pub const CREATOR_ANNOTATION: &str = "serving.knative.dev/creator";
 /// The Revision of `cfg`'s current generation, as the controller creates it.
 pub fn make_revision(
     cfg: &Configuration,
@@ -214,8 +217,21 @@ pub fn make_revision(
     if let Some(uid) = cfg.labels().get(labels::SERVICE_UID) {
         lbl.insert(labels::SERVICE_UID.into(), uid.clone());
     }
-    lbl.insert(labels::ROUTING_STATE.into(), routing_state::PENDING.into());
+    // Knative's `updateRevisionAnnotations`: the configuration's creator and routes go to the
+    // revision, and a revision of a configuration a route already uses starts `active`.
     let mut ann = t.metadata.annotations.clone().unwrap_or_default();
+    let cfg_ann = cfg.annotations();
+    for key in [CREATOR_ANNOTATION, ROUTES_ANNOTATION] {
+        if let Some(v) = cfg_ann.get(key) {
+            ann.insert(key.into(), v.clone());
+        }
+    }
+    let state = if cfg_ann.contains_key(ROUTES_ANNOTATION) {
+        routing_state::ACTIVE
+    } else {
+        routing_state::PENDING
+    };
+    lbl.insert(labels::ROUTING_STATE.into(), state.into());
     ann.insert(
         routing_state::MODIFIED_ANNOTATION.into(),
         now_rfc3339.to_string(),

@@ -582,3 +582,37 @@ fn every_owner_reference_blocks_the_owners_deletion() {
     assert_eq!(o.block_owner_deletion, Some(true));
     assert_eq!(o.kind, "Configuration");
 }
+
+#[test]
+fn a_new_revision_of_a_routed_configuration_starts_active_with_its_routes_and_creator() {
+    use kube::ResourceExt;
+    let t = "2026-01-01T00:00:00Z";
+    let r = configuration::make_revision(&cfg(1), &DefaultsConfig::default(), t);
+    assert_eq!(
+        r.labels().get(labels::ROUTING_STATE).map(String::as_str),
+        Some(routing_state::PENDING)
+    );
+    let mut c = cfg(2);
+    c.metadata.annotations = Some(
+        [
+            (
+                "serving.knative.dev/routes".to_string(),
+                "hello".to_string(),
+            ),
+            (
+                "serving.knative.dev/creator".to_string(),
+                "alice@example.com".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let r = configuration::make_revision(&c, &DefaultsConfig::default(), t);
+    assert_eq!(
+        r.labels().get(labels::ROUTING_STATE).map(String::as_str),
+        Some(routing_state::ACTIVE)
+    );
+    let a = r.annotations();
+    assert_eq!(a["serving.knative.dev/routes"], "hello");
+    assert_eq!(a["serving.knative.dev/creator"], "alice@example.com");
+    assert_eq!(a[routing_state::MODIFIED_ANNOTATION], t);
+}
