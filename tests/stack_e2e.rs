@@ -207,3 +207,58 @@ async fn helloworld_go_serves_goes_to_zero_and_wakes() {
     println!("{}", stack.records().describe());
     println!("wall time {:.1}s", began.elapsed().as_secs_f64());
 }
+
+/// A Service with `initial-scale: 0` (allowed by `allow-zero-initial-scale`), at Knative's
+/// other defaults: no pod starts, yet once the autoscaler has initialized its scale target the
+/// revision is Ready (Knative's `PropagateAutoscalerStatus`), the route sends it traffic, and
+/// the first request wakes it through an activator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_scale_zero_service_is_ready_routed_and_woken() {
+    let stack = Stack::start(StackOptions {
+        autoscaler: BTreeMap::from([("allow-zero-initial-scale".into(), "true".into())]),
+        ..options()
+    })
+    .await;
+    let yaml = HELLOWORLD_GO.replace(
+        "  template:\n    spec:\n",
+        "  template:\n    metadata:\n      annotations:\n        \
+         autoscaling.knative.dev/initial-scale: \"0\"\n    spec:\n",
+    );
+    let svc: Service = serde_saphyr::from_str(&yaml).expect("the YAML");
+    let services: Api<Service> = Api::namespaced(stack.client.clone(), NS);
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create the Service");
+    let url = stack
+        .until(READY, "the Service Ready with a URL", || async {
+            let s = services.get_status("helloworld-go").await.ok()?;
+            let st = s.status.as_ref()?;
+            st.status.is_true(condition::READY).then_some(())?;
+            st.route.url.clone()
+        })
+        .await;
+    assert!(pods(&stack).await.is_empty(), "no pod before a request");
+    assert_eq!(replicas(&stack).await, Some(0));
+    let host = url
+        .strip_prefix("http://")
+        .unwrap_or(&url)
+        .trim_end_matches('/')
+        .to_string();
+    let ingress = Arc::new(Ingress::start(stack.client.clone()));
+    stack
+        .until(READY, "the ingress routing the host", || async {
+            (!ingress.endpoints(&host).is_empty()).then_some(())
+        })
+        .await;
+    let client = keepalive_client();
+    let reply = ingress.get(&client, &host, "/").await.expect("a reply");
+    assert_eq!((reply.status, reply.body.as_str()), (200, BODY));
+    assert!(
+        stack.is_activator(&reply.endpoint),
+        "via {}",
+        reply.endpoint
+    );
+    let scale = stack.records().scale_of(DEPLOYMENT);
+    assert!(scale.iter().any(|r| *r > 0), "/scale changes: {scale:?}");
+}

@@ -751,8 +751,17 @@ async fn revision_task(
             _ => Activity::Inactive,
         };
         let initialized = state.initialized || stored_initialized;
-        let status = (state.desired, ready, activity, initialized);
-        if state.desired >= 0 && status_written != Some(status) {
+        // Without a decision yet the desired count is not written (the one stored stands),
+        // but an initialized scale target is: a revision at initial scale 0 has no pods to
+        // decide on, and Knative marks it initialized (and so Ready) at once.
+        let decided = state.desired >= 0;
+        let desired_key = if decided {
+            state.desired
+        } else {
+            status_written.map_or(-1, |(d, _, _, _)| d)
+        };
+        let status = (desired_key, ready, activity, initialized);
+        if (decided || initialized) && status_written != Some(status) {
             if status_written.is_none_or(|(_, _, a, _)| a != activity) {
                 activity_since = now_time();
             }
@@ -762,7 +771,7 @@ async fn revision_task(
             let call = crate::knative::status::apply_autoscaler_status(
                 swap.client.clone(),
                 &key,
-                Some(state.desired),
+                decided.then_some(state.desired),
                 ready,
                 active_condition(activity, activity_since.clone()),
                 init,
