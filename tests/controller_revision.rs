@@ -622,7 +622,7 @@ async fn replicas_are_the_autoscalers_after_creation() {
 }
 
 #[tokio::test]
-async fn image_pull_and_crash_loop_reach_the_revision() {
+async fn image_pull_after_the_deadline_and_crash_loop_at_once_reach_the_revision() {
     let h = Harness::start().await;
     let rolling = serde_json::json!({
         "replicas": 1, "readyReplicas": 0, "availableReplicas": 0, "unavailableReplicas": 1,
@@ -647,6 +647,19 @@ async fn image_pull_and_crash_loop_reach_the_revision() {
             {"name": "queue-proxy", "image": "i", "imageID": "", "ready": false,
              "restartCount": 0, "state": {"running": {}}}
         ]),
+    )
+    .await;
+    // An image pull counts against the progress deadline (Knative's rule): once the Deployment
+    // gives up, the pod's reason and message explain it.
+    h.deployment_status(
+        "pull-00001-deployment",
+        serde_json::json!({
+            "replicas": 1, "readyReplicas": 0, "availableReplicas": 0, "unavailableReplicas": 1,
+            "conditions": [
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+                {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+            ]
+        }),
     )
     .await;
     let r = h

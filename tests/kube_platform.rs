@@ -301,12 +301,12 @@ async fn a_crash_looping_pod_makes_the_revision_failing_with_a_generic_reason() 
     pods.patch_status(
         "crashy-00001-deployment-abc",
         &PatchParams::default(),
-        &status(serde_json::json!({"waiting": {"reason": "ImagePullBackOff"}})),
+        &status(serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}})),
     )
     .await
     .unwrap();
     wait_snapshot(&mut rx, "failing again", |s| {
-        matches!(&s.status, EndpointStatus::Failing { reason } if reason.contains("ImagePullBackOff"))
+        matches!(&s.status, EndpointStatus::Failing { reason } if reason.contains("CrashLoopBackOff"))
     })
     .await;
     pods.delete("crashy-00001-deployment-abc", &Default::default())

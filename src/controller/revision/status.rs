@@ -7,10 +7,10 @@
 //!   `Deploying` until the Deployment reports progress; False `ProgressDeadlineExceeded` when
 //!   the Deployment gave up. While pods are wanted and none is available, a pod's problem
 //!   overrides it: unschedulable (the `PodScheduled` reason and message), or a
-//!   container waiting for one of [`FAILING_WAITING_REASONS`] (`ImagePullBackOff`,
-//!   `CrashLoopBackOff`, ... with the kubelet's message) at once — thaw does not wait for the
-//!   progress deadline there, as the data plane does not — and any other waiting reason once
-//!   the deadline has passed (Knative's rule). The first pod with a problem explains it (the
+//!   container waiting in `CrashLoopBackOff` ([`FAILING_WAITING_REASONS`], with the kubelet's
+//!   message) at once, and any other waiting reason (`ImagePullBackOff`, `ErrImagePull`,
+//!   `CreateContainerConfigError`, ...) once the Deployment's progress deadline has passed
+//!   (Knative's rule; the data plane holds requests as long). The first pod with a problem explains it (the
 //!   pods run the same spec).
 //! - **ContainerHealthy**: False `ExitCode<N>` "Container failed with: <message>" when a user
 //!   container's last run ended (the message is the termination message, else its reason such

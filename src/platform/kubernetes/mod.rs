@@ -8,9 +8,10 @@
 //!   conditions, the port chosen by the revision's protocol (`http`, or `http2` / appProtocol
 //!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel.
 //! - **Pods** carrying `serving.knative.dev/revision`: a container waiting in
-//!   `CrashLoopBackOff`, `ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError` (or
-//!   `InvalidImageName`), or restarted [`KubeOptions::restart_limit`] times, makes the revision
-//!   `Failing` while it has no ready endpoint.
+//!   `CrashLoopBackOff`, or restarted [`KubeOptions::restart_limit`] times, makes the revision
+//!   `Failing` while it has no ready endpoint. Image pull and container config errors do not
+//!   ([`DEADLINE_WAITING_REASONS`]): as in Knative they count against the progress deadline,
+//!   so requests stay held until the activation timeout.
 //! - **Deployments** carrying `serving.knative.dev/revision`: which Deployment scales which
 //!   revision.
 //!
@@ -43,7 +44,7 @@ mod slices;
 mod state;
 mod watch;
 
-pub use pods::{FAILING_WAITING_REASONS, PodFailure, pod_failure};
+pub use pods::{DEADLINE_WAITING_REASONS, FAILING_WAITING_REASONS, PodFailure, pod_failure};
 pub use revisions::{FollowedRevisions, follow_revisions};
 pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};
 

@@ -91,16 +91,42 @@ fn a_deployment_without_progress_is_still_deploying() {
 }
 
 #[test]
-fn image_pull_and_crash_loop_reach_the_message_at_once() {
-    for (reason, message) in [
-        ("ImagePullBackOff", "Back-off pulling image \"nope:latest\""),
+fn image_pull_errors_wait_for_the_progress_deadline_and_a_crash_loop_does_not() {
+    // Before the deadline an image pull error is still Deploying (it may yet come up).
+    let rev = RevisionFixture::new("r").build();
+    let d = deployment(1, 0, 0, &[("Progressing", "True", "ReplicaSetUpdated")]);
+    for reason in [
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "CreateContainerConfigError",
+    ] {
+        let pods = [pod(waiting(reason, "m"), None)];
+        let seen = Observed::Deployment {
+            deployment: &d,
+            pods: &pods,
+        };
+        let s = revision_status(&rev, seen, &t("2026-01-01T00:00:00Z"));
+        assert_ne!(
+            cond(&s, condition::RESOURCES_AVAILABLE).status,
+            ConditionStatus::False,
+            "{reason}"
+        );
+        assert_ne!(cond(&s, condition::READY).status, ConditionStatus::False);
+    }
+    for (reason, message, progressing) in [
+        (
+            "ImagePullBackOff",
+            "Back-off pulling image \"nope:latest\"",
+            DEADLINE,
+        ),
         (
             "CrashLoopBackOff",
             "back-off 10s restarting failed container",
+            ("Progressing", "True", "ReplicaSetUpdated"),
         ),
     ] {
         let rev = RevisionFixture::new("r").build();
-        let d = deployment(1, 0, 0, &[("Progressing", "True", "ReplicaSetUpdated")]);
+        let d = deployment(1, 0, 0, &[progressing]);
         let pods = [pod(waiting(reason, message), None)];
         let seen = Observed::Deployment {
             deployment: &d,
