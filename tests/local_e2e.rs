@@ -308,3 +308,99 @@ async fn without_a_local_yaml_the_built_in_copy_serves_hello() {
     let (status, _, body) = thaw.get(HOST, "/").await;
     assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
 }
+
+/// config-autoscaler with a 10 s stable window (so a 1 s panic window) and Knative's other
+/// defaults: the first revision starts warm (initial scale 1).
+const SHORT_WINDOW: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-autoscaler\ndata:\n  stable-window: \"10s\"\n";
+
+/// The value of the revision's series `name` in an admin /metrics scrape.
+fn series(metrics: &str, name: &str, revision: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!("{name}{{")) && l.contains(&format!("revision=\"{revision}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Whether the revision's decider panics on a panic-window concurrency of at least `at_least`.
+fn panicking(metrics: &str, revision: &str, at_least: f64) -> bool {
+    series(metrics, "thaw_autoscaler_panic_mode", revision) == Some(1.0)
+        && series(metrics, "thaw_autoscaler_observed_panic", revision)
+            .is_some_and(|p| p >= at_least)
+}
+
+/// A one-second panic window (10 s stable window) under 5x overload: the live autoscaler
+/// panics, as `thaw simulate` does on the same load (the live one reads the windows up to the
+/// last second its reporters have closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_panic_window_panics_under_overload_live_and_in_simulate() {
+    let local = local_yaml(&[service(
+        "hello",
+        &["--response-delay", "200ms"],
+        "x",
+        "autoscaling.knative.dev/target: \"1\"",
+    )]);
+    let thaw = Arc::new(Thaw::start(&local, SHORT_WINDOW, FAST_ACTIVATOR));
+    let (status, _, _) = thaw.get(HOST, "/").await;
+    assert_eq!(status, 200);
+    // The cold start's pokes are over: from here on only the reporters' stats count.
+    until(&thaw, "one ready replica", || async {
+        revision(&thaw.admin_json("/revisions").await, "hello-00001")
+            .is_some_and(|r| r["ready"]["count"] == 1)
+    })
+    .await;
+    // Five requests in flight at all times against a target of 1 per pod.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for _ in 0..5 {
+        let (thaw, stop) = (thaw.clone(), stop.clone());
+        loops.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = thaw.get(HOST, "/").await;
+            }
+        }));
+    }
+    // In panic on the load it sees in the one-second window (twice the target per pod).
+    until(
+        &thaw,
+        "the decider panicking on the panic window's load",
+        || async { panicking(&thaw.get_admin_text("/metrics").await, "hello-00001", 2.0) },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for l in loops {
+        let _ = l.await;
+    }
+
+    // The same load through `thaw simulate`: it panics too.
+    let dir = tempfile::tempdir().unwrap();
+    let (config, trace, out) = (
+        dir.path().join("c.yaml"),
+        dir.path().join("t.csv"),
+        dir.path().join("o.csv"),
+    );
+    std::fs::write(&config, SHORT_WINDOW).unwrap();
+    std::fs::write(&trace, "second,concurrency\n0,1\n1,5\n12,5\n").unwrap();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["simulate", "--config"])
+        .arg(&config)
+        .arg("--trace")
+        .arg(&trace)
+        .args(["--annotation", "autoscaling.knative.dev/target=1", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let csv = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        csv.lines()
+            .skip(1)
+            .any(|l| l.split(',').nth(3) == Some("1")),
+        "simulate never panics:\n{csv}"
+    );
+}

@@ -274,10 +274,20 @@ impl Collector {
         if stable.is_empty_at(now) {
             return None;
         }
+        // Reporters send a second once it has ended (an activator's stat of second s arrives
+        // during s + 1), so the current second has no data yet: unless something was already
+        // recorded for it, the windows are read up to the last closed second. Read at `now`,
+        // a one-second panic window (a 10 s stable window) would always see the open second
+        // as a gap and average to 0.
+        let at = if stable.last_write() == Some(now) {
+            now
+        } else {
+            now.saturating_sub(1)
+        };
         // Replacing values subtracts floats; never let a rounding residue go below zero.
         Some(Observed {
-            stable: stable.average(now, spec.aggregation).max(0.0),
-            panic: panic.average(now, spec.aggregation).max(0.0),
+            stable: stable.average(at, spec.aggregation).max(0.0),
+            panic: panic.average(at, spec.aggregation).max(0.0),
         })
     }
 }

@@ -203,3 +203,26 @@ fn the_proxied_share_of_pod_stats_is_not_counted_twice() {
     };
     assert_eq!(c.record(&bad, 1), Err(Rejected::Invalid));
 }
+
+#[test]
+fn the_open_second_is_not_a_gap_for_a_one_second_panic_window() {
+    // A 10 s stable window: a 1 s panic window. Reporters send second s during s + 1.
+    let spec = AutoscalingSpec {
+        stable_window: Duration::from_secs(10),
+        panic_window: Duration::from_secs(1),
+        ..AutoscalingSpec::default()
+    };
+    let mut c = collector(&spec);
+    for s in 1..=5 {
+        c.record(&stat("activator", s, 5.0), s + 1).unwrap();
+    }
+    let o = c.observe(&key(), &spec, 6).unwrap();
+    assert_eq!(
+        (o.stable, o.panic),
+        (5.0, 5.0),
+        "read up to the closed second 5"
+    );
+    // Once something is recorded for the current second, it counts.
+    c.record(&stat("poke", 6, 9.0), 6).unwrap();
+    assert_eq!(c.observe(&key(), &spec, 6).unwrap().panic, 9.0);
+}

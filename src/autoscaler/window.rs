@@ -73,6 +73,11 @@ impl Window {
         }
     }
 
+    /// The newest second written, if any.
+    pub fn last_write(&self) -> Option<u64> {
+        self.last_write
+    }
+
     /// The number of one-second buckets.
     pub fn len(&self) -> usize {
         self.buckets.len()
