@@ -262,3 +262,66 @@ async fn an_initial_scale_zero_service_is_ready_routed_and_woken() {
     let scale = stack.records().scale_of(DEPLOYMENT);
     assert!(scale.iter().any(|r| *r > 0), "/scale changes: {scale:?}");
 }
+
+/// An HPA-class Service (Knative's HPA scales it, not the KPA): once its pod is ready the
+/// activators leave its path (Knative's SKS in Serve mode), requests reach the pod directly,
+/// and the revision is Active, as Knative's HPA reconciler marks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpa_class_service_is_served_by_its_pods_directly() {
+    let stack = Stack::start(options()).await;
+    let yaml = HELLOWORLD_GO.replace(
+        "  template:\n    spec:\n",
+        "  template:\n    metadata:\n      annotations:\n        \
+         autoscaling.knative.dev/class: hpa.autoscaling.knative.dev\n        \
+         autoscaling.knative.dev/metric: cpu\n    spec:\n",
+    );
+    let svc: Service = serde_saphyr::from_str(&yaml).expect("the YAML");
+    let services: Api<Service> = Api::namespaced(stack.client.clone(), NS);
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create the Service");
+    let url = stack
+        .until(READY, "the Service Ready with a URL", || async {
+            let s = services.get_status("helloworld-go").await.ok()?;
+            let st = s.status.as_ref()?;
+            st.status.is_true(condition::READY).then_some(())?;
+            st.route.url.clone()
+        })
+        .await;
+    let host = url
+        .strip_prefix("http://")
+        .unwrap_or(&url)
+        .trim_end_matches('/')
+        .to_string();
+    // The public slices move to the pod.
+    stack
+        .until(READY, "the public slices on the pod", || async {
+            let last = stack.records().public_of(REVISION).last().cloned()?;
+            (!last.endpoints.is_empty() && last.endpoints.iter().all(|a| !stack.is_activator(a)))
+                .then_some(())
+        })
+        .await;
+    let revs: Api<thaw::knative::Revision> = Api::namespaced(stack.client.clone(), NS);
+    stack
+        .until(READY, "the revision Active", || async {
+            let r = revs.get_status(REVISION).await.ok()?;
+            r.status?.status.is_true(condition::ACTIVE).then_some(())
+        })
+        .await;
+    let ingress = Arc::new(Ingress::start(stack.client.clone()));
+    stack
+        .until(READY, "the ingress routing the host to the pod", || async {
+            let eps = ingress.endpoints(&host);
+            (!eps.is_empty() && eps.iter().all(|a| !stack.is_activator(a))).then_some(())
+        })
+        .await;
+    let client = keepalive_client();
+    let reply = ingress.get(&client, &host, "/").await.expect("a reply");
+    assert_eq!((reply.status, reply.body.as_str()), (200, BODY));
+    assert!(
+        !stack.is_activator(&reply.endpoint),
+        "via {}",
+        reply.endpoint
+    );
+}

@@ -85,6 +85,36 @@ pub fn mode(state: &ScaleState, snap: &EndpointSnapshot, stats_flow: bool) -> Mo
     }
 }
 
+/// The serving mode of a revision of another autoscaler class (Knative's HPA): its pods once
+/// one is ready (no pod stats needed: the KPA does not scale it), the activators before.
+pub fn hpa_mode(snap: &EndpointSnapshot) -> Mode {
+    if snap.ready.is_empty() {
+        Mode::Proxy
+    } else {
+        Mode::Serve
+    }
+}
+
+/// The autoscaler's status of an HPA-class revision, as Knative's HPA reconciler writes it:
+/// always Active, desired the Deployment's replicas (the HPA's), initialized once `ready`
+/// reaches max(min-scale, initial-scale).
+pub fn hpa_status(
+    spec: Option<&crate::revision::RevisionSpec>,
+    ready: i32,
+    replicas: Option<u32>,
+) -> (ScaleState, Activity) {
+    let threshold = spec.map_or(1, |s| {
+        s.autoscaling.min_scale.max(s.autoscaling.initial_scale)
+    });
+    let state = ScaleState {
+        desired: replicas.map_or(-1, |r| i32::try_from(r).unwrap_or(i32::MAX)),
+        decided_at: None,
+        activator_in_path: ready == 0,
+        initialized: u32::try_from(ready).is_ok_and(|r| r >= threshold),
+    };
+    (state, Activity::Active)
+}
+
 /// The backends of the public slices: the activators' ports of the same names (Proxy), or the
 /// pods' serving port under the port name of the revision's protocol (Serve).
 pub fn backends(
@@ -694,18 +724,24 @@ async fn revision_task(
         let snap = endpoints.borrow_and_update().clone();
         let acts = activators.borrow_and_update().clone();
         let svc = services.borrow_and_update().get(&key).cloned();
-        let protocol = swap
-            .catalog
-            .load()
-            .get(&key)
-            .map_or(Protocol::Http1, |s| s.protocol);
+        let spec = swap.catalog.load().get(&key).cloned();
+        let protocol = spec.as_ref().map_or(Protocol::Http1, |s| s.protocol);
+        // Another autoscaler class (Knative's HPA): the KPA does not scale it; its pods serve
+        // directly once ready (Knative's SKS in Serve mode) and it is always Active.
+        let hpa = spec
+            .as_ref()
+            .is_some_and(|s| s.autoscaling.class != crate::config::annotations::KPA_CLASS);
         let mut failed = false;
         // A revision found served by its pods keeps that mode for a moment after a takeover,
         // while this leader's first pod-stats pulls come in.
         let in_grace = adopted_serve && term_start.elapsed() < ADOPTED_SERVE_GRACE;
         let stats_flow = swap.flow.flows(&key) || in_grace;
         if let Some(svc) = svc {
-            let mode = mode(&state, &snap, stats_flow);
+            let mode = if hpa {
+                hpa_mode(&snap)
+            } else {
+                mode(&state, &snap, stats_flow)
+            };
             let want_backends = backends(mode, &svc, protocol, &acts, &snap);
             let want_key = (mode, Some(svc.uid.clone()), want_backends);
             if written.as_ref() != Some(&want_key) {
@@ -749,6 +785,11 @@ async fn revision_task(
             (_, r, _) if r > 0 => Activity::Active,
             (_, _, d) if d > 0 => Activity::Activating,
             _ => Activity::Inactive,
+        };
+        let (state, activity) = if hpa {
+            hpa_status(spec.as_deref(), ready, swap.platform.found(&key).replicas)
+        } else {
+            (state, activity)
         };
         let initialized = state.initialized || stored_initialized;
         // Without a decision yet the desired count is not written (the one stored stands),
