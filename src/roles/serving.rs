@@ -151,6 +151,9 @@ pub fn backends(
 }
 
 /// The slices for `backends`: one per distinct port map (and address family).
+/// Endpoints per EndpointSlice at most: the API server refuses a slice with more.
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
+
 pub fn slices(
     key: &RevisionKey,
     svc: &PublicService,
@@ -162,60 +165,69 @@ pub fn slices(
         groups.entry((ip.is_ipv6(), ports)).or_default().insert(*ip);
     }
     let mut out = BTreeMap::new();
-    for ((v6, ports), ips) in groups {
-        let sig: String = ports
-            .iter()
-            .map(|(n, p)| format!("{n}{p}"))
-            .collect::<Vec<_>>()
-            .join("-");
-        let name = child_name(
-            &svc.name,
-            &format!("-{}{:x}", if v6 { "6-" } else { "" }, fnv(&sig)),
-        );
-        let slice_ports: Vec<serde_json::Value> = ports
-            .iter()
-            .map(|(n, p)| {
-                let app = svc
-                    .ports
-                    .iter()
-                    .find(|(pn, _)| pn == n)
-                    .and_then(|(_, a)| a.clone());
-                let mut v = serde_json::json!({"name": n, "port": p, "protocol": "TCP"});
-                if let Some(a) = app {
-                    v["appProtocol"] = a.into();
-                }
-                v
-            })
-            .collect();
-        let endpoints: Vec<serde_json::Value> = ips
-            .iter()
-            .map(|ip| {
-                serde_json::json!({"addresses": [ip.to_string()],
+    for ((v6, ports), all_ips) in groups {
+        let all_ips: Vec<std::net::IpAddr> = all_ips.into_iter().collect();
+        for (chunk, ips) in all_ips.chunks(MAX_ENDPOINTS_PER_SLICE).enumerate() {
+            let sig: String = ports
+                .iter()
+                .map(|(n, p)| format!("{n}{p}"))
+                .collect::<Vec<_>>()
+                .join("-");
+            // The first slice of a shape keeps the name it always had; more are numbered.
+            let more = if chunk == 0 {
+                String::new()
+            } else {
+                format!("-{chunk}")
+            };
+            let name = child_name(
+                &svc.name,
+                &format!("-{}{:x}{more}", if v6 { "6-" } else { "" }, fnv(&sig)),
+            );
+            let slice_ports: Vec<serde_json::Value> = ports
+                .iter()
+                .map(|(n, p)| {
+                    let app = svc
+                        .ports
+                        .iter()
+                        .find(|(pn, _)| pn == n)
+                        .and_then(|(_, a)| a.clone());
+                    let mut v = serde_json::json!({"name": n, "port": p, "protocol": "TCP"});
+                    if let Some(a) = app {
+                        v["appProtocol"] = a.into();
+                    }
+                    v
+                })
+                .collect();
+            let endpoints: Vec<serde_json::Value> = ips
+                .iter()
+                .map(|ip| {
+                    serde_json::json!({"addresses": [ip.to_string()],
                     "conditions": {"ready": true, "serving": true, "terminating": false}})
-            })
-            .collect();
-        let body = serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": name,
-                "namespace": &*key.namespace,
-                "labels": {
-                    labels::ENDPOINTSLICE_SERVICE_NAME: svc.name,
-                    labels::ENDPOINTSLICE_MANAGED_BY: labels::MANAGED_BY_AUTOSCALER,
-                    labels::REVISION: &*key.name,
-                    labels::SERVICE_TYPE: labels::SERVICE_TYPE_PUBLIC,
+                })
+                .collect();
+            let body = serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": name,
+                    "namespace": &*key.namespace,
+                    "labels": {
+                        labels::ENDPOINTSLICE_SERVICE_NAME: svc.name,
+                        labels::ENDPOINTSLICE_MANAGED_BY: labels::MANAGED_BY_AUTOSCALER,
+                        labels::REVISION: &*key.name,
+                        labels::SERVICE_TYPE: labels::SERVICE_TYPE_PUBLIC,
+                    },
+                    "ownerReferences": [{
+                        "apiVersion": "v1", "kind": "Service", "name": svc.name, "uid": svc.uid,
+                        "controller": true, "blockOwnerDeletion": true,
+                    }],
                 },
-                "ownerReferences": [{
-                    "apiVersion": "v1", "kind": "Service", "name": svc.name, "uid": svc.uid,
-                    "controller": true, "blockOwnerDeletion": true,
-                }],
-            },
-            "addressType": if v6 { "IPv6" } else { "IPv4" },
-            "ports": slice_ports,
-            "endpoints": endpoints,
-        });
-        out.insert(name, body);
+                "addressType": if v6 { "IPv6" } else { "IPv4" },
+                "ports": slice_ports,
+                "endpoints": endpoints,
+            });
+            out.insert(name, body);
+        }
     }
     out
 }
@@ -908,4 +920,43 @@ async fn write(
     }
     tracing::debug!(revision = %key, "public slices in place");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_slices_split_at_a_thousand_endpoints() {
+        let key = RevisionKey::new("default", "big-00001");
+        let svc = PublicService {
+            name: "big-00001".into(),
+            uid: "uid".into(),
+            ports: vec![("http".into(), None)],
+        };
+        let backends: Vec<Backend> = (0..2500u32)
+            .map(|i| {
+                let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+                (ip, BTreeMap::from([("http".to_string(), 8012)]))
+            })
+            .collect();
+        let out = slices(&key, &svc, &backends);
+        let sizes: Vec<usize> = out
+            .values()
+            .map(|s| s["endpoints"].as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes.len(), 3, "{sizes:?}");
+        assert!(sizes.iter().all(|n| *n <= MAX_ENDPOINTS_PER_SLICE));
+        assert_eq!(sizes.iter().sum::<usize>(), 2500);
+        // Every address once; the first slice keeps the name one slice always had.
+        let mut seen = BTreeSet::new();
+        for s in out.values() {
+            for e in s["endpoints"].as_array().unwrap() {
+                assert!(seen.insert(e["addresses"][0].as_str().unwrap().to_string()));
+            }
+        }
+        let small = slices(&key, &svc, &backends[..10]);
+        let first = small.keys().next().unwrap();
+        assert!(out.contains_key(first));
+    }
 }
