@@ -414,3 +414,30 @@ async fn min_scale_stops_holding_a_revision_no_route_uses() {
     let replicas = h.run("r", 1200, 1400, |_| 0.0).await;
     assert_eq!(replicas.last(), Some(&0), "unreachable: taken to zero");
 }
+
+/// Knative's decider reports an excess burst capacity of 0 until its first decision (a
+/// decider built with 2 ready pods included); the activator stays in the path meanwhile, and
+/// the first decision reports the real value.
+#[tokio::test(start_paused = true)]
+async fn excess_burst_capacity_reads_zero_until_the_first_decision() {
+    let platform = MemoryPlatform::new();
+    platform.set_ready(&key("r"), 2);
+    let mut h = harness(
+        vec![revision("r", |_| {})],
+        platform,
+        ActivatorPath::FollowsDecision,
+    );
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    let st = h.scaler.status(&key("r")).unwrap();
+    assert_eq!(st.excess_burst_capacity, 0);
+    assert!(st.activator_in_path, "no decision yet: the activator stays");
+    // Load of 1 at second 1000 with the 2 pods still ready, decided at the tick:
+    // 2 pods × 100 − 211 − 1.
+    let now = clock::instant_of(1000);
+    h.scaler
+        .ingest(StatMessage::Record(stat("r", 1000, 1.0)), now);
+    h.scaler.tick(now).await;
+    let st = h.scaler.status(&key("r")).unwrap();
+    assert_eq!(st.excess_burst_capacity, 200 - 211 - 1);
+    assert!(st.activator_in_path);
+}

@@ -93,12 +93,6 @@ impl Decider {
         d
     }
 
-    /// The excess burst capacity a revision is assumed to have before its first decision:
-    /// `initial-scale × total − TBC` (0 or −1 when TBC is 0 or −1).
-    pub fn initial_excess_burst_capacity(spec: &AutoscalingSpec) -> i64 {
-        excess_burst_capacity(spec, f64::from(spec.initial_scale), 0.0)
-    }
-
     /// Whether the decider is in panic mode.
     pub fn panicking(&self) -> bool {
         self.panic_since.is_some()

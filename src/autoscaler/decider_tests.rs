@@ -238,15 +238,3 @@ fn a_new_decider_with_several_ready_pods_starts_in_panic_holding_them() {
     assert!(!Decider::new(&s, 1, at(0)).panicking());
     assert!(!Decider::new(&s, 0, at(0)).panicking());
 }
-
-#[test]
-fn initial_excess_burst_capacity_assumes_initial_scale() {
-    let mut s = spec();
-    assert_eq!(Decider::initial_excess_burst_capacity(&s), 100 - 211);
-    s.initial_scale = 3;
-    assert_eq!(Decider::initial_excess_burst_capacity(&s), 300 - 211);
-    s.target_burst_capacity = 0.0;
-    assert_eq!(Decider::initial_excess_burst_capacity(&s), 0);
-    s.target_burst_capacity = -1.0;
-    assert_eq!(Decider::initial_excess_burst_capacity(&s), -1);
-}

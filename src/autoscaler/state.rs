@@ -185,8 +185,9 @@ impl RevisionState {
         };
         // Right from adoption: a revision adopted with several ready pods starts in panic
         // (Knative's rule, so a restarted autoscaler does not scale it down), and says so.
-        let ebc = Decider::initial_excess_burst_capacity(&spec);
-        gauges.set([0, i64::from(ready), i64::from(ready > 1), ebc]);
+        // Before its first decision the decider reports an excess burst capacity of 0, as
+        // Knative's does; the activator stays in the path until that decision regardless.
+        gauges.set([0, i64::from(ready), i64::from(ready > 1), 0]);
         gauges.set_load(&spec, None, metrics);
         let lifecycle = if found.initialized {
             Lifecycle::adopted(&spec, spec.reachable, ready, found.replicas, now)
@@ -197,7 +198,7 @@ impl RevisionState {
         Self {
             decider: Decider::new(&spec, ready, now),
             lifecycle,
-            excess_burst_capacity: Decider::initial_excess_burst_capacity(&spec),
+            excess_burst_capacity: 0,
             panicking: ready > 1,
             spec,
             slot,
@@ -443,7 +444,11 @@ impl RevisionState {
             }
             self.hold_path = false;
         }
-        let in_path = !(verdict.want > 0 && self.excess_burst_capacity >= 0) || ready == 0;
+        // No decision yet: the excess burst capacity is not known (it reads 0), so the
+        // activator stays (Knative's SKS would leave for one tick and come back).
+        let decided = self.decided >= 0;
+        let in_path =
+            !(decided && verdict.want > 0 && self.excess_burst_capacity >= 0) || ready == 0;
         if in_path != self.activator_in_path {
             debug!(in_path, "activator path changes");
             self.activator_in_path = in_path;
