@@ -26,6 +26,7 @@ use thaw::knative::{
 use tokio::task::JoinHandle;
 
 use crate::kube_support::TestApi;
+use crate::kube_support::relay::Relay;
 
 const NS: &str = "default";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -68,6 +69,34 @@ async fn start() -> Running {
         _api: api,
         client,
         task,
+    }
+}
+
+/// The Route controller alone, talking to the API server through a relay the test can hold
+/// (its own requests go direct); not started until [`Running::start_controller`].
+async fn start_via_relay() -> (Running, Relay) {
+    let api = TestApi::start().await;
+    let relay = Relay::start(api.addr()).await;
+    let client = api.client();
+    let run = Running {
+        _api: api,
+        client,
+        task: tokio::spawn(async {}),
+    };
+    (run, relay)
+}
+
+impl Running {
+    fn start_controller(&mut self, via: &Relay) {
+        let ctx: Arc<Ctx> = Ctx::with_options(
+            kube_support::client_at(via.addr()),
+            Settings::default(),
+            CtxOptions {
+                namespace: Some(NS.into()),
+                ..CtxOptions::default()
+            },
+        );
+        self.task = tokio::spawn(thaw::controller::route::controller(ctx));
     }
 }
 
@@ -815,6 +844,58 @@ async fn a_deleted_route_lets_go_of_its_revisions() {
         .delete("hello", &Default::default())
         .await
         .unwrap();
+    wait_for(
+        "hello-00001 reserve",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("reserve"), None),
+    )
+    .await;
+}
+
+/// The race behind the test above, made certain: the Route's deletion reaches the controller
+/// before the labeler's patch of its revision does (the controller's Revision watch is held
+/// back at the relay meanwhile: an injected delay), so when the deletion is handled the
+/// controller's store does not show the revision listing the route. The revision still lets
+/// go of it once its watch catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_deleted_before_its_labeler_patch_is_seen_still_lets_go() {
+    let (mut run, relay) = start_via_relay().await;
+    // In the controller's first list, Ready and routed by no one.
+    revision(&run, "hello-00001", true).await;
+    relay.record("/routes?");
+    run.start_controller(&relay);
+    // The Revision watch starts once the first list is in the store; from then on its events
+    // wait at the relay.
+    wait_for(
+        "the controller's Revision watch",
+        || async { relay.watches("/revisions?").len() },
+        |n| *n > 0,
+    )
+    .await;
+    relay.hold(&["/revisions?", "watch=true"]);
+
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let revs = run.api::<Revision>();
+    wait_for(
+        "hello-00001 active (at the API server)",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("active"), Some("hello")),
+    )
+    .await;
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deletion forwarded to the controller",
+        || async { relay.forwarded("/routes?", "\"DELETED\"") },
+        |seen| *seen,
+    )
+    .await;
+    // The injected delay: the controller handles the deletion while its store still shows
+    // hello-00001 as it was before the labeler's patch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.release();
     wait_for(
         "hello-00001 reserve",
         || async { revs.get("hello-00001").await.unwrap() },

@@ -16,7 +16,9 @@
 //! 4. writes the status (url, address, traffic, conditions) when it changed.
 //!
 //! A deleted Route is taken off the revisions and configurations it marked (the labeler's
-//! cleanup, fed by the Route watch's deletions; its children go with it by owner reference).
+//! cleanup, fed by the Route watch's deletions and by any revision or configuration the
+//! stores see listing a route that no longer exists, so a labeler patch the store had not
+//! seen when the deletion came is still undone; its children go with it by owner reference).
 //!
 //! `IngressReady` is True once the VirtualService is written: nothing reports Istio's own
 //! progress back here (net-istio's prober is not reimplemented), so True means "programmed",
@@ -615,7 +617,29 @@ async fn forget_deleted_routes(
         forget(&ctx, &stores, &ns, &name).await;
     }
     while let Some((ns, name)) = deleted.recv().await {
-        forget(&ctx, &stores, &ns, &name).await;
+        // A route named by a revision's watch event may have been re-created since.
+        if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
+            forget(&ctx, &stores, &ns, &name).await;
+        }
+    }
+}
+
+/// Sends every route `meta` lists that `routes` does not hold to the labeler's cleanup (which
+/// checks again once the Route store has listed). The deletion of a Route is seen once, and
+/// the revisions' store may not yet show the labeler's last patch when it is: without this, a
+/// revision listing a deleted route would keep it, and stay `active`, until the next start.
+fn report_listed_but_gone(
+    routes: &Store<Route>,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    cleanup: &tokio::sync::mpsc::Sender<(String, String)>,
+) {
+    let ns = meta.namespace.clone().unwrap_or_default();
+    for route in labeler::listed(meta) {
+        if routes.get(&ObjectRef::new(&route).within(&ns)).is_none()
+            && cleanup.try_send((ns.clone(), route.clone())).is_err()
+        {
+            tracing::warn!(%route, "deletion queue full; swept at the next start");
+        }
     }
 }
 
@@ -653,6 +677,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     // (bounded: a deletion dropped when it is full is swept at the next start).
     let (routes, route_writer) = reflector::store::<Route>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
+    let (rev_gone, cfg_gone) = (deleted_tx.clone(), deleted_tx.clone());
     let route_stream = reflector::reflector(
         route_writer,
         watcher(ctx.watched::<Route>(), watcher::Config::default()),
@@ -692,9 +717,11 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let routes3 = routes.clone();
     let controller = controller
         .watches_stream(rev_stream, move |rev: Revision| {
+            report_listed_but_gone(&routes, &rev.metadata, &rev_gone);
             routes_where(&routes, rev.namespace(), |r| refers_to_revision(r, &rev))
         })
         .watches_stream(cfg_stream, move |cfg: Configuration| {
+            report_listed_but_gone(&routes2, &cfg.metadata, &cfg_gone);
             routes_where(&routes2, cfg.namespace(), |r| {
                 refers_to_configuration(r, &cfg)
             })
