@@ -62,6 +62,89 @@ fn admin_addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// The status of `path` on `addr` and its body (0 when nothing answers).
+async fn status_of(addr: SocketAddr, path: &str) -> (u16, String) {
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    match http().request(req).await {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            let body = http_body_util::BodyExt::collect(r.into_body())
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (code, String::from_utf8_lossy(&body).into_owned())
+        }
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// The status of an empty stats push to `addr` presenting `token`.
+async fn push_with(addr: SocketAddr, token: &str) -> u16 {
+    let req = http::Request::post(format!("http://{addr}/stats"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"source":"x","stats":[]}"#,
+        )))
+        .unwrap();
+    http().request(req).await.map_or(0, |r| r.status().as_u16())
+}
+
+/// An install with no stats token: the activator's /healthz answers at once and its /readyz
+/// says it waits for the token; the autoscaler leader creates the Secret and both turn ready.
+/// A rotated token is taken live by the autoscaler, and the one it replaced is still accepted
+/// (the grace period), so no push is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stats_token_is_made_waited_for_and_rotated_live() {
+    let c = Cluster::start_without_token(serde_json::json!({})).await;
+    let data: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let act_admin = free_port();
+    c.activator_service(&[data]).await;
+    // The activator alone first: healthy at once, not ready, and saying why.
+    let act = activator(&c, "act-1", data, act_admin);
+    let (code, body) = until(LONG, "the activator's /readyz", || async {
+        let (code, body) = status_of(admin_addr(act_admin), "/readyz").await;
+        (code != 0 && body.contains("stats token")).then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        status_of(admin_addr(act_admin), "/healthz").await,
+        (200, "ok\n".to_string()),
+        "{}",
+        act.logs()
+    );
+    assert_eq!(c.token().await, None);
+
+    // The autoscaler leader makes the Secret; both roles turn ready.
+    let (stats, as_admin) = (free_port(), free_port());
+    let scaler = autoscaler(&c, "as-1", stats, as_admin);
+    let made = until(LONG, "the Secret made by the leader", || c.token()).await;
+    assert_eq!(made.len(), 64, "a 32-byte random token in hex");
+    until(LONG, "both ready", || async {
+        (ready(act_admin).await && ready(as_admin).await).then_some(())
+    })
+    .await;
+    let stats_addr = admin_addr(stats);
+    assert_eq!(push_with(stats_addr, &made).await, 202, "{}", scaler.logs());
+
+    // Rotation: the new token is in force without a restart, the old one still accepted.
+    let rotated = "rotated-token-0123456789abcdefghij";
+    c.set_token(rotated).await;
+    until(LONG, "the rotated token accepted", || async {
+        (push_with(stats_addr, rotated).await == 202).then_some(())
+    })
+    .await;
+    assert_eq!(
+        push_with(stats_addr, &made).await,
+        202,
+        "within the grace period"
+    );
+    assert_eq!(push_with(stats_addr, "not-the-token-at-all-000").await, 401);
+    assert!(ready(act_admin).await, "{}", act.logs());
+}
+
 /// Cold start through two activators, their capacity split, the serving-mode swap and its
 /// order back to zero, the stats token, and a live ConfigMap edit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

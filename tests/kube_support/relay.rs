@@ -23,12 +23,15 @@ pub struct Relay {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A request line and the bytes of its answer forwarded so far.
+type Answer = (String, Vec<u8>);
+
 /// Request-line fragments whose answers are held back, and what was forwarded so far of the
 /// answers to each request line (for [`Relay::forwarded`]).
 #[derive(Clone, Default)]
 struct Held {
     fragments: Arc<watch::Sender<Vec<String>>>,
-    answered: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    answered: Arc<Mutex<Vec<Answer>>>,
     /// Fragments of the request lines whose answers are kept for [`Relay::forwarded`].
     recorded: Arc<Mutex<Vec<String>>>,
 }
