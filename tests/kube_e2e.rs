@@ -266,7 +266,25 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         (private.list(&lp).await.ok()?.items.len() == 2).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each activator has seen both pods and taken its own (until then one that sees a single
+    // pod shares it, and the two could both use it).
+    until(LONG, "each activator on its own pod", || async {
+        let mut seen = Vec::new();
+        for admin in [aa1, aa2] {
+            let v: serde_json::Value =
+                serde_json::from_str(&get_text(admin_addr(admin), "/revisions").await).ok()?;
+            let rev = v["revisions"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == "hello-00001")?
+                .clone();
+            seen.push(rev["ready"]["addresses"].as_array()?.clone());
+        }
+        let all: std::collections::BTreeSet<String> =
+            seen.iter().flatten().map(ToString::to_string).collect();
+        (seen.iter().all(|s| s.len() == 1) && all.len() == 2).then_some(())
+    })
+    .await;
     let mut all = Vec::new();
     for i in 0..16 {
         let client = client.clone();
@@ -296,7 +314,19 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         (c.replicas("hello-00001").await == 0).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The kubelet's next round records it.
+    until(
+        LONG,
+        "the kubelet's record of the scale to zero",
+        || async {
+            kubelet
+                .timeline()
+                .iter()
+                .any(|(_, s)| *s == Seen::Scale("hello-00001".into(), 0))
+                .then_some(())
+        },
+    )
+    .await;
     let timeline = kubelet.timeline();
     let zero_at = timeline
         .iter()
@@ -656,7 +686,18 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
     })
     .await;
     // The kubelet's next round records it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(
+        LONG,
+        "the kubelet's record of the scale to zero",
+        || async {
+            kubelet
+                .timeline()
+                .iter()
+                .any(|(_, s)| *s == Seen::Scale("side-00001".into(), 0))
+                .then_some(())
+        },
+    )
+    .await;
     let timeline = kubelet.timeline();
     let zero_at = timeline
         .iter()
