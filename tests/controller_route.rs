@@ -997,3 +997,40 @@ async fn an_invalid_route_is_reported_with_the_field_named() {
     set_traffic(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
     route_until(&run, "hello", "the route Ready", is_ready).await;
 }
+
+/// The race behind `a_missing_revision_is_revision_missing_until_it_exists_and_is_ready`'s
+/// flakes, made certain: reconciles that start before the Revision store's first list must all
+/// go on once it arrives. kube-runtime's `Store::wait_until_ready` wakes only the last of
+/// several waiters, so with two routes' reconciles (and the labeler's cleanup) waiting at once,
+/// all but one stayed stuck, and a stuck reconcile holds its route's key for good. The first
+/// list of Revisions is held back at the relay (an injected delay) while both reconciles start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reconcile_waiting_for_the_first_list_goes_on() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.hold(&["/revisions?", "limit="]);
+    run.start_controller(&relay);
+    // The Route store lists at once (its watch starts after its first list); both routes'
+    // reconciles are dispatched and wait for the Revision store.
+    wait_for(
+        "the controller's Route watch",
+        || async { relay.watches("/routes?").len() },
+        |n| *n > 0,
+    )
+    .await;
+    create_route(&run, "alpha", vec![to_revision("alpha-00001", 100)]).await;
+    create_route(&run, "beta", vec![to_revision("beta-00001", 100)]).await;
+    // The injected delay: both reconciles reach the wait before the list comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        relay.watches("/revisions?").is_empty(),
+        "the Revision list was held"
+    );
+    relay.release();
+    for name in ["alpha", "beta"] {
+        route_until(&run, name, "AllTrafficAssigned False", |r| {
+            r.as_ref().and_then(|r| cond(r, "AllTrafficAssigned"))
+                == Some((ConditionStatus::False, Some("RevisionMissing".into())))
+        })
+        .await;
+    }
+}

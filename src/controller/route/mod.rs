@@ -76,22 +76,37 @@ pub struct Stores {
     pub configurations: Store<Configuration>,
     pub virtual_services: Store<VirtualService>,
     pub placeholders: Store<KubeService>,
+    /// Open once every store above has its first list ([`Stores::gate`]).
+    pub ready: super::StoresReady,
 }
 
 impl Stores {
-    /// Returns once every store has its first list (at once after that).
+    /// Returns once every store has its first list (at once after that). Any number of tasks
+    /// may wait here at once (see [`super::StoresReady`]).
     pub async fn wait_until_ready(&self) -> Result<(), Error> {
-        let dropped = |e: reflector::store::WriterDropped| Error::Other(e.to_string());
-        self.revisions.wait_until_ready().await.map_err(dropped)?;
-        self.configurations
-            .wait_until_ready()
-            .await
-            .map_err(dropped)?;
-        self.virtual_services
-            .wait_until_ready()
-            .await
-            .map_err(dropped)?;
-        self.placeholders.wait_until_ready().await.map_err(dropped)
+        self.ready.wait().await
+    }
+
+    /// The gate of these four stores: one task awaits each store's own readiness in turn.
+    pub fn gate(
+        revisions: &Store<Revision>,
+        configurations: &Store<Configuration>,
+        virtual_services: &Store<VirtualService>,
+        placeholders: &Store<KubeService>,
+    ) -> super::StoresReady {
+        let (r, c, v, p) = (
+            revisions.clone(),
+            configurations.clone(),
+            virtual_services.clone(),
+            placeholders.clone(),
+        );
+        super::StoresReady::spawn(async move {
+            let dropped = |e: reflector::store::WriterDropped| e.to_string();
+            r.wait_until_ready().await.map_err(dropped)?;
+            c.wait_until_ready().await.map_err(dropped)?;
+            v.wait_until_ready().await.map_err(dropped)?;
+            p.wait_until_ready().await.map_err(dropped)
+        })
     }
 }
 
@@ -587,9 +602,12 @@ async fn forget_deleted_routes(
     ctx: Arc<Ctx>,
     stores: Stores,
     routes: Store<Route>,
+    mut routes_listed: tokio::sync::watch::Receiver<bool>,
     mut deleted: tokio::sync::mpsc::Receiver<(String, String)>,
 ) {
-    if stores.wait_until_ready().await.is_err() || routes.wait_until_ready().await.is_err() {
+    // The Route store's readiness is the applier's to await (kube-runtime's wait wakes one
+    // waiter only): its first list is known here from the Route watch's InitDone.
+    if stores.wait_until_ready().await.is_err() || routes_listed.wait_for(|l| *l).await.is_err() {
         return;
     }
     let mut gone = std::collections::BTreeSet::new();
@@ -678,19 +696,25 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let (routes, route_writer) = reflector::store::<Route>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
     let (rev_gone, cfg_gone) = (deleted_tx.clone(), deleted_tx.clone());
+    let (routes_listed_tx, routes_listed) = tokio::sync::watch::channel(false);
     let route_stream = reflector::reflector(
         route_writer,
         watcher(ctx.watched::<Route>(), watcher::Config::default()),
     )
     .default_backoff()
-    .inspect(move |ev| {
-        if let Ok(watcher::Event::Delete(r)) = ev
-            && deleted_tx
+    .inspect(move |ev| match ev {
+        Ok(watcher::Event::Delete(r))
+            if deleted_tx
                 .try_send((r.namespace().unwrap_or_default(), r.name_any()))
-                .is_err()
+                .is_err() =>
         {
             tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
         }
+        // The reflector has applied the first list to the store by now.
+        Ok(watcher::Event::InitDone) => {
+            routes_listed_tx.send_replace(true);
+        }
+        _ => {}
     })
     .applied_objects();
     let (virtual_services, vs_writer) = reflector::store::<VirtualService>();
@@ -726,13 +750,26 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 refers_to_configuration(r, &cfg)
             })
         });
+    let ready = Stores::gate(
+        &revisions,
+        &configurations,
+        &virtual_services,
+        &placeholders,
+    );
     let stores = Stores {
         revisions,
         configurations,
         virtual_services,
         placeholders,
+        ready,
     };
-    let cleanup = forget_deleted_routes(ctx.clone(), stores.clone(), routes3, deleted_rx);
+    let cleanup = forget_deleted_routes(
+        ctx.clone(),
+        stores.clone(),
+        routes3,
+        routes_listed,
+        deleted_rx,
+    );
     let run = super::run(ctx.clone(), KIND, controller, move |route, ctx| {
         reconcile(route, ctx, stores.clone())
     });
