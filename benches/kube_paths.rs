@@ -226,7 +226,7 @@ async fn poke_to_patch(api: &kube_support::TestApi) {
     let token = Token::new(b"bench-token-0123456789").unwrap();
     let (_leading_tx, leading) = watch::channel(true);
     let port = Arc::new(server::StatsPort {
-        token: token.clone(),
+        token: token.clone().into(),
         leading,
         stats: stats_tx,
         states,
@@ -240,7 +240,7 @@ async fn poke_to_patch(api: &kube_support::TestApi) {
     let sink = push::start(
         push::PushSettings {
             leader,
-            token,
+            token: token.into(),
             source: "bench".into(),
             metrics: telemetry.remote.clone(),
             dropped: Default::default(),

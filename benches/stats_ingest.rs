@@ -102,7 +102,7 @@ fn receiver(stream: bool) -> (SocketAddr, std::thread::JoinHandle<Duration>) {
             } else {
                 let (_lead, leading) = watch::channel(true);
                 let port = Arc::new(server::StatsPort {
-                    token: Token::new(b"bench-token-0123456789").unwrap(),
+                    token: Token::new(b"bench-token-0123456789").unwrap().into(),
                     leading,
                     stats: tx,
                     states,

@@ -13,7 +13,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Debug, Parser)]
 #[command(
     name = "thaw",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("THAW_GIT_COMMIT"), ")"),
     about = "A scale-to-zero serving data plane",
     after_help = EXIT_CODES
 )]

@@ -189,3 +189,75 @@ async fn one_leader_reconciles_and_a_killed_leader_is_replaced() {
     let survivor = if new_leader == "ctl-a" { &a } else { &b };
     assert!(survivor.logs().contains("leading"), "{}", survivor.logs());
 }
+
+/// One image setting: with no `queue-sidecar-image` in config-deployment, a revision's queue
+/// sidecar runs the controller's own image, read from its Pod (here a Pod object written as
+/// the kubelet would have it, named as the replica); a `queue-sidecar-image` set wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_sidecar_runs_the_controllers_own_image() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let c = Cluster::start(serde_json::json!({})).await;
+    let image = "registry.example/team/thaw:v1.2.3";
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), SYSTEM);
+    pods.create(
+        &PostParams::default(),
+        &obj(serde_json::json!({
+            "metadata": {"name": "ctl-img"},
+            "spec": {"containers": [
+                {"name": "controller", "image": image, "args": ["controller"]}
+            ]}
+        })),
+    )
+    .await
+    .unwrap();
+    let _ctl = controller(&c, "ctl-img", free_port());
+    let svcs: Api<Service> = Api::namespaced(c.client.clone(), NS);
+    let deps: Api<Deployment> = Api::namespaced(c.client.clone(), NS);
+    let sidecar_of = |svc: &'static str| {
+        let deps = deps.clone();
+        async move {
+            let name = thaw::knative::names::child_name(&format!("{svc}-00001"), "-deployment");
+            let d = deps.get_opt(&name).await.ok().flatten()?;
+            d.spec?
+                .template
+                .spec?
+                .containers
+                .into_iter()
+                .find(|c| c.name == "queue-proxy")?
+                .image
+        }
+    };
+    svcs.create(&PostParams::default(), &service("own"))
+        .await
+        .unwrap();
+    let got = until(Duration::from_secs(30), "own's Deployment", || {
+        sidecar_of("own")
+    })
+    .await;
+    assert_eq!(got, image);
+
+    c.config_map(
+        "config-deployment",
+        serde_json::json!({"queue-sidecar-image": "registry.example/sidecar:v9"}),
+    )
+    .await;
+    // The reload is asynchronous: a new Service's revision shows it once it is in force.
+    let mut n = 0;
+    loop {
+        n += 1;
+        let name: &'static str = Box::leak(format!("set{n}").into_boxed_str());
+        svcs.create(&PostParams::default(), &service(name))
+            .await
+            .unwrap();
+        let got = until(Duration::from_secs(30), "the Deployment", || {
+            sidecar_of(name)
+        })
+        .await;
+        if got == "registry.example/sidecar:v9" {
+            break;
+        }
+        assert_eq!(got, image);
+        assert!(n < 50, "config-deployment's image never applied");
+    }
+}

@@ -26,6 +26,7 @@ use thaw::knative::{
 use tokio::task::JoinHandle;
 
 use crate::kube_support::TestApi;
+use crate::kube_support::relay::Relay;
 
 const NS: &str = "default";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -68,6 +69,34 @@ async fn start() -> Running {
         _api: api,
         client,
         task,
+    }
+}
+
+/// The Route controller alone, talking to the API server through a relay the test can hold
+/// (its own requests go direct); not started until [`Running::start_controller`].
+async fn start_via_relay() -> (Running, Relay) {
+    let api = TestApi::start().await;
+    let relay = Relay::start(api.addr()).await;
+    let client = api.client();
+    let run = Running {
+        _api: api,
+        client,
+        task: tokio::spawn(async {}),
+    };
+    (run, relay)
+}
+
+impl Running {
+    fn start_controller(&mut self, via: &Relay) {
+        let ctx: Arc<Ctx> = Ctx::with_options(
+            kube_support::client_at(via.addr()),
+            Settings::default(),
+            CtxOptions {
+                namespace: Some(NS.into()),
+                ..CtxOptions::default()
+            },
+        );
+        self.task = tokio::spawn(thaw::controller::route::controller(ctx));
     }
 }
 
@@ -823,6 +852,58 @@ async fn a_deleted_route_lets_go_of_its_revisions() {
     .await;
 }
 
+/// The race behind the test above, made certain: the Route's deletion reaches the controller
+/// before the labeler's patch of its revision does (the controller's Revision watch is held
+/// back at the relay meanwhile: an injected delay), so when the deletion is handled the
+/// controller's store does not show the revision listing the route. The revision still lets
+/// go of it once its watch catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_deleted_before_its_labeler_patch_is_seen_still_lets_go() {
+    let (mut run, relay) = start_via_relay().await;
+    // In the controller's first list, Ready and routed by no one.
+    revision(&run, "hello-00001", true).await;
+    relay.record("/routes?");
+    run.start_controller(&relay);
+    // The Revision watch starts once the first list is in the store; from then on its events
+    // wait at the relay.
+    wait_for(
+        "the controller's Revision watch",
+        || async { relay.watches("/revisions?").len() },
+        |n| *n > 0,
+    )
+    .await;
+    relay.hold(&["/revisions?", "watch=true"]);
+
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let revs = run.api::<Revision>();
+    wait_for(
+        "hello-00001 active (at the API server)",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("active"), Some("hello")),
+    )
+    .await;
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deletion forwarded to the controller",
+        || async { relay.forwarded("/routes?", "\"DELETED\"") },
+        |seen| *seen,
+    )
+    .await;
+    // The injected delay: the controller handles the deletion while its store still shows
+    // hello-00001 as it was before the labeler's patch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.release();
+    wait_for(
+        "hello-00001 reserve",
+        || async { revs.get("hello-00001").await.unwrap() },
+        |r| state(r) == (Some("reserve"), None),
+    )
+    .await;
+}
+
 /// 1,000 Routes, each to its own Ready revision, from nothing to Ready (VirtualService,
 /// placeholder Service, labeler, status); prints the wall time
 /// (`cargo test --test controller_route measure -- --ignored --nocapture`).
@@ -915,4 +996,41 @@ async fn an_invalid_route_is_reported_with_the_field_named() {
     // Fixed: programmed and Ready.
     set_traffic(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
     route_until(&run, "hello", "the route Ready", is_ready).await;
+}
+
+/// The race behind `a_missing_revision_is_revision_missing_until_it_exists_and_is_ready`'s
+/// flakes, made certain: reconciles that start before the Revision store's first list must all
+/// go on once it arrives. kube-runtime's `Store::wait_until_ready` wakes only the last of
+/// several waiters, so with two routes' reconciles (and the labeler's cleanup) waiting at once,
+/// all but one stayed stuck, and a stuck reconcile holds its route's key for good. The first
+/// list of Revisions is held back at the relay (an injected delay) while both reconciles start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reconcile_waiting_for_the_first_list_goes_on() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.hold(&["/revisions?", "limit="]);
+    run.start_controller(&relay);
+    // The Route store lists at once (its watch starts after its first list); both routes'
+    // reconciles are dispatched and wait for the Revision store.
+    wait_for(
+        "the controller's Route watch",
+        || async { relay.watches("/routes?").len() },
+        |n| *n > 0,
+    )
+    .await;
+    create_route(&run, "alpha", vec![to_revision("alpha-00001", 100)]).await;
+    create_route(&run, "beta", vec![to_revision("beta-00001", 100)]).await;
+    // The injected delay: both reconciles reach the wait before the list comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        relay.watches("/revisions?").is_empty(),
+        "the Revision list was held"
+    );
+    relay.release();
+    for name in ["alpha", "beta"] {
+        route_until(&run, name, "AllTrafficAssigned False", |r| {
+            r.as_ref().and_then(|r| cond(r, "AllTrafficAssigned"))
+                == Some((ConditionStatus::False, Some("RevisionMissing".into())))
+        })
+        .await;
+    }
 }

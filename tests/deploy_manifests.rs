@@ -265,6 +265,7 @@ fn run(cmd: &mut Command) -> (bool, String) {
 fn built_in_files() -> Vec<PathBuf> {
     let mut files = listed();
     files.extend(examples());
+    files.extend(component_files());
     files.retain(|f| {
         let d = docs(f);
         let built_in = d.iter().filter(|d| is_built_in(d)).count();
@@ -438,9 +439,10 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     let keys: BTreeSet<&str> = k.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
         keys,
-        BTreeSet::from(["apiVersion", "kind", "resources", "images"]),
+        BTreeSet::from(["apiVersion", "kind", "resources"]),
         "kustomization.yaml: unexpected keys (a namespace: transformer would also rewrite the \
-         ClusterRoleBindings' subjects)"
+         ClusterRoleBindings' subjects; an images: transformer breaks Debian's kubectl 1.20, \
+         whose kustomize takes the CRDs' `containers` schema for a pod's list)"
     );
     let files = listed();
     for f in &files {
@@ -453,11 +455,13 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     let unique: BTreeSet<&PathBuf> = files.iter().collect();
     assert_eq!(unique.len(), files.len(), "a file is listed twice");
 
-    // Every manifest under deploy/ is listed, except the examples and the RBAC table.
+    // Every manifest under deploy/ is listed, except the examples, the optional components and
+    // the RBAC table.
     let mut present = Vec::new();
     yaml_files(&deploy(), &mut present);
     present.retain(|p| {
         !p.starts_with(deploy().join("examples"))
+            && !p.starts_with(deploy().join("components"))
             && !p.ends_with("kustomization.yaml")
             && !p.ends_with("rbac-table.yaml")
     });
@@ -513,17 +517,22 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
         }
     }
 
-    // The image the Deployments name is the one kustomization.yaml retags.
-    let image = k["images"][0]["name"].as_str().unwrap();
+    // One image for every role (an overlay's `images: [{name: thaw, ...}]` retags them all;
+    // the controller gives the queue sidecar its own).
     for (_, d) in all.iter().filter(|(_, d)| kind(d).1 == "Deployment") {
         for c in d["spec"]["template"]["spec"]["containers"]
             .as_array()
             .unwrap()
         {
-            let img = c["image"].as_str().unwrap();
-            assert_eq!(img.split(':').next().unwrap(), image, "{}", name(d));
+            assert_eq!(c["image"].as_str().unwrap(), "thaw:dev", "{}", name(d));
         }
     }
+    // config-deployment names no sidecar image, so the controller's own is used.
+    let cd = find(&all, "ConfigMap", "config-deployment");
+    assert!(
+        cd["data"]["queue-sidecar-image"].is_null(),
+        "config-deployment sets queue-sidecar-image: the sidecar would not follow the roles' image"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -569,6 +578,13 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
             std::fs::write(&copy, deploy_copy_text(&src, &text)).unwrap();
         }
         let want = read_manifest(&src).unwrap_or_else(|e| panic!("{}: {e}", rel(&src)));
+        // config/ and deploy/config/ agree on the namespace: the one thaw reads.
+        assert_eq!(
+            want.namespace.as_deref(),
+            Some(SYSTEM_NAMESPACE),
+            "{}",
+            rel(&src)
+        );
         let got = read_manifest(&copy).unwrap_or_else(|e| {
             panic!(
                 "{}: {e} (write the copies: {BLESS}; list a new one in kustomization.yaml)",
@@ -1192,6 +1208,16 @@ fn the_dockerfile_builds_a_minimal_nonroot_image_of_thaw() {
         "builder {tag} < rust-version {msrv}"
     );
     assert!(text.contains("cargo build --release --locked --bin thaw"));
+    // The commit comes in as a build argument that build.rs reads; the image gets the binary
+    // stripped (its size: README).
+    assert!(
+        text.contains("ARG GIT_COMMIT"),
+        "a GIT_COMMIT build argument"
+    );
+    assert!(text.contains("GIT_COMMIT=\"$GIT_COMMIT\" cargo build --release"));
+    assert!(text.contains("strip --strip-all -o /thaw target/release/thaw"));
+    let build_rs = std::fs::read_to_string(root().join("build.rs")).unwrap();
+    assert!(build_rs.contains("from_env(\"GIT_COMMIT\")"));
     // The runtime is distroless, nonroot, with the binary as its entrypoint.
     assert!(
         froms[1].starts_with("gcr.io/distroless/cc-debian12:nonroot"),
@@ -1276,5 +1302,487 @@ fn the_sample_sidecar_pod_is_consistent_with_thaw_queues_settings() {
         "terminationGracePeriodSeconds {grace} < drain delay {:?} + timeout {:?}",
         s.drain_delay,
         s.timeouts.total
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// kubectl: deploy/ renders; the sidecar image follows; the README's sequence; the kit.
+
+/// `Some(version)` if kubectl runs (Debian's `kubernetes-client`, which .ci/run installs);
+/// `None` (skip) only when it is missing and THAW_SKIP_MANIFEST_TOOLS is set.
+fn kubectl() -> Option<String> {
+    match Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        other => {
+            let why = match other {
+                Ok(out) => format!("exited {}", out.status),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                std::env::var_os("THAW_SKIP_MANIFEST_TOOLS").is_some(),
+                "kubectl not available ({why}): `apt-get install kubernetes-client` (.ci/run \
+                 does), or set THAW_SKIP_MANIFEST_TOOLS=1 to skip these checks"
+            );
+            eprintln!("SKIPPED: kubectl not available ({why}); THAW_SKIP_MANIFEST_TOOLS is set");
+            None
+        }
+    }
+}
+
+/// Whether `kubectl version --client`'s answer is 1.21 or later, whose kustomize (v4+) has
+/// components, directories as resources and an images transformer that skips CRDs. Debian
+/// bookworm's kubernetes-client is 1.20 (kustomize 2.0.3): deploy/ itself renders there.
+fn modern_kustomize(version: &str) -> bool {
+    let minor = version
+        .split("Minor:\"")
+        .nth(1)
+        .or_else(|| version.split("v1.").nth(1))
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse::<u32>().ok());
+    minor.is_some_and(|m| m >= 21)
+}
+
+/// `kubectl kustomize dir`'s documents.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let (ok, out) = run(Command::new("kubectl").arg("kustomize").arg(dir));
+    assert!(ok, "kubectl kustomize {}:\n{out}", dir.display());
+    serde_saphyr::from_multiple::<Value>(&out)
+        .unwrap_or_else(|e| panic!("kubectl kustomize {}: {e}", dir.display()))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn rendered<'a>(all: &'a [Value], kind_: &str, name_: &str) -> &'a Value {
+    all.iter()
+        .find(|d| kind(d).1 == kind_ && name(d) == name_)
+        .unwrap_or_else(|| panic!("no {kind_} {name_} rendered"))
+}
+
+/// A kustomization in a fresh directory under the target dir (an overlay must reach deploy/
+/// by a relative path, and may not live inside it), with `body` below its header and `base`
+/// standing for the relative path to deploy/.
+fn overlay(body: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let from = dir.path().canonicalize().unwrap();
+    let to = deploy().canonicalize().unwrap();
+    let common = from
+        .ancestors()
+        .find(|a| to.starts_with(a))
+        .expect("a common ancestor");
+    let ups = from.strip_prefix(common).unwrap().components().count();
+    let base = format!(
+        "{}{}",
+        "../".repeat(ups),
+        to.strip_prefix(common).unwrap().display()
+    );
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n{}",
+            body.replace("BASE", &base)
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+fn component_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    yaml_files(&deploy().join("components"), &mut out);
+    out.retain(|p| !p.ends_with("kustomization.yaml"));
+    out
+}
+
+#[test]
+fn kubectl_renders_deploy_and_an_overlay_retags_every_role() {
+    let Some(version) = kubectl() else {
+        return;
+    };
+    eprintln!("{version}");
+    let all = kustomize(&deploy());
+    assert_eq!(all.len(), applied().len(), "every listed document rendered");
+    let image = |d: &Value| {
+        d["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for role in ["activator", "autoscaler", "controller"] {
+        assert_eq!(image(rendered(&all, "Deployment", role)), "thaw:dev");
+    }
+    // An overlay naming a registry's image (as the README says) retags every role; the
+    // sidecar follows through the controller (tests/controller_roles.rs). Needs a kustomize
+    // whose images transformer skips CRDs (kubectl 1.21+), unlike Debian's kubectl 1.20.
+    let dir = overlay(
+        "resources:\n  - BASE\nimages:\n  - name: thaw\n    newName: registry.example/team/thaw\n    newTag: v1.2.3\n",
+    );
+    if !modern_kustomize(&version) {
+        eprintln!("SKIPPED the overlay: this kubectl's kustomize (before 1.21) cannot: {version}");
+        return;
+    }
+    let all = kustomize(dir.path());
+    for role in ["activator", "autoscaler", "controller"] {
+        assert_eq!(
+            image(rendered(&all, "Deployment", role)),
+            "registry.example/team/thaw:v1.2.3"
+        );
+    }
+}
+
+/// The first `sh` block of the README's section `heading`: its commands, one per line
+/// (comments and blank lines dropped, `\` continuations joined).
+fn readme_commands(heading: &str) -> (String, Vec<String>) {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("README has no section {heading:?}"));
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block");
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    for line in block.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (line, more) = match line.strip_suffix('\\') {
+            Some(l) => (l.trim_end(), true),
+            None => (line, false),
+        };
+        pending.push_str(line);
+        if more {
+            pending.push(' ');
+        } else {
+            out.push(std::mem::take(&mut pending));
+        }
+    }
+    (section.to_string(), out)
+}
+
+#[test]
+fn the_readme_kubernetes_sequence_applies_in_order_what_deploy_holds() {
+    let (section, cmds) = readme_commands("Run on Kubernetes");
+    let at = |needle: &str| {
+        cmds.iter()
+            .position(|c| c.contains(needle))
+            .unwrap_or_else(|| panic!("no command with {needle:?}: {cmds:#?}"))
+    };
+    // The image exists before it is loaded; deploy/ is applied before anything waits on it;
+    // a namespace exists before anything goes in it; the Service before it is waited for.
+    let build = at("docker build");
+    assert!(
+        cmds[build].contains("--build-arg GIT_COMMIT="),
+        "{}",
+        cmds[build]
+    );
+    assert!(build < at("kind load docker-image thaw:dev"));
+    let apply = at("kubectl apply --server-side -k deploy/");
+    assert!(at("kind load") < apply);
+    assert!(apply < at("-n thaw-system wait deployment --all"));
+    assert!(at("create namespace knative-serving") < at("gateway.yaml"));
+    assert!(apply < at("helloworld.yaml"));
+    assert!(at("helloworld.yaml") < at("kubectl wait ksvc/helloworld-go"));
+    assert!(at("kubectl wait ksvc/") < at("curl "));
+    // No manual step for the stats token: the autoscaler leader makes it.
+    assert!(
+        !cmds.iter().any(|c| c.contains("secret")),
+        "no Secret step: {cmds:#?}"
+    );
+
+    // Every file named exists; every object named is in what those files hold.
+    let mut applied_docs: Vec<Value> = applied().into_iter().map(|(_, d)| d).collect();
+    for c in &cmds {
+        for word in c.split_whitespace() {
+            let word = word.trim_matches(|ch| ch == '"' || ch == '\'');
+            if word.starts_with("deploy/") {
+                let p = root().join(word);
+                assert!(p.exists(), "{c}: {word} does not exist");
+                if p.is_file() {
+                    applied_docs.extend(docs(&p));
+                }
+            }
+        }
+    }
+    let has = |kind_: &str, name_: &str, ns: &str| {
+        applied_docs.iter().any(|d| {
+            kind(d).1 == kind_ && name(d) == name_ && str_at(d, "/metadata/namespace") == ns
+        })
+    };
+    let ksvc = at("kubectl wait ksvc/");
+    let service = cmds[ksvc]
+        .split("ksvc/")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert!(has("Service", service, "default"), "ksvc {service}");
+    assert!(cmds[at("kubectl get ksvc")].contains(service));
+    let gateway_ns = cmds[at("create namespace")]
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(has("Gateway", "knative-ingress-gateway", &gateway_ns));
+    // The Host sent is the Service's route host under config-domain's default domain.
+    let domain = docs(&deploy().join("config/config-domain.yaml"))[0]["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|k| !k.starts_with('_'))
+        .cloned()
+        .unwrap_or_else(|| "example.com".into());
+    let host = format!("Host: {service}.default.{domain}");
+    assert!(cmds[at("curl ")].contains(&host), "curl sends {host:?}");
+    // Every role's Deployment is waited for in thaw-system.
+    for role in ["activator", "autoscaler", "controller"] {
+        assert!(has("Deployment", role, SYSTEM_NAMESPACE));
+    }
+
+    // The minimum Kubernetes version is stated, and is one with the preStop sleep action.
+    let stated = section
+        .split("Kubernetes 1.")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse::<u32>().ok())
+        .expect("the README's Run on Kubernetes states `Kubernetes 1.N or later`");
+    assert!(section.contains(&format!("Kubernetes 1.{stated} or later")));
+    let uses_sleep = applied().iter().any(|(_, d)| {
+        d["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| !c["lifecycle"]["preStop"]["sleep"].is_null())
+            })
+    });
+    assert!(
+        !uses_sleep || stated >= 30,
+        "preStop sleep needs 1.30, stated 1.{stated}"
+    );
+
+    if kubectl().is_some() {
+        kustomize(&deploy());
+    }
+}
+
+#[test]
+fn the_roles_answer_health_at_once_and_a_startup_probe_covers_the_first_sync() {
+    let all = applied();
+    for role in ["activator", "autoscaler"] {
+        let d = find(&all, "Deployment", role);
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        let admin = listen_port(c, "--admin-listen");
+        assert_eq!(container_port(c, "admin"), admin, "{role}");
+        assert_eq!(
+            str_at(c, "/livenessProbe/httpGet/path"),
+            "/healthz",
+            "{role}"
+        );
+        assert_eq!(
+            str_at(c, "/readinessProbe/httpGet/path"),
+            "/readyz",
+            "{role}"
+        );
+        // The startup probe waits for what readiness waits for (first sync, token), with room
+        // for a slow first sync; liveness then needs no initial delay.
+        assert_eq!(str_at(c, "/startupProbe/httpGet/path"), "/readyz", "{role}");
+        assert_eq!(str_at(c, "/startupProbe/httpGet/port"), "admin", "{role}");
+        let p = &c["startupProbe"];
+        let budget = p["periodSeconds"].as_u64().unwrap() * p["failureThreshold"].as_u64().unwrap();
+        assert!(budget >= 600, "{role}: startup budget {budget} s");
+        assert!(
+            c["livenessProbe"]["initialDelaySeconds"].is_null(),
+            "{role}"
+        );
+    }
+}
+
+/// The PodMonitor of the monitoring component, and the HPA and patch of the activator-hpa one,
+/// checked against the roles as deploy/ defines them.
+fn check_kit(all: &[Value], pm: &Value, hpa: &Value, activator_replicas_removed: bool) {
+    // The PodMonitor selects every role's pods, in thaw-system, on their admin port.
+    assert_eq!(str_at(pm, "/metadata/namespace"), SYSTEM_NAMESPACE);
+    let sel = &pm["spec"]["selector"];
+    let selects = |labels: &Value| {
+        sel["matchLabels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| labels[k] == *v)
+            && sel["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|e| {
+                    assert_eq!(e["operator"], "In");
+                    e["values"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&labels[e["key"].as_str().unwrap()])
+                })
+    };
+    let endpoints = pm["spec"]["podMetricsEndpoints"].as_array().unwrap();
+    assert!(!endpoints.is_empty());
+    let mut selected = Vec::new();
+    for d in all.iter().filter(|d| kind(d).1 == "Deployment") {
+        let tpl = &d["spec"]["template"];
+        assert!(
+            selects(&tpl["metadata"]["labels"]),
+            "the PodMonitor misses {}",
+            name(d)
+        );
+        selected.push(name(d).to_string());
+        let c = &tpl["spec"]["containers"][0];
+        for ep in endpoints {
+            let port = ep["port"].as_str().unwrap();
+            assert_eq!(
+                container_port(c, port),
+                listen_port(c, "--admin-listen"),
+                "{}: the scraped port is the admin port",
+                name(d)
+            );
+            assert_eq!(ep["path"], "/metrics");
+        }
+    }
+    selected.sort();
+    assert_eq!(selected, ["activator", "autoscaler", "controller"]);
+    // The roles' NetworkPolicies admit the scrape from a labelled namespace.
+    for np in all.iter().filter(|d| kind(d).1 == "NetworkPolicy") {
+        let text = serde_json::to_string(np).unwrap();
+        assert!(text.contains("metrics.thaw.dev/scrape"), "{}", name(np));
+    }
+
+    // The HPA owns the activator's replicas, and stays above the PDB.
+    assert_eq!(str_at(hpa, "/metadata/namespace"), SYSTEM_NAMESPACE);
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "Deployment");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], "activator");
+    assert!(
+        activator_replicas_removed,
+        "the HPA alone sets the activator's replicas"
+    );
+    let pdb = all
+        .iter()
+        .find(|d| kind(d).1 == "PodDisruptionBudget" && name(d) == "activator")
+        .unwrap();
+    let min_available = pdb["spec"]["minAvailable"].as_i64().unwrap();
+    let min_replicas = hpa["spec"]["minReplicas"].as_i64().unwrap();
+    assert!(
+        min_replicas > min_available,
+        "minReplicas {min_replicas} must exceed the PDB's minAvailable {min_available}"
+    );
+    assert!(hpa["spec"]["maxReplicas"].as_i64().unwrap() >= min_replicas);
+    // CPU utilization is measured against the container's request.
+    let act = all
+        .iter()
+        .find(|d| kind(d).1 == "Deployment" && name(d) == "activator")
+        .unwrap();
+    assert!(
+        !act["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"].is_null()
+    );
+}
+
+#[test]
+fn the_operator_kit_components_match_the_roles() {
+    // As written: the components' files against deploy/'s own.
+    let base: Vec<Value> = applied().into_iter().map(|(_, d)| d).collect();
+    let comp = |dir: &str| -> (Value, Vec<Value>) {
+        let k = docs(
+            &deploy()
+                .join("components")
+                .join(dir)
+                .join("kustomization.yaml"),
+        )
+        .remove(0);
+        assert_eq!(
+            kind(&k),
+            ("kustomize.config.k8s.io/v1alpha1", "Component"),
+            "{dir}"
+        );
+        let docs: Vec<Value> = k["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                docs(
+                    &deploy()
+                        .join("components")
+                        .join(dir)
+                        .join(r.as_str().unwrap()),
+                )
+            })
+            .collect();
+        (k, docs)
+    };
+    let (_, monitoring) = comp("monitoring");
+    let (hpa_k, hpa_docs) = comp("activator-hpa");
+    let pm = monitoring
+        .iter()
+        .find(|d| kind(d).1 == "PodMonitor")
+        .unwrap();
+    let hpa = hpa_docs
+        .iter()
+        .find(|d| kind(d).1 == "HorizontalPodAutoscaler")
+        .unwrap();
+    let removes_replicas = hpa_k["patches"].as_array().unwrap().iter().any(|p| {
+        p["target"]["kind"] == "Deployment"
+            && p["target"]["name"] == "activator"
+            && p["patch"]
+                .as_str()
+                .is_some_and(|t| t.contains("op: remove") && t.contains("path: /spec/replicas"))
+    });
+    check_kit(&base, pm, hpa, removes_replicas);
+    assert_eq!(
+        find(&applied(), "Deployment", "activator")["spec"]["replicas"],
+        2,
+        "without the component the activators are a fixed 2"
+    );
+
+    // As kustomize renders them (components: kustomize 3.7+, kubectl 1.21+).
+    let Some(version) = kubectl() else {
+        return;
+    };
+    let dir = overlay(
+        "resources:\n  - BASE\ncomponents:\n  - BASE/components/monitoring\n  - BASE/components/activator-hpa\n",
+    );
+    if !modern_kustomize(&version) {
+        eprintln!(
+            "SKIPPED rendering the components: this kubectl's kustomize (before 1.21) has none: {version}"
+        );
+        return;
+    }
+    let all = kustomize(dir.path());
+    let act = rendered(&all, "Deployment", "activator");
+    check_kit(
+        &all,
+        rendered(&all, "PodMonitor", "thaw"),
+        rendered(&all, "HorizontalPodAutoscaler", "activator"),
+        act["spec"]["replicas"].is_null(),
+    );
+}
+
+#[test]
+fn thaw_version_names_the_commit_it_was_built_from() {
+    let out = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        format!(
+            "thaw {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("THAW_GIT_COMMIT")
+        )
     );
 }

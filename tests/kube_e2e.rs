@@ -62,6 +62,89 @@ fn admin_addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// The status of `path` on `addr` and its body (0 when nothing answers).
+async fn status_of(addr: SocketAddr, path: &str) -> (u16, String) {
+    let req = http::Request::get(format!("http://{addr}{path}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    match http().request(req).await {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            let body = http_body_util::BodyExt::collect(r.into_body())
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (code, String::from_utf8_lossy(&body).into_owned())
+        }
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// The status of an empty stats push to `addr` presenting `token`.
+async fn push_with(addr: SocketAddr, token: &str) -> u16 {
+    let req = http::Request::post(format!("http://{addr}/stats"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"source":"x","stats":[]}"#,
+        )))
+        .unwrap();
+    http().request(req).await.map_or(0, |r| r.status().as_u16())
+}
+
+/// An install with no stats token: the activator's /healthz answers at once and its /readyz
+/// says it waits for the token; the autoscaler leader creates the Secret and both turn ready.
+/// A rotated token is taken live by the autoscaler, and the one it replaced is still accepted
+/// (the grace period), so no push is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stats_token_is_made_waited_for_and_rotated_live() {
+    let c = Cluster::start_without_token(serde_json::json!({})).await;
+    let data: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let act_admin = free_port();
+    c.activator_service(&[data]).await;
+    // The activator alone first: healthy at once, not ready, and saying why.
+    let act = activator(&c, "act-1", data, act_admin);
+    let (code, body) = until(LONG, "the activator's /readyz", || async {
+        let (code, body) = status_of(admin_addr(act_admin), "/readyz").await;
+        (code != 0 && body.contains("stats token")).then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        status_of(admin_addr(act_admin), "/healthz").await,
+        (200, "ok\n".to_string()),
+        "{}",
+        act.logs()
+    );
+    assert_eq!(c.token().await, None);
+
+    // The autoscaler leader makes the Secret; both roles turn ready.
+    let (stats, as_admin) = (free_port(), free_port());
+    let scaler = autoscaler(&c, "as-1", stats, as_admin);
+    let made = until(LONG, "the Secret made by the leader", || c.token()).await;
+    assert_eq!(made.len(), 64, "a 32-byte random token in hex");
+    until(LONG, "both ready", || async {
+        (ready(act_admin).await && ready(as_admin).await).then_some(())
+    })
+    .await;
+    let stats_addr = admin_addr(stats);
+    assert_eq!(push_with(stats_addr, &made).await, 202, "{}", scaler.logs());
+
+    // Rotation: the new token is in force without a restart, the old one still accepted.
+    let rotated = "rotated-token-0123456789abcdefghij";
+    c.set_token(rotated).await;
+    until(LONG, "the rotated token accepted", || async {
+        (push_with(stats_addr, rotated).await == 202).then_some(())
+    })
+    .await;
+    assert_eq!(
+        push_with(stats_addr, &made).await,
+        202,
+        "within the grace period"
+    );
+    assert_eq!(push_with(stats_addr, "not-the-token-at-all-000").await, 401);
+    assert!(ready(act_admin).await, "{}", act.logs());
+}
+
 /// Cold start through two activators, their capacity split, the serving-mode swap and its
 /// order back to zero, the stats token, and a live ConfigMap edit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +266,25 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         (private.list(&lp).await.ok()?.items.len() == 2).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each activator has seen both pods and taken its own (until then one that sees a single
+    // pod shares it, and the two could both use it).
+    until(LONG, "each activator on its own pod", || async {
+        let mut seen = Vec::new();
+        for admin in [aa1, aa2] {
+            let v: serde_json::Value =
+                serde_json::from_str(&get_text(admin_addr(admin), "/revisions").await).ok()?;
+            let rev = v["revisions"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == "hello-00001")?
+                .clone();
+            seen.push(rev["ready"]["addresses"].as_array()?.clone());
+        }
+        let all: std::collections::BTreeSet<String> =
+            seen.iter().flatten().map(ToString::to_string).collect();
+        (seen.iter().all(|s| s.len() == 1) && all.len() == 2).then_some(())
+    })
+    .await;
     let mut all = Vec::new();
     for i in 0..16 {
         let client = client.clone();
@@ -213,7 +314,19 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         (c.replicas("hello-00001").await == 0).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The kubelet's next round records it.
+    until(
+        LONG,
+        "the kubelet's record of the scale to zero",
+        || async {
+            kubelet
+                .timeline()
+                .iter()
+                .any(|(_, s)| *s == Seen::Scale("hello-00001".into(), 0))
+                .then_some(())
+        },
+    )
+    .await;
     let timeline = kubelet.timeline();
     let zero_at = timeline
         .iter()
@@ -573,7 +686,18 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
     })
     .await;
     // The kubelet's next round records it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(
+        LONG,
+        "the kubelet's record of the scale to zero",
+        || async {
+            kubelet
+                .timeline()
+                .iter()
+                .any(|(_, s)| *s == Seen::Scale("side-00001".into(), 0))
+                .then_some(())
+        },
+    )
+    .await;
     let timeline = kubelet.timeline();
     let zero_at = timeline
         .iter()

@@ -2,10 +2,10 @@
 //! revisions (`serving:pkg/deployment/config.go`), keys, defaults and validation.
 //!
 //! - `queue-sidecar-image`: the image of the queue sidecar (`thaw queue`) injected into every
-//!   revision's pods. Knative requires the key; thaw defaults it to its own release image,
-//!   [`DEFAULT_QUEUE_SIDECAR_IMAGE`] (`ghcr.io/thaw-dev/thaw:<crate version>`), so a cluster
-//!   without the ConfigMap still gets a sidecar of the controller's own version. An empty value
-//!   is rejected.
+//!   revision's pods. Knative requires the key; thaw defaults it to the image `thaw
+//!   controller` itself runs (read from its Pod by the controller role), else its own
+//!   release image, [`DEFAULT_QUEUE_SIDECAR_IMAGE`] (`ghcr.io/thaw-dev/thaw:<crate version>`),
+//!   so one image setting covers every role and the sidecar. An empty value is rejected.
 //! - `progress-deadline` (600s): whole seconds, > 0. Each revision Deployment's
 //!   `progressDeadlineSeconds` (a revision's `serving.knative.dev/progress-deadline`
 //!   annotation wins).

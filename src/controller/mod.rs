@@ -482,6 +482,51 @@ where
     Ok(Applied::Ours(applied))
 }
 
+/// Whether some reflector stores have listed, for any number of waiters.
+///
+/// kube-runtime's `Store::wait_until_ready` must have one waiter at a time: it polls one
+/// oneshot receiver, which keeps the waker of its last poller only, so of several tasks waiting
+/// at once (concurrent reconciles, a cleanup task) all but the last are never woken, and a
+/// reconcile stuck there holds its object's key forever (the Route reconciler's flake). One
+/// task alone awaits the stores here; everyone else awaits this gate, a `watch` channel, which
+/// wakes every waiter. Do not also await those stores' `wait_until_ready` elsewhere.
+#[derive(Clone, Debug)]
+pub struct StoresReady(watch::Receiver<Option<Result<(), String>>>);
+
+impl StoresReady {
+    /// Spawns the one task that awaits `ready` (the stores' own `wait_until_ready`, in turn),
+    /// then opens the gate (or closes it for good with the error).
+    pub fn spawn(ready: impl Future<Output = Result<(), String>> + Send + 'static) -> Self {
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let r = ready.await;
+            tx.send_replace(Some(r));
+            // Keep the value readable after this task ends: the receiver holds it.
+        });
+        Self(rx)
+    }
+
+    /// A gate already open (tests of a reconcile without a controller).
+    pub fn open() -> Self {
+        let (_tx, rx) = watch::channel(Some(Ok(())));
+        Self(rx)
+    }
+
+    /// Returns once the stores have listed (at once after that).
+    pub async fn wait(&self) -> Result<(), Error> {
+        let mut rx = self.0.clone();
+        let seen = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::Other("the stores' readiness task ended".into()))?;
+        match &*seen {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(Error::Other(e.clone())),
+            None => unreachable!("waited for Some"),
+        }
+    }
+}
+
 /// The time a status change is stamped with.
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())

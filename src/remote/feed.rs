@@ -17,11 +17,14 @@ use tokio::time::{Duration, Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::token::Token;
+use super::token::{Token, Tokens};
 use super::wire::{DECISIONS_PATH, WireDecision};
 use crate::autoscaler::scaler::{ScaleState, ScaleStates};
 use crate::revision::RevisionKey;
 use crate::telemetry::remote::RemoteMetrics;
+
+/// The error of a session the leader refused (401).
+const UNAUTHORIZED: &str = "unauthorized";
 
 /// Longest line accepted on the feed.
 const MAX_LINE: usize = 64 * 1024;
@@ -29,7 +32,7 @@ const MAX_LINE: usize = 64 * 1024;
 /// Follows the leader's decisions into `states` until `stop`.
 pub fn follow(
     leader: watch::Receiver<Option<String>>,
-    token: Token,
+    token: Tokens,
     states: Arc<ScaleStates>,
     metrics: RemoteMetrics,
     stop: CancellationToken,
@@ -41,7 +44,7 @@ pub fn follow(
 
 async fn run(
     mut leader: watch::Receiver<Option<String>>,
-    token: Token,
+    token: Tokens,
     states: Arc<ScaleStates>,
     metrics: RemoteMetrics,
     stop: CancellationToken,
@@ -56,7 +59,21 @@ async fn run(
                 r = leader.changed() => if r.is_err() { return } else { continue },
             }
         };
-        let session = follow_once(&client, &addr, &token, &states, &metrics);
+        let session = async {
+            let Some(current) = token.current() else {
+                return Err("no stats token yet".to_string());
+            };
+            match follow_once(&client, &addr, &current, &states, &metrics).await {
+                // The leader may not have seen a rotation yet: try the token it replaced.
+                Err(e) if e == UNAUTHORIZED => match token.previous() {
+                    Some(previous) => {
+                        follow_once(&client, &addr, &previous, &states, &metrics).await
+                    }
+                    None => Err(e),
+                },
+                r => r,
+            }
+        };
         let ended = tokio::select! {
             _ = stop.cancelled() => return,
             _ = leader.changed() => {
@@ -99,6 +116,9 @@ async fn follow_once(
     if resp.status() != StatusCode::OK {
         if resp.status() == StatusCode::UNAUTHORIZED {
             tracing::warn!(leader = %addr, "decision feed refused: the stats token does not match");
+        }
+        if resp.status() == StatusCode::UNAUTHORIZED {
+            return Err(UNAUTHORIZED.into());
         }
         return Err(format!("answered {}", resp.status()));
     }

@@ -7,7 +7,8 @@
 //! long-lived streaming request: docs/benchmarks.md ("Stats push") has the comparison. A 503
 //! (not the leader) or a failed send is retried once if the Lease names another leader by then,
 //! else the batch is dropped and counted: stats are a stream of 1 s samples, and the next one
-//! supersedes it.
+//! supersedes it. A push refused (401) with the current token is sent again with the token it
+//! replaced, while that one is in its grace period ([`super::token`]).
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
@@ -21,7 +22,7 @@ use tokio::time::{Duration, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::token::Token;
+use super::token::{Token, Tokens};
 use super::wire::{CONTENT_TYPE, STATS_PATH, StatsBatch, WireStat};
 use crate::stats::{StatMessage, StatSink};
 use crate::telemetry::remote::RemoteMetrics;
@@ -58,7 +59,8 @@ impl StatSink for HttpStatSink {
 pub struct PushSettings {
     /// The leader's stats address (`host:port`), `None` while there is none.
     pub leader: watch::Receiver<Option<String>>,
-    pub token: Token,
+    /// The token in force (and, for a push refused with it, the one it replaced).
+    pub token: Tokens,
     /// This activator's name (the stats' source).
     pub source: String,
     pub metrics: RemoteMetrics,
@@ -132,7 +134,17 @@ async fn send(client: &Client<HttpConnector, Full<Bytes>>, s: &PushSettings, bod
         if tried.as_ref() == Some(&leader) {
             break;
         }
-        let result = post(client, &leader, &s.token, body.clone()).await;
+        let Some(token) = s.token.current() else {
+            s.metrics.pushed("no_token");
+            return;
+        };
+        let mut result = post(client, &leader, &token, body.clone()).await;
+        // The leader may not have seen a rotation yet: the previous token is still good there.
+        if result == "unauthorized"
+            && let Some(previous) = s.token.previous()
+        {
+            result = post(client, &leader, &previous, body.clone()).await;
+        }
         s.metrics.pushed(result);
         if result == "ok" || result == "unauthorized" || result == "rejected" {
             if result != "ok" {

@@ -24,7 +24,7 @@ use tokio::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::token::Token;
+use super::token::Tokens;
 use super::wire::{
     CONTENT_TYPE, DECISIONS_PATH, MAX_BATCH_BYTES, STATS_PATH, StatsBatch, WireDecision,
 };
@@ -37,7 +37,8 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// What the stats port serves from.
 pub struct StatsPort {
-    pub token: Token,
+    /// The token in force (and the one it replaced, in its grace period).
+    pub token: Tokens,
     /// True while this replica leads.
     pub leading: watch::Receiver<bool>,
     /// The scaler's stats channel (bounded).

@@ -2,13 +2,29 @@
 //! `thaw-stats-token` in the system namespace, which only the activators and the autoscaler can
 //! read. Senders present it as `Authorization: Bearer <token>`; the autoscaler compares in
 //! constant time and answers 401 to anything else.
+//!
+//! Both roles follow the Secret with a watch by name ([`follow`]), so a rotated token is in
+//! force without a restart. The token it replaces stays accepted for [`PREVIOUS_GRACE`], and a
+//! sender whose push is refused with the new one tries the previous one, so a rotation refuses
+//! no push whichever role sees it first. A deleted Secret keeps the last token in force. The
+//! autoscaler leader creates the Secret, with a random token, when it is absent; a Secret
+//! someone else wrote is never replaced (an invalid one is logged and ignored).
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::StreamExt;
 use http::HeaderValue;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// The Secret holding the token, in the system namespace.
 pub const SECRET_NAME: &str = "thaw-stats-token";
@@ -44,13 +60,8 @@ impl Token {
         Ok(Self(Arc::from(t)))
     }
 
-    /// Reads the token from the Secret [`SECRET_NAME`] in `namespace`.
-    pub async fn from_secret(client: kube::Client, namespace: &str) -> Result<Self, String> {
-        let api: Api<Secret> = Api::namespaced(client, namespace);
-        let secret = api
-            .get(SECRET_NAME)
-            .await
-            .map_err(|e| format!("secret {namespace}/{SECRET_NAME}: {e}"))?;
+    /// The token of a Secret's `token` key (`data`, else `stringData`).
+    pub fn from_secret(secret: &Secret) -> Result<Self, String> {
         let data = secret
             .data
             .as_ref()
@@ -63,8 +74,15 @@ impl Token {
                     .and_then(|d| d.get(SECRET_KEY))
                     .map(|s| s.clone().into_bytes())
             })
-            .ok_or_else(|| format!("secret {namespace}/{SECRET_NAME}: no key {SECRET_KEY:?}"))?;
-        Self::new(&data).map_err(|e| format!("secret {namespace}/{SECRET_NAME}: {e}"))
+            .ok_or_else(|| format!("no key {SECRET_KEY:?}"))?;
+        Self::new(&data)
+    }
+
+    /// A new random token: 32 bytes from the thread's CSPRNG, hex (64 characters).
+    pub fn random() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Self(Arc::from(hex.as_bytes()))
     }
 
     /// The `Authorization` header a sender presents.
@@ -94,6 +112,228 @@ impl Token {
     }
 }
 
+/// How long a token replaced in the Secret is still accepted (and tried by senders).
+pub const PREVIOUS_GRACE: Duration = Duration::from_secs(120);
+
+/// The token in force and the one it replaced, while that one is still accepted.
+#[derive(Clone, Debug)]
+struct Keyring {
+    current: Token,
+    previous: Option<(Token, Instant)>,
+}
+
+/// The token in force, followed live ([`follow`]), or fixed ([`Tokens::fixed`]). Cheap to
+/// clone; every clone sees the same token.
+#[derive(Clone, Debug)]
+pub struct Tokens(watch::Receiver<Option<Keyring>>);
+
+impl From<Token> for Tokens {
+    fn from(t: Token) -> Self {
+        Self::fixed(t)
+    }
+}
+
+impl Tokens {
+    /// One token, never rotated (tests, benches).
+    pub fn fixed(t: Token) -> Self {
+        let (tx, rx) = watch::channel(Some(Keyring {
+            current: t,
+            previous: None,
+        }));
+        // The sender is dropped: the value stays as it is.
+        drop(tx);
+        Self(rx)
+    }
+
+    /// The token senders present; `None` until the Secret has been read.
+    pub fn current(&self) -> Option<Token> {
+        self.0.borrow().as_ref().map(|k| k.current.clone())
+    }
+
+    /// The token the current one replaced, while it is still accepted.
+    pub fn previous(&self) -> Option<Token> {
+        let now = Instant::now();
+        self.0
+            .borrow()
+            .as_ref()
+            .and_then(|k| k.previous.as_ref())
+            .filter(|(_, until)| now < *until)
+            .map(|(t, _)| t.clone())
+    }
+
+    /// Whether `authorization` presents the current token, or the previous one within its
+    /// grace period.
+    pub fn accepts(&self, authorization: Option<&HeaderValue>) -> bool {
+        let now = Instant::now();
+        let ring = self.0.borrow();
+        let Some(k) = ring.as_ref() else {
+            return false;
+        };
+        k.current.accepts(authorization)
+            || k.previous
+                .as_ref()
+                .is_some_and(|(t, until)| now < *until && t.accepts(authorization))
+    }
+
+    /// Completes once a token is known (at once when one is); `false` if the follower
+    /// ended first.
+    pub async fn wait(&self) -> bool {
+        let mut rx = self.0.clone();
+        rx.wait_for(Option::is_some).await.is_ok()
+    }
+}
+
+/// Follows the Secret [`SECRET_NAME`] in `namespace` (a watch by name). While `create` says
+/// true (the autoscaler's leadership), an absent Secret is created with a random token.
+/// Runs until `stop`.
+pub fn follow(
+    client: kube::Client,
+    namespace: &str,
+    create: Option<watch::Receiver<bool>>,
+    stop: CancellationToken,
+) -> Tokens {
+    let (tx, rx) = watch::channel(None);
+    let span = tracing::info_span!("watch", resource = "secrets", secret = SECRET_NAME);
+    tokio::spawn(run(client, namespace.to_string(), create, tx, stop).instrument(span));
+    Tokens(rx)
+}
+
+/// Puts the token of `secret` in force; a different token moves the current one to
+/// `previous`.
+fn take(tx: &watch::Sender<Option<Keyring>>, secret: &Secret) {
+    let token = match Token::from_secret(secret) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "secret {SECRET_NAME}: ignored; keeping the token in force");
+            return;
+        }
+    };
+    tx.send_if_modified(|ring| match ring {
+        Some(k) if k.current.0 == token.0 => false,
+        Some(k) => {
+            tracing::info!(grace = ?PREVIOUS_GRACE, "stats token rotated; the previous one is accepted for the grace period");
+            let old = std::mem::replace(&mut k.current, token.clone());
+            k.previous = Some((old, Instant::now() + PREVIOUS_GRACE));
+            true
+        }
+        None => {
+            tracing::info!("stats token read");
+            *ring = Some(Keyring {
+                current: token.clone(),
+                previous: None,
+            });
+            true
+        }
+    });
+}
+
+async fn run(
+    client: kube::Client,
+    namespace: String,
+    mut create: Option<watch::Receiver<bool>>,
+    tx: watch::Sender<Option<Keyring>>,
+    stop: CancellationToken,
+) {
+    let api: Api<Secret> = Api::namespaced(client, &namespace);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={SECRET_NAME}"));
+    let mut events = std::pin::pin!(watch_stream(api.clone(), cfg).default_backoff());
+    // None until the first list; then whether the Secret exists.
+    let mut present: Option<bool> = None;
+    let mut listing: Option<Secret> = None;
+    // When a failed create may be tried again.
+    let mut retry_at: Option<Instant> = None;
+    let mut waiting_logged = false;
+    loop {
+        let leading = create.as_ref().is_some_and(|c| *c.borrow());
+        if present == Some(false) && leading && retry_at.is_none_or(|t| Instant::now() >= t) {
+            retry_at = None;
+            match create_secret(&api, &namespace).await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create secret {namespace}/{SECRET_NAME}; retrying");
+                    retry_at = Some(Instant::now() + Duration::from_secs(5));
+                }
+            }
+        } else if present == Some(false) && !leading && !waiting_logged && tx.borrow().is_none() {
+            waiting_logged = true;
+            tracing::warn!(
+                "no secret {namespace}/{SECRET_NAME} yet: waiting for it (the autoscaler leader creates it)"
+            );
+        }
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let leadership = async {
+            match create.as_mut() {
+                Some(c) => {
+                    if c.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            () = retry => {}
+            () = leadership => {}
+            ev = events.next() => match ev {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "secret watch error; resuming"),
+                Some(Ok(Event::Init)) => listing = None,
+                Some(Ok(Event::InitApply(s))) => listing = Some(s),
+                Some(Ok(Event::InitDone)) => {
+                    present = Some(listing.is_some());
+                    if let Some(s) = listing.take() {
+                        take(&tx, &s);
+                    }
+                }
+                Some(Ok(Event::Apply(s))) => {
+                    present = Some(true);
+                    take(&tx, &s);
+                }
+                Some(Ok(Event::Delete(_))) => {
+                    present = Some(false);
+                    tracing::warn!("secret {namespace}/{SECRET_NAME} deleted; keeping the token in force");
+                }
+            },
+        }
+    }
+}
+
+/// Creates the Secret with a random token; one that appeared meanwhile (another replica, an
+/// operator) is left as it is.
+async fn create_secret(api: &Api<Secret>, namespace: &str) -> Result<(), kube::Error> {
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(SECRET_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some([("app.kubernetes.io/part-of".to_string(), "thaw".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [(
+                SECRET_KEY.to_string(),
+                ByteString(Token::random().0.to_vec()),
+            )]
+            .into(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    };
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!("created secret {namespace}/{SECRET_NAME} with a random token");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +356,42 @@ mod tests {
         assert!(Token::new(b"short").unwrap_err().contains("at least 16"));
         assert!(Token::new(b"0123456789 abcdef").is_err());
         assert_eq!(format!("{t:?}"), "Token(16 bytes)");
+    }
+
+    #[test]
+    fn a_random_token_is_64_hex_characters_and_new_each_time() {
+        let (a, b) = (Token::random(), Token::random());
+        assert_eq!(a.0.len(), 64);
+        assert!(a.0.iter().all(u8::is_ascii_hexdigit));
+        assert!(Token::new(&a.0).is_ok());
+        assert_ne!(a.0, b.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rotated_out_token_is_accepted_for_the_grace_period_only() {
+        let (tx, rx) = watch::channel(None);
+        let tokens = Tokens(rx);
+        let secret = |t: &str| Secret {
+            data: Some([(SECRET_KEY.to_string(), ByteString(t.as_bytes().to_vec()))].into()),
+            ..Secret::default()
+        };
+        assert!(!tokens.accepts(Some(&HeaderValue::from_static("Bearer 0123456789abcdef"))));
+        take(&tx, &secret("0123456789abcdef"));
+        let old = tokens.current().unwrap();
+        assert!(tokens.accepts(Some(&old.header())));
+        assert!(tokens.previous().is_none());
+        // An invalid token in the Secret is ignored.
+        take(&tx, &secret("short"));
+        assert_eq!(tokens.current().unwrap().0, old.0);
+        take(&tx, &secret("fedcba9876543210"));
+        let new = tokens.current().unwrap();
+        assert_ne!(new.0, old.0);
+        assert!(tokens.accepts(Some(&new.header())));
+        assert!(tokens.accepts(Some(&old.header())));
+        assert_eq!(tokens.previous().unwrap().0, old.0);
+        tokio::time::advance(PREVIOUS_GRACE).await;
+        assert!(!tokens.accepts(Some(&old.header())));
+        assert!(tokens.previous().is_none());
+        assert!(tokens.accepts(Some(&new.header())));
     }
 }

@@ -7,6 +7,10 @@
 //! finds in the Lease and follows the leader's decisions; when the autoscaler or the API
 //! server is away it keeps serving warm traffic and holding cold traffic (a held request still
 //! ends by its cold-wait deadline). `/readyz` depends on neither after the first sync.
+//!
+//! The admin port answers from the start: `/healthz` at once, `/readyz` 503 saying what it
+//! waits for until the first sync is done and the stats token is known (the Secret, followed
+//! live, which the autoscaler leader creates when it is absent).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -26,7 +30,7 @@ use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
-use crate::remote::{feed, push};
+use crate::remote::{feed, push, token};
 use crate::telemetry::{Telemetry, init_tracing};
 
 /// Arguments of `thaw activator`.
@@ -84,6 +88,16 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
             args.admin_listen
         )
     })?;
+    let telemetry = Arc::new(Telemetry::new());
+    // /healthz from now on; /readyz says what is missing.
+    let (waiting, waiting_rx) = tokio::sync::watch::channel("the ConfigMaps and the first sync");
+    let starting_done = CancellationToken::new();
+    let starting = tokio::spawn(super::admin::serve_starting(
+        telemetry.clone(),
+        waiting_rx,
+        admin,
+        starting_done.clone(),
+    ));
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
     let advertise = match args.advertise {
         Some(a) => a,
@@ -98,11 +112,10 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     let name = args.name.clone().unwrap_or_else(|| advertise.to_string());
     let client = super::kube_client("activator").await?;
     let stop = CancellationToken::new();
-    let telemetry = Arc::new(Telemetry::new());
+    let tokens = token::follow(client.clone(), &args.system_namespace, None, stop.clone());
     info!(data = %data_addr, advertise = %advertise, name = %name, "thaw activator starting");
 
     let Some(super::Followed {
-        token,
         live,
         platform,
         catalog,
@@ -129,7 +142,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     let scale_states = ScaleStates::new();
     feed::follow(
         leader.clone(),
-        token.clone(),
+        tokens.clone(),
         scale_states.clone(),
         telemetry.remote.clone(),
         stop.clone(),
@@ -137,24 +150,34 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     let sink = push::start(
         push::PushSettings {
             leader,
-            token,
+            token: tokens.clone(),
             source: name.clone(),
             metrics: telemetry.remote.clone(),
             dropped: telemetry.activator.stats_dropped.clone(),
         },
         stop.clone(),
     );
-    // The first sync: revisions, endpoints and the activator set listed once.
+    // The first sync: revisions, endpoints and the activator set listed once; and the token.
     let mut act_rx = activators.clone();
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
             let _ = act_rx.wait_for(|a| a.synced).await;
+            info!(revisions = catalog.load().len(), "first sync done");
+            waiting.send_replace(
+                "the stats token (the Secret thaw-stats-token, which the autoscaler leader creates)",
+            );
+            if !tokens.wait().await {
+                std::future::pending::<()>().await;
+            }
         } => {}
         _ = signal_stop() => return Ok(()),
     }
-    info!(revisions = catalog.load().len(), "first sync done");
+    starting_done.cancel();
+    let admin = starting
+        .await
+        .map_err(|e| format!("thaw activator: the admin port's starting server failed: {e}"))?;
 
     let shared = SharedEndpoints::new(
         Arc::new(platform.clone()),

@@ -9,6 +9,10 @@
 //! of the Revision status. Its stats address is the Lease's `holderIdentity`, which is how the
 //! activators find it. On losing the Lease all of that stops at once; on SIGTERM the Lease is
 //! released so another replica takes over without waiting for it to expire.
+//!
+//! The admin port answers `/healthz` from the start; `/readyz` once the first sync is done and
+//! the stats token is known. The leader creates the token's Secret when it is absent
+//! ([`crate::remote::token::follow`]).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, warn};
+use tracing::{Instrument, info};
 
 use super::serving::{self, Swap};
 use super::{admin, pull};
@@ -29,7 +33,7 @@ use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::elect;
 use crate::platform::Platform;
 use crate::remote::server::{StatsPort, serve as serve_stats};
-use crate::remote::token::Token;
+use crate::remote::token;
 use crate::stats::StatMessage;
 use crate::telemetry::{Telemetry, init_tracing};
 
@@ -135,7 +139,6 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     info!(stats = %stats_addr, identity = %identity, admin = %args.admin_listen, "thaw autoscaler starting");
 
     let Some(super::Followed {
-        token,
         live: _,
         platform,
         catalog,
@@ -168,7 +171,6 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         _ = signal_stop() => return Ok(()),
     }
     info!(revisions = catalog.load().len(), "first sync done");
-    let _ = ready_tx.send(true);
 
     let options = ScalerOptions {
         activator_path: ActivatorPath::Confirmed(Arc::new(InPath::default())),
@@ -298,8 +300,28 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     };
     let leadership = elect(client.clone(), lease, stop.clone(), work)
         .map_err(|e| format!("thaw autoscaler: {e}"))?;
+    // The stats token, followed live; the leader creates the Secret when it is absent. Ready
+    // once it is known (the first sync is done by now).
+    let tokens = token::follow(
+        client.clone(),
+        &args.system_namespace,
+        Some(leadership.subscribe()),
+        stop.clone(),
+    );
+    let ready_tx = Arc::new(ready_tx);
+    {
+        let (tokens, ready_tx, stop) = (tokens.clone(), ready_tx.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                known = tokens.wait() => if known {
+                    let _ = ready_tx.send(true);
+                },
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
     let port = Arc::new(StatsPort {
-        token,
+        token: tokens,
         leading: leadership.subscribe(),
         stats: stats_tx,
         states: scale_states,
@@ -434,26 +456,6 @@ fn follow_activator_count(
             }
         }
     });
-}
-
-/// Reads the stats token, retrying while the Secret is missing or invalid (logged).
-pub(super) async fn wait_for_token(
-    client: &kube::Client,
-    namespace: &str,
-    stop: &CancellationToken,
-) -> Result<Token, String> {
-    let mut wait = Duration::from_millis(200);
-    loop {
-        match Token::from_secret(client.clone(), namespace).await {
-            Ok(t) => return Ok(t),
-            Err(e) => warn!(error = %e, "no stats token yet; retrying"),
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return Err("stopped before the stats token was read".into()),
-            () = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(Duration::from_secs(10));
-    }
 }
 
 /// Completes on SIGTERM or SIGINT.

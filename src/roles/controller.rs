@@ -7,6 +7,10 @@
 //! kind's controller starts (its watches list everything, so every object is reconciled once);
 //! on losing it they are dropped at once; on SIGTERM the Lease is released so another replica
 //! takes over without waiting for it to expire. A ConfigMap change re-queues every object.
+//!
+//! The queue sidecar runs the controller's own image (read from its Pod, `--name`) unless
+//! `config-deployment` sets `queue-sidecar-image`: retagging the roles' image retags the
+//! sidecar too.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -16,10 +20,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info};
+use tracing::{Instrument, info, warn};
 
 use super::admin;
 use crate::cli::{parse_duration, parse_listen};
+use crate::config::deployment::DEFAULT_QUEUE_SIDECAR_IMAGE;
 use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::controller::{CONTROLLER_NAME, Ctx, CtxOptions, DEFAULT_WORKERS, Settings};
 use crate::leader::elect;
@@ -63,8 +68,15 @@ pub fn main(args: ControllerArgs) -> ExitCode {
     super::run_role("controller", 2, "thaw-controller", run(args))
 }
 
-/// The settings snapshot of the ConfigMaps in force.
-fn snapshot(live: &LiveConfig) -> Settings {
+/// The settings snapshot of the ConfigMaps in force. `own_image`: this replica's image, the
+/// queue sidecar's when `config-deployment` sets no `queue-sidecar-image`.
+pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
+    let mut deployment = (**live.deployment.load()).clone();
+    if let Some(image) = own_image
+        && deployment.queue_sidecar_image == DEFAULT_QUEUE_SIDECAR_IMAGE
+    {
+        deployment.queue_sidecar_image = image.to_string();
+    }
     Settings {
         defaults: (**live.defaults.load()).clone(),
         autoscaler: (**live.autoscaler.load()).clone(),
@@ -74,9 +86,44 @@ fn snapshot(live: &LiveConfig) -> Settings {
             templates: (**live.network.load()).clone(),
             istio: (**live.istio.load()).clone(),
         },
-        deployment: (**live.deployment.load()).clone(),
+        deployment,
         features: (**live.features.load()).clone(),
     }
+}
+
+/// The image of this replica's container (`controller`, else the pod's first), read from its
+/// Pod `pod` in `namespace`: what the queue sidecar runs unless `config-deployment` names
+/// another, so one image setting (the Deployments' `image`, e.g. kustomize's `images:`)
+/// covers every role and the sidecar. `None` (logged) outside a pod.
+async fn own_image(client: &kube::Client, namespace: &str, pod: &str) -> Option<String> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default().fields(&format!("metadata.name={pod}"));
+    let found = match pods.list(&lp).await {
+        Ok(l) => l.items.into_iter().next(),
+        Err(e) => {
+            warn!(error = %e, pod, "cannot read this replica's Pod; the queue sidecar's image is config-deployment's or thaw's release image");
+            return None;
+        }
+    };
+    let containers = found.and_then(|p| p.spec).map(|s| s.containers);
+    let Some(containers) = containers else {
+        info!(
+            pod,
+            namespace,
+            default = DEFAULT_QUEUE_SIDECAR_IMAGE,
+            "no Pod of this replica; the queue sidecar's image is config-deployment's or the default"
+        );
+        return None;
+    };
+    let image = containers
+        .iter()
+        .find(|c| c.name == "controller")
+        .or(containers.first())
+        .and_then(|c| c.image.clone())?;
+    info!(image = %image, "the queue sidecar runs this replica's image unless config-deployment names one");
+    Some(image)
 }
 
 /// Every kind's controller, run together until dropped.
@@ -140,9 +187,13 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         _ = events.wait_for(|e| e.listed) => {}
         _ = super::autoscaler::signal_stop() => return Ok(()),
     }
+    let image = match &args.name {
+        Some(pod) => own_image(&client, &args.system_namespace, pod).await,
+        None => None,
+    };
     let ctx = Ctx::with_options(
         client.clone(),
-        snapshot(&live),
+        snapshot(&live, image.as_deref()),
         CtxOptions {
             system_namespace: args.system_namespace.clone(),
             namespace: args.namespace.clone(),
@@ -154,7 +205,7 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
     );
     // Each ConfigMap change puts a new snapshot in force (and re-queues everything).
     {
-        let (ctx, live, stop) = (ctx.clone(), live.clone(), stop.clone());
+        let (ctx, live, stop, image) = (ctx.clone(), live.clone(), stop.clone(), image.clone());
         tokio::spawn(
             async move {
                 loop {
@@ -162,7 +213,7 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
                         _ = stop.cancelled() => return,
                         r = events.changed() => if r.is_err() { return },
                     }
-                    ctx.set_settings(snapshot(&live));
+                    ctx.set_settings(snapshot(&live, image.as_deref()));
                 }
             }
             .instrument(tracing::info_span!("settings")),

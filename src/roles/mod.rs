@@ -22,13 +22,11 @@ use crate::config::live::{LiveConfig, watch_configmaps};
 use crate::platform::kubernetes::revisions::{FollowedRevisions, Follower, follow_revisions};
 use crate::platform::kubernetes::service_slices::{ServiceEndpoints, watch_service};
 use crate::platform::kubernetes::{KubeOptions, KubePlatform};
-use crate::remote::token::Token;
 use crate::revision::RevisionCatalog;
 use crate::telemetry::Telemetry;
 
 /// What both roles follow in the cluster.
 pub(crate) struct Followed {
-    pub token: Token,
     pub live: LiveConfig,
     pub platform: KubePlatform,
     pub catalog: Arc<RevisionCatalog>,
@@ -37,7 +35,7 @@ pub(crate) struct Followed {
     pub activators: watch::Receiver<Arc<ServiceEndpoints>>,
 }
 
-/// Reads the stats token, follows the ConfigMaps (listed before anything is resolved against
+/// Follows the ConfigMaps (listed before anything is resolved against
 /// them), then the Revisions into the catalog and the platform, and the activator set. `None`
 /// when a stop signal came first.
 pub(crate) async fn follow_cluster(
@@ -48,7 +46,6 @@ pub(crate) async fn follow_cluster(
     telemetry: &Telemetry,
     stop: &CancellationToken,
 ) -> Result<Option<Followed>, String> {
-    let token = autoscaler::wait_for_token(client, system_namespace, stop).await?;
     let live = LiveConfig::default();
     let mut config_events = watch_configmaps(
         client.clone(),
@@ -90,7 +87,6 @@ pub(crate) async fn follow_cluster(
         stop.clone(),
     );
     Ok(Some(Followed {
-        token,
         live,
         platform,
         catalog,

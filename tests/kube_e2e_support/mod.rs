@@ -66,6 +66,13 @@ impl Cluster {
     /// Starts the server and relay, writes the kubeconfig, the stats token Secret and
     /// `config-autoscaler` with `autoscaler` data.
     pub async fn start(autoscaler: serde_json::Value) -> Self {
+        let c = Self::start_without_token(autoscaler).await;
+        c.set_token(TOKEN).await;
+        c
+    }
+
+    /// As [`Cluster::start`], without the stats token's Secret (the autoscaler leader makes it).
+    pub async fn start_without_token(autoscaler: serde_json::Value) -> Self {
         let api = TestApi::start().await;
         let relay = Relay::start(api.addr()).await;
         let client = api.client();
@@ -79,20 +86,40 @@ impl Cluster {
             dir,
             kubeconfig,
         };
-        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), SYSTEM);
-        secrets
-            .create(
-                &PostParams::default(),
-                &obj(serde_json::json!({
-                    "metadata": {"name": "thaw-stats-token"},
-                    "stringData": {"token": TOKEN},
-                    "data": {"token": base64(TOKEN)},
-                })),
-            )
-            .await
-            .unwrap();
         c.config_map("config-autoscaler", autoscaler).await;
         c
+    }
+
+    /// Creates or replaces the stats token's Secret with `token`.
+    pub async fn set_token(&self, token: &str) {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), SYSTEM);
+        let mut secret: Secret = obj(serde_json::json!({
+            "metadata": {"name": "thaw-stats-token"},
+            "data": {"token": base64(token)},
+        }));
+        match secrets.get_opt("thaw-stats-token").await.unwrap() {
+            Some(old) => {
+                secret.metadata.resource_version = old.metadata.resource_version;
+                secrets
+                    .replace("thaw-stats-token", &PostParams::default(), &secret)
+                    .await
+                    .unwrap();
+            }
+            None => {
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// The stats token the Secret holds now, if it exists.
+    pub async fn token(&self) -> Option<String> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), SYSTEM);
+        let s = secrets.get_opt("thaw-stats-token").await.unwrap()?;
+        let bytes = s.data?.get("token")?.0.clone();
+        String::from_utf8(bytes).ok()
     }
 
     /// Creates or replaces a ConfigMap in the system namespace.

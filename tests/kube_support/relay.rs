@@ -1,7 +1,9 @@
 //! A loopback TCP relay between a client and the API server that a test can cut (every open
 //! connection closed, new ones refused) and restore, and that records each request line the
 //! client sends (to count LISTs and WATCHes). It can also answer chosen requests itself with
-//! an error status instead of forwarding them ([`Relay::fail_next`]).
+//! an error status instead of forwarding them ([`Relay::fail_next`]), and hold back the
+//! answers to chosen requests (a watch's events) until released ([`Relay::hold`]): an injected
+//! delay that puts a client's view of one kind behind the server's.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -17,7 +19,21 @@ pub struct Relay {
     cut: watch::Sender<bool>,
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
+    held: Held,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A request line and the bytes of its answer forwarded so far.
+type Answer = (String, Vec<u8>);
+
+/// Request-line fragments whose answers are held back, and what was forwarded so far of the
+/// answers to each request line (for [`Relay::forwarded`]).
+#[derive(Clone, Default)]
+struct Held {
+    fragments: Arc<watch::Sender<Vec<String>>>,
+    answered: Arc<Mutex<Vec<Answer>>>,
+    /// Fragments of the request lines whose answers are kept for [`Relay::forwarded`].
+    recorded: Arc<Mutex<Vec<String>>>,
 }
 
 /// Status codes to answer, in order, to requests whose request line contains the fragment.
@@ -40,6 +56,8 @@ impl Relay {
         let reqs = requests.clone();
         let faults: Faults = Arc::new(Mutex::new(Vec::new()));
         let f = faults.clone();
+        let held = Held::default();
+        let h = held.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
@@ -49,7 +67,14 @@ impl Relay {
                     drop(down);
                     continue;
                 }
-                tokio::spawn(pipe(down, target, cut_rx.clone(), reqs.clone(), f.clone()));
+                tokio::spawn(pipe(
+                    down,
+                    target,
+                    cut_rx.clone(),
+                    reqs.clone(),
+                    f.clone(),
+                    h.clone(),
+                ));
             }
         });
         Self {
@@ -57,8 +82,42 @@ impl Relay {
             cut,
             requests,
             faults,
+            held,
             task,
         }
+    }
+
+    /// Holds back the server's bytes on connections whose current request line contains
+    /// every one of `fragments` (e.g. `["/revisions?", "watch=true"]`) until [`Relay::release`]:
+    /// the client sees nothing of them meanwhile, then everything in order.
+    pub fn hold(&self, fragments: &[&str]) {
+        let key = fragments.join("\u{0}");
+        self.held.fragments.send_modify(|h| h.push(key));
+    }
+
+    /// Forwards what was held, and holds nothing more.
+    pub fn release(&self) {
+        self.held.fragments.send_modify(Vec::clear);
+    }
+
+    /// Keeps, from now on, what is forwarded of the answers to requests whose line contains
+    /// `fragment` (for [`Relay::forwarded`]).
+    pub fn record(&self, fragment: &str) {
+        self.held.recorded.lock().unwrap().push(fragment.into());
+    }
+
+    /// Whether the answer to a request whose line contains `fragment` (recorded with
+    /// [`Relay::record`]) has carried `needle` to the client: what was forwarded, not held.
+    pub fn forwarded(&self, fragment: &str, needle: &str) -> bool {
+        self.held
+            .answered
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(line, bytes)| {
+                line.contains(fragment)
+                    && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+            })
     }
 
     /// Answers the next requests whose request line contains `fragment` with `codes`, one
@@ -128,6 +187,7 @@ async fn pipe(
     mut cut: watch::Receiver<bool>,
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
+    held: Held,
 ) {
     let Ok(mut up) = TcpStream::connect(target).await else {
         return;
@@ -136,6 +196,8 @@ async fn pipe(
     // Written by both directions: server bytes, or an injected answer.
     let dw = tokio::sync::Mutex::new(dw);
     let (mut ur, mut uw) = up.split();
+    // The request line the server is answering now (HTTP/1: one at a time per connection).
+    let current = Mutex::new(String::new());
     let client_to_server = async {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -159,6 +221,7 @@ async fn pipe(
                         let i = f.iter().position(|(frag, _)| line.contains(frag.as_str()));
                         i.map(|i| f.remove(i).1)
                     };
+                    *current.lock().unwrap() = line.clone();
                     requests
                         .lock()
                         .unwrap()
@@ -193,8 +256,30 @@ async fn pipe(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            let line = current.lock().unwrap().clone();
+            let mut fragments = held.fragments.subscribe();
+            let _ = fragments
+                .wait_for(|h| {
+                    !h.iter()
+                        .any(|key| key.split('\u{0}').all(|f| line.contains(f)))
+                })
+                .await;
             if dw.lock().await.write_all(&buf[..n]).await.is_err() {
                 return;
+            }
+            if !held
+                .recorded
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|f| line.contains(f.as_str()))
+            {
+                continue;
+            }
+            let mut answered = held.answered.lock().unwrap();
+            match answered.iter_mut().find(|(l, _)| *l == line) {
+                Some((_, bytes)) => bytes.extend_from_slice(&buf[..n]),
+                None => answered.push((line, buf[..n].to_vec())),
             }
         }
     };

@@ -16,7 +16,9 @@
 //! 4. writes the status (url, address, traffic, conditions) when it changed.
 //!
 //! A deleted Route is taken off the revisions and configurations it marked (the labeler's
-//! cleanup, fed by the Route watch's deletions; its children go with it by owner reference).
+//! cleanup, fed by the Route watch's deletions and by any revision or configuration the
+//! stores see listing a route that no longer exists, so a labeler patch the store had not
+//! seen when the deletion came is still undone; its children go with it by owner reference).
 //!
 //! `IngressReady` is True once the VirtualService is written: nothing reports Istio's own
 //! progress back here (net-istio's prober is not reimplemented), so True means "programmed",
@@ -74,22 +76,37 @@ pub struct Stores {
     pub configurations: Store<Configuration>,
     pub virtual_services: Store<VirtualService>,
     pub placeholders: Store<KubeService>,
+    /// Open once every store above has its first list ([`Stores::gate`]).
+    pub ready: super::StoresReady,
 }
 
 impl Stores {
-    /// Returns once every store has its first list (at once after that).
+    /// Returns once every store has its first list (at once after that). Any number of tasks
+    /// may wait here at once (see [`super::StoresReady`]).
     pub async fn wait_until_ready(&self) -> Result<(), Error> {
-        let dropped = |e: reflector::store::WriterDropped| Error::Other(e.to_string());
-        self.revisions.wait_until_ready().await.map_err(dropped)?;
-        self.configurations
-            .wait_until_ready()
-            .await
-            .map_err(dropped)?;
-        self.virtual_services
-            .wait_until_ready()
-            .await
-            .map_err(dropped)?;
-        self.placeholders.wait_until_ready().await.map_err(dropped)
+        self.ready.wait().await
+    }
+
+    /// The gate of these four stores: one task awaits each store's own readiness in turn.
+    pub fn gate(
+        revisions: &Store<Revision>,
+        configurations: &Store<Configuration>,
+        virtual_services: &Store<VirtualService>,
+        placeholders: &Store<KubeService>,
+    ) -> super::StoresReady {
+        let (r, c, v, p) = (
+            revisions.clone(),
+            configurations.clone(),
+            virtual_services.clone(),
+            placeholders.clone(),
+        );
+        super::StoresReady::spawn(async move {
+            let dropped = |e: reflector::store::WriterDropped| e.to_string();
+            r.wait_until_ready().await.map_err(dropped)?;
+            c.wait_until_ready().await.map_err(dropped)?;
+            v.wait_until_ready().await.map_err(dropped)?;
+            p.wait_until_ready().await.map_err(dropped)
+        })
     }
 }
 
@@ -585,9 +602,12 @@ async fn forget_deleted_routes(
     ctx: Arc<Ctx>,
     stores: Stores,
     routes: Store<Route>,
+    mut routes_listed: tokio::sync::watch::Receiver<bool>,
     mut deleted: tokio::sync::mpsc::Receiver<(String, String)>,
 ) {
-    if stores.wait_until_ready().await.is_err() || routes.wait_until_ready().await.is_err() {
+    // The Route store's readiness is the applier's to await (kube-runtime's wait wakes one
+    // waiter only): its first list is known here from the Route watch's InitDone.
+    if stores.wait_until_ready().await.is_err() || routes_listed.wait_for(|l| *l).await.is_err() {
         return;
     }
     let mut gone = std::collections::BTreeSet::new();
@@ -615,7 +635,29 @@ async fn forget_deleted_routes(
         forget(&ctx, &stores, &ns, &name).await;
     }
     while let Some((ns, name)) = deleted.recv().await {
-        forget(&ctx, &stores, &ns, &name).await;
+        // A route named by a revision's watch event may have been re-created since.
+        if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
+            forget(&ctx, &stores, &ns, &name).await;
+        }
+    }
+}
+
+/// Sends every route `meta` lists that `routes` does not hold to the labeler's cleanup (which
+/// checks again once the Route store has listed). The deletion of a Route is seen once, and
+/// the revisions' store may not yet show the labeler's last patch when it is: without this, a
+/// revision listing a deleted route would keep it, and stay `active`, until the next start.
+fn report_listed_but_gone(
+    routes: &Store<Route>,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    cleanup: &tokio::sync::mpsc::Sender<(String, String)>,
+) {
+    let ns = meta.namespace.clone().unwrap_or_default();
+    for route in labeler::listed(meta) {
+        if routes.get(&ObjectRef::new(&route).within(&ns)).is_none()
+            && cleanup.try_send((ns.clone(), route.clone())).is_err()
+        {
+            tracing::warn!(%route, "deletion queue full; swept at the next start");
+        }
     }
 }
 
@@ -653,19 +695,26 @@ pub async fn controller(ctx: Arc<Ctx>) {
     // (bounded: a deletion dropped when it is full is swept at the next start).
     let (routes, route_writer) = reflector::store::<Route>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
+    let (rev_gone, cfg_gone) = (deleted_tx.clone(), deleted_tx.clone());
+    let (routes_listed_tx, routes_listed) = tokio::sync::watch::channel(false);
     let route_stream = reflector::reflector(
         route_writer,
         watcher(ctx.watched::<Route>(), watcher::Config::default()),
     )
     .default_backoff()
-    .inspect(move |ev| {
-        if let Ok(watcher::Event::Delete(r)) = ev
-            && deleted_tx
+    .inspect(move |ev| match ev {
+        Ok(watcher::Event::Delete(r))
+            if deleted_tx
                 .try_send((r.namespace().unwrap_or_default(), r.name_any()))
-                .is_err()
+                .is_err() =>
         {
             tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
         }
+        // The reflector has applied the first list to the store by now.
+        Ok(watcher::Event::InitDone) => {
+            routes_listed_tx.send_replace(true);
+        }
+        _ => {}
     })
     .applied_objects();
     let (virtual_services, vs_writer) = reflector::store::<VirtualService>();
@@ -692,20 +741,35 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let routes3 = routes.clone();
     let controller = controller
         .watches_stream(rev_stream, move |rev: Revision| {
+            report_listed_but_gone(&routes, &rev.metadata, &rev_gone);
             routes_where(&routes, rev.namespace(), |r| refers_to_revision(r, &rev))
         })
         .watches_stream(cfg_stream, move |cfg: Configuration| {
+            report_listed_but_gone(&routes2, &cfg.metadata, &cfg_gone);
             routes_where(&routes2, cfg.namespace(), |r| {
                 refers_to_configuration(r, &cfg)
             })
         });
+    let ready = Stores::gate(
+        &revisions,
+        &configurations,
+        &virtual_services,
+        &placeholders,
+    );
     let stores = Stores {
         revisions,
         configurations,
         virtual_services,
         placeholders,
+        ready,
     };
-    let cleanup = forget_deleted_routes(ctx.clone(), stores.clone(), routes3, deleted_rx);
+    let cleanup = forget_deleted_routes(
+        ctx.clone(),
+        stores.clone(),
+        routes3,
+        routes_listed,
+        deleted_rx,
+    );
     let run = super::run(ctx.clone(), KIND, controller, move |route, ctx| {
         reconcile(route, ctx, stores.clone())
     });
