@@ -122,6 +122,57 @@ pub mod labels {
     }
 }
 
+/// Knative's default name of an unnamed user container (`config-defaults`'
+/// `container-name-template` at its default).
+pub const USER_CONTAINER_NAME: &str = "user-container";
+/// Knative's default name of an unnamed init container.
+pub const INIT_CONTAINER_NAME: &str = "init-container";
+
+/// Knative's container-name defaulting: a lone unnamed container is `user-container`; with
+/// several, the unnamed one at index `i` is `user-container-<i>`, or, when a container
+/// already has that name, the first free `user-container-<k>` (so no two containers share a
+/// name). Init containers the same, as `init-container…`, no name shared with a container.
+pub fn default_container_names(spec: &mut k8s_openapi::api::core::v1::PodSpec) {
+    let mut taken: std::collections::BTreeSet<String> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(|c| c.name.clone())
+        .collect();
+    fn name_all(
+        containers: &mut [k8s_openapi::api::core::v1::Container],
+        base: &str,
+        taken: &mut std::collections::BTreeSet<String>,
+    ) {
+        if let [only] = containers {
+            if only.name.is_empty() {
+                only.name = base.to_string();
+            }
+            return;
+        }
+        for (i, c) in containers.iter_mut().enumerate() {
+            if !c.name.is_empty() {
+                continue;
+            }
+            let named = |k: usize| child_name(base, &format!("-{k}"));
+            let name = if taken.contains(&named(i)) {
+                (0..)
+                    .map(named)
+                    .find(|n| !taken.contains(n))
+                    .unwrap_or_default()
+            } else {
+                named(i)
+            };
+            taken.insert(name.clone());
+            c.name = name;
+        }
+    }
+    name_all(&mut spec.containers, USER_CONTAINER_NAME, &mut taken);
+    if let Some(init) = spec.init_containers.as_mut() {
+        name_all(init, INIT_CONTAINER_NAME, &mut taken);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,56 +260,5 @@ mod tests {
             "networking.internal.knative.dev/serviceType=Private,serving.knative.dev/revision"
         );
         assert_eq!(labels::revision("r"), "serving.knative.dev/revision=r");
-    }
-}
-
-/// Knative's default name of an unnamed user container (`config-defaults`'
-/// `container-name-template` at its default).
-pub const USER_CONTAINER_NAME: &str = "user-container";
-/// Knative's default name of an unnamed init container.
-pub const INIT_CONTAINER_NAME: &str = "init-container";
-
-/// Knative's container-name defaulting: a lone unnamed container is `user-container`; with
-/// several, the unnamed one at index `i` is `user-container-<i>`, or, when a container
-/// already has that name, the first free `user-container-<k>` (so no two containers share a
-/// name). Init containers the same, as `init-container…`, no name shared with a container.
-pub fn default_container_names(spec: &mut k8s_openapi::api::core::v1::PodSpec) {
-    let mut taken: std::collections::BTreeSet<String> = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .map(|c| c.name.clone())
-        .collect();
-    fn name_all(
-        containers: &mut [k8s_openapi::api::core::v1::Container],
-        base: &str,
-        taken: &mut std::collections::BTreeSet<String>,
-    ) {
-        if let [only] = containers {
-            if only.name.is_empty() {
-                only.name = base.to_string();
-            }
-            return;
-        }
-        for (i, c) in containers.iter_mut().enumerate() {
-            if !c.name.is_empty() {
-                continue;
-            }
-            let named = |k: usize| child_name(base, &format!("-{k}"));
-            let name = if taken.contains(&named(i)) {
-                (0..)
-                    .map(named)
-                    .find(|n| !taken.contains(n))
-                    .unwrap_or_default()
-            } else {
-                named(i)
-            };
-            taken.insert(name.clone());
-            c.name = name;
-        }
-    }
-    name_all(&mut spec.containers, USER_CONTAINER_NAME, &mut taken);
-    if let Some(init) = spec.init_containers.as_mut() {
-        name_all(init, INIT_CONTAINER_NAME, &mut taken);
     }
 }
