@@ -77,6 +77,22 @@ fn options() -> StackOptions {
     }
 }
 
+/// Waits for helloworld-go to be Ready with a URL; its host.
+async fn ready_host(stack: &Stack, services: &Api<Service>) -> String {
+    let url = stack
+        .until(READY, "the Service Ready with a URL", || async {
+            let s = services.get_status("helloworld-go").await.ok()?;
+            let st = s.status.as_ref()?;
+            st.status.is_true(condition::READY).then_some(())?;
+            st.route.url.clone()
+        })
+        .await;
+    url.strip_prefix("http://")
+        .unwrap_or(&url)
+        .trim_end_matches('/')
+        .to_string()
+}
+
 /// The revision's pods (any phase).
 async fn pods(stack: &Stack) -> Vec<Pod> {
     let api: Api<Pod> = Api::namespaced(stack.client.clone(), NS);
@@ -111,19 +127,7 @@ async fn helloworld_go_serves_goes_to_zero_and_wakes() {
         .expect("create the Service");
 
     // Ready, with its URL, and its first pod up (initial scale 1).
-    let url = stack
-        .until(READY, "the Service Ready with a URL", || async {
-            let s = services.get_status("helloworld-go").await.ok()?;
-            let st = s.status.as_ref()?;
-            st.status.is_true(condition::READY).then_some(())?;
-            st.route.url.clone()
-        })
-        .await;
-    let host = url
-        .strip_prefix("http://")
-        .unwrap_or(&url)
-        .trim_end_matches('/')
-        .to_string();
+    let host = ready_host(&stack, &services).await;
     assert_eq!(host, "helloworld-go.default.example.com");
     stack
         .until(READY, "one ready pod of the revision", || async {
@@ -230,21 +234,9 @@ async fn an_initial_scale_zero_service_is_ready_routed_and_woken() {
         .create(&PostParams::default(), &svc)
         .await
         .expect("create the Service");
-    let url = stack
-        .until(READY, "the Service Ready with a URL", || async {
-            let s = services.get_status("helloworld-go").await.ok()?;
-            let st = s.status.as_ref()?;
-            st.status.is_true(condition::READY).then_some(())?;
-            st.route.url.clone()
-        })
-        .await;
+    let host = ready_host(&stack, &services).await;
     assert!(pods(&stack).await.is_empty(), "no pod before a request");
     assert_eq!(replicas(&stack).await, Some(0));
-    let host = url
-        .strip_prefix("http://")
-        .unwrap_or(&url)
-        .trim_end_matches('/')
-        .to_string();
     let ingress = Arc::new(Ingress::start(stack.client.clone()));
     stack
         .until(READY, "the ingress routing the host", || async {
@@ -281,19 +273,7 @@ async fn an_hpa_class_service_is_served_by_its_pods_directly() {
         .create(&PostParams::default(), &svc)
         .await
         .expect("create the Service");
-    let url = stack
-        .until(READY, "the Service Ready with a URL", || async {
-            let s = services.get_status("helloworld-go").await.ok()?;
-            let st = s.status.as_ref()?;
-            st.status.is_true(condition::READY).then_some(())?;
-            st.route.url.clone()
-        })
-        .await;
-    let host = url
-        .strip_prefix("http://")
-        .unwrap_or(&url)
-        .trim_end_matches('/')
-        .to_string();
+    let host = ready_host(&stack, &services).await;
     // The public slices move to the pod.
     stack
         .until(READY, "the public slices on the pod", || async {
