@@ -341,12 +341,11 @@ pub async fn reconcile(
     cfg: Arc<Configuration>,
     ctx: Arc<Ctx>,
     revisions: Store<Revision>,
+    listed: Arc<super::StoresReady>,
 ) -> Result<Action, Error> {
-    // The first reconciles may come before the Revision store has listed.
-    revisions
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Other(e.to_string()))?;
+    // The first reconciles may come before the Revision store has listed: they wait at one
+    // gate (the store's own wait wakes only one of several waiters).
+    listed.wait().await?;
     let ns = cfg.namespace().unwrap_or_default();
     let name = cfg.name_any();
     let settings = ctx.settings();
@@ -497,8 +496,14 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .touched_objects();
     let controller = Controller::new(ctx.watched::<Configuration>(), watcher::Config::default())
         .owns_stream(revisions);
+    let listed = {
+        let store = store.clone();
+        Arc::new(super::StoresReady::spawn(async move {
+            store.wait_until_ready().await.map_err(|e| e.to_string())
+        }))
+    };
     super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
-        reconcile(cfg, ctx, store.clone())
+        reconcile(cfg, ctx, store.clone(), listed.clone())
     })
     .await;
 }
