@@ -117,14 +117,8 @@ impl RevisionState {
             &self.key,
         );
         let spec = self.spec.load();
-        // One of several activators takes only its share of each pod's concurrency.
-        let cc = match (spec.container_concurrency, snap.capacity) {
-            (0, _) => 0,
-            // A share is at least 1: an activator whose share is 0 gets no endpoints at all.
-            (cc, Some(share)) => share.clamp(1, cc),
-            (cc, None) => cc,
-        };
-        self.throttler.update(snap, cc, spec.initial_burst);
+        self.throttler
+            .update(snap, spec.container_concurrency, spec.initial_burst);
         self.metrics.ready_endpoints.set(snap.ready.len() as i64);
         if let EndpointStatus::Failing { reason } = &snap.status {
             tracing::warn!(revision = %self.key, %reason, "revision failing; held requests answered 503");

@@ -3,7 +3,6 @@
 //! knows about a revision ([`RevisionStatus`]). Re-exported from [`super::scaler`].
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -70,11 +69,6 @@ pub struct ScalerOptions {
     /// The longest one [`crate::platform::Platform::scale`] call may take; a call that takes longer is
     /// abandoned, counted, and retried at the next decision.
     pub scale_timeout: Duration,
-    /// Ready activators sharing each revision's pods (Kubernetes: `activator-service`'s ready
-    /// endpoints; 1 in `thaw local`). With containerConcurrency `cc` > 0, an active revision
-    /// gets at least ceil(activators / cc) pods, so each activator's share of the pods'
-    /// concurrency is at least one request.
-    pub activators: Arc<AtomicU32>,
     /// Decision rounds (ticks) completed; a takeover is complete after its first.
     pub rounds: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -88,7 +82,6 @@ impl Default for ScalerOptions {
             },
             tick: Duration::from_secs(2),
             scale_timeout: Duration::from_secs(5),
-            activators: Arc::new(AtomicU32::new(1)),
             rounds: Arc::default(),
         }
     }

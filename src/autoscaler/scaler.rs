@@ -336,9 +336,6 @@ fn env<'a>(
         scale_states,
         metrics,
         activator_path: &options.activator_path,
-        activators: options
-            .activators
-            .load(std::sync::atomic::Ordering::Relaxed),
         scale_timeout: options.scale_timeout,
     }
 }

@@ -113,8 +113,6 @@ pub(super) struct Env<'a> {
     pub metrics: &'a AutoscalerMetrics,
     pub activator_path: &'a ActivatorPath,
     pub scale_timeout: Duration,
-    /// Ready activators sharing the pods (see `ScalerOptions::activators`).
-    pub activators: u32,
 }
 
 #[derive(Debug)]
@@ -315,7 +313,7 @@ impl RevisionState {
         trigger: Trigger,
         now: Instant,
     ) {
-        let spec = with_activator_share(&self.spec, env.activators);
+        let spec = self.spec.clone();
         let second = clock::second_of(now);
         let ready = self.ready_now();
         self.ready = ready;
@@ -457,27 +455,6 @@ impl RevisionState {
     }
 }
 
-/// With several activators sharing a revision's pods (containerConcurrency `cc` > 0), each
-/// activator's share of a pod must be at least one request: an active revision gets at least
-/// ceil(activators / cc) pods (within max-scale), by raising its activation scale.
-fn with_activator_share(spec: &Arc<AutoscalingSpec>, activators: u32) -> Arc<AutoscalingSpec> {
-    let cc = spec.container_concurrency;
-    if activators <= 1 || cc == 0 {
-        return spec.clone();
-    }
-    let mut needed = activators.div_ceil(cc);
-    if spec.max_scale > 0 {
-        needed = needed.min(spec.max_scale);
-    }
-    if needed <= spec.activation_scale {
-        return spec.clone();
-    }
-    Arc::new(AutoscalingSpec {
-        activation_scale: needed,
-        ..(**spec).clone()
-    })
-}
-
 fn ready_count(rx: &watch::Receiver<Arc<EndpointSnapshot>>) -> u32 {
     u32::try_from(rx.borrow().ready.len()).unwrap_or(u32::MAX)
 }
@@ -527,32 +504,5 @@ impl Revisions {
     /// Every revision, in slot order.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&RevisionKey, &mut RevisionState)> {
         self.slots.iter_mut().flatten().map(|(k, s)| (&*k, s))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two activators and containerConcurrency 1: an active revision gets at least 2 pods
-    /// (each activator's share is one request), within max-scale; nothing changes with one
-    /// activator or unlimited concurrency.
-    #[test]
-    fn several_activators_raise_the_activation_scale() {
-        let spec = |cc, max| {
-            Arc::new(AutoscalingSpec {
-                container_concurrency: cc,
-                max_scale: max,
-                ..AutoscalingSpec::default()
-            })
-        };
-        assert_eq!(with_activator_share(&spec(1, 0), 2).activation_scale, 2);
-        assert_eq!(with_activator_share(&spec(2, 0), 5).activation_scale, 3);
-        assert_eq!(with_activator_share(&spec(1, 1), 3).activation_scale, 1);
-        assert_eq!(with_activator_share(&spec(10, 0), 3).activation_scale, 1);
-        let s = spec(1, 0);
-        assert!(Arc::ptr_eq(&with_activator_share(&s, 1), &s));
-        let s = spec(0, 0);
-        assert!(Arc::ptr_eq(&with_activator_share(&s, 4), &s));
     }
 }

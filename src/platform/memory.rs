@@ -85,7 +85,6 @@ impl Rev {
                 },
                 None => EndpointStatus::Ok,
             },
-            capacity: None,
         };
         self.tx.send_if_modified(|cur| {
             if **cur == snap {

@@ -44,10 +44,6 @@ pub struct EndpointSnapshot {
     /// Endpoints that are going away: no new requests, in-flight ones finish.
     pub terminating: Vec<SocketAddr>,
     pub status: EndpointStatus,
-    /// The most requests this reporter may have in flight at each ready endpoint, when it is
-    /// one of several activators sharing the revision's pods (its share of
-    /// containerConcurrency); `None`: the revision's containerConcurrency.
-    pub capacity: Option<u32>,
 }
 
 /// A source of per-revision endpoint snapshots (the platform, or a test feeding them directly).

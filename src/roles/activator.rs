@@ -2,7 +2,8 @@
 //!
 //! The same activator as in `thaw local` (data port, admin port, drain), fed from the cluster:
 //! the catalog from a Revision watch, endpoints from the Kubernetes platform (private
-//! EndpointSlices, failing pods), split with the other activators ([`super::share`]), its
+//! EndpointSlices, failing pods), split with the other activators of each revision's subset
+//! (the revision's public slices, [`super::subset`], [`super::share`]), its
 //! limits from the live `config-activator`. It pushes its stats to the autoscaler leader it
 //! finds in the Lease and follows the leader's decisions; when the autoscaler or the API
 //! server is away it keeps serving warm traffic and holding cold traffic (a held request still
@@ -22,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::autoscaler::signal_stop;
-use super::share::SharedEndpoints;
+use super::serving::watch_public_slices;
+use super::share::{SharedEndpoints, Subsets};
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::cli::parse_listen;
@@ -48,16 +50,14 @@ pub struct ActivatorArgs {
     /// Admin port: /metrics, /healthz, /readyz, /revisions. Not on activator-service.
     #[arg(long, default_value = "0.0.0.0:9090", value_parser = parse_listen)]
     pub admin_listen: SocketAddr,
-    /// This activator's data address as activator-service's EndpointSlices list it (its
-    /// place in the capacity split). Default: `$POD_IP` and the data port.
+    /// This activator's data address as activator-service's EndpointSlices list it (and so
+    /// the revisions' public slices: its place in each revision's subset). Default:
+    /// `$POD_IP` and the data port.
     #[arg(long)]
     pub advertise: Option<SocketAddr>,
     /// This activator's name in its stats (default: `$POD_NAME`, else the advertised address).
     #[arg(long, env = "POD_NAME")]
     pub name: Option<String>,
-    /// The Service in front of the activators (its EndpointSlices are the activator set).
-    #[arg(long, default_value = "activator-service")]
-    pub activator_service: String,
     /// The autoscaler's Lease (its holder is the leader's stats address).
     #[arg(long, default_value = "thaw-autoscaler")]
     pub autoscaler_lease: String,
@@ -120,12 +120,12 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         platform,
         catalog,
         revisions: followed,
-        activators,
+        activators: _,
     }) = super::follow_cluster(
         &client,
         &args.system_namespace,
         args.namespace.as_deref(),
-        &args.activator_service,
+        None,
         &telemetry,
         &stop,
     )
@@ -157,13 +157,25 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         },
         stop.clone(),
     );
-    // The first sync: revisions, endpoints and the activator set listed once; and the token.
-    let mut act_rx = activators.clone();
+    // Each revision's subset: the public slices that list this activator.
+    let subsets = Subsets::new(advertise);
+    let (_, mut public_synced) = {
+        let subsets = subsets.clone();
+        watch_public_slices(
+            client.clone(),
+            args.namespace.as_deref(),
+            Some(Box::new(move |key, found| {
+                subsets.update(key, found.map(|f| f.backends.as_slice()));
+            })),
+            stop.clone(),
+        )
+    };
+    // The first sync: revisions, endpoints and the public slices listed once; and the token.
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
-            let _ = act_rx.wait_for(|a| a.synced).await;
+            let _ = public_synced.wait_for(|s| *s).await;
             info!(revisions = catalog.load().len(), "first sync done");
             waiting.send_replace(
                 "the stats token (the Secret thaw-stats-token, which the autoscaler leader creates)",
@@ -179,12 +191,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("thaw activator: the admin port's starting server failed: {e}"))?;
 
-    let shared = SharedEndpoints::new(
-        Arc::new(platform.clone()),
-        activators,
-        advertise,
-        catalog.clone(),
-    );
+    let shared = SharedEndpoints::new(Arc::new(platform.clone()), subsets, catalog.clone());
     let activator = Activator::new(ActivatorDeps {
         catalog: catalog.clone(),
         endpoints: Arc::new(shared) as Arc<dyn EndpointSource>,

@@ -148,7 +148,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         &client,
         &args.system_namespace,
         args.namespace.as_deref(),
-        &args.activator_service,
+        Some(&args.activator_service),
         &telemetry,
         &stop,
     )
@@ -156,12 +156,19 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     else {
         return Ok(());
     };
+    let Some(activators) = activators else {
+        unreachable!("asked for above")
+    };
     let services =
         serving::watch_public_services(client.clone(), args.namespace.as_deref(), stop.clone());
     // What a new leader adopts: every replica follows the public slices, so a takeover finds
     // them listed.
-    let (public, mut public_synced) =
-        serving::watch_public_slices(client.clone(), args.namespace.as_deref(), stop.clone());
+    let (public, mut public_synced) = serving::watch_public_slices(
+        client.clone(),
+        args.namespace.as_deref(),
+        None,
+        stop.clone(),
+    );
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
@@ -179,7 +186,6 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     let ActivatorPath::Confirmed(in_path) = options.activator_path.clone() else {
         unreachable!("set just above")
     };
-    follow_activator_count(activators.clone(), options.activators.clone());
 
     let (stats_tx, stats_rx) = mpsc::channel::<StatMessage>(STATS_CHANNEL);
     let stats_rx = Arc::new(Mutex::new(stats_rx));
@@ -434,28 +440,6 @@ impl Drop for Flag {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Relaxed);
     }
-}
-
-/// Keeps the scaler's activator count at the number of ready activators (at least 1).
-fn follow_activator_count(
-    mut rx: watch::Receiver<Arc<crate::platform::kubernetes::service_slices::ServiceEndpoints>>,
-    count: Arc<std::sync::atomic::AtomicU32>,
-) {
-    tokio::spawn(async move {
-        loop {
-            let n = rx
-                .borrow_and_update()
-                .port(super::share::ACTIVATOR_PORT)
-                .len();
-            count.store(
-                u32::try_from(n.max(1)).unwrap_or(u32::MAX),
-                Ordering::Relaxed,
-            );
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    });
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -11,6 +11,7 @@ pub mod controller;
 pub mod pull;
 pub mod serving;
 pub mod share;
+pub mod subset;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,18 +32,19 @@ pub(crate) struct Followed {
     pub platform: KubePlatform,
     pub catalog: Arc<RevisionCatalog>,
     pub revisions: FollowedRevisions,
-    /// `activator-service`'s ready endpoints (the activator set).
-    pub activators: watch::Receiver<Arc<ServiceEndpoints>>,
+    /// `activator-service`'s ready endpoints (the activator set), when asked for.
+    pub activators: Option<watch::Receiver<Arc<ServiceEndpoints>>>,
 }
 
 /// Follows the ConfigMaps (listed before anything is resolved against
-/// them), then the Revisions into the catalog and the platform, and the activator set. `None`
-/// when a stop signal came first.
+/// them), then the Revisions into the catalog and the platform, and the activator set (the
+/// Service `activator_service`'s endpoints) when named. `None` when a stop signal came
+/// first.
 pub(crate) async fn follow_cluster(
     client: &kube::Client,
     system_namespace: &str,
     namespace: Option<&str>,
-    activator_service: &str,
+    activator_service: Option<&str>,
     telemetry: &Telemetry,
     stop: &CancellationToken,
 ) -> Result<Option<Followed>, String> {
@@ -80,12 +82,8 @@ pub(crate) async fn follow_cluster(
         config_events,
         stop.clone(),
     );
-    let activators = watch_service(
-        client.clone(),
-        system_namespace,
-        activator_service,
-        stop.clone(),
-    );
+    let activators = activator_service
+        .map(|svc| watch_service(client.clone(), system_namespace, svc, stop.clone()));
     Ok(Some(Followed {
         live,
         platform,

@@ -444,12 +444,18 @@ fn slice_backends(slice: &EndpointSlice) -> Vec<Backend> {
     out
 }
 
+/// Told each revision's public slices as they change (`None`: it has none left): an
+/// activator learns its subset from them.
+pub type OnPublicChange = Box<dyn Fn(&RevisionKey, Option<&FoundSlices>) + Send + Sync>;
+
 /// Follows the public EndpointSlices an autoscaler wrote (`managed-by`
-/// `autoscaler.thaw.dev`) in `namespace` (all when `None`): what a new leader finds. The
-/// receiver's second value says whether the first list is done.
+/// `autoscaler.thaw.dev`) in `namespace` (all when `None`): what a new leader finds, and each
+/// activator's subsets (`on_change`). The receiver's second value says whether the first list
+/// is done.
 pub fn watch_public_slices(
     client: kube::Client,
     namespace: Option<&str>,
+    on_change: Option<OnPublicChange>,
     stop: CancellationToken,
 ) -> (watch::Receiver<PublicSlices>, watch::Receiver<bool>) {
     let (tx, rx) = watch::channel(PublicSlices::new());
@@ -519,9 +525,18 @@ pub fn watch_public_slices(
                         continue;
                     }
                     Some(Ok(Event::InitDone)) => {
-                        all = listing.take().unwrap_or_default();
+                        let before =
+                            std::mem::replace(&mut all, listing.take().unwrap_or_default());
                         let map: PublicSlices =
                             all.iter().map(|(k, m)| (k.clone(), found(m))).collect();
+                        if let Some(tell) = &on_change {
+                            for k in before.keys().filter(|k| !map.contains_key(*k)) {
+                                tell(k, None);
+                            }
+                            for (k, f) in &map {
+                                tell(k, Some(f));
+                            }
+                        }
                         tx.send_replace(map);
                         synced_tx.send_replace(true);
                         continue;
@@ -552,9 +567,16 @@ pub fn watch_public_slices(
                     for k in changed {
                         match all.get(&k) {
                             Some(m) => {
-                                map.insert(k, found(m));
+                                let f = found(m);
+                                if let Some(tell) = &on_change {
+                                    tell(&k, Some(&f));
+                                }
+                                map.insert(k, f);
                             }
                             None => {
+                                if let Some(tell) = &on_change {
+                                    tell(&k, None);
+                                }
                                 map.remove(&k);
                             }
                         }
@@ -754,7 +776,14 @@ async fn revision_task(
             } else {
                 mode(&state, &snap, stats_flow)
             };
-            let want_backends = backends(mode, &svc, protocol, &acts, &snap);
+            let mut want_backends = backends(mode, &svc, protocol, &acts, &snap);
+            if mode == Mode::Proxy {
+                // Only the revision's subset of the activators (Knative's numActivators).
+                let n = spec.as_ref().map_or(usize::MAX, |s| {
+                    super::subset::num_activators(&s.autoscaling, snap.ready.len())
+                });
+                want_backends = super::subset::pick(want_backends, n, &key);
+            }
             let want_key = (mode, Some(svc.uid.clone()), want_backends);
             if written.as_ref() != Some(&want_key) {
                 let want = slices(&key, &svc, &want_key.2);

@@ -1,21 +1,20 @@
-//! Several activators, one revision: each activator takes its own part of the revision's
-//! pods, so a pod never gets more than containerConcurrency requests at once from all the
-//! activators together (no coordination between them: each computes the same split from the
-//! same inputs, the ready pods of the private EndpointSlices and the ready activators of
-//! `activator-service`).
+//! Several activators, one revision: each activator the revision's public slices list (its
+//! subset, [`super::subset`]) takes its own part of the revision's pods, so that together
+//! they send a pod no more than containerConcurrency at once when there are enough pods.
 //!
-//! The split ([`share`]), with `A` activators, `P` ready pods and containerConcurrency `cc`:
-//! - `P >= A`: the pods are dealt out, pod `p` to activator `p mod A`: each pod has exactly one
-//!   activator, which may send it `cc` at once (Knative's subsetting).
-//! - `P < A`: activator `i` shares pod `i mod P` with the other activators dealt that pod, and
-//!   the pod's `cc` is divided among them (the first `cc mod s` of the `s` sharers get one
-//!   more): the shares of one pod add up to exactly `cc`. An activator whose share is 0 gets
-//!   no pod at all and holds its requests; the autoscaler keeps at least ceil(A / cc) pods for
-//!   an active revision, so every activator's share is at least 1 once those pods are ready.
+//! The split ([`share`]), for the activator at index `i` of the `n` listed and `P` ready pods:
+//! - `P >= n`: the pods are dealt out, pod `p` to the activator `(p + h) mod n` (`h` a hash
+//!   of the revision, so single-pod shapes land on different activators): each pod has
+//!   exactly one activator, which may send it containerConcurrency at once.
+//! - `P < n`: every listed activator takes every pod at the whole containerConcurrency, and
+//!   the pods are overcommitted (Knative's assignment); the queue sidecar in each pod holds
+//!   what exceeds containerConcurrency in its bounded queue (`THAW_QUEUE_DEPTH`).
+//! - Not listed: the activator keeps the place it last had (a gateway that has not seen the
+//!   new subset may still send it a request, which is served, not held); one never listed
+//!   takes every pod, as a lone activator does (Knative's index -1).
+//! - containerConcurrency 0 (unlimited) or one activator: every pod.
 //!
-//! The deal is rotated by a hash of the revision, so single-pod revisions land on different
-//! activators. containerConcurrency 0 (unlimited) and a single activator need no split.
-//! While the activator set changes, activators that have not yet seen the change may briefly
+//! While the subsets change, activators that have not yet seen the change may briefly
 //! disagree; the queue sidecar in each pod enforces containerConcurrency regardless.
 
 use std::net::SocketAddr;
@@ -25,50 +24,36 @@ use dashmap::DashMap;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::platform::kubernetes::service_slices::ServiceEndpoints;
 use crate::platform::{EndpointSnapshot, EndpointSource};
 use crate::revision::{RevisionCatalog, RevisionKey};
+
+use super::serving::Backend;
+use super::subset::{Place, place};
 
 /// The port name of `activator-service` whose endpoints are the activator set.
 pub const ACTIVATOR_PORT: &str = "http";
 
-/// This activator's part of a revision's ready pods (`ready` sorted): the pods it may use and,
-/// when it shares them, its per-pod capacity (`None`: the whole containerConcurrency).
+/// This activator's part of a revision's ready pods (`ready` sorted), given its place in the
+/// revision's subset (`None`: never listed).
 pub fn share(
     ready: &[SocketAddr],
     cc: u32,
-    activators: &[SocketAddr],
-    me: SocketAddr,
+    place: Option<Place>,
     revision: &RevisionKey,
-) -> (Vec<SocketAddr>, Option<u32>) {
-    let n_act = activators.len();
-    let Some(index) = activators.iter().position(|a| *a == me) else {
-        // Not (yet) in the set: act alone, as a single activator would.
-        return (ready.to_vec(), None);
+) -> Vec<SocketAddr> {
+    let Some(Place { index, of }) = place else {
+        return ready.to_vec();
     };
-    if n_act <= 1 || cc == 0 || ready.is_empty() {
-        return (ready.to_vec(), None);
+    if of <= 1 || cc == 0 || ready.len() < of {
+        return ready.to_vec();
     }
-    let rotated = (index + (fnv(revision) % n_act as u64) as usize) % n_act;
-    let pods = ready.len();
-    if pods >= n_act {
-        let mine = ready
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| p % n_act == rotated)
-            .map(|(_, a)| *a)
-            .collect();
-        return (mine, None);
-    }
-    let pod = rotated % pods;
-    let sharers = (0..n_act).filter(|j| j % pods == pod).count() as u32;
-    let rank = (rotated / pods) as u32;
-    let part = cc / sharers + u32::from(rank < cc % sharers);
-    if part == 0 {
-        (Vec::new(), None)
-    } else {
-        (vec![ready[pod]], Some(part))
-    }
+    let rotated = (index + (fnv(revision) % of as u64) as usize) % of;
+    ready
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| p % of == rotated)
+        .map(|(_, a)| *a)
+        .collect()
 }
 
 /// FNV-1a of the revision key: the same on every activator (unlike the std hasher's seed).
@@ -86,48 +71,107 @@ fn fnv(key: &RevisionKey) -> u64 {
     h
 }
 
+/// Each revision's place of this activator in its subset, from the public slices
+/// ([`Subsets::update`]); a revision's receiver is created on first use.
+pub struct Subsets {
+    me: SocketAddr,
+    places: DashMap<RevisionKey, watch::Sender<Option<Place>>>,
+}
+
+impl Subsets {
+    /// `me`: this activator's `http` address as activator-service's slices list it.
+    pub fn new(me: SocketAddr) -> Arc<Self> {
+        Arc::new(Self {
+            me,
+            places: DashMap::new(),
+        })
+    }
+
+    /// `revision`'s place as last listed (`None`: never listed).
+    pub fn subscribe(&self, revision: &RevisionKey) -> watch::Receiver<Option<Place>> {
+        if let Some(tx) = self.places.get(revision) {
+            return tx.subscribe();
+        }
+        self.places
+            .entry(revision.clone())
+            .or_insert_with(|| watch::channel(None).0)
+            .subscribe()
+    }
+
+    /// The place of this activator now (for `/revisions`).
+    pub fn get(&self, revision: &RevisionKey) -> Option<Place> {
+        self.places.get(revision).and_then(|tx| *tx.borrow())
+    }
+
+    /// The revision's public slices changed (`None`: it has none now). A slice that lists
+    /// this activator sets its place; one that does not keeps the last place.
+    pub fn update(&self, revision: &RevisionKey, listed: Option<&[Backend]>) {
+        let place = listed.and_then(|l| place(l, self.me));
+        match place {
+            Some(p) => {
+                let tx = self
+                    .places
+                    .entry(revision.clone())
+                    .or_insert_with(|| watch::channel(None).0);
+                tx.send_if_modified(|cur| {
+                    if *cur == Some(p) {
+                        false
+                    } else {
+                        tracing::debug!(revision = %revision, index = p.index, of = p.of, "subset place");
+                        *cur = Some(p);
+                        true
+                    }
+                });
+            }
+            None if listed.is_none() => {
+                // Gone: forget it unless a revision task still follows it.
+                self.places
+                    .remove_if(revision, |_, tx| tx.receiver_count() == 0);
+            }
+            None => {}
+        }
+    }
+}
+
 /// An [`EndpointSource`] that hands the activator its share of each revision's pods: the
-/// platform's snapshots, split by [`share`] as the activator set and the revision's
-/// containerConcurrency change. Terminating endpoints and the status pass through.
+/// platform's snapshots, split by [`share`] as the revision's subset and containerConcurrency
+/// change. Terminating endpoints and the status pass through.
 pub struct SharedEndpoints {
     inner: Arc<dyn EndpointSource>,
-    activators: watch::Receiver<Arc<ServiceEndpoints>>,
-    me: SocketAddr,
+    subsets: Arc<Subsets>,
     catalog: Arc<RevisionCatalog>,
     channels: DashMap<RevisionKey, watch::Sender<Arc<EndpointSnapshot>>>,
 }
 
 impl SharedEndpoints {
-    /// `me` is this activator's address as `activator-service`'s slices list it (port
-    /// [`ACTIVATOR_PORT`]).
     pub fn new(
         inner: Arc<dyn EndpointSource>,
-        activators: watch::Receiver<Arc<ServiceEndpoints>>,
-        me: SocketAddr,
+        subsets: Arc<Subsets>,
         catalog: Arc<RevisionCatalog>,
     ) -> Arc<Self> {
         Arc::new(Self {
             inner,
-            activators,
-            me,
+            subsets,
             catalog,
             channels: DashMap::new(),
         })
     }
 
-    fn split(&self, key: &RevisionKey, snap: &EndpointSnapshot) -> EndpointSnapshot {
+    fn split(
+        &self,
+        key: &RevisionKey,
+        snap: &EndpointSnapshot,
+        place: Option<Place>,
+    ) -> EndpointSnapshot {
         let cc = self
             .catalog
             .load()
             .get(key)
             .map_or(0, |s| s.container_concurrency);
-        let set = self.activators.borrow().clone();
-        let (ready, capacity) = share(&snap.ready, cc, set.port(ACTIVATOR_PORT), self.me, key);
         EndpointSnapshot {
-            ready,
+            ready: share(&snap.ready, cc, place, key),
             terminating: snap.terminating.clone(),
             status: snap.status.clone(),
-            capacity,
         }
     }
 }
@@ -138,7 +182,12 @@ impl EndpointSource for Arc<SharedEndpoints> {
             return tx.subscribe();
         }
         let mut platform = self.inner.endpoints(revision);
-        let first = Arc::new(self.split(revision, &platform.borrow_and_update()));
+        let mut place = self.subsets.subscribe(revision);
+        let first = Arc::new(self.split(
+            revision,
+            &platform.borrow_and_update(),
+            *place.borrow_and_update(),
+        ));
         let entry = self.channels.entry(revision.clone());
         let tx = match entry {
             dashmap::Entry::Occupied(o) => return o.get().subscribe(),
@@ -147,18 +196,17 @@ impl EndpointSource for Arc<SharedEndpoints> {
         let rx = tx.subscribe();
         let me = self.clone();
         let key = revision.clone();
-        let mut activators = self.activators.clone();
         let mut catalog = self.catalog.subscribe();
         tokio::spawn(
             async move {
                 loop {
                     tokio::select! {
                         r = platform.changed() => if r.is_err() { return },
-                        r = activators.changed() => if r.is_err() { return },
+                        r = place.changed() => if r.is_err() { return },
                         r = catalog.changed() => if r.is_err() { return },
                     }
                     let snap = platform.borrow_and_update().clone();
-                    let next = me.split(&key, &snap);
+                    let next = me.split(&key, &snap, *place.borrow_and_update());
                     tx.send_if_modified(|cur| {
                         if **cur == next {
                             false
@@ -193,35 +241,31 @@ mod tests {
             .collect()
     }
 
-    /// Over many shapes: the activators' shares of every pod add up to exactly cc, and every
-    /// activator gets a share of at least one once there are ceil(A / cc) pods.
+    /// Over 140 shapes: with at least as many pods as listed activators, every pod has
+    /// exactly one activator and every activator at least one pod; with fewer, every
+    /// activator takes every pod (overcommit, as Knative).
     #[test]
-    fn shares_of_a_pod_add_up_to_its_concurrency() {
-        for a in 1..=5u16 {
+    fn each_pod_has_one_activator_when_there_are_enough_pods() {
+        for n in 1..=5usize {
             for p in 1..=7u16 {
                 for cc in 1..=4u32 {
-                    let acts = addrs(a, 8000);
                     let pods = addrs(p, 9000);
-                    let key = RevisionKey::new("ns", format!("r-{a}-{p}-{cc}"));
+                    let key = RevisionKey::new("ns", format!("r-{n}-{p}-{cc}"));
                     let mut per_pod = std::collections::HashMap::new();
-                    let mut served = 0;
-                    for me in &acts {
-                        let (mine, cap) = share(&pods, cc, &acts, *me, &key);
-                        if !mine.is_empty() {
-                            served += 1;
-                        }
+                    for index in 0..n {
+                        let mine = share(&pods, cc, Some(Place { index, of: n }), &key);
+                        assert!(
+                            !mine.is_empty(),
+                            "n={n} p={p}: activator {index} has no pod"
+                        );
                         for pod in mine {
-                            *per_pod.entry(pod).or_insert(0) += cap.unwrap_or(cc);
+                            *per_pod.entry(pod).or_insert(0usize) += 1;
                         }
                     }
-                    for (pod, total) in &per_pod {
-                        assert!(*total <= cc, "a={a} p={p} cc={cc}: {pod} gets {total}");
-                    }
-                    if u32::from(p) >= u32::from(a).div_ceil(cc) {
-                        assert_eq!(served, a, "a={a} p={p} cc={cc}: an activator without pods");
-                    }
-                    if a == 1 {
-                        assert_eq!(per_pod.len(), usize::from(p));
+                    assert_eq!(per_pod.len(), usize::from(p), "every pod is served");
+                    let want = if usize::from(p) >= n { 1 } else { n };
+                    for (pod, k) in &per_pod {
+                        assert_eq!(*k, want, "n={n} p={p} cc={cc}: {pod} has {k} activators");
                     }
                 }
             }
@@ -229,19 +273,48 @@ mod tests {
     }
 
     #[test]
-    fn alone_or_unlimited_takes_every_pod() {
+    fn alone_unlimited_or_never_listed_takes_every_pod() {
         let pods = addrs(3, 9000);
-        let me = SocketAddr::from(([10, 0, 0, 1], 8000));
         let key = RevisionKey::new("ns", "r");
-        assert_eq!(share(&pods, 1, &[me], me, &key), (pods.clone(), None));
+        assert_eq!(share(&pods, 1, Some(Place { index: 0, of: 1 }), &key), pods);
+        assert_eq!(share(&pods, 0, Some(Place { index: 1, of: 3 }), &key), pods);
+        assert_eq!(share(&pods, 1, None, &key), pods);
         assert_eq!(
-            share(&pods, 0, &addrs(3, 8000), me, &key),
-            (pods.clone(), None)
+            share(&pods, 1, Some(Place { index: 1, of: 3 }), &key).len(),
+            1
         );
-        let stranger = SocketAddr::from(([10, 0, 0, 9], 1));
+    }
+
+    /// A slice that lists this activator sets its place; one listing others (or pods) keeps
+    /// the last place; a revision without slices is forgotten once nobody follows it.
+    #[test]
+    fn the_place_follows_the_slices_that_list_this_activator() {
+        use std::collections::BTreeMap;
+        let b = |last: u8| -> Backend {
+            (
+                std::net::IpAddr::from([10, 0, 0, last]),
+                BTreeMap::from([(ACTIVATOR_PORT.to_string(), 8012)]),
+            )
+        };
+        let me = SocketAddr::from(([10, 0, 0, 2], 8012));
+        let subsets = Subsets::new(me);
+        let key = RevisionKey::new("ns", "r");
+        let rx = subsets.subscribe(&key);
+        assert_eq!(*rx.borrow(), None);
+        subsets.update(&key, Some(&[b(1), b(2), b(3)]));
+        assert_eq!(*rx.borrow(), Some(Place { index: 1, of: 3 }));
+        subsets.update(&key, Some(&[b(1), b(3)]));
+        assert_eq!(*rx.borrow(), Some(Place { index: 1, of: 3 }), "kept");
+        subsets.update(&key, Some(&[b(2), b(3)]));
+        assert_eq!(subsets.get(&key), Some(Place { index: 0, of: 2 }));
+        subsets.update(&key, None);
         assert_eq!(
-            share(&pods, 1, &addrs(3, 8000), stranger, &key),
-            (pods, None)
+            subsets.get(&key),
+            Some(Place { index: 0, of: 2 }),
+            "followed"
         );
+        drop(rx);
+        subsets.update(&key, None);
+        assert_eq!(subsets.get(&key), None);
     }
 }

@@ -14,7 +14,6 @@ fn snapshot(ready: &[u16], terminating: &[u16]) -> EndpointSnapshot {
         ready: ready.iter().map(|p| addr(*p)).collect(),
         terminating: terminating.iter().map(|p| addr(*p)).collect(),
         status: EndpointStatus::Ok,
-        capacity: None,
     }
 }
 

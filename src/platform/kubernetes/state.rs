@@ -147,7 +147,6 @@ impl RevState {
             ready,
             terminating,
             status,
-            capacity: None,
         }
     }
 }

@@ -81,7 +81,6 @@ impl RevState {
             ready,
             terminating,
             status,
-            capacity: None,
         }
     }
 
