@@ -46,28 +46,8 @@ const AFTER_TAKEOVER: Duration = Duration::from_secs(5);
 const CUT_FOR: Duration = Duration::from_secs(10);
 const PACE: Duration = Duration::from_millis(25);
 
-/// Knative's helloworld-go Service under another name, with template annotations.
 fn service(name: &str, annotations: &str) -> Service {
-    let yaml = format!(
-        r#"
-apiVersion: serving.knative.dev/v1
-kind: Service
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  template:
-    metadata:
-      annotations: {{{annotations}}}
-    spec:
-      containers:
-        - image: ghcr.io/knative/helloworld-go:latest
-          env:
-            - name: TARGET
-              value: "Go Sample v1"
-"#
-    );
-    serde_saphyr::from_str(&yaml).expect("a Service")
+    stack_support::helloworld(name, annotations, None)
 }
 
 const PROXIED: &str = "proxied";
@@ -176,6 +156,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
         controllers: 1,
         autoscalers: 2,
         activators: 2,
+        activator: BTreeMap::new(),
         graceful_pod_deletion: false,
     })
     .await;

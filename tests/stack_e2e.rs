@@ -73,6 +73,7 @@ fn options() -> StackOptions {
         controllers: 1,
         autoscalers: 2,
         activators: 2,
+        activator: BTreeMap::new(),
         graceful_pod_deletion: false,
     }
 }

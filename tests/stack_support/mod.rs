@@ -71,6 +71,8 @@ pub const START: Duration = Duration::from_secs(30);
 pub struct StackOptions {
     /// config-autoscaler's data (the keys the test shortens; the rest stay Knative's defaults).
     pub autoscaler: BTreeMap<String, String>,
+    /// config-activator's data (likewise).
+    pub activator: BTreeMap<String, String>,
     /// Replicas of each role (at most 9 of each).
     pub controllers: usize,
     pub autoscalers: usize,
@@ -214,6 +216,31 @@ impl Stack {
         stack
     }
 
+    /// Starts one more role of `kind` (the next number, the next address), as a Deployment's
+    /// rollout adds a pod (an activator's pod is adopted by the kubelet, so activator-service
+    /// lists it once ready), and waits until it is ready. Its name.
+    pub async fn add_role(&mut self, kind: RoleKind) -> String {
+        let n = self.roles_of(kind).count() + 1;
+        let base = match kind {
+            RoleKind::Controller => 1,
+            RoleKind::Autoscaler => 10,
+            RoleKind::Activator => 20,
+        };
+        let ip = self.net.role(base + n as u8 - 1);
+        let role = Role::start(&self.api, self.dir.path(), kind, n, ip).await;
+        if kind == RoleKind::Activator {
+            self.cluster.kubelet.adopt(role.pod()).await;
+        }
+        let admin = role.admin();
+        let name = role.name.clone();
+        self.roles.push(role);
+        self.until(START, &format!("{name} ready (/readyz)"), || async move {
+            ready(admin).await.then_some(())
+        })
+        .await;
+        name
+    }
+
     /// The role named `name` (`controller-1`, `autoscaler-2`, `activator-1`, ...).
     pub fn role(&self, name: &str) -> &Role {
         self.roles
@@ -324,6 +351,38 @@ impl Stack {
     }
 }
 
+/// Knative's helloworld-go Service under another name, with template annotations (inline
+/// YAML map entries) and, when given, a containerConcurrency.
+pub fn helloworld(
+    name: &str,
+    annotations: &str,
+    container_concurrency: Option<u32>,
+) -> thaw::knative::Service {
+    let cc = container_concurrency
+        .map(|c| format!("      containerConcurrency: {c}\n"))
+        .unwrap_or_default();
+    let yaml = format!(
+        r#"
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  template:
+    metadata:
+      annotations: {{{annotations}}}
+    spec:
+{cc}      containers:
+        - image: ghcr.io/knative/helloworld-go:latest
+          env:
+            - name: TARGET
+              value: "Go Sample v1"
+"#
+    );
+    serde_saphyr::from_str(&yaml).expect("a Service")
+}
+
 /// `/readyz` answers `ok`.
 pub async fn ready(admin: SocketAddr) -> bool {
     crate::kube_e2e_support::get_text(admin, "/readyz")
@@ -353,6 +412,7 @@ async fn system_objects(client: &kube::Client, opts: &StackOptions) {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM);
     for (name, data) in [
         ("config-autoscaler", opts.autoscaler.clone()),
+        ("config-activator", opts.activator.clone()),
         (
             "config-deployment",
             BTreeMap::from([("queue-sidecar-image".to_string(), QUEUE_IMAGE.to_string())]),
