@@ -67,29 +67,6 @@ async fn replicas(stack: &Stack, svc: &str) -> Option<i32> {
     api.get_opt(&deployment(svc)).await.ok()??.spec?.replicas
 }
 
-/// What must not move: every `/scale` change and every public-slice change recorded so far.
-#[derive(Debug, PartialEq)]
-struct Moves {
-    scale: Vec<(String, i32)>,
-    public: Vec<(String, Vec<std::net::SocketAddr>)>,
-}
-
-fn moves(stack: &Stack) -> Moves {
-    let r = stack.records();
-    Moves {
-        scale: r
-            .scale()
-            .into_iter()
-            .map(|c| (c.deployment, c.replicas))
-            .collect(),
-        public: r
-            .public()
-            .into_iter()
-            .map(|c| (c.revision, c.endpoints))
-            .collect(),
-    }
-}
-
 /// How many takeovers `role` has completed (its log, across restarts).
 fn takeovers(role: &Role) -> usize {
     role.logs().matches("takeover complete").count()
@@ -119,12 +96,7 @@ fn takeover_counts(stack: &Stack) -> BTreeMap<String, usize> {
 
 /// The public endpoints of `svc`'s revision as last recorded.
 fn public_now(stack: &Stack, svc: &str) -> Vec<std::net::SocketAddr> {
-    stack
-        .records()
-        .public_of(&revision(svc))
-        .last()
-        .map(|c| c.endpoints.clone())
-        .unwrap_or_default()
+    stack.public_now(&revision(svc))
 }
 
 async fn ready_again(stack: &Stack, role: &Role) {
@@ -236,7 +208,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
             )
             .await;
     }
-    let steady = moves(&stack);
+    let steady = stack.moves();
     println!(
         "steady after {:.1}s: {steady:?}",
         began.elapsed().as_secs_f64()
@@ -249,7 +221,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
     let next = next_takeover(&stack, &before).await;
     assert_ne!(next.name, lead.name);
     tokio::time::sleep(AFTER_TAKEOVER).await;
-    assert_eq!(moves(&stack), steady, "after the SIGKILL of {}", lead.name);
+    assert_eq!(stack.moves(), steady, "after the SIGKILL of {}", lead.name);
     println!(
         "SIGKILL {}: {} took over; nothing moved",
         lead.name, next.name
@@ -272,7 +244,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
     assert!(exit.success(), "{exit:?}");
     assert!(lead.logs().contains("lease released"));
     tokio::time::sleep(AFTER_TAKEOVER).await;
-    assert_eq!(moves(&stack), steady, "after the SIGTERM of {}", lead.name);
+    assert_eq!(stack.moves(), steady, "after the SIGTERM of {}", lead.name);
     println!(
         "SIGTERM {}: {} led and had adopted everything {handover:?} after the signal; nothing moved",
         lead.name, next.name
@@ -284,11 +256,11 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
     let before = takeover_counts(&stack);
     stack.cut_all();
     tokio::time::sleep(CUT_FOR).await;
-    assert_eq!(moves(&stack), steady, "during the cut");
+    assert_eq!(stack.moves(), steady, "during the cut");
     stack.restore_all();
     let next = next_takeover(&stack, &before).await;
     tokio::time::sleep(AFTER_TAKEOVER).await;
-    assert_eq!(moves(&stack), steady, "after the cut");
+    assert_eq!(stack.moves(), steady, "after the cut");
     println!(
         "API cut for {CUT_FOR:?}: {} leads again; nothing moved",
         next.name
@@ -317,7 +289,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
     one.restart();
     let next = next_takeover(&stack, &before).await;
     tokio::time::sleep(AFTER_TAKEOVER).await;
-    assert_eq!(moves(&stack), steady, "after the upgrade takeover");
+    assert_eq!(stack.moves(), steady, "after the upgrade takeover");
     let metrics = kube_e2e_support::get_text(next.admin(), "/metrics").await;
     assert_eq!(
         kube_e2e_support::metric(&metrics, "thaw_platform_scale_patches_total", &[]),

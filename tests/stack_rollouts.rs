@@ -69,28 +69,8 @@ async fn replicas(stack: &Stack, svc: &str) -> Option<i32> {
         .replicas
 }
 
-fn public_now(stack: &Stack, svc: &str) -> Vec<SocketAddr> {
-    stack
-        .records()
-        .public_of(&revision(svc))
-        .last()
-        .map(|c| c.endpoints.clone())
-        .unwrap_or_default()
-}
-
-/// Every `/scale` change and public-slice change recorded so far.
-fn moves(stack: &Stack) -> (Vec<(String, i32)>, Vec<(String, Vec<SocketAddr>)>) {
-    let r = stack.records();
-    (
-        r.scale()
-            .into_iter()
-            .map(|c| (c.deployment, c.replicas))
-            .collect(),
-        r.public()
-            .into_iter()
-            .map(|c| (c.revision, c.endpoints))
-            .collect(),
-    )
+fn public_now(stack: &Stack, svc: &str) -> Vec<std::net::SocketAddr> {
+    stack.public_now(&revision(svc))
 }
 
 async fn ready_url(stack: &Stack, services: &Api<Service>, name: &str) -> String {
@@ -416,7 +396,7 @@ async fn rolling_every_role_fails_no_request() {
     }
 
     // 3. The autoscalers rolled the same way: a new replica first, then SIGTERM to an old one.
-    let steady = moves(&stack);
+    let steady = stack.moves();
     for old in ["autoscaler-1", "autoscaler-2"] {
         let new = stack.add_role(RoleKind::Autoscaler).await;
         let old_role = stack.role(old);
@@ -436,7 +416,7 @@ async fn rolling_every_role_fails_no_request() {
         .await;
     tokio::time::sleep(AFTER_TAKEOVER).await;
     assert_eq!(
-        moves(&stack),
+        stack.moves(),
         steady,
         "the autoscalers' rollout moved something"
     );

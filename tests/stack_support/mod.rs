@@ -126,6 +126,14 @@ impl Net {
     }
 }
 
+/// Every `/scale` change (deployment, replicas) and public-slice change (revision,
+/// endpoints), in order.
+#[derive(Debug, PartialEq)]
+pub struct Moves {
+    pub scale: Vec<(String, i32)>,
+    pub public: Vec<(String, Vec<SocketAddr>)>,
+}
+
 /// The running stack. Dropped in field order: the processes go before the server and their
 /// log directory.
 pub struct Stack {
@@ -306,6 +314,33 @@ impl Stack {
     /// Every `/scale` change and public-slice change seen so far.
     pub fn records(&self) -> &Arc<Records> {
         &self.cluster.records
+    }
+
+    /// What a drill must not move: every `/scale` change and every public-slice change
+    /// recorded so far.
+    pub fn moves(&self) -> Moves {
+        let r = self.records();
+        Moves {
+            scale: r
+                .scale()
+                .into_iter()
+                .map(|c| (c.deployment, c.replicas))
+                .collect(),
+            public: r
+                .public()
+                .into_iter()
+                .map(|c| (c.revision, c.endpoints))
+                .collect(),
+        }
+    }
+
+    /// `revision`'s public slices' endpoints as last recorded.
+    pub fn public_now(&self, revision: &str) -> Vec<SocketAddr> {
+        self.records()
+            .public_of(revision)
+            .last()
+            .map(|c| c.endpoints.clone())
+            .unwrap_or_default()
     }
 
     /// Whether `addr` is an activator's data address.
