@@ -34,6 +34,41 @@ pub struct Stat {
     pub proxied_requests: u64,
 }
 
+/// The most average concurrency one stat may carry: a million requests in flight at one
+/// reporter in one second (an activator holds at most `max-held-requests`, 50,000 by default,
+/// and its connections are bounded). Larger values are clamped to it and counted
+/// (`thaw_autoscaler_stats_clamped_total`), so one report can neither overflow a window nor
+/// pin a revision at max-scale by itself.
+pub const MAX_STAT_CONCURRENCY: f64 = 1_000_000.0;
+/// The most requests one stat may count in one second (clamped likewise).
+pub const MAX_STAT_REQUESTS: u64 = 100_000_000;
+
+impl Stat {
+    /// Clamps the stat's values to [`MAX_STAT_CONCURRENCY`] and [`MAX_STAT_REQUESTS`] (the
+    /// proxied shares to the whole); whether anything changed. Negative and non-finite values
+    /// are left for the collector to reject.
+    pub fn clamp(&mut self) -> bool {
+        let mut changed = false;
+        if self.average_concurrency > MAX_STAT_CONCURRENCY {
+            self.average_concurrency = MAX_STAT_CONCURRENCY;
+            changed = true;
+        }
+        if self.proxied_concurrency > self.average_concurrency {
+            self.proxied_concurrency = self.average_concurrency;
+            changed = true;
+        }
+        if self.requests > MAX_STAT_REQUESTS {
+            self.requests = MAX_STAT_REQUESTS;
+            changed = true;
+        }
+        if self.proxied_requests > self.requests {
+            self.proxied_requests = self.requests;
+            changed = true;
+        }
+        changed
+    }
+}
+
 /// What a queue sidecar serves on its admin port at [`POD_STATS_PATH`] for the autoscaler to
 /// pull each second (JSON, camelCase): the last complete second of its pod. The autoscaler
 /// stamps it with its own receipt second and the pod's name as the source.
@@ -131,6 +166,35 @@ pub fn stat_channel(capacity: usize) -> (ChannelStatSink, mpsc::Receiver<StatMes
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stat_is_clamped_to_the_ceilings() {
+        let mut s = Stat {
+            revision: RevisionKey::new("ns", "r"),
+            source: "pod".into(),
+            at: 1,
+            average_concurrency: 1e20,
+            requests: u64::MAX,
+            proxied_concurrency: f64::MAX,
+            proxied_requests: u64::MAX,
+        };
+        assert!(s.clamp());
+        assert_eq!(s.average_concurrency, MAX_STAT_CONCURRENCY);
+        assert_eq!(s.proxied_concurrency, MAX_STAT_CONCURRENCY);
+        assert_eq!(
+            (s.requests, s.proxied_requests),
+            (MAX_STAT_REQUESTS, MAX_STAT_REQUESTS)
+        );
+        assert!(!s.clamp(), "clamping twice changes nothing");
+        let mut ok = Stat {
+            average_concurrency: 3.5,
+            requests: 7,
+            proxied_concurrency: 1.0,
+            proxied_requests: 2,
+            ..s
+        };
+        assert!(!ok.clamp());
+    }
 
     #[tokio::test]
     async fn channel_is_bounded_and_counts_drops() {

@@ -441,3 +441,44 @@ async fn excess_burst_capacity_reads_zero_until_the_first_decision() {
     assert_eq!(st.excess_burst_capacity, 200 - 211 - 1);
     assert!(st.activator_in_path);
 }
+
+/// Extreme stats (a tenant's pod can report anything): each is clamped to the ceiling and
+/// counted, the windows stay finite, and once the stable window has passed the revision
+/// scales on its real load again (unclamped, one 1e20 stat left the window's running sum
+/// wrong and halved the pods; two 1e308 made it infinite and pinned max-scale).
+#[tokio::test(start_paused = true)]
+async fn extreme_stats_are_clamped_and_forgotten_with_the_window() {
+    let mut h = harness(vec![revision("r", |_| {})], MemoryPlatform::new(), local());
+    h.scaler.sync_catalog(clock::instant_of(1000)).await;
+    // A steady 700 in flight: 10 pods at the default target of 70 per pod.
+    h.run("r", 1000, 1070, |_| 700.0).await;
+    assert_eq!(h.platform.replicas(&key("r")), Some(10));
+    for (i, extreme) in [1e20, f64::MAX].into_iter().enumerate() {
+        let from = 1070 + 130 * i as u64;
+        for s in [from, from + 1] {
+            let now = clock::instant_of(s);
+            let mut st = stat("r", s, extreme);
+            st.source = "a-tenant-pod".into();
+            h.scaler.ingest(StatMessage::Record(st), now);
+        }
+        let replicas = h.run("r", from, from + 130, |_| 700.0).await;
+        assert!(
+            replicas.iter().all(|r| *r <= 1_000_000 / 70 + 1),
+            "clamped: at most the ceiling's pods"
+        );
+        assert_eq!(
+            replicas.last(),
+            Some(&10),
+            "back to the real load after {extreme:e}"
+        );
+    }
+    let text = h.telemetry.encode();
+    assert!(
+        text.contains("thaw_autoscaler_stats_clamped_total 4"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("clamped"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

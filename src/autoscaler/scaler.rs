@@ -246,13 +246,19 @@ impl Scaler {
     }
 
     /// Records one stat at `now`. Returns the revision when it must be decided at once: the
-    /// stat carries load and the revision's latest answer is 0 (or none yet). Rejected stats
-    /// are counted in `thaw_autoscaler_stats_rejected_total`.
+    /// stat carries load and the revision's latest answer is 0 (or none yet). Values above the
+    /// ceilings are clamped ([`crate::stats::Stat::clamp`], counted in
+    /// `thaw_autoscaler_stats_clamped_total`); rejected stats are counted in
+    /// `thaw_autoscaler_stats_rejected_total`.
     pub fn ingest(&mut self, msg: StatMessage, now: Instant) -> Option<RevisionKey> {
-        let (stat, kind) = match msg {
+        let (mut stat, kind) = match msg {
             StatMessage::Record(s) => (s, "record"),
             StatMessage::Poke(s) => (s, "poke"),
         };
+        if stat.clamp() {
+            self.metrics.stats_clamped.inc();
+            debug!(revision = %stat.revision, source = %stat.source, kind, "stat clamped to the ceiling");
+        }
         if let Err(reason) = self.collector.record(&stat, clock::second_of(now)) {
             self.metrics
                 .stats_rejected

@@ -74,6 +74,9 @@ pub struct AutoscalerMetrics {
     pub decision_seconds: Histogram,
     /// `thaw_autoscaler_stats_rejected_total{reason}`: stats not recorded.
     pub stats_rejected: Family<RejectLabels, Counter>,
+    /// `thaw_autoscaler_stats_clamped_total`: stats recorded at the ceilings
+    /// (`stats::MAX_STAT_CONCURRENCY`, `stats::MAX_STAT_REQUESTS`) instead of their values.
+    pub stats_clamped: Counter,
     /// `thaw_autoscaler_scale_errors_total`: platform scale calls that failed or timed out
     /// (retried at the next decision).
     pub scale_errors: Counter,
@@ -103,6 +106,7 @@ impl Default for AutoscalerMetrics {
             // 1µs .. ~4s
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 4.0, 12)),
             stats_rejected: Family::default(),
+            stats_clamped: Counter::default(),
             scale_errors: Counter::default(),
             leader_changes: Counter::default(),
             takeover_seconds: FloatGauge::default(),
@@ -160,6 +164,11 @@ impl AutoscalerMetrics {
             "autoscaler_stats_rejected",
             "Stats the collector did not record, by reason",
             super::Listed(m.stats_rejected.clone()),
+        );
+        reg.register(
+            "autoscaler_stats_clamped",
+            "Stats recorded at the ceilings instead of their (larger) values",
+            m.stats_clamped.clone(),
         );
         reg.register(
             "autoscaler_scale_errors",

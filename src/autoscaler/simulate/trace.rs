@@ -46,6 +46,12 @@ pub fn parse(text: &str) -> Result<Vec<f64>, String> {
                 "line {n}: concurrency must be a finite number >= 0"
             ));
         }
+        if concurrency > crate::stats::MAX_STAT_CONCURRENCY {
+            return Err(format!(
+                "line {n}: concurrency {concurrency} is above the ceiling of one stat ({})",
+                crate::stats::MAX_STAT_CONCURRENCY
+            ));
+        }
         if second >= MAX_SECONDS {
             return Err(format!(
                 "line {n}: traces are limited to {MAX_SECONDS} seconds"
@@ -117,6 +123,10 @@ mod tests {
         assert!(parse("second,concurrency\n0,-1\n").is_err());
         assert!(parse("second,concurrency\n0,x\n").is_err());
         assert!(parse("second,concurrency\n").is_err());
+        // Above one stat's ceiling (the live collector clamps; a trace is refused).
+        let e = parse("second,concurrency\n0,1\n1,1e308\n").unwrap_err();
+        assert!(e.contains("line 3") && e.contains("ceiling"), "{e}");
+        assert!(parse("second,concurrency\n0,1000000\n").is_ok());
     }
 
     #[test]
