@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::token::{Token, Tokens};
-use super::wire::{CONTENT_TYPE, STATS_PATH, StatsBatch, WireStat};
+use super::wire::{CONTENT_TYPE, MAX_BATCH_BYTES, STATS_PATH, StatsBatch, WireStat};
 use crate::stats::{StatMessage, StatSink};
 use crate::telemetry::remote::RemoteMetrics;
 
@@ -101,13 +101,40 @@ async fn run(settings: PushSettings, mut rx: mpsc::Receiver<StatMessage>, stop: 
                 break;
             }
         }
-        let body = StatsBatch {
-            source: settings.source.clone(),
-            stats: batch,
-        };
-        let body = Bytes::from(serde_json::to_vec(&body).expect("stats serialize"));
-        send(&client, &settings, body).await;
+        let bodies = encode(&settings.source, batch, MAX_BATCH_BYTES);
+        if bodies.len() > 1 {
+            settings
+                .metrics
+                .batch_splits
+                .inc_by(bodies.len() as u64 - 1);
+            tracing::debug!(
+                parts = bodies.len(),
+                "stats batch split below the receiver's limit"
+            );
+        }
+        for body in bodies {
+            send(&client, &settings, body).await;
+        }
     }
+}
+
+/// The batch as request bodies of at most `limit` bytes each: one body normally, halves
+/// (recursively) when the whole would pass the receiver's limit (a single stat, whose names
+/// are bounded by Kubernetes', always fits).
+fn encode(source: &str, stats: Vec<WireStat>, limit: usize) -> Vec<Bytes> {
+    let body = StatsBatch {
+        source: source.to_string(),
+        stats,
+    };
+    let bytes = serde_json::to_vec(&body).expect("stats serialize");
+    if bytes.len() <= limit || body.stats.len() <= 1 {
+        return vec![Bytes::from(bytes)];
+    }
+    let mut first = body.stats;
+    let second = first.split_off(first.len() / 2);
+    let mut out = encode(source, first, limit);
+    out.extend(encode(source, second, limit));
+    out
 }
 
 /// Adds a message to the batch; true for a poke (send now).
@@ -189,5 +216,37 @@ impl HttpStatSink {
     /// Stats dropped before sending.
     pub fn dropped(&self) -> u64 {
         self.dropped.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second's stats for 50,000 revisions with long names (about 11 MiB as one batch)
+    /// go as several bodies, each under the receiver's limit, with every stat once.
+    #[test]
+    fn a_large_second_is_split_below_the_receivers_limit() {
+        let stats: Vec<WireStat> = (0..50_000)
+            .map(|i| WireStat {
+                namespace: format!("tenant-{:0>50}", i % 97),
+                name: format!("revision-{i:0>54}"),
+                concurrency: 1.5,
+                requests: 3,
+                poke: false,
+            })
+            .collect();
+        let bodies = encode("activator-1", stats.clone(), MAX_BATCH_BYTES);
+        assert!(bodies.len() > 1, "one body of an oversize second");
+        let mut back = Vec::new();
+        for b in &bodies {
+            assert!(b.len() <= MAX_BATCH_BYTES, "{} bytes", b.len());
+            let batch: StatsBatch = serde_json::from_slice(b).unwrap();
+            assert_eq!(batch.source, "activator-1");
+            back.extend(batch.stats);
+        }
+        assert_eq!(back, stats);
+        // A small second stays one body.
+        assert_eq!(encode("a", stats[..10].to_vec(), MAX_BATCH_BYTES).len(), 1);
     }
 }

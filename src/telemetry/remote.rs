@@ -33,6 +33,9 @@ pub struct RemoteMetrics {
     /// `thaw_activator_stats_push_total{result}`: stat batches the activator tried to push
     /// (pokes are batches of one).
     pub pushes: Family<ResultLabels, Counter>,
+    /// `thaw_activator_stats_push_splits_total`: extra batches made by splitting one second's
+    /// stats below the receiver's size limit.
+    pub batch_splits: Counter,
     /// `thaw_activator_decision_feed_connected`: 1 while the activator follows the leader's
     /// decisions.
     pub feed_connected: Gauge,
@@ -53,6 +56,7 @@ impl Default for RemoteMetrics {
     fn default() -> Self {
         Self {
             pushes: Family::default(),
+            batch_splits: Counter::default(),
             feed_connected: Gauge::default(),
             requests: Family::default(),
             pulls: Family::default(),
@@ -70,6 +74,11 @@ impl RemoteMetrics {
             "activator_stats_push",
             "Stat batches the activator pushed to the autoscaler leader, by result",
             super::Listed(m.pushes.clone()),
+        );
+        reg.register(
+            "activator_stats_push_splits",
+            "Extra stat batches made by splitting a second's stats below the receiver's limit",
+            m.batch_splits.clone(),
         );
         reg.register(
             "activator_decision_feed_connected",
