@@ -57,8 +57,11 @@ pub async fn first_request(act: &Activator, stream: &TcpStream) -> Early {
         async move {
             let started = Instant::now();
             let ticket = Ticket::arrive(state.clone(), None, started);
-            let max_held = act.deps.config.load().max_held_requests;
-            let terms = HoldTerms::new(&state.spec.load(), max_held);
+            let (max_held, max_held_namespace) = {
+                let c = act.deps.config.load();
+                (c.max_held_requests, c.namespace_held_cap())
+            };
+            let terms = HoldTerms::new(&state.spec.load(), max_held, max_held_namespace);
             tokio::select! {
                 (cold, outcome) = pipeline::hold(act, &state, terms, started) => {
                     Early::Held(EarlyHold { state: state.clone(), ticket, started, cold, outcome })

@@ -95,6 +95,7 @@ impl ActivatorError {
                 Rejection::HoldTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 Rejection::QueueFull { .. }
                 | Rejection::HeldCapReached { .. }
+                | Rejection::NamespaceShareReached { .. }
                 | Rejection::Failing(_)
                 | Rejection::Removed => StatusCode::SERVICE_UNAVAILABLE,
             },
@@ -121,6 +122,9 @@ impl ActivatorError {
                     format!("revision {revision} is overloaded: its queue is full")
                 }
                 Rejection::HeldCapReached { .. } => "the activator is overloaded".to_string(),
+                Rejection::NamespaceShareReached { .. } => {
+                    "the namespace's cold requests fill its share of the activator".to_string()
+                }
                 Rejection::Failing(_) | Rejection::Removed => {
                     format!("revision {revision} is unavailable")
                 }

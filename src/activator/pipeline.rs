@@ -275,6 +275,7 @@ pub(crate) async fn hold(
     let limits = HoldLimits {
         queue_depth: terms.queue_depth,
         max_held: terms.max_held,
+        max_held_namespace: terms.max_held_namespace,
     };
     let hold_deadline = started + terms.timeouts.cold_wait.min(terms.timeouts.total);
     (cold, state.throttler.acquire(limits, hold_deadline).await)
@@ -290,15 +291,18 @@ pub(crate) struct HoldTerms {
     pub timeouts: crate::revision::Timeouts,
     /// `max-held-requests`.
     pub max_held: u32,
+    /// One namespace's share of it.
+    pub max_held_namespace: u32,
 }
 
 impl HoldTerms {
     /// The terms from the revision's spec and the live config.
-    pub(crate) fn new(spec: &RevisionSpec, max_held: u32) -> Self {
+    pub(crate) fn new(spec: &RevisionSpec, max_held: u32, max_held_namespace: u32) -> Self {
         Self {
             queue_depth: spec.queue_depth,
             timeouts: spec.timeouts,
             max_held,
+            max_held_namespace,
         }
     }
 }
@@ -310,6 +314,7 @@ struct RequestConfig {
     max_header_count: u32,
     max_header_bytes: u32,
     max_held_requests: u32,
+    max_held_namespace: u32,
     connect_retries: u32,
 }
 
@@ -320,6 +325,7 @@ impl From<&ActivatorConfig> for RequestConfig {
             max_header_count: c.max_header_count,
             max_header_bytes: c.max_header_bytes,
             max_held_requests: c.max_held_requests,
+            max_held_namespace: c.namespace_held_cap(),
             connect_retries: c.connect_retries,
         }
     }
@@ -328,7 +334,9 @@ impl From<&ActivatorConfig> for RequestConfig {
 /// Counts a rejection and turns it into the request's error.
 fn rejected(state: &RevisionState, rejection: Rejection) -> ActivatorError {
     match &rejection {
-        Rejection::QueueFull { .. } | Rejection::HeldCapReached { .. } => {
+        Rejection::QueueFull { .. }
+        | Rejection::HeldCapReached { .. }
+        | Rejection::NamespaceShareReached { .. } => {
             state.metrics.overflow.inc();
         }
         Rejection::HoldTimeout { waited } => {
@@ -359,7 +367,10 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
         let (terms, protocol) = {
             let spec = state.spec.load();
-            (HoldTerms::new(&spec, cfg.max_held_requests), spec.protocol)
+            (
+                HoldTerms::new(&spec, cfg.max_held_requests, cfg.max_held_namespace),
+                spec.protocol,
+            )
         };
         let timeouts = terms.timeouts;
         let deadline = started + timeouts.total;

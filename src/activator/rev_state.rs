@@ -68,6 +68,7 @@ impl RevisionState {
         let drained_key = key.clone();
         let throttler = Throttler::new(
             budget,
+            &key.namespace,
             rev_metrics.held.clone(),
             Box::new(move |addr| {
                 tracing::debug!(revision = %drained_key, %addr, "terminating endpoint drained");

@@ -116,6 +116,8 @@ struct Shared {
     /// Live waiters; mirrors `Queue::live` for the lock-free fast path and release check.
     queued: AtomicUsize,
     budget: Arc<HeldBudget>,
+    /// The held-request count of the revision's namespace (in `budget`).
+    ns_held: Arc<std::sync::atomic::AtomicU32>,
     /// The revision's `thaw_activator_held_requests` gauge, moved with `queued`.
     held_gauge: Gauge,
     on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
@@ -135,6 +137,7 @@ impl Throttler {
     /// `held_gauge` follows the number of held requests.
     pub fn new(
         budget: Arc<HeldBudget>,
+        namespace: &Arc<str>,
         held_gauge: Gauge,
         on_drained: Box<dyn Fn(SocketAddr) + Send + Sync>,
     ) -> Self {
@@ -152,6 +155,7 @@ impl Throttler {
                 }),
                 update_lock: Mutex::new(()),
                 queued: AtomicUsize::new(0),
+                ns_held: budget.namespace(namespace),
                 budget,
                 held_gauge,
                 on_drained,
@@ -239,11 +243,8 @@ impl Throttler {
                 depth: limits.queue_depth,
             });
         }
-        if !s.budget.try_take(limits.max_held) {
-            return Err(Rejection::HeldCapReached {
-                cap: limits.max_held,
-            });
-        }
+        s.budget
+            .try_take(&s.ns_held, limits.max_held, limits.max_held_namespace)?;
         let rx = q.waiters.push();
         s.queued.fetch_add(1, SeqCst);
         s.held_gauge.inc();

@@ -12,6 +12,10 @@ pub struct ActivatorConfig {
     /// `max-held-requests`: requests held across all revisions; a single revision's
     /// `queue-depth` must stay below it, so no revision can fill it alone.
     pub max_held_requests: u32,
+    /// `max-held-requests-namespace-percentage`: the share of `max-held-requests` one
+    /// namespace may hold (percent, 1-100), so one tenant's cold storm leaves room for the
+    /// others' cold starts.
+    pub max_held_namespace_percentage: u32,
     /// `max-header-count`: request headers beyond this get 431.
     pub max_header_count: u32,
     /// `max-header-bytes`: total request-header bytes (names + values) beyond this get 431.
@@ -111,11 +115,22 @@ impl TrustedProxies {
     }
 }
 
+impl ActivatorConfig {
+    /// The most one namespace may hold: `max-held-requests` ×
+    /// `max-held-requests-namespace-percentage` / 100, at least 1.
+    pub fn namespace_held_cap(&self) -> u32 {
+        let cap =
+            u64::from(self.max_held_requests) * u64::from(self.max_held_namespace_percentage) / 100;
+        u32::try_from(cap).unwrap_or(u32::MAX).max(1)
+    }
+}
+
 impl Default for ActivatorConfig {
     fn default() -> Self {
         Self {
             queue_depth: 10_000,
             max_held_requests: 50_000,
+            max_held_namespace_percentage: 50,
             max_header_count: 100,
             max_header_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(10),
@@ -190,6 +205,18 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             Ok(())
         },
         show: |c| keys::show_u32(c.max_held_requests),
+    },
+    Key {
+        name: "max-held-requests-namespace-percentage",
+        unit: "percent of max-held-requests",
+        help: "The share of max-held-requests the revisions of one namespace may hold together; \
+               more get 503, so one namespace's cold storm cannot starve another's cold starts \
+               (100: no share).",
+        parse: |c, s| {
+            c.max_held_namespace_percentage = int_in(s, 1, 100)?;
+            Ok(())
+        },
+        show: |c| keys::show_u32(c.max_held_namespace_percentage),
     },
     Key {
         name: "max-header-count",

@@ -10,18 +10,44 @@ use tokio::time::Duration;
 #[derive(Debug, Default)]
 pub struct HeldBudget {
     held: AtomicU32,
+    /// Held requests per namespace (`max-held-requests-namespace-percentage`): one tenant's
+    /// cold storm cannot take the whole budget from the others' cold starts.
+    namespaces: dashmap::DashMap<Arc<str>, Arc<AtomicU32>>,
 }
 
 impl HeldBudget {
-    /// Takes one unit if fewer than `cap` are held.
-    pub(super) fn try_take(&self, cap: u32) -> bool {
-        self.held
-            .fetch_update(SeqCst, SeqCst, |n| (n < cap).then_some(n + 1))
-            .is_ok()
+    /// The held-request count of namespace `ns` (shared by its revisions' throttlers).
+    pub fn namespace(&self, ns: &Arc<str>) -> Arc<AtomicU32> {
+        if let Some(c) = self.namespaces.get(ns) {
+            return c.clone();
+        }
+        self.namespaces.entry(ns.clone()).or_default().clone()
     }
 
-    pub(super) fn give_back(&self) {
+    /// Takes one unit for a request of the namespace counted by `ns` if the namespace holds
+    /// fewer than `ns_cap` and the activator fewer than `cap`.
+    pub(super) fn try_take(&self, ns: &AtomicU32, cap: u32, ns_cap: u32) -> Result<(), Rejection> {
+        ns.fetch_update(SeqCst, SeqCst, |n| (n < ns_cap).then_some(n + 1))
+            .map_err(|_| Rejection::NamespaceShareReached { cap: ns_cap })?;
+        if self
+            .held
+            .fetch_update(SeqCst, SeqCst, |n| (n < cap).then_some(n + 1))
+            .is_err()
+        {
+            ns.fetch_sub(1, SeqCst);
+            return Err(Rejection::HeldCapReached { cap });
+        }
+        Ok(())
+    }
+
+    pub(super) fn give_back(&self, ns: &AtomicU32) {
+        ns.fetch_sub(1, SeqCst);
         self.held.fetch_sub(1, SeqCst);
+    }
+
+    /// Requests held for namespace `ns` now.
+    pub fn held_in(&self, ns: &str) -> u32 {
+        self.namespaces.get(ns).map_or(0, |c| c.load(SeqCst))
     }
 
     /// Requests held across all revisions now.
@@ -45,6 +71,12 @@ pub enum Rejection {
         /// `max-held-requests`.
         cap: u32,
     },
+    /// The revision's namespace holds its share of the activator's cap.
+    #[error("the namespace holds its share of {cap} held requests")]
+    NamespaceShareReached {
+        /// `max-held-requests` × `max-held-requests-namespace-percentage` / 100.
+        cap: u32,
+    },
     /// The platform reports the revision Failing, with this reason.
     #[error("revision is failing: {0}")]
     Failing(Arc<str>),
@@ -66,4 +98,6 @@ pub struct HoldLimits {
     pub queue_depth: u32,
     /// The activator-wide held-requests cap.
     pub max_held: u32,
+    /// The most one namespace may hold.
+    pub max_held_namespace: u32,
 }

@@ -23,7 +23,7 @@ impl Shared {
     /// queue's own count moved already.
     pub(super) fn left_queue(&self) {
         self.queued.fetch_sub(1, SeqCst);
-        self.budget.give_back();
+        self.budget.give_back(&self.ns_held);
         self.held_gauge.dec();
     }
 

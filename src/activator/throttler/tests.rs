@@ -23,6 +23,7 @@ fn throttler() -> (Throttler, Arc<StdMutex<Vec<SocketAddr>>>, Arc<HeldBudget>) {
     let budget = Arc::new(HeldBudget::default());
     let t = Throttler::new(
         budget.clone(),
+        &Arc::from("ns"),
         Gauge::default(),
         Box::new(move |a| d.lock().unwrap().push(a)),
     );
@@ -32,6 +33,7 @@ fn throttler() -> (Throttler, Arc<StdMutex<Vec<SocketAddr>>>, Arc<HeldBudget>) {
 const LIMITS: HoldLimits = HoldLimits {
     queue_depth: 100,
     max_held: 1000,
+    max_held_namespace: 1000,
 };
 
 fn far() -> Instant {
@@ -91,6 +93,7 @@ async fn queue_depth_and_global_cap_bound_the_hold() {
     let limits = HoldLimits {
         queue_depth: 2,
         max_held: 3,
+        max_held_namespace: 100,
     };
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -103,7 +106,12 @@ async fn queue_depth_and_global_cap_bound_the_hold() {
         Rejection::QueueFull { depth: 2 }
     );
     // A second revision shares the budget: one more fits, then the cap refuses.
-    let other = Throttler::new(budget.clone(), Gauge::default(), Box::new(|_| {}));
+    let other = Throttler::new(
+        budget.clone(),
+        &Arc::from("ns"),
+        Gauge::default(),
+        Box::new(|_| {}),
+    );
     let o = other.clone();
     let third = tokio::spawn(async move { o.acquire(limits, far()).await });
     tokio::task::yield_now().await;
@@ -119,6 +127,49 @@ async fn queue_depth_and_global_cap_bound_the_hold() {
     tokio::task::yield_now().await;
     assert_eq!(budget.held(), 0, "cancelled waiters give the budget back");
     assert_eq!(t.held(), 0);
+}
+
+/// One namespace's revisions together hold at most its share; another namespace still gets
+/// the rest of the activator's budget.
+#[tokio::test(start_paused = true)]
+async fn a_namespace_holds_at_most_its_share() {
+    let budget = Arc::new(HeldBudget::default());
+    let limits = HoldLimits {
+        queue_depth: 100,
+        max_held: 10,
+        max_held_namespace: 4,
+    };
+    let new = |ns: &str| {
+        Throttler::new(
+            budget.clone(),
+            &Arc::from(ns),
+            Gauge::default(),
+            Box::new(|_| {}),
+        )
+    };
+    let (a1, a2, b) = (new("team-a"), new("team-a"), new("team-b"));
+    let mut held = Vec::new();
+    for t in [&a1, &a2, &a1, &a2] {
+        let t = t.clone();
+        held.push(tokio::spawn(async move { t.acquire(limits, far()).await }));
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(budget.held_in("team-a"), 4);
+    assert_eq!(
+        a1.acquire(limits, far()).await.unwrap_err(),
+        Rejection::NamespaceShareReached { cap: 4 }
+    );
+    // team-b's cold start still holds.
+    let bb = b.clone();
+    held.push(tokio::spawn(async move { bb.acquire(limits, far()).await }));
+    tokio::task::yield_now().await;
+    assert_eq!(budget.held_in("team-b"), 1);
+    assert_eq!(budget.held(), 5);
+    for h in held {
+        h.abort();
+    }
+    tokio::task::yield_now().await;
+    assert_eq!((budget.held(), budget.held_in("team-a")), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -242,6 +293,7 @@ async fn thousand_held_requests_all_admitted_within_cc() {
     let limits = HoldLimits {
         queue_depth: 1000,
         max_held: 1000,
+        max_held_namespace: 1000,
     };
     let mut tasks = Vec::new();
     for _ in 0..1000 {

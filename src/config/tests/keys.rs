@@ -280,6 +280,14 @@ fn activator_rows() -> Vec<Row> {
             "[2, 10000000]",
         ),
         (
+            "max-held-requests-namespace-percentage",
+            json!(50),
+            "100",
+            json!(100),
+            "0",
+            "[1, 100]",
+        ),
+        (
             "max-header-count",
             json!(100),
             "50",
