@@ -145,8 +145,7 @@ impl Handler for Activator {
             });
             let code = resp.status().as_u16();
             let elapsed = started.elapsed();
-            state.metrics.answered(code);
-            state.metrics.observe_latency(code, elapsed.as_secs_f64());
+            state.metrics.answered(code, elapsed.as_secs_f64());
             tracing::debug!(
                 revision = %state.key,
                 %method,

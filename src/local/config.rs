@@ -219,14 +219,12 @@ fn shape_problem(path: &str, e: &serde_json::Error) -> Problem {
         if let Some(rest) = msg.strip_prefix(prefix)
             && let Some((got, expected)) = rest.rsplit_once(", expected ")
         {
+            let got = got_words(got);
+            let value = got.trim_matches('"').to_string();
             return Problem::new(
                 path,
-                "",
-                format!(
-                    "expected {}, got {}",
-                    expected_words(expected),
-                    got_words(got)
-                ),
+                value,
+                format!("expected {}, got {got}", expected_words(expected)),
             );
         }
     }
