@@ -457,7 +457,15 @@ async fn signals(stop: watch::Sender<Stop>, config: Arc<ArcSwap<crate::config::A
                 ..(**c).clone()
             });
         }
-        _ = term.recv() => info!("SIGTERM: draining"),
+        _ = term.recv() => {
+            let delay = config.load().drain_delay;
+            info!(
+                drain_delay = ?delay,
+                "SIGTERM: draining; new requests are still served for config-activator's \
+                 drain-delay ({delay:?}) as behind a load balancer, idle or not (Ctrl-C skips \
+                 it)"
+            );
+        }
     }
     let _ = stop.send(Stop::Draining);
     if int.recv().await.is_some() {
