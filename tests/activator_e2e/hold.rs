@@ -63,7 +63,7 @@ async fn cold_request_is_held_poked_and_answered_once_an_endpoint_appears() {
     }
     let metrics = h.metrics().await;
     for needle in [
-        "thaw_activator_requests_total{namespace=\"default\",revision=\"cold\",code=\"200\"} 1",
+        "thaw_activator_requests_total{namespace=\"default\",service=\"\",configuration=\"\",revision=\"cold\",code=\"200\",response_code_class=\"2xx\"} 1",
         "thaw_activator_hold_seconds_count{namespace=\"default\",revision=\"cold\"} 1",
         "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"poke_to_ready\"} 1",
         "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"ready_to_first_byte\"} 1",

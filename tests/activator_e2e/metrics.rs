@@ -42,7 +42,7 @@ async fn families_are_listed_from_start_and_series_follow_their_revision() {
     );
     let after = h.metrics().await;
     let latency = "thaw_activator_request_latencies_seconds_count{namespace=\"default\",\
-service=\"hello\",configuration=\"hello\",revision=\"r\",response_code_class=\"2xx\"} 1";
+service=\"hello\",configuration=\"hello\",revision=\"r\",code=\"200\",response_code_class=\"2xx\"} 1";
     assert!(after.contains(latency), "{latency}:\n{after}");
     let unmatched = "thaw_activator_unmatched_requests_total{reason=\"not_found\"} 1";
     assert!(after.contains(unmatched), "{unmatched}:\n{after}");
