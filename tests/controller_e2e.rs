@@ -20,7 +20,6 @@ use tokio::task::JoinHandle;
 use crate::kube_support::TestApi;
 use controller_support::{mark_deployment_ready, wait_for};
 
-
 const HELLO: &str = r#"
 apiVersion: serving.knative.dev/v1
 kind: Service

@@ -383,8 +383,11 @@ async fn helloworld_revision_gets_its_deployment_and_services_and_goes_ready() {
     .await;
 
     // Kubelet and the Deployment controller: a ready replica.
-    h.deployment_status("hello-00001-deployment", controller_support::one_ready_replica())
-        .await;
+    h.deployment_status(
+        "hello-00001-deployment",
+        controller_support::one_ready_replica(),
+    )
+    .await;
     let ready = h
         .condition("hello-00001", condition::READY, ConditionStatus::True, None)
         .await;

@@ -66,6 +66,7 @@ use thaw::http1::direct::{ExchangeError, encode_head};
 use thaw::http1::fields::ClientHeaders;
 use thaw::http1::pool::Upstream;
 
+use differential_support::framing::{self, ChunkForm};
 use differential_support::*;
 
 /// The server's answer to a second request on the same connection.
@@ -344,21 +345,6 @@ fn cl_value(form: u8, n: usize) -> Vec<String> {
     }
 }
 
-/// How one chunk's size line is written.
-#[derive(Debug, Clone, Copy)]
-enum ChunkForm {
-    Lower,
-    Upper,
-    LeadingZeros,
-    Extension,
-    SpaceThenExtension,
-    Prefix0x,
-    Negative,
-    TooManyDigits,
-    OneMore,
-    BareLf,
-}
-
 fn chunk_forms() -> impl Strategy<Value = Vec<ChunkForm>> {
     use ChunkForm::*;
     prop::collection::vec(
@@ -393,50 +379,18 @@ const LAST_CHUNKS: &[&[u8]] = &[
     b"0\r\n",
 ];
 
-fn chunked_body(body: &[u8], forms: &[ChunkForm], last: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    let per = body.len().div_ceil(forms.len().max(1)).max(1);
-    for (piece, form) in body.chunks(per).zip(forms) {
-        let n = piece.len();
-        let (size, eol): (String, &[u8]) = match form {
-            ChunkForm::Lower => (format!("{n:x}"), b"\r\n"),
-            ChunkForm::Upper => (format!("{n:X}"), b"\r\n"),
-            ChunkForm::LeadingZeros => (format!("000{n:x}"), b"\r\n"),
-            ChunkForm::Extension => (format!("{n:x};a=b"), b"\r\n"),
-            ChunkForm::SpaceThenExtension => (format!("{n:x} ;a=\"b c\""), b"\r\n"),
-            ChunkForm::Prefix0x => (format!("0x{n:x}"), b"\r\n"),
-            ChunkForm::Negative => (format!("-{n:x}"), b"\r\n"),
-            ChunkForm::TooManyDigits => (format!("1000000000000000{n:x}"), b"\r\n"),
-            ChunkForm::OneMore => (format!("{:x}", n + 1), b"\r\n"),
-            ChunkForm::BareLf => (format!("{n:x}"), b"\n"),
-        };
-        out.extend_from_slice(size.as_bytes());
-        out.extend_from_slice(eol);
-        out.extend_from_slice(piece);
-        out.extend_from_slice(eol);
-    }
-    out.extend_from_slice(LAST_CHUNKS[last % LAST_CHUNKS.len()]);
-    out
-}
+/// How the response frames its body; the last chunk is an index into [`LAST_CHUNKS`].
+type Framing = framing::Framing<usize>;
 
-/// How the response frames its body.
-#[derive(Debug, Clone)]
-enum Framing {
-    /// No framing field: the body ends when the server closes.
-    None,
-    Length(u8),
-    Chunked(u8, Vec<ChunkForm>, usize),
-    Both(u8, u8, Vec<ChunkForm>, usize),
-}
+/// The response side's framing tables.
+const TABLES: framing::Tables<usize> = framing::Tables {
+    te_values: TE_VALUES,
+    cl_value,
+    last_chunk: |last| LAST_CHUNKS[last % LAST_CHUNKS.len()],
+};
 
 fn framing() -> impl Strategy<Value = Framing> {
-    let te = 0..TE_VALUES.len() as u8;
-    prop_oneof![
-        2 => Just(Framing::None),
-        5 => any::<u8>().prop_map(Framing::Length),
-        5 => (te.clone(), chunk_forms(), any::<usize>()).prop_map(|(t, f, l)| Framing::Chunked(t, f, l)),
-        1 => (te, any::<u8>(), chunk_forms(), any::<usize>()).prop_map(|(t, c, f, l)| Framing::Both(t, c, f, l)),
-    ]
+    framing::framing(TE_VALUES.len(), [2, 5, 5, 1], chunk_forms)
 }
 
 /// A change to one header line of the final head.
@@ -503,39 +457,8 @@ impl Answer {
         let mut lines: Vec<(Vec<u8>, &[u8])> = Vec::new();
         let mut fields: Vec<String> = vec!["X-Served: 1".into()];
         fields.extend(CONNECTION[self.connection].iter().map(|s| s.to_string()));
-        let body = match &self.framing {
-            Framing::None => self.body.to_vec(),
-            Framing::Length(form) => {
-                fields.extend(
-                    cl_value(*form, self.body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                self.body.to_vec()
-            }
-            Framing::Chunked(te, forms, last) => {
-                fields.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                chunked_body(self.body, forms, *last)
-            }
-            Framing::Both(te, cl, forms, last) => {
-                let body = chunked_body(self.body, forms, *last);
-                fields.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                fields.extend(
-                    cl_value(*cl, body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                body
-            }
-        };
+        let (framing, body) = self.framing.render(self.body, self.body, &TABLES);
+        fields.extend(framing);
         for f in fields {
             lines.push((f.into_bytes(), b"\r\n"));
         }
