@@ -184,12 +184,11 @@ HELD_ERRS=$(hey_summary "$OUT/held-hey.txt" | awk '{ print $4 }')
     echo "queue.sh: $(machine)"
     echo "app: thaw sample-app --threads $REPLICA_THREADS; sidecars: thaw queue --threads $SIDECAR_WORKERS, nginx worker_processes $SIDECAR_WORKERS (upstream keepalive, access_log off); $DURATION per run, $ROUNDS rounds"
     echo
-    printf '%s\n' "${ROWS[@]}" | MAX_OTHERS="$MAX_OTHERS" python3 -c '
-import os, random, statistics, sys
-def ci(xs, n=2000):
-    rnd = random.Random(1)
-    meds = sorted(statistics.median(rnd.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+    printf '%s\n' "${ROWS[@]}" | MAX_OTHERS="$MAX_OTHERS" LT_DIR="$LT_DIR" python3 -c '
+import os, statistics, sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.environ["LT_DIR"])
+from bootstrap import ci
 max_others = float(os.environ["MAX_OTHERS"])
 rows = [l.split() for l in sys.stdin if l.strip()]
 print("| round | tool | conns | target | req/s | p50 ms | p99 ms | errors | CPU us/req | others % |")

@@ -6,12 +6,10 @@ A row is `TOOL cCONNS PROXY REQ_PER_S P50_MS P99_MS ERRORS CPU_US_PER_REQ ROUND 
 [OFFERED_REQ_PER_S]` (space separated; OTHERS_PCT is lib.sh's noise check). MAX_OTHERS (env,
 percent): a pair with a run above it is left out of the medians.
 """
-import os, random, statistics, sys
-def ci(xs, n=2000):
-    # 95 % bootstrap interval of the median (fixed seed: the same rows give the same interval).
-    rnd = random.Random(1)
-    meds = sorted(statistics.median(rnd.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+import os, statistics, sys
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bootstrap import ci
 max_others = float(os.environ["MAX_OTHERS"])
 rows = [l.split() for l in sys.stdin if l.strip()]
 print("| round | tool | conns | proxy | req/s | offered req/s | p50 ms | p99 ms | errors "
