@@ -29,7 +29,7 @@
 # RESPONSE_DELAY (0s), REQ_PATH (/; since 2026-11-23 the sample app's `/` answers at once at
 # --response-delay 0s, as /healthz does, so both measure alike),
 # WRK_THREADS (nproc), MAX_OTHERS (3, percent), NGINX_HEADERS (bare: nginx forwards the client's
-# headers and sets Host, the baseline; forward: nginx also adds the two forwarding
+# headers and sets Host, the baseline; forward: nginx also adds the two forwarding
 # headers thaw local adds on every request, X-Forwarded-For and X-Forwarded-Proto (thaw local
 # sends no sidecar headers: a replica has no queue sidecar); all: and an X-Request-Id both
 # ways, as thaw does, from nginx's $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many

@@ -6,7 +6,7 @@
 //!   label selector (`selector:` then `label: value` lines) or empty (the default domain). A
 //!   route gets the domain whose selector matches its labels, the most specific (most labels)
 //!   first, ties to the alphabetically first domain. With no default domain given,
-//!   `example.com` is the default (Knative's older default; the issue asks for it). A route
+//!   `example.com` is the default (Knative's older default, what its samples use). A route
 //!   whose domain is `svc.cluster.local` is cluster-local (no external gateway), as in
 //!   Knative.
 //! - `config-network` ([`TemplateConfig`]): `domain-template` (`{{.Name}}.{{.Namespace}}.{{.Domain}}`)
