@@ -52,9 +52,12 @@ fn cold_sh_reports_each_cold_starts_phases_from_its_own_series() {
     );
 }
 
-/// warm.sh's summary on the rows `rows` (one `(tool, conns, round, thaw, nginx, others%)` per
-/// pair: req/s and p99 ms of each proxy): its output.
-fn warm_summary(rows: &[(&str, u32, u32, (f64, f64), (f64, f64), f64)]) -> String {
+/// One pair of runs: tool, connections, round, thaw's and nginx's (req/s, p99 ms), and the
+/// percent of the CPU others used.
+type Pair = (&'static str, u32, u32, (f64, f64), (f64, f64), f64);
+
+/// warm.sh's summary on `rows`: its output.
+fn warm_summary(rows: &[Pair]) -> String {
     let mut child = Command::new("python3")
         .arg(Path::new(REPO).join("loadtests/warm_summary.py"))
         .env("MAX_OTHERS", "3")
