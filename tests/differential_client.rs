@@ -44,7 +44,7 @@
 //! Disagreements found are named regression tests at the end of this file; those still open are
 //! `#[ignore]`d with the reason, and the properties skip their input classes
 //! (`known_disagreement`, `known_activator_disagreement`). The client-level ones are also checked
-//! as the activator's client sees them (`client_paths_agree`). Issue 20's point 6 (a stale
+//! as the activator's client sees them (`client_paths_agree`). The data-port review's stale-length finding (a stale
 //! `Content-Length` beside `Transfer-Encoding`) and point 8 (framing fields as trailers) show
 //! only there: both clients read such answers alike, the activator forwards them differently.
 
@@ -686,7 +686,7 @@ fn a_plain_answer_is_read_alike_and_reused() {
     );
 }
 
-/// The response-side classes issue 20 names (a stale `Content-Length` beside
+/// The response-side classes the data-port review names (a stale `Content-Length` beside
 /// `Transfer-Encoding`, framing fields in trailers) and the classic desync shapes: one answer
 /// each, both clients must agree on body, trailers and reuse.
 #[test]
@@ -800,7 +800,7 @@ async fn through_activator(answer: &[u8], with_body: bool) -> (u16, B) {
     (status, B(if status >= 400 { Vec::new() } else { body }))
 }
 
-/// Issue 20, point 6, as the activator's client sees it: the same upstream answer (a stale
+/// The stale-length finding, as the activator's client sees it: the same upstream answer (a stale
 /// `Content-Length` beside `Transfer-Encoding: chunked`) to a bodiless request (read by the
 /// direct client) and to a request with a body (read by hyper's client) must reach the client
 /// as the same status and body.
@@ -1026,7 +1026,7 @@ fn a_304_with_content_length_gives_the_same_answer_on_both_client_paths() {
 
 /// Found by the activator-level property: an upstream trailer section, to a client that asked
 /// for trailers (`TE: trailers`). The direct path (answered by the lane) passes the trailers
-/// on, framing fields among them (issue 20, point 8); hyper's client path (answered by hyper's
+/// on, framing fields among them (the data-port review); hyper's client path (answered by hyper's
 /// server) sends none.
 #[test]
 fn trailers_give_the_same_answer_on_both_client_paths() {

@@ -873,7 +873,7 @@ fn a_plain_get_is_forwarded_alike() {
     assert_eq!(out.upstream[0].line, B(b"GET /p?q=1 HTTP/1.1".to_vec()));
 }
 
-/// The request-side classes issue 20 names (duplicate and missing Host, absolute-form,
+/// The request-side classes the data-port review names (duplicate and missing Host, absolute-form,
 /// CONNECT, `Upgrade: h2c`, bare-LF heads) and the classic smuggling shapes: one input each,
 /// both paths must agree (whatever the fix makes the answer, it must be the same on both).
 #[test]

@@ -176,7 +176,7 @@ async fn failing_revision_answers_held_and_new_requests_503_with_reason() {
     let (status, headers, body) = held.await.unwrap();
     assert_eq!(status, 503);
     assert!(headers.contains_key("retry-after"));
-    // The platform's reason is state for operators, not for clients (issue 20, finding 3).
+    // The platform's reason is state for operators, not for clients (SECURITY.md: client error bodies are generic).
     assert!(body.contains("is unavailable"), "{body}");
     assert!(!body.contains("exited with code 3"), "{body}");
     let (status, _, body) = send(&c, h.get(&rev, "/")).await;

@@ -1,4 +1,4 @@
-//! Issue 24's activator metrics: every family listed from start, the per-revision latency
+//! The activator's metrics for operators: every family listed from start, the per-revision latency
 //! histogram (Knative's activator_request_latencies), one counter for unmatched requests, and
 //! a removed revision's series gone.
 
@@ -69,7 +69,7 @@ service=\"hello\",configuration=\"hello\",revision=\"r\",code=\"200\",response_c
 }
 
 /// A route host split 50/50 between two revisions sends each about half of the requests
-/// (issue 24: traffic percent splits work locally; 400 requests, each side within 120..280,
+/// (traffic percent splits work locally; 400 requests, each side within 120..280,
 /// which a fair split misses with a probability below 1e-12).
 #[tokio::test]
 async fn a_percent_split_shares_requests_between_revisions() {
