@@ -509,21 +509,9 @@ fn cl_value(form: u8, n: usize) -> Vec<String> {
 }
 
 fn chunk_forms() -> impl Strategy<Value = Vec<ChunkForm>> {
-    use ChunkForm::*;
-    prop::collection::vec(
-        prop_oneof![
-            6 => Just(Lower),
-            1 => Just(Upper),
-            1 => Just(LeadingZeros),
-            1 => Just(Extension),
-            1 => Just(SpaceThenExtension),
-            1 => Just(Prefix0x),
-            1 => Just(Negative),
-            1 => Just(TooManyDigits),
-            1 => Just(OneMore),
-        ],
-        1..3,
-    )
+    // Lower, Upper, LeadingZeros, Extension, SpaceThenExtension, Prefix0x, Negative,
+    // TooManyDigits, OneMore, BareLf.
+    framing::chunk_forms([6, 1, 1, 1, 1, 1, 1, 1, 1, 0], 1..3)
 }
 
 /// The last chunk (and trailer section) in form `end`.

@@ -25,6 +25,20 @@ pub enum ChunkForm {
 }
 
 impl ChunkForm {
+    /// Every form, in declaration order (the order of [`chunk_forms`]' weights).
+    pub const ALL: [ChunkForm; 10] = [
+        ChunkForm::Lower,
+        ChunkForm::Upper,
+        ChunkForm::LeadingZeros,
+        ChunkForm::Extension,
+        ChunkForm::SpaceThenExtension,
+        ChunkForm::Prefix0x,
+        ChunkForm::Negative,
+        ChunkForm::TooManyDigits,
+        ChunkForm::OneMore,
+        ChunkForm::BareLf,
+    ];
+
     /// The size line of an `n`-byte chunk, and the line ending after it and after the data.
     pub fn size_line(self, n: usize) -> (String, &'static [u8]) {
         let crlf: &'static [u8] = b"\r\n";
@@ -41,6 +55,21 @@ impl ChunkForm {
             ChunkForm::BareLf => (format!("{n:x}"), b"\n"),
         }
     }
+}
+
+/// Lists of `len` chunk forms, each drawn with `weights` (one per form of [`ChunkForm::ALL`];
+/// 0 leaves a form out).
+pub fn chunk_forms(
+    weights: [u32; 10],
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = Vec<ChunkForm>> {
+    let options: Vec<(u32, Just<ChunkForm>)> = ChunkForm::ALL
+        .into_iter()
+        .zip(weights)
+        .filter(|(_, w)| *w > 0)
+        .map(|(f, w)| (w, Just(f)))
+        .collect();
+    prop::collection::vec(proptest::strategy::Union::new_weighted(options), len)
 }
 
 /// A chunked body: `body` cut into `forms.len()` chunks, each size line in its form, then
