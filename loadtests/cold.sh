@@ -55,12 +55,13 @@ startup_of() {
         END { printf "%s %s\n", s + 0, c + 0 }'
 }
 
-# phases: the activator's cold-start phase sums ("poke_to_decision ready_to_first_byte"), global
-# series: their deltas around one request are that request's, as requests are sequential.
-phases() {
-    curl -sf "http://$ADMIN/metrics" | awk '
-        /^thaw_activator_cold_start_phase_seconds_sum\{phase="poke_to_decision"\}/ { a = $NF }
-        /^thaw_activator_cold_start_phase_seconds_sum\{phase="ready_to_first_byte"\}/ { b = $NF }
+# phases_of REV: that revision's cold-start phase sums ("poke_to_decision ready_to_first_byte",
+# seconds). Each phase series carries the revision's labels (namespace, revision, phase) and only
+# this cold start feeds them; the deltas around the request are taken anyway.
+phases_of() {
+    curl -sf "http://$ADMIN/metrics" | awk -v r="revision=\"$1\"" '
+        /^thaw_activator_cold_start_phase_seconds_sum\{/ && index($0, r) && /phase="poke_to_decision"/ { a = $NF }
+        /^thaw_activator_cold_start_phase_seconds_sum\{/ && index($0, r) && /phase="ready_to_first_byte"/ { b = $NF }
         END { printf "%s %s\n", a + 0, b + 0 }'
 }
 
@@ -70,7 +71,7 @@ for i in $(seq -w 1 "$N"); do
     svc="c$i"
     rev="$svc-00001"
     read -r s0 c0 < <(startup_of "$rev")
-    read -r pd0 rf0 < <(phases)
+    read -r pd0 rf0 < <(phases_of "$rev")
     [ "$c0" = 0 ] || die "$rev already started before its first request"
     out=$(curl -s -o "$OUT/body-$svc" -D "$OUT/headers-$svc" -w '%{http_code} %{time_total}' \
         --max-time 60 -H "Host: $svc.default.example.com" "http://$DATA$REQ_PATH")
@@ -82,7 +83,7 @@ for i in $(seq -w 1 "$N"); do
         sleep 0.05
     done
     [ "$c1" = 1 ] || die "$rev: expected exactly one replica start, metrics say $c1"
-    read -r pd1 rf1 < <(phases)
+    read -r pd1 rf1 < <(phases_of "$rev")
     st=$(tr -d '\r' <"$OUT/headers-$svc" | sed -n 's/^server-timing: cold-start;dur=//Ip' | head -1)
     awk -v s="$svc" -v code="$code" -v t="$total" -v a="$s0" -v b="$s1" -v st="${st:--}" \
         -v pd="$pd0 $pd1" -v rf="$rf0 $rf1" 'BEGIN {

@@ -2,9 +2,10 @@
 # Shared helpers of the load-test scripts. Source it: `. "$(dirname "$0")/lib.sh"`.
 #
 # Contract:
-# - `lt_init NAME` makes a fresh run folder loadtests/out/NAME/ (OUT), installs the EXIT trap
-#   that stops every process started through `lt_bg`/`start_thaw` (by PID: SIGTERM, then SIGKILL
-#   after 10 s), and builds target/release/thaw if it is missing (THAW).
+# - `lt_init NAME` makes a fresh run folder loadtests/out/NAME/ (OUT; `LT_OUT=DIR` puts it in
+#   DIR/NAME instead), installs the EXIT trap that stops every process started through
+#   `lt_bg`/`start_thaw` (by PID: SIGTERM, then SIGKILL after 10 s), and builds
+#   target/release/thaw if it is missing. `THAW=PATH` runs that thaw binary instead (no build).
 # - `start_thaw` runs `thaw local` on ports the kernel picks (127.0.0.1:0), reads them back from
 #   its log, and waits (at most 30 s) for /healthz. It sets THAW_PID, DATA (host:port of the data
 #   port) and ADMIN (host:port of the admin port).
@@ -47,7 +48,7 @@ second_opinion_tool() {
 
 lt_init() {
     local name=$1
-    OUT="$REPO/loadtests/out/$name"
+    OUT="${LT_OUT:-$REPO/loadtests/out}/$name"
     rm -rf "$OUT"
     mkdir -p "$OUT"
     trap lt_cleanup EXIT
@@ -55,9 +56,13 @@ lt_init() {
     need curl
     need python3
     if [ ! -x "$THAW" ] || [ -n "${LT_REBUILD:-}" ]; then
-        log "building thaw (release)"
+        [ "$THAW" = "$REPO/target/release/thaw" ] ||
+            die "THAW=$THAW is not an executable (unset THAW to build target/release/thaw)"
+        log "building thaw (cargo build --release): about 15 minutes on 2 cores in a fresh" \
+            "clone, seconds once built; THAW=/path/to/thaw uses a binary you already have"
         (cd "$REPO" && cargo build --release -q) || die "cargo build --release failed"
     fi
+    log "thaw binary: $THAW"
 }
 
 # lt_bg CMD...: starts CMD in the background and remembers its PID for the cleanup. Sets LAST_PID.
@@ -232,16 +237,32 @@ hey_summary() {
         END { printf "%s %s %s %d\n", rps, p50, p99, err }' "$f"
 }
 
-# steal_pct_since TICKS_BEFORE: what share (percent) of all CPU time since the `cpu_ticks` snapshot
-# the hypervisor took away (steal, /proc/stat). A run with much steal measured the host, not us.
+# The noise check. A run records what share of the machine's CPU time went to anything but the
+# benchmark: the hypervisor's steal (other VMs) plus every process other than OWN_PIDS (the
+# script sets it: the proxies and the replica, space separated) and the script's own children
+# (the load generator). A run with much of it measured the machine, not the proxies.
+# cpu_ticks: a snapshot "TOTAL_TICKS BUSY_AND_STEAL_TICKS OWN_MS" for `others_pct_since`.
 cpu_ticks() {
-    awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $9 }' /proc/stat
+    local own
+    # shellcheck disable=SC2086
+    own=$(($(cpu_ms ${OWN_PIDS:-}) + $(children_ms)))
+    awk -v own="$own" '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i
+        print t, $2 + $3 + $4 + $7 + $8 + $9, own }' /proc/stat
 }
-steal_pct_since() {
+# others_pct_since SNAPSHOT: percent of all CPU time since the snapshot used by others (see above).
+others_pct_since() {
     # shellcheck disable=SC2086
     set -- $1 $(cpu_ticks)
-    awk -v t0="$1" -v s0="$2" -v t1="$3" -v s1="$4" \
-        'BEGIN { d = t1 - t0; printf "%.1f", (d > 0) ? 100 * (s1 - s0) / d : 0 }'
+    awk -v t0="$1" -v b0="$2" -v o0="$3" -v t1="$4" -v b1="$5" -v o1="$6" -v tck="$(getconf CLK_TCK)" \
+        'BEGIN { d = (t1 - t0) * 1000 / tck; x = (b1 - b0) * 1000 / tck - (o1 - o0); if (x < 0) x = 0
+                 printf "%.1f", (d > 0) ? 100 * x / d : 0 }'
+}
+# children_ms: CPU time (user + system, ms) of this script's children that have ended (cutime and
+# cstime of the script's shell: wrk, hey, curl, ...).
+children_ms() {
+    local tck
+    tck=$(getconf CLK_TCK)
+    sed 's/.*) //' "/proc/$$/stat" | awk -v tck="$tck" '{ printf "%d\n", ($14 + $15) * 1000 / tck }'
 }
 
 # cpu_ms PID...: user + system CPU time of the given processes so far, in ms (from /proc/PID/stat).

@@ -9,14 +9,15 @@
 # drift on a shared VM favours none. Prints every run, then per tool and connection count the
 # median of the per-round queue/nginx req/s ratios (95 % bootstrap interval) and the p99 each
 # sidecar adds over the app straight (median of the per-round differences). Pairs with a run
-# above MAX_STEAL percent steal are left out, as in warm.sh.
+# in which others (steal and other processes: lib.sh's noise check) used more than MAX_OTHERS
+# percent of the CPU are left out, as in warm.sh.
 #
 # Both sidecars get SIDECAR_WORKERS (1) workers: `thaw queue --threads`, nginx `worker_processes`
 # (a sidecar gets a fraction of a core; one worker each is the fair comparison). The sidecar runs
 # with containerConcurrency 0 (CC>0 adds one uncontended limiter admission per request).
 #
 # Knobs (environment): ROUNDS (7), DURATION (4s), CONNS ("32 64"), HEY_CONNS (64),
-# SIDECAR_WORKERS (1), REPLICA_THREADS (1), MAX_STEAL (2), HELD (1000), HOLD_DELAY (6s: how long
+# SIDECAR_WORKERS (1), REPLICA_THREADS (1), MAX_OTHERS (3), HELD (1000), HOLD_DELAY (6s: how long
 # the app holds each of the HELD requests). THAW (target/release/thaw).
 # Run time ~ ROUNDS * (3 * (len(CONNS) + 1)) * DURATION + 30 s (about 5 minutes by default).
 set -euo pipefail
@@ -28,7 +29,7 @@ CONNS=${CONNS:-32 64}
 HEY_CONNS=${HEY_CONNS:-64}
 SIDECAR_WORKERS=${SIDECAR_WORKERS:-1}
 REPLICA_THREADS=${REPLICA_THREADS:-1}
-MAX_STEAL=${MAX_STEAL:-2}
+MAX_OTHERS=${MAX_OTHERS:-3}
 HELD=${HELD:-1000}
 HOLD_DELAY=${HOLD_DELAY:-6s}
 
@@ -104,6 +105,8 @@ NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 declare -A TARGET=([direct]="http://127.0.0.1:$APP_PORT/" [queue]="http://127.0.0.1:$Q_PORT/"
     [nginx]="http://127.0.0.1:$NGINX_PORT/")
 declare -A PIDS=([direct]="$APP_PID" [queue]="$QUEUE_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
+# The benchmark's own processes, for the noise check.
+OWN_PIDS="$APP_PID $QUEUE_PID $NGINX_PID $NGINX_WORKERS"
 for t in direct queue nginx; do
     body=$(curl -sf "${TARGET[$t]}") || die "$t failed"
     [ "$body" = "Hello from thaw!" ] || die "$t answered: $body"
@@ -139,7 +142,7 @@ run() {  # tool target conns
                 END { printf "%s %.3f %.3f %d\n", rps, p50, p99, e }' "$f")
             ;;
     esac
-    ROWS+=("$1 c$3 $2 $s $(proxy_cpu "$2" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
+    ROWS+=("$1 c$3 $2 $s $(proxy_cpu "$2" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks")")
 }
 
 # Warm-up (not measured): every upstream pool holds the connections the runs need.
@@ -181,22 +184,21 @@ HELD_ERRS=$(hey_summary "$OUT/held-hey.txt" | awk '{ print $4 }')
     echo "queue.sh: $(machine)"
     echo "app: thaw sample-app --threads $REPLICA_THREADS; sidecars: thaw queue --threads $SIDECAR_WORKERS, nginx worker_processes $SIDECAR_WORKERS (upstream keepalive, access_log off); $DURATION per run, $ROUNDS rounds"
     echo
-    printf '%s\n' "${ROWS[@]}" | MAX_STEAL="$MAX_STEAL" python3 -c '
-import os, random, statistics, sys
-def ci(xs, n=2000):
-    rnd = random.Random(1)
-    meds = sorted(statistics.median(rnd.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-max_steal = float(os.environ["MAX_STEAL"])
+    printf '%s\n' "${ROWS[@]}" | MAX_OTHERS="$MAX_OTHERS" LT_DIR="$LT_DIR" python3 -c '
+import os, statistics, sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.environ["LT_DIR"])
+from bootstrap import ci
+max_others = float(os.environ["MAX_OTHERS"])
 rows = [l.split() for l in sys.stdin if l.strip()]
-print("| round | tool | conns | target | req/s | p50 ms | p99 ms | errors | CPU us/req | steal % |")
+print("| round | tool | conns | target | req/s | p50 ms | p99 ms | errors | CPU us/req | others % |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for tool, c, t, rps, p50, p99, err, cpu, rnd, steal in rows:
-    print(f"| {rnd} | {tool} | {c[1:]} | {t} | {float(rps):.0f} | {p50} | {p99} | {err} | {cpu} | {steal} |")
+for tool, c, t, rps, p50, p99, err, cpu, rnd, others in rows:
+    print(f"| {rnd} | {tool} | {c[1:]} | {t} | {float(rps):.0f} | {p50} | {p99} | {err} | {cpu} | {others} |")
 print()
 print("| tool | conns | req/s direct / queue / nginx (medians) | queue/nginx req/s median [95% CI] "
       "| p99 ms direct / queue / nginx (medians) | p99 added over direct: queue / nginx (median of per-round differences) "
-      "| CPU us/req queue / nginx | rounds left out for steal | target met |")
+      "| CPU us/req queue / nginx | rounds left out for noise | target met |")
 print("|---|---|---|---|---|---|---|---|---|")
 groups = {}
 for r in rows:
@@ -204,7 +206,7 @@ for r in rows:
 missed = []
 for (tool, c), by_round in groups.items():
     complete = [v for v in by_round.values() if len(v) == 3]
-    ok = [v for v in complete if all(float(v[t][9]) <= max_steal for t in v)]
+    ok = [v for v in complete if all(float(v[t][9]) <= max_others for t in v)]
     if not ok:
         print(f"| {tool} | {c[1:]} | - | - | - | - | - | {len(complete)} of {len(complete)} | NO (all stolen) |")
         missed.append(f"{tool} c{c[1:]}")

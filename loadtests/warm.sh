@@ -11,9 +11,13 @@
 # nginx), so drift in a shared VM favours neither; prints every run, then per tool and connection
 # count the median of the per-round thaw/nginx ratios with its 95 % bootstrap interval; a row
 # whose interval spans 1 is named as within the run's noise (more rounds are needed to tell the
-# proxies apart there). Each run records the share of CPU time the hypervisor stole meanwhile
-# (/proc/stat); a pair in which either run lost more than MAX_STEAL percent measured the host,
-# not the proxies, and is left out of the medians (and counted).
+# proxies apart there). Each run records the share of the machine's CPU time that went to others
+# meanwhile: the hypervisor's steal and every process but the proxies, the replica and the load
+# generator (lib.sh's noise check); a pair in which either run saw more than MAX_OTHERS percent
+# measured the machine, not the proxies, and is left out of the medians (and counted). The
+# summary ends with one verdict line: met, NOT met (thaw shown behind nginx), not shown either
+# way (a median misses but its interval spans 1), or not judged (fewer than 5 clean pairs in a
+# row: raise ROUNDS).
 #
 # With hey, each round ends with a paced pair (PACE): hey held to the same offered load for both
 # proxies, PACE x nginx's saturated hey req/s of that round. At saturation hey (Go, the heaviest
@@ -24,8 +28,8 @@
 # Knobs (environment): ROUNDS (9), DURATION (4s per run), CONNS ("32 64"), HEY_CONNS (64),
 # RESPONSE_DELAY (0s), REQ_PATH (/; since 2026-11-23 the sample app's `/` answers at once at
 # --response-delay 0s, as /healthz does, so both measure alike),
-# WRK_THREADS (nproc), MAX_STEAL (2, percent), NGINX_HEADERS (bare: nginx forwards the client's
-# headers and sets Host, the issue's baseline; forward: nginx also adds the two forwarding
+# WRK_THREADS (nproc), MAX_OTHERS (3, percent), NGINX_HEADERS (bare: nginx forwards the client's
+# headers and sets Host, the baseline; forward: nginx also adds the two forwarding
 # headers thaw local adds on every request, X-Forwarded-For and X-Forwarded-Proto (thaw local
 # sends no sidecar headers: a replica has no queue sidecar); all: and an X-Request-Id both
 # ways, as thaw does, from nginx's $request_id), REPLICA_THREADS (1: the replica serves on one thread; more, on that many
@@ -46,7 +50,7 @@ RESPONSE_DELAY=${RESPONSE_DELAY:-0s}
 REPLICA_THREADS=${REPLICA_THREADS:-1}
 REQ_PATH=${REQ_PATH:-/}
 WRK_THREADS=${WRK_THREADS:-$(nproc)}
-MAX_STEAL=${MAX_STEAL:-2}
+MAX_OTHERS=${MAX_OTHERS:-3}
 NGINX_HEADERS=${NGINX_HEADERS:-bare}
 PACE=${PACE:-0.75}
 REQ_HEADERS=${REQ_HEADERS:-none}
@@ -152,6 +156,8 @@ NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 # shellcheck disable=SC2086
 declare -A PIDS=([thaw]="$THAW_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
 [ -n "$NGINX_WORKERS" ] || die "no nginx workers found"
+# The benchmark's own processes, for the noise check: thaw, its replica, nginx and its workers.
+OWN_PIDS="$THAW_PID $(pgrep -P "$THAW_PID" | tr '\n' ' ') ${PIDS[nginx]}"
 
 # HOLD=1: stop after the set-up, leave both proxies and the replica running, and write their
 # addresses and PIDs to $OUT/hold.env (for profiling by hand); Ctrl-C stops everything.
@@ -187,7 +193,7 @@ run_wrk() {  # name conns
     ticks=$(cpu_ticks)
     wrk -t"$WRK_THREADS" -c"$2" -d"$DURATION" --latency -H "Host: $HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f"
     n=$(awk '/requests in/ { print $1 }' "$f")
-    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
+    ROWS+=("wrk c$2 $1 $(wrk_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks")")
 }
 
 run_second() {  # name conns
@@ -199,11 +205,11 @@ run_second() {  # name conns
     if [ "$SECOND" = hey ]; then
         hey -z "$DURATION" -c "$2" -host "$HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f"
         n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
-        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
+        ROWS+=("hey c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks")")
     else
         ab -q -k -t "${DURATION%s}" -n 10000000 -c "$2" -H "Host: $HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f" 2>&1 || true
         n=$(awk '/^Complete requests:/ { print $3 }' "$f")
-        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks")")
+        ROWS+=("ab c$2 $1 $(ab_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks")")
     fi
 }
 
@@ -218,7 +224,7 @@ run_paced() {
     ticks=$(cpu_ticks)
     hey -z "$DURATION" -c "$2" -q "$3" -host "$HOST" ${EXTRA[@]+"${EXTRA[@]}"} "${TARGET[$1]}" >"$f"
     n=$(awk '/^ +\[[0-9]+\]/ { n += $2 } END { print n + 0 }' "$f")
-    ROWS+=("hey-paced c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(steal_pct_since "$ticks") $(($2 * $3))")
+    ROWS+=("hey-paced c$2 $1 $(hey_summary "$f") $(proxy_cpu "$1" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks") $(($2 * $3))")
 }
 
 # The per-worker rate for this round's paced runs: PACE x nginx's saturated hey req/s this round.
@@ -269,100 +275,8 @@ done
     echo "nginx headers: $NGINX_HEADERS; extra request headers: $REQ_HEADERS"
     echo
     echo "$ROUNDS rounds, thaw and nginx alternating within each (odd rounds thaw first);" \
-        "pairs with a run above $MAX_STEAL% steal are left out of the medians"
+        "pairs with a run above $MAX_OTHERS% of the CPU used by others (steal and other" \
+        "processes) are left out of the medians"
     echo
-    printf '%s\n' "${ROWS[@]}" | MAX_STEAL="$MAX_STEAL" python3 -c '
-import os, random, statistics, sys
-def ci(xs, n=2000):
-    # 95 % bootstrap interval of the median (fixed seed: the same rows give the same interval).
-    rnd = random.Random(1)
-    meds = sorted(statistics.median(rnd.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-max_steal = float(os.environ["MAX_STEAL"])
-rows = [l.split() for l in sys.stdin if l.strip()]
-print("| round | tool | conns | proxy | req/s | offered req/s | p50 ms | p99 ms | errors "
-      "| proxy CPU us/req | steal % |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-for r in rows:
-    tool, c, proxy, rps, p50, p99, err, cpu, rnd, steal = r[:10]
-    offered = r[10] if len(r) > 10 else "-"
-    print(f"| {rnd} | {tool} | {c[1:]} | {proxy} | {float(rps):.0f} | {offered} | {p50} | {p99} "
-          f"| {err} | {cpu} | {steal} |")
-print()
-print("| tool | conns | thaw/nginx req/s per round | median [95% CI] | thaw/nginx p99 per round "
-      "| median [95% CI] | CPU us/req thaw / nginx (medians) | pairs left out for steal "
-      "| target met |")
-print("|---|---|---|---|---|---|---|---|---|")
-groups = {}
-for r in rows:
-    groups.setdefault((r[0], r[1]), {}).setdefault(r[8], {})[r[2]] = r
-paced = any(tool == "hey-paced" for tool, _ in groups)
-verdicts = []
-noise = []
-behind = []
-few = []
-for (tool, c), by_round in groups.items():
-    num = lambda x: x.replace(".", "", 1).isdigit()
-    complete = [v for v in by_round.values() if "thaw" in v and "nginx" in v
-                and all(num(v[p][3]) and num(v[p][5]) for p in ("thaw", "nginx"))]
-    pairs = [v for v in complete
-             if all(float(v[p][9]) <= max_steal for p in ("thaw", "nginx"))]
-    stolen = len(complete) - len(pairs)
-    if not pairs:
-        print(f"| {tool} | {c[1:]} | - | - | - | - | - | {stolen} of {len(complete)} | NO (all stolen) |")
-        verdicts.append((f"{tool} c{c[1:]}", False))
-        continue
-    rr = [float(p["thaw"][3]) / float(p["nginx"][3]) for p in pairs]
-    pr = [float(p["thaw"][5]) / float(p["nginx"][5]) for p in pairs]
-    cpu_t = statistics.median(float(p["thaw"][7]) for p in pairs)
-    cpu_n = statistics.median(float(p["nginx"][7]) for p in pairs)
-    mr, mp = statistics.median(rr), statistics.median(pr)
-    # Each failed criterion is named with its median to three places (1.00 printed can be 0.998).
-    short = lambda fails, what: ("NO: " + ", ".join(fails)) if fails else f"yes ({what})"
-    if tool == "hey-paced":
-        # Equal offered load: the req/s ratio only shows that both kept up (thaw must, within
-        # 3 %); the latency at that load is the comparison.
-        kept = statistics.median(float(p["thaw"][3]) / float(p["thaw"][10]) for p in pairs)
-        fails = [f"p99 {mp:.3f}"] * (mp > 1) + [f"thaw served {kept:.0%} of the offered rate"] * (kept < 0.97)
-        met = short(fails, f"p99 at equal load; thaw served {kept:.0%} of the offered rate")
-        verdicts.append((f"hey c{c[1:]} p99 at equal load", not fails))
-    elif tool == "hey" and paced:
-        # At saturation hey (Go, the heaviest process on the box) is the bottleneck and its own
-        # scheduling sets the tail, for either proxy: its p99 is shown, the verdict on latency is
-        # the paced row.
-        fails = [f"req/s {mr:.3f}"] * (mr < 1)
-        met = short(fails, "req/s; p99 shown, judged in the paced row")
-        verdicts.append((f"hey c{c[1:]} req/s", not fails))
-    else:
-        fails = [f"req/s {mr:.3f}"] * (mr < 1) + [f"p99 {mp:.3f}"] * (mp > 1)
-        met = short(fails, "req/s and p99")
-        verdicts.append((f"{tool} c{c[1:]}" + (" " + " and ".join(f.split()[0] for f in fails) if fails else ""), not fails))
-    fmt = lambda xs: " ".join("%.2f" % x for x in xs)
-    (rlo, rhi), (plo, phi) = ci(rr), ci(pr)
-    judged = [] if tool == "hey-paced" else [("req/s", rlo, rhi)]
-    if not (tool == "hey" and paced):
-        judged.append(("p99", plo, phi))
-    if len(pairs) < 5:
-        # A bootstrap over fewer than five pairs says nothing; the interval is printed, not used.
-        few.append(f"{tool} c{c[1:]}")
-        judged = []
-    noise += [f"{tool} c{c[1:]} {what}" for what, lo, hi in judged if lo < 1 < hi]
-    # Thaw shown behind: the whole interval on the nginx side (req/s below 1, p99 above 1).
-    behind += [f"{tool} c{c[1:]} {what}" for what, lo, hi in judged
-               if (what == "req/s" and hi < 1) or (what == "p99" and lo > 1)]
-    print(f"| {tool} | {c[1:]} | {fmt(rr)} | {mr:.2f} [{rlo:.2f}-{rhi:.2f}] | {fmt(pr)} "
-          f"| {mp:.2f} [{plo:.2f}-{phi:.2f}] "
-          f"| {cpu_t:.1f} / {cpu_n:.1f} | {stolen} of {len(complete)} | {met} |")
-print()
-missed = [name for name, ok in verdicts if not ok]
-print("Target (median req/s >= nginx, median p99 <= nginx): "
-      + ("met in every row" if not missed else "NOT met: " + ", ".join(missed)))
-if noise:
-    print("Within the noise of this run (the 95% interval of the median ratio spans 1, so more "
-          "rounds are needed to tell the two apart): " + ", ".join(noise))
-print("Shown behind nginx (the whole 95% interval on nginx\x27s side): "
-      + (", ".join(behind) if behind else "none"))
-if few:
-    print("Fewer than 5 pairs (intervals not judged): " + ", ".join(few))
-'
+    printf '%s\n' "${ROWS[@]}" | MAX_OTHERS="$MAX_OTHERS" python3 "$LT_DIR/warm_summary.py"
 } | tee "$OUT/summary.md"

@@ -157,6 +157,41 @@ pub struct CatalogSnapshot {
     /// Route hosts whose traffic is split between revisions: (revision, percent), percents
     /// adding up to 100 (Knative's Route traffic). See [`CatalogSnapshot::pick`].
     splits: PersistentMap<String, Arc<[(RevisionKey, u32)]>>,
+    /// Each route as an operator reads it (the admin port's `/routes`); empty where no
+    /// controller publishes routes into this catalog.
+    route_views: Arc<[RouteView]>,
+}
+
+/// One route as `kn service describe` shows it: its host and where its traffic goes. Read by
+/// people and tests (the admin port's `/routes`), never on the request path.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteView {
+    pub namespace: String,
+    pub service: String,
+    /// `{service}.{namespace}.{domain}`: the Host that reaches the split.
+    pub host: String,
+    /// The route's URL: its host and thaw's data port.
+    pub url: String,
+    /// Every traffic target, in the order the Service lists them (one target, the latest ready
+    /// revision at 100 %, when it lists none).
+    pub traffic: Vec<TrafficView>,
+}
+
+/// One traffic target of a [`RouteView`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficView {
+    /// The revision it resolves to now (`None`: a named revision that does not exist).
+    pub revision_name: Option<String>,
+    /// Its share of the route host's requests (0 for a tag-only target).
+    pub percent: u32,
+    /// Whether it follows the latest ready revision (Knative's `latestRevision: true`).
+    pub latest_revision: bool,
+    pub tag: Option<String>,
+    /// The tag's own host `{tag}-{service}.{namespace}.{domain}`, which reaches this target
+    /// alone.
+    pub tag_host: Option<String>,
 }
 
 impl CatalogSnapshot {
@@ -187,6 +222,17 @@ impl CatalogSnapshot {
             self.splits.insert(host.to_ascii_lowercase(), split.into());
         }
         self
+    }
+
+    /// Sets the routes as operators read them ([`RouteView`]).
+    pub fn with_route_views(mut self, views: Vec<RouteView>) -> Self {
+        self.route_views = views.into();
+        self
+    }
+
+    /// Every route as operators read it, sorted as published.
+    pub fn route_views(&self) -> &[RouteView] {
+        &self.route_views
     }
 
     /// Adds or replaces one revision and its own hosts (those of its previous spec that it no

@@ -16,6 +16,23 @@ fn thaw(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `--output json`'s settings of the ConfigMap `name`: its values, after checking the shape
+/// every report has (`ok`, `errors`, `warnings`, `settings`) and that every value is the
+/// default.
+fn defaults_of<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    assert_eq!(v["ok"], true, "{v:#}");
+    assert_eq!(v["errors"], serde_json::json!([]), "{v:#}");
+    assert!(v["warnings"].is_array(), "{v:#}");
+    let s = v["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["configMap"] == name)
+        .unwrap_or_else(|| panic!("{name} not in {v:#}"));
+    assert_eq!(s["nonDefault"], serde_json::json!([]), "{v:#}");
+    &s["values"]
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -47,12 +64,15 @@ fn json_output_uses_knative_names_and_units() {
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["stable-window"], 60);
-    assert_eq!(v["container-concurrency-target-percentage"], 70);
-    assert_eq!(v["scale-to-zero-grace-period"], 30);
-    assert_eq!(v["revision-timeout-seconds"], 300);
-    assert_eq!(v["queue-depth"], 10000);
-    assert_eq!(v["_non_default"], serde_json::json!([]));
+    let a = defaults_of(&v, "config-autoscaler");
+    assert_eq!(a["stable-window"], 60);
+    assert_eq!(a["container-concurrency-target-percentage"], 70);
+    assert_eq!(a["scale-to-zero-grace-period"], 30);
+    assert_eq!(
+        defaults_of(&v, "config-defaults")["revision-timeout-seconds"],
+        300
+    );
+    assert_eq!(defaults_of(&v, "config-activator")["queue-depth"], 10000);
 }
 
 #[test]
@@ -155,11 +175,11 @@ fn shipped_gc_config_is_knatives_defaults() {
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = defaults_of(&v, "config-gc");
     assert_eq!(v["retain-since-create-time"], 48 * 3600);
     assert_eq!(v["retain-since-last-active-time"], 15 * 3600);
     assert_eq!(v["min-non-active-revisions"], 20);
     assert_eq!(v["max-non-active-revisions"], 1000);
-    assert_eq!(v["_non_default"], serde_json::json!([]));
 }
 
 /// With several files, every problem names its file (a ConfigMap reached through local.yaml
@@ -195,10 +215,67 @@ fn every_problem_of_several_files_names_its_file_and_json_lists_them() {
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], false);
     assert_eq!(v["errors"][0]["file"], gc.as_str());
     assert_eq!(v["errors"][0]["key"], "min-non-active-revisions");
+    assert_eq!(v["errors"][0]["value"], "-1");
     assert_eq!(v["errors"][1]["file"], cm.as_str());
+    assert_eq!(v["errors"][1]["value"], "1s");
     assert_eq!(v["errors"][1]["reason"], "must be in [6s, 1h]");
+    assert_eq!(v["settings"], serde_json::json!([]));
+}
+
+/// One shape for `--output json` whatever the outcome: a valid file's settings are listed
+/// beside another file's errors, and an error in local.yaml carries the value found (not only
+/// the reason), as the text line does once.
+#[test]
+fn json_has_one_shape_and_every_error_its_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = write(
+        dir.path(),
+        "local.yaml",
+        "services:\n  - metadata: {name: hello}\n    spec:\n      template:\n        spec:\n          \
+         containerConcurrency: lots\n          containers: [{command: [x], colour: red}]\n",
+    );
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        &local,
+        "config/config-gc.yaml",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["errors", "ok", "settings", "warnings"], "{v:#}");
+    assert_eq!(v["ok"], false);
+    let errors = v["errors"].as_array().unwrap();
+    let cc = errors
+        .iter()
+        .find(|e| e["key"] == "services[0].spec.template.spec.containerConcurrency")
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(cc["value"], "lots", "{v:#}");
+    assert_eq!(cc["reason"], "expected a whole number ≥ 0, got \"lots\"");
+    let colour = errors
+        .iter()
+        .find(|e| e["key"] == "services[0].spec.template.spec.containers[0].colour")
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(colour["value"], "red", "{v:#}");
+    // The text line names the value once.
+    assert!(
+        err.contains(
+            "services[0].spec.template.spec.containerConcurrency: expected a whole number ≥ 0, \
+             got \"lots\"\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("services[0].spec.template.spec.containers[0].colour: red: unknown field"),
+        "{err}"
+    );
+    assert_eq!(v["settings"][0]["configMap"], "config-gc", "{v:#}");
+    assert_eq!(v["settings"][0]["values"]["min-non-active-revisions"], 20);
 }
 
 /// Exit codes are the same for every subcommand and documented in --help: 2 for usage.
@@ -235,9 +312,9 @@ fn shipped_network_configs_are_knatives_defaults() {
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = defaults_of(&v, "config-network");
     assert_eq!(v["domain-template"], "{{.Name}}.{{.Namespace}}.{{.Domain}}");
     assert_eq!(v["tag-template"], "{{.Tag}}-{{.Name}}");
-    assert_eq!(v["_non_default"], serde_json::json!([]));
     let (code, out, err) = thaw(&[
         "config",
         "check",
@@ -248,12 +325,39 @@ fn shipped_network_configs_are_knatives_defaults() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
-        v["external-gateways"],
+        defaults_of(&v, "config-istio")["external-gateways"],
         serde_json::json!(["knative-serving/knative-ingress-gateway"])
     );
-    assert_eq!(v["_non_default"], serde_json::json!([]));
-    let (code, _, err) = thaw(&["config", "check", "config/config-domain.yaml"]);
+    // config-domain's keys are the domains: shown as one entry, `domains`.
+    let (code, out, err) = thaw(&["config", "check", "config/config-domain.yaml"]);
     assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("domains"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("example.com") && line.contains(" default "),
+        "{line}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let domains = write(
+        dir.path(),
+        "domain.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-domain}\ndata:\n  example.org: \"\"\n  \
+         internal.example.org: \"selector:\\n  app: internal\\n\"\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", "--output", "json", &domains]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["settings"][0]["values"]["domains"],
+        serde_json::json!({"example.org": {}, "internal.example.org": {"app": "internal"}}),
+        "{v:#}"
+    );
+    assert_eq!(
+        v["settings"][0]["nonDefault"],
+        serde_json::json!(["domains"])
+    );
     // A template with an action Knative's templates do not offer is named with its key.
     let dir = tempfile::tempdir().unwrap();
     let bad = write(
@@ -281,7 +385,7 @@ fn shipped_features_config_documents_every_key_at_knatives_default() {
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("unknown key"), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["_non_default"], serde_json::json!([]));
+    let v = defaults_of(&v, "config-features");
     assert_eq!(v["kubernetes.podspec-volumes-emptydir"], "enabled");
     assert_eq!(v["kubernetes.podspec-hostnetwork"], "disabled");
     let text = std::fs::read_to_string("config/config-features.yaml").unwrap();

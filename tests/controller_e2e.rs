@@ -2,6 +2,7 @@
 //! HTTP: the test plays kubelet (it marks Revisions' children ready by writing status) and the
 //! controllers do the rest. Waits poll the server with a deadline; nothing asserts a duration.
 
+mod controller_support;
 mod kube_support;
 
 use std::sync::Arc;
@@ -12,13 +13,12 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::{Condition, ConditionStatus};
-use thaw::knative::names::{child_name, labels};
+use thaw::knative::names::labels;
 use thaw::knative::{Configuration, Revision, Route, Service, condition};
 use tokio::task::JoinHandle;
 
 use crate::kube_support::TestApi;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use controller_support::{mark_deployment_ready, wait_for};
 
 const HELLO: &str = r#"
 apiVersion: serving.knative.dev/v1
@@ -82,25 +82,6 @@ fn service(yaml: &str, ns: &str) -> Service {
     s
 }
 
-/// Polls `get` until `ok` holds of its result, or fails the test with `what` and the last value.
-async fn wait_for<T: std::fmt::Debug, F, Fut>(what: &str, mut get: F, ok: impl Fn(&T) -> bool) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = T>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let v = get().await;
-        if ok(&v) {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last: {v:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn get<K>(api: &Api<K>, name: &str) -> Option<K>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -116,26 +97,7 @@ fn cond<'a>(s: &'a thaw::knative::duck::Status, t: &str) -> Option<&'a Condition
 /// reconciler's) gets a ready replica, and the Revision reconciler marks the revision Ready.
 async fn mark_ready(revs: &Api<Revision>, name: &str) {
     let deps: Api<Deployment> = Api::namespaced(revs.clone().into_client(), "default");
-    let dep = child_name(name, "-deployment");
-    wait_for(
-        "the revision's Deployment",
-        || async { deps.get_opt(&dep).await.ok().flatten() },
-        |d| d.is_some(),
-    )
-    .await;
-    deps.patch_status(
-        &dep,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": {
-            "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
-            "conditions": [
-                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
-            ]
-        }})),
-    )
-    .await
-    .expect("deployment status");
+    mark_deployment_ready(&deps, name).await;
     wait_for(
         "the revision Ready",
         || async { revs.get_status(name).await.ok() },

@@ -4,6 +4,7 @@
 //! the endpoints controller (the private Service's EndpointSlice). Every wait polls for a
 //! condition with a deadline; nothing asserts a duration.
 
+mod controller_support;
 mod kube_support;
 
 use std::collections::BTreeMap;
@@ -384,13 +385,7 @@ async fn helloworld_revision_gets_its_deployment_and_services_and_goes_ready() {
     // Kubelet and the Deployment controller: a ready replica.
     h.deployment_status(
         "hello-00001-deployment",
-        serde_json::json!({
-            "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
-            "conditions": [
-                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
-            ]
-        }),
+        controller_support::one_ready_replica(),
     )
     .await;
     let ready = h

@@ -3,6 +3,7 @@
 //! reconcilers), the Route controller writes VirtualServices, placeholder Services, the
 //! Route's status and the revisions' routing state. Waits poll with a deadline.
 
+mod controller_support;
 mod kube_support;
 
 use std::collections::BTreeMap;
@@ -27,9 +28,9 @@ use tokio::task::JoinHandle;
 
 use crate::kube_support::TestApi;
 use crate::kube_support::relay::Relay;
+use controller_support::{DEADLINE, mark_deployment_ready, wait_for};
 
 const NS: &str = "default";
-const DEADLINE: Duration = Duration::from_secs(30);
 
 struct Running {
     _api: TestApi,
@@ -100,24 +101,6 @@ impl Running {
     }
 }
 
-async fn wait_for<T: std::fmt::Debug, F, Fut>(what: &str, mut get: F, ok: impl Fn(&T) -> bool) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = T>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let v = get().await;
-        if ok(&v) {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last: {v:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A Revision `name` of configuration `cfg`, created `pending` as the Configuration
 /// reconciler creates them; `ready`: its status says Ready.
 async fn revision(run: &Running, name: &str, ready: bool) -> Revision {
@@ -159,32 +142,6 @@ async fn mark_ready(api: &Api<Revision>, name: &str) {
             Err(e) => panic!("{name}: {e}"),
         }
     }
-}
-
-/// Plays kubelet and the Deployment controller for a revision whose Deployment the Revision
-/// reconciler made: one available replica.
-async fn mark_deployment_ready(run: &Running, revision: &str) {
-    let deps = run.api::<k8s_openapi::api::apps::v1::Deployment>();
-    let name = thaw::knative::names::child_name(revision, "-deployment");
-    wait_for(
-        "the revision's Deployment",
-        || async { deps.get_opt(&name).await.unwrap() },
-        Option::is_some,
-    )
-    .await;
-    deps.patch_status(
-        &name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"status": {
-            "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
-            "conditions": [
-                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
-            ]
-        }})),
-    )
-    .await
-    .unwrap();
 }
 
 /// Plays the Configuration reconciler: sets latest created / latest ready (a conflict with
@@ -797,7 +754,7 @@ async fn a_services_route_is_programmed_and_the_service_goes_ready() {
     )
     .await;
     // Every reconciler runs here, the Revision's too: play kubelet through its Deployment.
-    mark_deployment_ready(&run, "hello-00001").await;
+    mark_deployment_ready(&run.api(), "hello-00001").await;
     let vs = vs_until(&run, "hello-ingress", |s| {
         s.http.first().is_some_and(|h| !h.route.is_empty())
     })

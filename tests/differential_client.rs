@@ -44,7 +44,7 @@
 //! Disagreements found are named regression tests at the end of this file; those still open are
 //! `#[ignore]`d with the reason, and the properties skip their input classes
 //! (`known_disagreement`, `known_activator_disagreement`). The client-level ones are also checked
-//! as the activator's client sees them (`client_paths_agree`). Issue 20's point 6 (a stale
+//! as the activator's client sees them (`client_paths_agree`). The data-port review's stale-length finding (a stale
 //! `Content-Length` beside `Transfer-Encoding`) and point 8 (framing fields as trailers) show
 //! only there: both clients read such answers alike, the activator forwards them differently.
 
@@ -66,6 +66,7 @@ use thaw::http1::direct::{ExchangeError, encode_head};
 use thaw::http1::fields::ClientHeaders;
 use thaw::http1::pool::Upstream;
 
+use differential_support::framing::{self, ChunkForm};
 use differential_support::*;
 
 /// The server's answer to a second request on the same connection.
@@ -344,38 +345,10 @@ fn cl_value(form: u8, n: usize) -> Vec<String> {
     }
 }
 
-/// How one chunk's size line is written.
-#[derive(Debug, Clone, Copy)]
-enum ChunkForm {
-    Lower,
-    Upper,
-    LeadingZeros,
-    Extension,
-    SpaceThenExtension,
-    Prefix0x,
-    Negative,
-    TooManyDigits,
-    OneMore,
-    BareLf,
-}
-
 fn chunk_forms() -> impl Strategy<Value = Vec<ChunkForm>> {
-    use ChunkForm::*;
-    prop::collection::vec(
-        prop_oneof![
-            8 => Just(Lower),
-            1 => Just(Upper),
-            1 => Just(LeadingZeros),
-            1 => Just(Extension),
-            1 => Just(SpaceThenExtension),
-            1 => Just(Prefix0x),
-            1 => Just(Negative),
-            1 => Just(TooManyDigits),
-            1 => Just(OneMore),
-            1 => Just(BareLf),
-        ],
-        1..4,
-    )
+    // Lower, Upper, LeadingZeros, Extension, SpaceThenExtension, Prefix0x, Negative,
+    // TooManyDigits, OneMore, BareLf.
+    framing::chunk_forms([8, 1, 1, 1, 1, 1, 1, 1, 1, 1], 1..4)
 }
 
 const LAST_CHUNKS: &[&[u8]] = &[
@@ -393,50 +366,18 @@ const LAST_CHUNKS: &[&[u8]] = &[
     b"0\r\n",
 ];
 
-fn chunked_body(body: &[u8], forms: &[ChunkForm], last: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    let per = body.len().div_ceil(forms.len().max(1)).max(1);
-    for (piece, form) in body.chunks(per).zip(forms) {
-        let n = piece.len();
-        let (size, eol): (String, &[u8]) = match form {
-            ChunkForm::Lower => (format!("{n:x}"), b"\r\n"),
-            ChunkForm::Upper => (format!("{n:X}"), b"\r\n"),
-            ChunkForm::LeadingZeros => (format!("000{n:x}"), b"\r\n"),
-            ChunkForm::Extension => (format!("{n:x};a=b"), b"\r\n"),
-            ChunkForm::SpaceThenExtension => (format!("{n:x} ;a=\"b c\""), b"\r\n"),
-            ChunkForm::Prefix0x => (format!("0x{n:x}"), b"\r\n"),
-            ChunkForm::Negative => (format!("-{n:x}"), b"\r\n"),
-            ChunkForm::TooManyDigits => (format!("1000000000000000{n:x}"), b"\r\n"),
-            ChunkForm::OneMore => (format!("{:x}", n + 1), b"\r\n"),
-            ChunkForm::BareLf => (format!("{n:x}"), b"\n"),
-        };
-        out.extend_from_slice(size.as_bytes());
-        out.extend_from_slice(eol);
-        out.extend_from_slice(piece);
-        out.extend_from_slice(eol);
-    }
-    out.extend_from_slice(LAST_CHUNKS[last % LAST_CHUNKS.len()]);
-    out
-}
+/// How the response frames its body; the last chunk is an index into [`LAST_CHUNKS`].
+type Framing = framing::Framing<usize>;
 
-/// How the response frames its body.
-#[derive(Debug, Clone)]
-enum Framing {
-    /// No framing field: the body ends when the server closes.
-    None,
-    Length(u8),
-    Chunked(u8, Vec<ChunkForm>, usize),
-    Both(u8, u8, Vec<ChunkForm>, usize),
-}
+/// The response side's framing tables.
+const TABLES: framing::Tables<usize> = framing::Tables {
+    te_values: TE_VALUES,
+    cl_value,
+    last_chunk: |last| LAST_CHUNKS[last % LAST_CHUNKS.len()],
+};
 
 fn framing() -> impl Strategy<Value = Framing> {
-    let te = 0..TE_VALUES.len() as u8;
-    prop_oneof![
-        2 => Just(Framing::None),
-        5 => any::<u8>().prop_map(Framing::Length),
-        5 => (te.clone(), chunk_forms(), any::<usize>()).prop_map(|(t, f, l)| Framing::Chunked(t, f, l)),
-        1 => (te, any::<u8>(), chunk_forms(), any::<usize>()).prop_map(|(t, c, f, l)| Framing::Both(t, c, f, l)),
-    ]
+    framing::framing(TE_VALUES.len(), [2, 5, 5, 1], chunk_forms)
 }
 
 /// A change to one header line of the final head.
@@ -503,39 +444,8 @@ impl Answer {
         let mut lines: Vec<(Vec<u8>, &[u8])> = Vec::new();
         let mut fields: Vec<String> = vec!["X-Served: 1".into()];
         fields.extend(CONNECTION[self.connection].iter().map(|s| s.to_string()));
-        let body = match &self.framing {
-            Framing::None => self.body.to_vec(),
-            Framing::Length(form) => {
-                fields.extend(
-                    cl_value(*form, self.body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                self.body.to_vec()
-            }
-            Framing::Chunked(te, forms, last) => {
-                fields.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                chunked_body(self.body, forms, *last)
-            }
-            Framing::Both(te, cl, forms, last) => {
-                let body = chunked_body(self.body, forms, *last);
-                fields.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                fields.extend(
-                    cl_value(*cl, body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                body
-            }
-        };
+        let (framing, body) = self.framing.render(self.body, self.body, &TABLES);
+        fields.extend(framing);
         for f in fields {
             lines.push((f.into_bytes(), b"\r\n"));
         }
@@ -763,7 +673,7 @@ fn a_plain_answer_is_read_alike_and_reused() {
     );
 }
 
-/// The response-side classes issue 20 names (a stale `Content-Length` beside
+/// The response-side classes the data-port review names (a stale `Content-Length` beside
 /// `Transfer-Encoding`, framing fields in trailers) and the classic desync shapes: one answer
 /// each, both clients must agree on body, trailers and reuse.
 #[test]
@@ -877,7 +787,7 @@ async fn through_activator(answer: &[u8], with_body: bool) -> (u16, B) {
     (status, B(if status >= 400 { Vec::new() } else { body }))
 }
 
-/// Issue 20, point 6, as the activator's client sees it: the same upstream answer (a stale
+/// The stale-length finding, as the activator's client sees it: the same upstream answer (a stale
 /// `Content-Length` beside `Transfer-Encoding: chunked`) to a bodiless request (read by the
 /// direct client) and to a request with a body (read by hyper's client) must reach the client
 /// as the same status and body.
@@ -1103,7 +1013,7 @@ fn a_304_with_content_length_gives_the_same_answer_on_both_client_paths() {
 
 /// Found by the activator-level property: an upstream trailer section, to a client that asked
 /// for trailers (`TE: trailers`). The direct path (answered by the lane) passes the trailers
-/// on, framing fields among them (issue 20, point 8); hyper's client path (answered by hyper's
+/// on, framing fields among them (the data-port review); hyper's client path (answered by hyper's
 /// server) sends none.
 #[test]
 fn trailers_give_the_same_answer_on_both_client_paths() {

@@ -59,6 +59,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+use differential_support::framing::{self, ChunkForm};
 use differential_support::*;
 
 /// How long a connection may stay silent before it counts as waiting for more bytes.
@@ -462,18 +463,16 @@ const BODIES: &[&[u8]] = &[
     b"GET /smuggled HTTP/1.1\r\nHost: r.example\r\n\r\n",
 ];
 
-/// How a request frames its body.
-#[derive(Debug, Clone)]
-enum Framing {
-    /// No framing field (no body is sent; `body` is ignored).
-    None,
-    /// `Content-Length` in one of [`cl_value`]'s forms.
-    Length(u8),
-    /// `Transfer-Encoding` value ([`TE_VALUES`]) with a chunked body.
-    Chunked(u8, Vec<ChunkForm>, u8),
-    /// Both: `Transfer-Encoding` and a `Content-Length` form.
-    Both(u8, u8, Vec<ChunkForm>, u8),
-}
+/// How a request frames its body (with no framing field no body is sent); the last chunk is
+/// one of [`last_chunk`]'s forms.
+type Framing = framing::Framing<u8>;
+
+/// The request side's framing tables.
+const TABLES: framing::Tables<u8> = framing::Tables {
+    te_values: TE_VALUES,
+    cl_value,
+    last_chunk,
+};
 
 const TE_VALUES: &[&[&str]] = &[
     &["chunked"],
@@ -509,67 +508,20 @@ fn cl_value(form: u8, n: usize) -> Vec<String> {
     }
 }
 
-/// How one chunk's size line is written.
-#[derive(Debug, Clone, Copy)]
-enum ChunkForm {
-    Lower,
-    Upper,
-    LeadingZeros,
-    Extension,
-    SpaceThenExtension,
-    Prefix0x,
-    Negative,
-    TooManyDigits,
-    OneMore,
-}
-
 fn chunk_forms() -> impl Strategy<Value = Vec<ChunkForm>> {
-    use ChunkForm::*;
-    prop::collection::vec(
-        prop_oneof![
-            6 => Just(Lower),
-            1 => Just(Upper),
-            1 => Just(LeadingZeros),
-            1 => Just(Extension),
-            1 => Just(SpaceThenExtension),
-            1 => Just(Prefix0x),
-            1 => Just(Negative),
-            1 => Just(TooManyDigits),
-            1 => Just(OneMore),
-        ],
-        1..3,
-    )
+    // Lower, Upper, LeadingZeros, Extension, SpaceThenExtension, Prefix0x, Negative,
+    // TooManyDigits, OneMore, BareLf.
+    framing::chunk_forms([6, 1, 1, 1, 1, 1, 1, 1, 1, 0], 1..3)
 }
 
-/// A chunked body: `body` cut into `forms.len()` chunks, then a last chunk in form `end`.
-fn chunked_body(body: &[u8], forms: &[ChunkForm], end: u8) -> Vec<u8> {
-    let mut out = Vec::new();
-    let per = body.len().div_ceil(forms.len().max(1)).max(1);
-    for (piece, form) in body.chunks(per).zip(forms) {
-        let n = piece.len();
-        let size = match form {
-            ChunkForm::Lower => format!("{n:x}"),
-            ChunkForm::Upper => format!("{n:X}"),
-            ChunkForm::LeadingZeros => format!("000{n:x}"),
-            ChunkForm::Extension => format!("{n:x};a=b"),
-            ChunkForm::SpaceThenExtension => format!("{n:x} ;a=\"b c\""),
-            ChunkForm::Prefix0x => format!("0x{n:x}"),
-            ChunkForm::Negative => format!("-{n:x}"),
-            ChunkForm::TooManyDigits => format!("1000000000000000{n:x}"),
-            ChunkForm::OneMore => format!("{:x}", n + 1),
-        };
-        out.extend_from_slice(size.as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(piece);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(match end % 6 {
-        0..=2 => &b"0\r\n\r\n"[..],
+/// The last chunk (and trailer section) in form `end`.
+fn last_chunk(end: u8) -> &'static [u8] {
+    match end % 6 {
+        0..=2 => b"0\r\n\r\n",
         3 => b"0\r\nX-T: t\r\n\r\n",
         4 => b"0\r\nContent-Length: 5\r\n\r\n",
         _ => b"0\n\n",
-    });
-    out
+    }
 }
 
 /// A change to one field line or to the head.
@@ -664,40 +616,7 @@ impl Req {
             let len = 64 * 1024 - 160 + usize::from(n);
             fields.push(format!("X-Big: {}", "b".repeat(len)));
         }
-        let mut framing = Vec::new();
-        let body = match &self.framing {
-            Framing::None => Vec::new(),
-            Framing::Length(form) => {
-                framing.extend(
-                    cl_value(*form, self.body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                self.body.to_vec()
-            }
-            Framing::Chunked(te, forms, end) => {
-                framing.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                chunked_body(self.body, forms, *end)
-            }
-            Framing::Both(te, cl, forms, end) => {
-                let body = chunked_body(self.body, forms, *end);
-                framing.extend(
-                    TE_VALUES[*te as usize % TE_VALUES.len()]
-                        .iter()
-                        .map(|v| format!("Transfer-Encoding: {v}")),
-                );
-                framing.extend(
-                    cl_value(*cl, body.len())
-                        .into_iter()
-                        .map(|v| format!("Content-Length: {v}")),
-                );
-                body
-            }
-        };
+        let (mut framing, body) = self.framing.render(self.body, b"", &TABLES);
         if self.framing_first {
             framing.append(&mut fields);
             fields = framing;
@@ -772,13 +691,7 @@ impl Req {
 }
 
 fn framing() -> impl Strategy<Value = Framing> {
-    let te = 0..TE_VALUES.len() as u8;
-    prop_oneof![
-        8 => Just(Framing::None),
-        4 => any::<u8>().prop_map(Framing::Length),
-        4 => (te.clone(), chunk_forms(), any::<u8>()).prop_map(|(t, f, e)| Framing::Chunked(t, f, e)),
-        1 => (te, any::<u8>(), chunk_forms(), any::<u8>()).prop_map(|(t, c, f, e)| Framing::Both(t, c, f, e)),
-    ]
+    framing::framing(TE_VALUES.len(), [8, 4, 4, 1], chunk_forms)
 }
 
 fn request() -> impl Strategy<Value = Req> {
@@ -948,7 +861,7 @@ fn a_plain_get_is_forwarded_alike() {
     assert_eq!(out.upstream[0].line, B(b"GET /p?q=1 HTTP/1.1".to_vec()));
 }
 
-/// The request-side classes issue 20 names (duplicate and missing Host, absolute-form,
+/// The request-side classes the data-port review names (duplicate and missing Host, absolute-form,
 /// CONNECT, `Upgrade: h2c`, bare-LF heads) and the classic smuggling shapes: one input each,
 /// both paths must agree (whatever the fix makes the answer, it must be the same on both).
 #[test]

@@ -48,7 +48,7 @@ async fn template_edit_rolls_to_next_revision_once_ready_and_removal_fails_held(
     };
     let platform = LocalPlatform::new(opts, telemetry.platform.clone());
     let catalog = Arc::new(RevisionCatalog::default());
-    let ctl = LocalController::start(platform.clone(), catalog.clone(), model("one"));
+    let ctl = LocalController::start(platform.clone(), catalog.clone(), model("one"), 8080);
     let one = RevisionKey::new("default", "hello-00001");
     let two = RevisionKey::new("default", "hello-00002");
     assert_eq!(routed(&catalog).as_deref(), Some("hello-00001"));

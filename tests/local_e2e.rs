@@ -305,8 +305,17 @@ async fn without_a_local_yaml_the_built_in_copy_serves_hello() {
         "{}",
         thaw.dump_logs()
     );
-    let (status, _, body) = thaw.get(HOST, "/").await;
+    // The demo's domain is `localhost`: a browser or curl reaches
+    // http://hello.default.localhost:PORT/ (which resolves to loopback) with that Host, port
+    // included.
+    let host = format!("hello.default.localhost:{}", thaw.data.port());
+    let (status, _, body) = thaw.get(&host, "/").await;
     assert_eq!((status, body.as_str()), (200, "Hello from thaw!\n"));
+    assert!(
+        thaw.log_contains(&format!("try: curl http://{host}/")),
+        "{}",
+        thaw.dump_logs()
+    );
 }
 
 /// config-autoscaler with a 10 s stable window (so a 1 s panic window) and Knative's other

@@ -91,6 +91,40 @@ async fn thaw_local_scrapes_pass_promtool_with_no_lint() {
         assert!(busy.contains(family), "{family} missing:\n{busy}");
     }
     assert!(!busy.contains("# EOF"));
+    // Only families thaw local can move: no leader, no Kubernetes watches, no remote stats.
+    for cluster_only in [
+        "thaw_controller_",
+        "thaw_autoscaler_leader_changes",
+        "thaw_autoscaler_takeover",
+        "thaw_autoscaler_api_writes",
+        "thaw_autoscaler_pod_stats",
+        "thaw_autoscaler_stats_requests",
+        "thaw_activator_stats_push",
+        "thaw_activator_decision_feed",
+        "thaw_platform_watch_",
+        "thaw_platform_scale_patches",
+    ] {
+        assert!(!busy.contains(cluster_only), "{cluster_only}:\n{busy}");
+    }
+    // The request counter and the latency histogram carry the same labels.
+    let labels_of = |prefix: &str| -> String {
+        let line = busy
+            .lines()
+            .find(|l| l.starts_with(prefix) && l.contains("revision=\"hello-00001\""))
+            .unwrap_or_else(|| panic!("{prefix} missing:\n{busy}"));
+        line[prefix.len()..line.find('}').unwrap() + 1].to_string()
+    };
+    let counter = labels_of("thaw_activator_requests_total{");
+    assert_eq!(
+        counter,
+        labels_of("thaw_activator_request_latencies_seconds_count{"),
+        "{busy}"
+    );
+    assert_eq!(
+        counter,
+        "namespace=\"default\",service=\"hello\",configuration=\"hello\",\
+         revision=\"hello-00001\",code=\"200\",response_code_class=\"2xx\"}"
+    );
 
     // What Prometheus itself sends: OpenMetrics.
     let (ct, om) = scrape(

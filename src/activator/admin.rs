@@ -1,5 +1,6 @@
 //! The admin port: `/metrics` (OpenMetrics), `/healthz` (liveness: the process serves),
-//! `/readyz` (readiness: fails once draining) and `/revisions` (JSON state per revision).
+//! `/readyz` (readiness: fails once draining), `/revisions` (JSON state per revision) and
+//! `/routes` (JSON: each route's traffic).
 //! HTTP/1.1 only; runs until cancelled, then stops accepting (open connections finish).
 
 use std::convert::Infallible;
@@ -74,19 +75,29 @@ fn route(act: &Activator, req: Request<Incoming>) -> Response<ActivatorBody> {
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
-        "/revisions" => {
-            let mut r = plain(StatusCode::OK, revisions(act).to_string());
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        "/revisions" => json_response(&revisions(act)),
+        "/routes" => json_response(&routes(act)),
         _ => plain(
             StatusCode::NOT_FOUND,
-            "try /metrics, /healthz, /readyz or /revisions\n",
+            "try /metrics, /healthz, /readyz, /revisions or /routes\n",
         ),
     }
+}
+
+fn json_response(v: &Value) -> Response<ActivatorBody> {
+    let mut r = plain(StatusCode::OK, v.to_string());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// `{"routes": [{namespace, service, host, url, traffic: [{revisionName, percent,
+/// latestRevision, tag, tagHost}]}]}`: each route as `kn service describe` shows it, from the
+/// catalog (empty where no controller publishes routes into it).
+pub(crate) fn routes(act: &Activator) -> Value {
+    json!({ "routes": act.deps.catalog.load().route_views() })
 }
 
 /// The revision's effective autoscaler settings that operators tune, with Knative's key names

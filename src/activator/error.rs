@@ -167,13 +167,7 @@ impl ActivatorError {
 
 /// A `text/plain` response with `body`.
 pub fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<ActivatorBody> {
-    let mut resp = Response::new(ActivatorBody::full(body.into()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
+    ActivatorBody::plain(status, body)
 }
 
 #[cfg(test)]

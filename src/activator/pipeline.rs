@@ -41,7 +41,6 @@ use super::ticket::Ticket;
 use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::http1::activity::ConnActive;
-use crate::http1::fields::BoxedFields;
 use crate::http1::fields::{ClientHeaders, Known};
 use crate::http1::{ClientRequest, FirstRequest, Handler, ResponseBody};
 use crate::percore::LocalArc;
@@ -145,8 +144,7 @@ impl Handler for Activator {
             });
             let code = resp.status().as_u16();
             let elapsed = started.elapsed();
-            state.metrics.answered(code);
-            state.metrics.observe_latency(code, elapsed.as_secs_f64());
+            state.metrics.answered(code, elapsed.as_secs_f64());
             tracing::debug!(
                 revision = %state.key,
                 %method,
@@ -178,12 +176,6 @@ impl Handler for Activator {
             fields.merge_into(resp.headers_mut());
         }
         Ok(resp)
-    }
-}
-
-impl ResponseBody for ActivatorBody {
-    fn take_upstream_fields(&mut self) -> Option<BoxedFields> {
-        ActivatorBody::take_upstream_fields(self)
     }
 }
 

@@ -1,17 +1,28 @@
-//! `thaw config check FILE...`: validate ConfigMap manifests and print the effective
-//! configuration, every key with its value and whether it is the default.
+//! `thaw config check FILE...`: validate ConfigMap manifests (and `thaw local`'s services
+//! file) and print the effective configuration, every key with its value and whether it is the
+//! default.
 //!
 //! Exit code 0 when every file is valid; 1 otherwise, with one `FILE: KEY: VALUE: REASON` line
-//! per problem on stderr (all problems of all files, not only the first); with `--output json`
-//! the problems are also printed on stdout as `{"errors": [{file, key, value, reason}],
-//! "warnings": [...]}`. Warnings (unknown keys)
-//! go to stderr as `warning: ...` and do not fail the check.
+//! per problem on stderr (all problems of all files, not only the first). Warnings (unknown
+//! keys, fields that mean nothing locally) go to stderr as `warning: FILE: ...` and do not fail
+//! the check. `--output json` prints one object of one shape whatever happened:
+//!
+//! ```json
+//! {"ok": false,
+//!  "errors": [{"file": "as.yaml", "key": "stable-window", "value": "1s", "reason": "must be in [6s, 1h]"}],
+//!  "warnings": [{"file": "as.yaml", "message": "unknown-thing: unknown key, ignored"}],
+//!  "settings": [{"configMap": "config-gc", "file": "gc.yaml",
+//!                "values": {"min-non-active-revisions": 20, ...}, "nonDefault": []}]}
+//! ```
+//!
+//! `settings` holds every file that is valid (also when another is not); `values` is keyed by
+//! Knative's key names (durations in seconds, percentages as Knative writes them).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::keys::Shown;
 use super::load::{check_named, read_manifest};
@@ -22,8 +33,9 @@ use super::parse::Problem;
 pub enum Output {
     /// One line per key: name, value, unit, and `default` or `set`.
     Text,
-    /// One JSON object keyed by Knative's key names (durations in seconds, percentages as
-    /// Knative writes them), plus `_non_default`: the keys whose value is not the default.
+    /// One JSON object `{ok, errors, warnings, settings}`, the same shape whether the check
+    /// passed or not; values keyed by Knative's key names (durations in seconds, percentages
+    /// as Knative writes them).
     Json,
 }
 
@@ -46,56 +58,66 @@ pub struct Checked {
     pub keys: Vec<Shown>,
 }
 
-/// Checks `files`; returns the effective configurations, or every problem found (in any file),
-/// plus warnings either way.
-pub fn check(files: &[PathBuf]) -> (Result<Vec<Checked>, Vec<Problem>>, Vec<String>) {
-    let mut ok = Vec::new();
-    let mut problems = Vec::new();
-    let mut warnings = Vec::new();
+/// A warning about one file: it does not fail the check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub file: String,
+    pub message: String,
+}
+
+/// What checking files found: the valid files' effective configurations, every problem of
+/// the others, and warnings.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub checked: Vec<Checked>,
+    pub problems: Vec<Problem>,
+    pub warnings: Vec<Warning>,
+}
+
+/// Checks every file of `files`; one invalid file does not stop the others being checked.
+pub fn check(files: &[PathBuf]) -> Report {
+    let mut r = Report::default();
     for path in files {
         let file = path.display().to_string();
+        let warn = |w: Vec<String>| {
+            w.into_iter().map(|message| Warning {
+                file: file.clone(),
+                message,
+            })
+        };
         if is_local_yaml(path) {
             match crate::local::model::load(&crate::local::model::Source::File(path.clone())) {
                 Ok(model) => {
-                    warnings.extend(
-                        model
-                            .warnings
-                            .iter()
-                            .map(|w| format!("{}: {w}", path.display())),
-                    );
-                    ok.push(Checked {
+                    r.warnings.extend(warn(model.warnings.clone()));
+                    r.checked.push(Checked {
                         name: "local".into(),
                         path: path.clone(),
                         keys: show_local(&model),
                     });
                 }
-                Err(p) => problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
+                Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
             }
             continue;
         }
         let cm = match read_manifest(path) {
             Ok(cm) => cm,
             Err(p) => {
-                problems.extend(p.0.into_iter().map(|p| p.in_file(&file)));
+                r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file)));
                 continue;
             }
         };
         let (result, w) = check_named(&cm);
-        warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
+        r.warnings.extend(warn(w));
         match result {
-            Ok(keys) => ok.push(Checked {
+            Ok(keys) => r.checked.push(Checked {
                 name: cm.name,
                 path: path.clone(),
                 keys,
             }),
-            Err(p) => problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
+            Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
         }
     }
-    if problems.is_empty() {
-        (Ok(ok), warnings)
-    } else {
-        (Err(problems), warnings)
-    }
+    r
 }
 
 /// A local.yaml is recognised by its top level: a Kubernetes manifest has `kind` or
@@ -180,68 +202,69 @@ pub fn render_text(checked: &[Checked]) -> String {
     out
 }
 
-/// The JSON report: one object keyed by Knative's key names.
-pub fn render_json(checked: &[Checked]) -> Value {
-    let mut obj = Map::new();
-    let mut non_default = Vec::new();
-    for c in checked {
-        if c.name == "local" {
-            let services: Vec<Value> = c
-                .keys
-                .iter()
-                .filter(|k| k.key == "service")
-                .map(|k| k.json.clone())
-                .collect();
-            let domain = c
-                .keys
-                .iter()
-                .find(|k| k.key == "domain")
-                .map(|k| k.json.clone());
-            obj.insert(
-                "local".into(),
-                serde_json::json!({"domain": domain, "services": services}),
-            );
-            continue;
-        }
-        for k in &c.keys {
-            obj.insert(k.key.to_string(), k.json.clone());
-            if !k.is_default {
-                non_default.push(Value::from(k.key));
+/// The JSON report (the module's documentation shows its shape).
+pub fn render_json(report: &Report) -> Value {
+    let settings: Vec<Value> = report
+        .checked
+        .iter()
+        .map(|c| {
+            let mut values = Map::new();
+            let mut services = Vec::new();
+            let mut non_default = Vec::new();
+            for k in &c.keys {
+                if c.name == "local" && k.key == "service" {
+                    services.push(k.json.clone());
+                    continue;
+                }
+                values.insert(k.key.to_string(), k.json.clone());
+                if !k.is_default {
+                    non_default.push(Value::from(k.key));
+                }
             }
-        }
-    }
-    obj.insert("_non_default".into(), Value::Array(non_default));
-    Value::Object(obj)
+            if c.name == "local" {
+                values.insert("services".into(), Value::Array(services));
+            }
+            json!({
+                "configMap": c.name,
+                "file": c.path.display().to_string(),
+                "values": values,
+                "nonDefault": non_default,
+            })
+        })
+        .collect();
+    json!({
+        "ok": report.problems.is_empty(),
+        "errors": report.problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
+        "warnings": report
+            .warnings
+            .iter()
+            .map(|w| json!({"file": w.file, "message": w.message}))
+            .collect::<Vec<_>>(),
+        "settings": settings,
+    })
 }
 
-/// Runs the command: prints the report to stdout, problems and warnings to stderr.
+/// Runs the command: prints the report to stdout (text: only when every file is valid; JSON:
+/// always), problems and warnings to stderr.
 pub fn run(args: &CheckArgs) -> ExitCode {
-    let (result, warnings) = check(&args.files);
+    let report = check(&args.files);
     let mut err = std::io::stderr().lock();
-    for w in &warnings {
-        let _ = writeln!(err, "warning: {w}");
+    for w in &report.warnings {
+        let _ = writeln!(err, "warning: {}: {}", w.file, w.message);
     }
-    match result {
-        Ok(checked) => {
-            let text = match args.output {
-                Output::Text => render_text(&checked),
-                Output::Json => format!("{:#}\n", render_json(&checked)),
-            };
-            crate::cli::out(&text);
-            ExitCode::SUCCESS
+    for p in &report.problems {
+        let _ = writeln!(err, "{p}");
+    }
+    match args.output {
+        Output::Text if report.problems.is_empty() => {
+            crate::cli::out(&render_text(&report.checked))
         }
-        Err(problems) => {
-            for p in &problems {
-                let _ = writeln!(err, "{p}");
-            }
-            if args.output == Output::Json {
-                let v = serde_json::json!({
-                    "errors": problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
-                    "warnings": warnings,
-                });
-                crate::cli::out(&format!("{v:#}\n"));
-            }
-            crate::cli::invalid()
-        }
+        Output::Text => {}
+        Output::Json => crate::cli::out(&format!("{:#}\n", render_json(&report))),
+    }
+    if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        crate::cli::invalid()
     }
 }

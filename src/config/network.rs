@@ -6,7 +6,7 @@
 //!   label selector (`selector:` then `label: value` lines) or empty (the default domain). A
 //!   route gets the domain whose selector matches its labels, the most specific (most labels)
 //!   first, ties to the alphabetically first domain. With no default domain given,
-//!   `example.com` is the default (Knative's older default; the issue asks for it). A route
+//!   `example.com` is the default (Knative's older default, what its samples use). A route
 //!   whose domain is `svc.cluster.local` is cluster-local (no external gateway), as in
 //!   Knative.
 //! - `config-network` ([`TemplateConfig`]): `domain-template` (`{{.Name}}.{{.Namespace}}.{{.Domain}}`)
@@ -154,8 +154,36 @@ impl ConfigMap for DomainConfig {
         Vec::new()
     }
 
+    /// The keys are the domains, so they are shown as one entry, `domains`: each domain with
+    /// its selector (`example.com; internal.example.com (app=internal)`); JSON: domain to
+    /// selector.
     fn show(&self) -> Vec<Shown> {
-        Vec::new()
+        let text = self
+            .domains
+            .iter()
+            .map(|(d, sel)| {
+                if sel.is_empty() {
+                    d.clone()
+                } else {
+                    let sel: Vec<String> = sel.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    format!("{d} ({})", sel.join(","))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let json = Value::Object(
+            self.domains
+                .iter()
+                .map(|(d, sel)| (d.clone(), serde_json::json!(sel)))
+                .collect(),
+        );
+        vec![Shown {
+            key: "domains",
+            text,
+            json,
+            unit: "route domain (selector)",
+            is_default: *self == Self::default(),
+        }]
     }
 }
 

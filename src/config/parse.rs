@@ -46,6 +46,12 @@ impl Problem {
         self
     }
 
+    /// Whether the reason ends with the value as found (`..., got "lots"`, `..., got -1`).
+    fn reason_quotes_value(&self) -> bool {
+        self.reason.ends_with(&format!("got {:?}", self.value))
+            || self.reason.ends_with(&format!("got {}", self.value))
+    }
+
     /// `{"file", "key", "value", "reason"}` (file `null` when none is known).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -62,7 +68,9 @@ impl fmt::Display for Problem {
         if let Some(file) = &self.file {
             write!(f, "{file}: ")?;
         }
-        if self.value.is_empty() {
+        // A reason that already ends with what was found (`expected a whole number, got
+        // "lots"`) is not preceded by the value again.
+        if self.value.is_empty() || self.reason_quotes_value() {
             write!(f, "{}: {}", self.key, self.reason)
         } else {
             write!(f, "{}: {}: {}", self.key, self.value, self.reason)

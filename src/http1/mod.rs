@@ -38,6 +38,7 @@ pub mod head_clock;
 pub mod lane;
 pub mod limits;
 pub mod pool;
+pub mod served;
 pub mod timed;
 pub mod tunnel;
 

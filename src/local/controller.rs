@@ -31,7 +31,9 @@ use super::model::{LocalModel, ServiceModel};
 use crate::config::gc::{GcCandidate, collectable};
 use crate::platform::EndpointSource;
 use crate::platform::local::{LocalPlatform, LocalRevision};
-use crate::revision::{CatalogSnapshot, Protocol, RevisionCatalog, RevisionKey, RevisionSpec};
+use crate::revision::{
+    CatalogSnapshot, Protocol, RevisionCatalog, RevisionKey, RevisionSpec, RouteView, TrafficView,
+};
 
 /// How often revision garbage collection runs besides after each change (its time rules need
 /// time to pass).
@@ -116,6 +118,44 @@ impl ServiceState {
             .collect()
     }
 
+    /// The route as operators read it: each target with the revision it resolves to now, its
+    /// percent and its tag's host.
+    fn view(&self, ns: &str, service: &str, domain: &str, port: u16) -> RouteView {
+        let host_of = |name: &str| super::model::route_hosts(name, ns, domain).remove(0);
+        let latest = || self.name_of(service, self.ready.unwrap_or(self.generation));
+        let traffic = if self.traffic.is_empty() {
+            vec![TrafficView {
+                revision_name: Some(latest()),
+                percent: 100,
+                latest_revision: true,
+                tag: None,
+                tag_host: None,
+            }]
+        } else {
+            self.traffic
+                .iter()
+                .map(|t| TrafficView {
+                    revision_name: self.resolve(service, t).map(|g| self.name_of(service, g)),
+                    percent: u32::try_from(t.percent.unwrap_or(0)).unwrap_or(0),
+                    latest_revision: t.revision_name.is_none(),
+                    tag: t.tag.clone(),
+                    tag_host: t
+                        .tag
+                        .as_ref()
+                        .map(|tag| host_of(&format!("{tag}-{service}"))),
+                })
+                .collect()
+        };
+        let host = host_of(service);
+        RouteView {
+            namespace: ns.to_string(),
+            service: service.to_string(),
+            url: url_of(&host, port),
+            host,
+            traffic,
+        }
+    }
+
     /// Records that the route moved from `before` to the current routed set at `now`.
     fn route_moved(&mut self, service: &str, before: &BTreeSet<u64>, now: Instant) {
         let after = self.routed_of(service);
@@ -163,14 +203,18 @@ pub struct LocalController {
     platform: LocalPlatform,
     catalog: Arc<RevisionCatalog>,
     state: Mutex<State>,
+    /// The data port, for the routes' URLs (`/routes`, the start-up lines).
+    data_port: u16,
 }
 
 impl LocalController {
-    /// A controller serving `model`: registers its revisions and publishes the catalog.
+    /// A controller serving `model`: registers its revisions and publishes the catalog. Route
+    /// URLs name `data_port` (thaw's data port).
     pub fn start(
         platform: LocalPlatform,
         catalog: Arc<RevisionCatalog>,
         model: Arc<LocalModel>,
+        data_port: u16,
     ) -> Arc<Self> {
         let c = Arc::new(Self {
             platform,
@@ -179,6 +223,7 @@ impl LocalController {
                 model: model.clone(),
                 services: BTreeMap::new(),
             }),
+            data_port,
         });
         c.apply(model);
         let weak = Arc::downgrade(&c);
@@ -256,6 +301,9 @@ impl LocalController {
                     new_revisions.push(key);
                 }
             }
+            if svc.traffic != s.traffic {
+                warn_pinned_to_new(id, svc, &s.traffic);
+            }
             svc.traffic = s.traffic.clone();
             svc.route_moved(&id.1, &before, Instant::now());
         }
@@ -314,8 +362,10 @@ impl LocalController {
         let mut revisions = Vec::new();
         let mut routes = Vec::new();
         let mut splits = Vec::new();
+        let mut views = Vec::new();
         let domain = &st.model.domain;
         for ((ns, name), svc) in &st.services {
+            views.push(svc.view(ns, name, domain, self.data_port));
             revisions.extend(svc.specs.values().cloned());
             let key_of = |g: u64| RevisionKey::new(ns, svc.name_of(name, g));
             let missing: Vec<&str> = svc
@@ -349,8 +399,16 @@ impl LocalController {
                 }
             }
         }
-        self.catalog
-            .store(CatalogSnapshot::new(revisions, routes).with_splits(splits));
+        self.catalog.store(
+            CatalogSnapshot::new(revisions, routes)
+                .with_splits(splits)
+                .with_route_views(views),
+        );
+    }
+
+    /// Every route as `/routes` shows it.
+    pub fn routes(&self) -> Vec<RouteView> {
+        self.catalog.load().route_views().to_vec()
     }
 
     /// Marks `key` ready once it has a ready endpoint (or at once with initial scale 0) and
@@ -398,13 +456,63 @@ impl LocalController {
         if svc.ready.is_some_and(|r| r >= generation) {
             return;
         }
-        let from = svc.ready;
         let before = svc.routed_of(&id.1);
         svc.ready = Some(generation);
         svc.route_moved(&id.1, &before, Instant::now());
-        info!(revision = %key, previous = ?from, "revision ready; route now points at it");
+        let share = svc
+            .split(&id.1)
+            .into_iter()
+            .find(|(g, _)| *g == generation)
+            .map_or(0, |(_, p)| p);
+        let tags: Vec<String> = svc
+            .tags(&id.1)
+            .into_iter()
+            .filter(|(_, g)| *g == generation)
+            .map(|(t, _)| t)
+            .collect();
+        let route = super::model::route_hosts(&id.1, &id.0, &st.model.domain).remove(0);
+        let gets = match (share, tags.is_empty()) {
+            (100, _) => format!("{route} sends it all traffic"),
+            (0, true) => format!("{route} sends it no traffic (traffic names other revisions)"),
+            (0, false) => format!("reached by its tag only ({})", tags.join(", ")),
+            (p, _) => format!("{route} sends it {p}% of requests"),
+        };
+        info!(revision = %key, percent = share, "revision ready; {gets}");
         self.collect_garbage(&mut st, Instant::now());
         self.publish(&st);
+    }
+}
+
+/// `http://{host}` with the port unless it is 80.
+pub fn url_of(host: &str, port: u16) -> String {
+    if port == 80 {
+        format!("http://{host}")
+    } else {
+        format!("http://{host}:{port}")
+    }
+}
+
+/// Warns when `traffic` pins a revision by name (`revisionName`) that this thaw created since
+/// it started: revision names restart at `-00001` on every start of `thaw local`, so a pinned
+/// name can point at other code than it did before a restart (nothing is stored between
+/// starts). Said when the traffic changes, not on every reload.
+fn warn_pinned_to_new(id: &ServiceId, svc: &ServiceState, traffic: &[TrafficTarget]) {
+    for t in traffic {
+        let Some(name) = &t.revision_name else {
+            continue;
+        };
+        let Some(g) = svc.resolve(&id.1, t) else {
+            continue;
+        };
+        // A name of the service's own numbering (not `template.metadata.name`) is the one that
+        // restarts.
+        if *name == super::model::revision_name(&id.1, g) {
+            warn!(service = %format!("{}/{}", id.0, id.1), revision = %name,
+                "traffic pins revisionName {name}, a revision numbered at this start of thaw \
+                 local: numbers restart at -00001 on every start, so after a restart this name \
+                 may run other code. Pin a revision you name yourself (template.metadata.name) \
+                 to keep it stable");
+        }
     }
 }
 

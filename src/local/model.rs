@@ -291,7 +291,7 @@ mod tests {
     fn builtin_model_routes_hello() {
         let m = load(&Source::Builtin).unwrap();
         let s = &m.services[0];
-        assert_eq!(s.route_host(&m.domain), "hello.default.example.com");
+        assert_eq!(s.route_host(&m.domain), "hello.default.localhost");
         let spec = s.revision_spec(1, &m.domain, &m.configs).unwrap();
         assert_eq!(&*spec.key.name, "hello-00001");
         assert_eq!(
@@ -300,7 +300,7 @@ mod tests {
         );
         assert!(
             spec.hosts
-                .contains(&"hello-00001.default.example.com".to_string())
+                .contains(&"hello-00001.default.localhost".to_string())
         );
         assert_eq!(revision_name("hello", 12), "hello-00012");
     }

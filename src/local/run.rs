@@ -147,17 +147,8 @@ async fn run(args: LocalArgs) -> Result<Stopped, String> {
     }
     let model = Arc::new(model);
 
-    let telemetry = Arc::new(Telemetry::new());
-    let mut options = LocalOptions::default();
-    options.restart.reason_quotes_output = args.reason_quotes_output;
-    let platform = LocalPlatform::new(options, telemetry.platform.clone());
-    let catalog = Arc::new(RevisionCatalog::default());
-    let controller = LocalController::start(platform.clone(), catalog.clone(), model.clone());
-    let scale_states = ScaleStates::new();
-    let (sink, stats_rx) = stat_channel(STATS_CHANNEL);
-    let sink = sink.count_drops_in(telemetry.activator.stats_dropped.clone());
-    let activator_config = Arc::new(ArcSwap::new(model.configs.activator.clone()));
-
+    // The ports first: replicas are told which of theirs clash with them, and routes name the
+    // data port.
     let data = TcpListener::bind(args.listen).await.map_err(|e| {
         format!(
             "thaw local: cannot listen on {} (--listen): {e}",
@@ -175,15 +166,54 @@ async fn run(args: LocalArgs) -> Result<Stopped, String> {
         admin.local_addr().map_err(|e| format!("thaw local: {e}"))?,
     );
     info!(data = %data_addr, admin = %admin_addr, "thaw local listening");
-    for s in &model.services {
+    for (addr, flag) in [(data_addr, "--listen"), (admin_addr, "--admin-listen")] {
+        if addr.ip().is_unspecified() {
+            warn!(addr = %addr, "{flag} {addr} accepts connections from other machines too (every \
+                interface); 127.0.0.1:{} keeps it on this machine", addr.port());
+        }
+    }
+
+    let telemetry = Arc::new(Telemetry::local());
+    let mut options = LocalOptions::default();
+    options.restart.reason_quotes_output = args.reason_quotes_output;
+    options.own_ports = vec![
+        (data_addr.port(), "thaw's data port (--listen)"),
+        (admin_addr.port(), "thaw's admin port (--admin-listen)"),
+    ];
+    let platform = LocalPlatform::new(options, telemetry.platform.clone());
+    let catalog = Arc::new(RevisionCatalog::default());
+    let controller = LocalController::start(
+        platform.clone(),
+        catalog.clone(),
+        model.clone(),
+        data_addr.port(),
+    );
+    let scale_states = ScaleStates::new();
+    let (sink, stats_rx) = stat_channel(STATS_CHANNEL);
+    let sink = sink.count_drops_in(telemetry.activator.stats_dropped.clone());
+    let activator_config = Arc::new(ArcSwap::new(model.configs.activator.clone()));
+
+    for r in controller.routes() {
+        let traffic: Vec<String> = r
+            .traffic
+            .iter()
+            .map(|t| {
+                let rev = t.revision_name.as_deref().unwrap_or("(missing)");
+                match &t.tag {
+                    Some(tag) => format!("{rev} {}% tag {tag}", t.percent),
+                    None => format!("{rev} {}%", t.percent),
+                }
+            })
+            .collect();
         info!(
-            service = %format!("{}/{}", s.namespace, s.name),
-            "try: curl -H 'Host: {}' http://{}/",
-            s.route_host(&model.domain),
-            data_addr
+            service = %format!("{}/{}", r.namespace, r.service),
+            "route {} -> {}; try: curl {}",
+            r.url,
+            traffic.join(", "),
+            curl_of(&r.host, data_addr),
         );
     }
-    info!("admin: curl http://{admin_addr}/revisions (also /metrics /healthz /readyz)");
+    info!("admin: curl http://{admin_addr}/routes (also /revisions /metrics /healthz /readyz)");
 
     let activator = Activator::new(ActivatorDeps {
         catalog: catalog.clone(),
@@ -262,6 +292,16 @@ async fn run(args: LocalArgs) -> Result<Stopped, String> {
             );
             Ok(Stopped::AtOnce)
         }
+    }
+}
+
+/// The shortest curl command that reaches `host` on `data`: a `*.localhost` host resolves to
+/// loopback by itself (curl and browsers), any other needs its Host header.
+fn curl_of(host: &str, data: SocketAddr) -> String {
+    if host.ends_with(".localhost") && data.ip().is_loopback() {
+        format!("http://{host}:{}/", data.port())
+    } else {
+        format!("-H 'Host: {host}' http://{data}/")
     }
 }
 
@@ -417,7 +457,15 @@ async fn signals(stop: watch::Sender<Stop>, config: Arc<ArcSwap<crate::config::A
                 ..(**c).clone()
             });
         }
-        _ = term.recv() => info!("SIGTERM: draining"),
+        _ = term.recv() => {
+            let delay = config.load().drain_delay;
+            info!(
+                drain_delay = ?delay,
+                "SIGTERM: draining; new requests are still served for config-activator's \
+                 drain-delay ({delay:?}) as behind a load balancer, idle or not (Ctrl-C skips \
+                 it)"
+            );
+        }
     }
     let _ = stop.send(Stop::Draining);
     if int.recv().await.is_some() {

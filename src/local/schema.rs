@@ -122,9 +122,13 @@ fn walk(v: &Value, schema: &Value, path: &str, out: &mut Vec<Problem>) {
                         let known: Vec<&str> = props
                             .map(|p| p.keys().map(String::as_str).collect())
                             .unwrap_or_default();
+                        let value = match child {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
                         out.push(Problem::new(
                             child_path,
-                            "",
+                            value,
                             format!("unknown field (known here: {})", known.join(", ")),
                         ));
                     }
@@ -161,12 +165,14 @@ fn walk(v: &Value, schema: &Value, path: &str, out: &mut Vec<Problem>) {
     }
 }
 
+/// A wrong type: the value as written (a string unquoted, anything else as JSON) and what was
+/// expected.
 fn type_problem(path: &str, expected: &str, got: &Value) -> Problem {
-    let got = match got {
-        Value::String(s) => format!("{s:?}"),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "a mapping".into(),
-        other => other.to_string(),
+    let (value, words) = match got {
+        Value::String(s) => (s.clone(), format!("{s:?}")),
+        Value::Array(_) => (got.to_string(), "a list".into()),
+        Value::Object(_) => (got.to_string(), "a mapping".into()),
+        other => (other.to_string(), other.to_string()),
     };
-    Problem::new(path, "", format!("expected {expected}, got {got}"))
+    Problem::new(path, value, format!("expected {expected}, got {words}"))
 }

@@ -2,7 +2,7 @@
 //! cache line written by two cores per request. The activator uses all three pieces; the queue
 //! sidecar, with one small runtime, needs none of them. They use nothing of the rest of thaw.
 //!
-//! What each costs and buys (measured on the 2-vCPU Intel VM; docs/decisions.md has the runs):
+//! What each costs and buys (measured on the 2-vCPU Intel VM; docs/benchmarks.md has the figures):
 //! - [`workers`] — one single-threaded tokio runtime per core; the accept loop hands each
 //!   connection to the next worker, and a request, its upstream connection and its timers stay
 //!   on that thread. Buys: thaw went from 0.48-0.69x to 0.70-0.84x nginx's req/s and from

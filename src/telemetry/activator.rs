@@ -24,14 +24,6 @@ pub struct RevisionLabels {
     pub revision: String,
 }
 
-/// Labels of `thaw_activator_requests_total`: the revision and the status code answered.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct CodeLabels {
-    pub namespace: String,
-    pub revision: String,
-    pub code: u16,
-}
-
 /// The phases of a cold start, from the activator's point of view. Label values are
 /// snake_case (`poke_to_decision`, ...), as Prometheus label values conventionally are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,15 +64,18 @@ pub struct PhaseLabels {
     pub phase: ColdStartPhase,
 }
 
-/// Labels of `thaw_activator_request_latencies_seconds`, Knative's
-/// `activator_request_latencies` set: the revision, its service and configuration (a Knative
-/// Service's configuration shares its name), and the response code class.
+/// Labels of `thaw_activator_requests_total` and `thaw_activator_request_latencies_seconds`,
+/// the same on both (so a rate and a latency quantile join without relabelling), and the set
+/// of Knative's `activator_request_count` / `activator_request_latencies`: the revision, its
+/// service and configuration (a Knative Service's configuration shares its name), the status
+/// code and its class.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct LatencyLabels {
+pub struct RequestLabels {
     pub namespace: String,
     pub service: String,
     pub configuration: String,
     pub revision: String,
+    pub code: u16,
     pub response_code_class: &'static str,
 }
 
@@ -108,8 +103,9 @@ fn hold_histogram() -> Histogram {
 /// Every activator metric family.
 #[derive(Debug, Clone)]
 pub struct ActivatorMetrics {
-    /// `thaw_activator_requests_total{namespace,revision,code}`: requests answered.
-    pub requests: Family<CodeLabels, SpreadCounter>,
+    /// `thaw_activator_requests_total{namespace,service,configuration,revision,code,
+    /// response_code_class}`: requests answered.
+    pub requests: Family<RequestLabels, SpreadCounter>,
     /// `thaw_activator_held_requests{namespace,revision}`: requests waiting in the revision's
     /// queue now (the queue-depth gauge).
     pub held: Family<RevisionLabels, Gauge>,
@@ -141,8 +137,8 @@ pub struct ActivatorMetrics {
     /// `thaw_activator_cold_start_phase_seconds{namespace,revision,phase}`.
     pub cold_start_phase: HistogramFamily<PhaseLabels>,
     /// `thaw_activator_request_latencies_seconds{namespace,service,configuration,revision,
-    /// response_code_class}`: arrival to the response head, hold included.
-    pub latencies: HistogramFamily<LatencyLabels>,
+    /// code,response_code_class}`: arrival to the response head, hold included.
+    pub latencies: HistogramFamily<RequestLabels>,
     /// `thaw_activator_unmatched_requests_total{reason}`: requests that matched no revision
     /// (not found, bad request, headers too large, not implemented), in one counter.
     pub unmatched: Family<ReasonLabels, Counter>,
@@ -290,7 +286,7 @@ impl ActivatorMetrics {
             cold_starts: self.cold_starts.get_or_create_owned(&labels),
             codes: Default::default(),
             family: self.requests.clone(),
-            labels,
+            key: key.clone(),
         }
     }
 
@@ -313,16 +309,11 @@ impl ActivatorMetrics {
         self.ejections.remove(&labels);
         self.cold_starts.remove(&labels);
         // Every status code a response can carry (removal is rare; a family is not iterable).
+        let service = service.unwrap_or_default();
         for code in 100..=599 {
-            self.requests.remove(&CodeLabels {
-                namespace: labels.namespace.clone(),
-                revision: labels.revision.clone(),
-                code,
-            });
-        }
-        let service = service.unwrap_or_default().to_string();
-        for class in CODE_CLASSES {
-            self.latencies.remove(&latency_labels(key, &service, class));
+            let labels = request_labels(key, service, code);
+            self.requests.remove(&labels);
+            self.latencies.remove(&labels);
         }
         for phase in [
             ColdStartPhase::PokeToDecision,
@@ -362,13 +353,14 @@ impl ActivatorMetrics {
     }
 }
 
-fn latency_labels(key: &RevisionKey, service: &str, class: &'static str) -> LatencyLabels {
-    LatencyLabels {
+fn request_labels(key: &RevisionKey, service: &str, code: u16) -> RequestLabels {
+    RequestLabels {
         namespace: key.namespace.to_string(),
         service: service.to_string(),
         configuration: service.to_string(),
         revision: key.name.to_string(),
-        response_code_class: class,
+        code,
+        response_code_class: CODE_CLASSES[usize::from(code / 100).clamp(1, 5) - 1],
     }
 }
 
@@ -402,48 +394,39 @@ pub struct RevisionMetrics {
     pub ejections: Counter,
     /// `thaw_activator_cold_starts_total`.
     pub cold_starts: Counter,
-    /// Latency histograms per code class, each resolved on first use.
-    latency: [OnceLock<Histogram>; CODE_CLASSES.len()],
-    latencies: HistogramFamily<LatencyLabels>,
+    /// Latency histograms of the common codes, each resolved on first use.
+    latency: [OnceLock<Histogram>; CACHED_CODES.len()],
+    latencies: HistogramFamily<RequestLabels>,
     service: String,
     /// Counters of the common codes, each resolved on first use.
     codes: [OnceLock<SpreadCounter>; CACHED_CODES.len()],
-    family: Family<CodeLabels, SpreadCounter>,
-    labels: RevisionLabels,
+    family: Family<RequestLabels, SpreadCounter>,
+    key: RevisionKey,
 }
 
 impl RevisionMetrics {
-    /// Counts one answer with status `code`. Common codes cost one atomic add after their first
-    /// use; others take a family lookup.
-    pub fn answered(&self, code: u16) {
+    /// Counts one answer with status `code` and observes its latency (arrival to response
+    /// head). Common codes cost one atomic add and one histogram observation after their
+    /// first use; others take two family lookups.
+    pub fn answered(&self, code: u16, seconds: f64) {
         match CACHED_CODES.iter().position(|&c| c == code) {
-            Some(i) => self.codes[i]
-                .get_or_init(|| self.family.get_or_create_owned(&self.code_labels(code)))
-                .inc(),
-            None => self.family.get_or_create(&self.code_labels(code)).inc(),
-        };
-    }
-
-    /// Observes one answer's latency (arrival to response head) under its code class.
-    pub fn observe_latency(&self, code: u16, seconds: f64) {
-        let class = (usize::from(code / 100)).clamp(1, 5) - 1;
-        self.latency[class]
-            .get_or_init(|| {
-                let key = RevisionKey::new(&self.labels.namespace, &self.labels.revision);
-                self.latencies.get_or_create_owned(&latency_labels(
-                    &key,
-                    &self.service,
-                    CODE_CLASSES[class],
-                ))
-            })
-            .observe(seconds);
-    }
-
-    fn code_labels(&self, code: u16) -> CodeLabels {
-        CodeLabels {
-            namespace: self.labels.namespace.clone(),
-            revision: self.labels.revision.clone(),
-            code,
+            Some(i) => {
+                self.codes[i]
+                    .get_or_init(|| self.family.get_or_create_owned(&self.labels(code)))
+                    .inc();
+                self.latency[i]
+                    .get_or_init(|| self.latencies.get_or_create_owned(&self.labels(code)))
+                    .observe(seconds);
+            }
+            None => {
+                let labels = self.labels(code);
+                self.family.get_or_create(&labels).inc();
+                self.latencies.get_or_create(&labels).observe(seconds);
+            }
         }
+    }
+
+    fn labels(&self, code: u16) -> RequestLabels {
+        request_labels(&self.key, &self.service, code)
     }
 }

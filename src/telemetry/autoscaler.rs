@@ -119,6 +119,12 @@ impl Default for AutoscalerMetrics {
 impl AutoscalerMetrics {
     /// Registers every family under the registry's prefix (`thaw_autoscaler_*`).
     pub fn register(reg: &mut Registry) -> Self {
+        Self::register_scoped(reg, super::Scope::Cluster)
+    }
+
+    /// As [`AutoscalerMetrics::register`]; [`super::Scope::Local`] leaves out the leader's
+    /// families (leader changes, takeovers, API writes).
+    pub fn register_scoped(reg: &mut Registry, scope: super::Scope) -> Self {
         let m = Self::default();
         reg.register(
             "autoscaler_desired_pods",
@@ -175,6 +181,9 @@ impl AutoscalerMetrics {
             "Platform scale calls that failed or timed out",
             m.scale_errors.clone(),
         );
+        if scope == super::Scope::Local {
+            return m;
+        }
         reg.register(
             "autoscaler_leader_changes",
             "Times this replica became the leader",

@@ -48,6 +48,15 @@ impl<M: prometheus_client::encoding::EncodeMetric> prometheus_client::encoding::
     }
 }
 
+/// Which families a process exports: all of them in the cluster roles, only those that can
+/// move in `thaw local` there (no leader, no Kubernetes watches, no stats over the network),
+/// so a local `/metrics` holds no series that reads like an alert (`thaw_controller_leader 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Local,
+    Cluster,
+}
+
 /// Every metric family thaw exports, and the registry that encodes them.
 #[derive(Debug)]
 pub struct Telemetry {
@@ -64,16 +73,34 @@ impl Telemetry {
     /// Registers every family: thaw's under the `thaw` prefix, the standard `process_*` ones
     /// without it.
     pub fn new() -> Self {
+        Self::scoped(Scope::Cluster)
+    }
+
+    /// Registers the families `thaw local` can move ([`Scope::Local`]); the others exist
+    /// (the roles' code records into them) but are not exported.
+    pub fn local() -> Self {
+        Self::scoped(Scope::Local)
+    }
+
+    fn scoped(scope: Scope) -> Self {
         let mut registry = Registry::default();
         process::register(&mut registry);
         let thaw = registry.sub_registry_with_prefix("thaw");
         process::register_build_info(thaw);
         let config = config::ConfigMetrics::register(thaw);
-        let platform = platform::PlatformMetrics::register(thaw);
+        let platform = platform::PlatformMetrics::register_scoped(thaw, scope);
         let activator = activator::ActivatorMetrics::register(thaw);
-        let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
-        let remote = remote::RemoteMetrics::register(thaw);
-        let controller = controller::ControllerMetrics::register(thaw);
+        let autoscaler = autoscaler::AutoscalerMetrics::register_scoped(thaw, scope);
+        let (remote, controller) = match scope {
+            Scope::Cluster => (
+                remote::RemoteMetrics::register(thaw),
+                controller::ControllerMetrics::register(thaw),
+            ),
+            Scope::Local => (
+                remote::RemoteMetrics::default(),
+                controller::ControllerMetrics::unregistered(),
+            ),
+        };
         Self {
             registry,
             config,

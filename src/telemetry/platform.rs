@@ -214,6 +214,12 @@ impl Default for PlatformMetrics {
 impl PlatformMetrics {
     /// Registers every family in `reg` (unprefixed names; the registry adds `thaw_`).
     pub fn register(reg: &mut Registry) -> Self {
+        Self::register_scoped(reg, super::Scope::Cluster)
+    }
+
+    /// As [`PlatformMetrics::register`]; [`super::Scope::Local`] leaves out the Kubernetes
+    /// platform's families (watches, `/scale` patches, rejected Revisions).
+    pub fn register_scoped(reg: &mut Registry, scope: super::Scope) -> Self {
         let m = Self::default();
         reg.register(
             "platform_replicas",
@@ -236,6 +242,9 @@ impl PlatformMetrics {
             "Replicas started to replace one that exited on its own",
             super::Listed(m.restarts.clone()),
         );
+        if scope == super::Scope::Local {
+            return m;
+        }
         reg.register(
             "platform_watch_events",
             "Events received by the Kubernetes platform's watches",

@@ -1,4 +1,4 @@
-//! Issue 20's regressions, one test per finding of the data-port review: each failed on the code
+//! The data-port review's regressions, one test per finding: each failed on the code
 //! before its fix. Raw TCP where the exact bytes matter.
 
 use std::time::Duration;

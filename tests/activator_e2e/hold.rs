@@ -63,7 +63,7 @@ async fn cold_request_is_held_poked_and_answered_once_an_endpoint_appears() {
     }
     let metrics = h.metrics().await;
     for needle in [
-        "thaw_activator_requests_total{namespace=\"default\",revision=\"cold\",code=\"200\"} 1",
+        "thaw_activator_requests_total{namespace=\"default\",service=\"\",configuration=\"\",revision=\"cold\",code=\"200\",response_code_class=\"2xx\"} 1",
         "thaw_activator_hold_seconds_count{namespace=\"default\",revision=\"cold\"} 1",
         "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"poke_to_ready\"} 1",
         "thaw_activator_cold_start_phase_seconds_count{namespace=\"default\",revision=\"cold\",phase=\"ready_to_first_byte\"} 1",
@@ -176,7 +176,7 @@ async fn failing_revision_answers_held_and_new_requests_503_with_reason() {
     let (status, headers, body) = held.await.unwrap();
     assert_eq!(status, 503);
     assert!(headers.contains_key("retry-after"));
-    // The platform's reason is state for operators, not for clients (issue 20, finding 3).
+    // The platform's reason is state for operators, not for clients (SECURITY.md: client error bodies are generic).
     assert!(body.contains("is unavailable"), "{body}");
     assert!(!body.contains("exited with code 3"), "{body}");
     let (status, _, body) = send(&c, h.get(&rev, "/")).await;

@@ -1,4 +1,4 @@
-//! Issue 21 (item 9): the activator's table follows single catalog changes, and a revision's
+//! The activator's table follows single catalog changes, and a revision's
 //! state (throttler, window, endpoint task, metric series) is created on its first request.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Issue 24's activator metrics: every family listed from start, the per-revision latency
+//! The activator's metrics for operators: every family listed from start, the per-revision latency
 //! histogram (Knative's activator_request_latencies), one counter for unmatched requests, and
 //! a removed revision's series gone.
 
@@ -42,7 +42,7 @@ async fn families_are_listed_from_start_and_series_follow_their_revision() {
     );
     let after = h.metrics().await;
     let latency = "thaw_activator_request_latencies_seconds_count{namespace=\"default\",\
-service=\"hello\",configuration=\"hello\",revision=\"r\",response_code_class=\"2xx\"} 1";
+service=\"hello\",configuration=\"hello\",revision=\"r\",code=\"200\",response_code_class=\"2xx\"} 1";
     assert!(after.contains(latency), "{latency}:\n{after}");
     let unmatched = "thaw_activator_unmatched_requests_total{reason=\"not_found\"} 1";
     assert!(after.contains(unmatched), "{unmatched}:\n{after}");
@@ -69,7 +69,7 @@ service=\"hello\",configuration=\"hello\",revision=\"r\",response_code_class=\"2
 }
 
 /// A route host split 50/50 between two revisions sends each about half of the requests
-/// (issue 24: traffic percent splits work locally; 400 requests, each side within 120..280,
+/// (traffic percent splits work locally; 400 requests, each side within 120..280,
 /// which a fair split misses with a probability below 1e-12).
 #[tokio::test]
 async fn a_percent_split_shares_requests_between_revisions() {

@@ -492,7 +492,7 @@ async fn the_container_gets_the_clients_host_and_no_sidecar_headers() {
     let mut g = spec("grpc", 0);
     g.protocol = Protocol::H2c;
     // The requests route by Knative's headers, which thaw local believes only from peers it is
-    // told to trust (issue 20, finding 4).
+    // told to trust (the data-port review).
     let cfg = ActivatorConfig {
         trusted_proxies: thaw::config::TrustedProxies::Every,
         ..Default::default()

@@ -1,7 +1,10 @@
 //! What the differential tests share: the property runner (fixed seed, case count from
-//! `THAW_PROPTEST_CASES`), bounded socket reads, and a byte-string wrapper that prints escaped.
+//! `THAW_PROPTEST_CASES`), bounded socket reads, a byte-string wrapper that prints escaped, and
+//! the body framing both suites generate ([`framing`]).
 
 #![allow(dead_code)] // each test crate uses its own part
+
+pub mod framing;
 
 use std::fmt;
 use std::time::Duration;

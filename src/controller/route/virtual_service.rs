@@ -1,5 +1,5 @@
 //! Istio's `networking.istio.io/v1` VirtualService: a hand-written subset, the fields the
-//! Route reconciler writes (docs/decisions.md, "The Route reconciler (issue 23)").
+//! Route reconciler writes (docs/decisions.md, "The Route reconciler").
 //!
 //! Field names and shapes are Istio's (`istio.io/api/networking/v1/virtual_service.proto`).
 //! Unknown fields are ignored when read back; on a cluster Istio's own CRD (which names every

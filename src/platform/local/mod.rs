@@ -156,6 +156,9 @@ pub struct LocalOptions {
     pub log_sink: Arc<dyn LogSink>,
     /// How a replica's port is chosen (default: [`pick_free_port`]; tests inject races).
     pub port_picker: PortPicker,
+    /// thaw's own ports and what each is (`"thaw's data port (--listen)"`): a `containerPort`
+    /// equal to one is named as such when its replica is given another port.
+    pub own_ports: Vec<(u16, &'static str)>,
 }
 
 impl Default for LocalOptions {
@@ -171,6 +174,7 @@ impl Default for LocalOptions {
             log_limits: LogLimits::default(),
             log_sink: Arc::new(TracingLogSink),
             port_picker: Arc::new(pick_free_port),
+            own_ports: Vec::new(),
         }
     }
 }

@@ -104,13 +104,22 @@ async fn run_process(
             Some(port) if port_retries == 0 && process::port_free(port) => Ok(port),
             Some(port) => {
                 let picked = (opts.port_picker)();
-                if let Ok(other) = &picked {
-                    tracing::info!(
+                let own = opts.own_ports.iter().find(|(p, _)| *p == port);
+                match (&picked, own) {
+                    (Ok(other), Some((_, what))) => tracing::warn!(
                         container_port = port,
                         port = other,
-                        "containerPort {port} is held by another process (another replica?); \
-                         this replica gets PORT={other}"
-                    );
+                        "containerPort {port} is {what}; this replica gets PORT={other} (give \
+                         the container another containerPort, or thaw another port)"
+                    ),
+                    (Ok(other), None) => tracing::info!(
+                        container_port = port,
+                        port = other,
+                        "containerPort {port} is held by another process (another replica of \
+                         this revision, or of the previous one while it drains); this replica \
+                         gets PORT={other}"
+                    ),
+                    (Err(_), _) => {}
                 }
                 picked
             }
