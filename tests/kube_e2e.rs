@@ -256,8 +256,8 @@ async fn cold_start_split_swap_and_scale_to_zero() {
         .await;
     }
 
-    // Two activators, containerConcurrency 1, two pods (ceil(activators / cc)): a pod never
-    // gets two requests at once, though 16 arrive together.
+    // Two activators, containerConcurrency 1, two pods (max-scale): the activators deal the
+    // pods out, so a pod never gets two requests at once, though 16 arrive together.
     let private: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
         Api::namespaced(c.client.clone(), NS);
     until(LONG, "both pods in the private slices", || async {

@@ -11,7 +11,9 @@
 //!   what exceeds containerConcurrency in its bounded queue (`THAW_QUEUE_DEPTH`).
 //! - Not listed: the activator keeps the place it last had (a gateway that has not seen the
 //!   new subset may still send it a request, which is served, not held); one never listed
-//!   takes every pod, as a lone activator does (Knative's index -1).
+//!   takes every pod, as a lone activator does (Knative's index -1). A listing that includes
+//!   the revision's pods (served by them, or a swap under way: slices are written and deleted
+//!   one by one) says nothing about the subset and keeps the last place too.
 //! - containerConcurrency 0 (unlimited) or one activator: every pod.
 //!
 //! While the subsets change, activators that have not yet seen the change may briefly
@@ -28,7 +30,7 @@ use crate::platform::{EndpointSnapshot, EndpointSource};
 use crate::revision::{RevisionCatalog, RevisionKey};
 
 use super::serving::Backend;
-use super::subset::{Place, place};
+use super::subset::Place;
 
 /// The port name of `activator-service` whose endpoints are the activator set.
 pub const ACTIVATOR_PORT: &str = "http";
@@ -71,11 +73,11 @@ fn fnv(key: &RevisionKey) -> u64 {
     h
 }
 
-/// Each revision's place of this activator in its subset, from the public slices
-/// ([`Subsets::update`]); a revision's receiver is created on first use.
+/// The activators each revision's public slices list (their `http` addresses, sorted;
+/// [`Subsets::update`]); a revision's receiver is created on first use.
 pub struct Subsets {
     me: SocketAddr,
-    places: DashMap<RevisionKey, watch::Sender<Option<Place>>>,
+    listings: DashMap<RevisionKey, watch::Sender<Arc<Vec<SocketAddr>>>>,
 }
 
 impl Subsets {
@@ -83,53 +85,80 @@ impl Subsets {
     pub fn new(me: SocketAddr) -> Arc<Self> {
         Arc::new(Self {
             me,
-            places: DashMap::new(),
+            listings: DashMap::new(),
         })
     }
 
-    /// `revision`'s place as last listed (`None`: never listed).
-    pub fn subscribe(&self, revision: &RevisionKey) -> watch::Receiver<Option<Place>> {
-        if let Some(tx) = self.places.get(revision) {
+    /// `revision`'s listing as last seen (empty: none).
+    pub fn subscribe(&self, revision: &RevisionKey) -> watch::Receiver<Arc<Vec<SocketAddr>>> {
+        if let Some(tx) = self.listings.get(revision) {
             return tx.subscribe();
         }
-        self.places
+        self.listings
             .entry(revision.clone())
-            .or_insert_with(|| watch::channel(None).0)
+            .or_insert_with(|| watch::channel(Arc::default()).0)
             .subscribe()
     }
 
-    /// The place of this activator now (for `/revisions`).
-    pub fn get(&self, revision: &RevisionKey) -> Option<Place> {
-        self.places.get(revision).and_then(|tx| *tx.borrow())
-    }
-
-    /// The revision's public slices changed (`None`: it has none now). A slice that lists
-    /// this activator sets its place; one that does not keeps the last place.
+    /// The revision's public slices changed (`None`: it has none now).
     pub fn update(&self, revision: &RevisionKey, listed: Option<&[Backend]>) {
-        let place = listed.and_then(|l| place(l, self.me));
-        match place {
-            Some(p) => {
-                let tx = self
-                    .places
-                    .entry(revision.clone())
-                    .or_insert_with(|| watch::channel(None).0);
-                tx.send_if_modified(|cur| {
-                    if *cur == Some(p) {
-                        false
-                    } else {
-                        tracing::debug!(revision = %revision, index = p.index, of = p.of, "subset place");
-                        *cur = Some(p);
-                        true
-                    }
-                });
-            }
-            None if listed.is_none() => {
-                // Gone: forget it unless a revision task still follows it.
-                self.places
-                    .remove_if(revision, |_, tx| tx.receiver_count() == 0);
-            }
-            None => {}
+        let Some(listed) = listed else {
+            // Gone: forget it unless a revision task still follows it.
+            self.listings
+                .remove_if(revision, |_, tx| tx.receiver_count() == 0);
+            return;
+        };
+        let next = listing(listed);
+        if let Some(tx) = self.listings.get(revision) {
+            tx.send_if_modified(|cur| {
+                if **cur == next {
+                    false
+                } else {
+                    *cur = Arc::new(next);
+                    true
+                }
+            });
+        } else if next.contains(&self.me) {
+            // Kept only for revisions that list this activator or that a task follows.
+            self.listings
+                .insert(revision.clone(), watch::channel(Arc::new(next)).0);
         }
+    }
+}
+
+/// A listing's addresses, sorted and without repeats.
+fn listing(listed: &[Backend]) -> Vec<SocketAddr> {
+    let mut v: Vec<SocketAddr> = listed
+        .iter()
+        .filter_map(|(ip, ports)| Some(SocketAddr::new(*ip, *ports.get(ACTIVATOR_PORT)?)))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// This activator's place after `listing` is seen with the revision's pods `snap`, given its
+/// `last` place: a listing of activators only that names this one sets it; anything else (no
+/// listing, the pods listed: the revision served by them or a swap under way, or others only)
+/// keeps the last.
+pub fn next_place(
+    listing: &[SocketAddr],
+    snap: &EndpointSnapshot,
+    me: SocketAddr,
+    last: Option<Place>,
+) -> Option<Place> {
+    let has_pod = listing
+        .iter()
+        .any(|a| snap.ready.contains(a) || snap.terminating.contains(a));
+    if has_pod {
+        return last;
+    }
+    match listing.binary_search(&me) {
+        Ok(index) => Some(Place {
+            index,
+            of: listing.len(),
+        }),
+        Err(_) => last,
     }
 }
 
@@ -182,12 +211,11 @@ impl EndpointSource for Arc<SharedEndpoints> {
             return tx.subscribe();
         }
         let mut platform = self.inner.endpoints(revision);
-        let mut place = self.subsets.subscribe(revision);
-        let first = Arc::new(self.split(
-            revision,
-            &platform.borrow_and_update(),
-            *place.borrow_and_update(),
-        ));
+        let mut listed = self.subsets.subscribe(revision);
+        let me_addr = self.subsets.me;
+        let snap = platform.borrow_and_update().clone();
+        let mut place = next_place(&listed.borrow_and_update(), &snap, me_addr, None);
+        let first = Arc::new(self.split(revision, &snap, place));
         let entry = self.channels.entry(revision.clone());
         let tx = match entry {
             dashmap::Entry::Occupied(o) => return o.get().subscribe(),
@@ -202,11 +230,20 @@ impl EndpointSource for Arc<SharedEndpoints> {
                 loop {
                     tokio::select! {
                         r = platform.changed() => if r.is_err() { return },
-                        r = place.changed() => if r.is_err() { return },
+                        r = listed.changed() => if r.is_err() { return },
                         r = catalog.changed() => if r.is_err() { return },
                     }
                     let snap = platform.borrow_and_update().clone();
-                    let next = me.split(&key, &snap, *place.borrow_and_update());
+                    let next_p = next_place(&listed.borrow_and_update(), &snap, me_addr, place);
+                    if next_p != place {
+                        tracing::debug!(
+                            index = next_p.map(|p| p.index),
+                            of = next_p.map(|p| p.of),
+                            "subset place"
+                        );
+                        place = next_p;
+                    }
+                    let next = me.split(&key, &snap, place);
                     tx.send_if_modified(|cur| {
                         if **cur == next {
                             false
@@ -285,36 +322,61 @@ mod tests {
         );
     }
 
-    /// A slice that lists this activator sets its place; one listing others (or pods) keeps
-    /// the last place; a revision without slices is forgotten once nobody follows it.
+    /// A listing of activators that names this one sets its place; one naming others, or
+    /// listing the revision's pods (served by them, or a swap under way), keeps the last.
     #[test]
-    fn the_place_follows_the_slices_that_list_this_activator() {
+    fn the_place_follows_listings_of_activators_only() {
+        let a = |last: u8| SocketAddr::from(([10, 0, 0, last], 8012));
+        let me = a(2);
+        let pods = EndpointSnapshot {
+            ready: vec![SocketAddr::from(([10, 1, 0, 1], 8012))],
+            ..EndpointSnapshot::default()
+        };
+        let p = next_place(&[a(1), a(2), a(3)], &pods, me, None);
+        assert_eq!(p, Some(Place { index: 1, of: 3 }));
+        assert_eq!(next_place(&[a(1), a(3)], &pods, me, p), p, "others only");
+        assert_eq!(next_place(&[], &pods, me, p), p, "none");
+        // A swap to the pods deletes the activators' slices one by one: never "alone".
+        let mixed = [a(2), pods.ready[0]];
+        assert_eq!(next_place(&mixed, &pods, me, p), p, "pods listed");
+        assert_eq!(
+            next_place(&[a(2), a(3)], &pods, me, p),
+            Some(Place { index: 0, of: 2 })
+        );
+        assert_eq!(next_place(&[a(1)], &pods, me, None), None, "never listed");
+    }
+
+    #[test]
+    fn listings_keep_only_activator_addresses() {
         use std::collections::BTreeMap;
-        let b = |last: u8| -> Backend {
+        let b = |last: u8, port: Option<u16>| -> Backend {
             (
                 std::net::IpAddr::from([10, 0, 0, last]),
-                BTreeMap::from([(ACTIVATOR_PORT.to_string(), 8012)]),
+                port.map(|p| BTreeMap::from([(ACTIVATOR_PORT.to_string(), p)]))
+                    .unwrap_or_default(),
             )
         };
-        let me = SocketAddr::from(([10, 0, 0, 2], 8012));
-        let subsets = Subsets::new(me);
+        let subsets = Subsets::new(SocketAddr::from(([10, 0, 0, 2], 8012)));
         let key = RevisionKey::new("ns", "r");
+        // Not followed and not listing this activator: not kept.
+        subsets.update(&key, Some(&[b(1, Some(8012))]));
+        assert!(subsets.listings.get(&key).is_none());
         let rx = subsets.subscribe(&key);
-        assert_eq!(*rx.borrow(), None);
-        subsets.update(&key, Some(&[b(1), b(2), b(3)]));
-        assert_eq!(*rx.borrow(), Some(Place { index: 1, of: 3 }));
-        subsets.update(&key, Some(&[b(1), b(3)]));
-        assert_eq!(*rx.borrow(), Some(Place { index: 1, of: 3 }), "kept");
-        subsets.update(&key, Some(&[b(2), b(3)]));
-        assert_eq!(subsets.get(&key), Some(Place { index: 0, of: 2 }));
-        subsets.update(&key, None);
-        assert_eq!(
-            subsets.get(&key),
-            Some(Place { index: 0, of: 2 }),
-            "followed"
+        subsets.update(
+            &key,
+            Some(&[b(3, Some(8012)), b(2, Some(8012)), b(4, None)]),
         );
+        assert_eq!(
+            **rx.borrow(),
+            vec![
+                SocketAddr::from(([10, 0, 0, 2], 8012)),
+                SocketAddr::from(([10, 0, 0, 3], 8012))
+            ]
+        );
+        subsets.update(&key, None);
+        assert!(subsets.listings.get(&key).is_some(), "followed");
         drop(rx);
         subsets.update(&key, None);
-        assert_eq!(subsets.get(&key), None);
+        assert!(subsets.listings.get(&key).is_none());
     }
 }

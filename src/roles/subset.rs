@@ -13,9 +13,9 @@
 //!   2,048 angles and rehashes a name whose angle is taken, so a joining activator can move
 //!   another's angle (about 1 revision in 200 with 10 activators); thaw's ring is the whole
 //!   64-bit hash, where two names on one angle are ordered by name.
-//! - **Place** ([`place`]): each activator learns from the revision's public slices whether
-//!   it is listed, its index among the listed activators (sorted) and their count (Knative's
-//!   `inferIndex`), and takes its part of the pods ([`super::share`]).
+//! - **Place** ([`Place`], [`super::share::next_place`]): each activator learns from the
+//!   revision's public slices whether it is listed, its index among the listed activators
+//!   (sorted) and their count (Knative's `inferIndex`), and takes its part of the pods.
 //!
 //! An activator is identified by its `http` port's address as activator-service lists it
 //! (`ip:port`; on a cluster each activator has its own IP, in a test on one host they may
@@ -108,7 +108,7 @@ fn target(key: &RevisionKey) -> String {
     format!("{}/{}", key.namespace, key.name)
 }
 
-/// An activator backend's identity: its `http` address (`None`: not an activator's backend).
+/// A backend's identity: its `http` address (`None`: no `http` port).
 fn identity(b: &Backend) -> Option<SocketAddr> {
     b.1.get(ACTIVATOR_PORT).map(|p| SocketAddr::new(b.0, *p))
 }
@@ -142,20 +142,6 @@ pub struct Place {
     pub index: usize,
     /// How many activators are listed.
     pub of: usize,
-}
-
-/// `me`'s place among the activators a revision's public slices list (`None`: not listed;
-/// Knative's `inferIndex` -1). Public slices that list pods (the revision served by its pods)
-/// list no activator.
-pub fn place(listed: &[Backend], me: SocketAddr) -> Option<Place> {
-    let mut addrs: Vec<SocketAddr> = listed.iter().filter_map(identity).collect();
-    addrs.sort_unstable();
-    addrs.dedup();
-    let index = addrs.iter().position(|a| *a == me)?;
-    Some(Place {
-        index,
-        of: addrs.len(),
-    })
 }
 
 #[cfg(test)]
@@ -282,32 +268,21 @@ mod tests {
     }
 
     #[test]
-    fn an_activator_finds_its_place_in_the_listed_ones() {
+    fn pick_keeps_n_backends_and_the_same_ones() {
         let b = |ip: [u8; 4], port: u16| -> Backend {
             (
                 std::net::IpAddr::from(ip),
                 BTreeMap::from([(ACTIVATOR_PORT.to_string(), port)]),
             )
         };
-        let listed = vec![b([10, 0, 0, 3], 8012), b([10, 0, 0, 1], 8012)];
-        let me = SocketAddr::from(([10, 0, 0, 3], 8012));
-        assert_eq!(place(&listed, me), Some(Place { index: 1, of: 2 }));
-        assert_eq!(
-            place(&listed, SocketAddr::from(([10, 0, 0, 2], 8012))),
-            None
-        );
-        // Activators sharing an IP are told apart by port.
-        let shared = vec![b([127, 0, 0, 1], 9002), b([127, 0, 0, 1], 9001)];
-        assert_eq!(
-            place(&shared, SocketAddr::from(([127, 0, 0, 1], 9002))),
-            Some(Place { index: 1, of: 2 })
-        );
-        // pick() keeps n backends and the same ones each time.
         let all: Vec<Backend> = (1..=6).map(|i| b([10, 0, 0, i], 8012)).collect();
         let key = RevisionKey::new("ns", "r");
         let two = pick(all.clone(), 2, &key);
         assert_eq!(two.len(), 2);
         assert_eq!(pick(all.clone(), 2, &key), two);
         assert_eq!(pick(all.clone(), 9, &key), all);
+        // Activators sharing an IP (a test on one host) are told apart by port.
+        let shared: Vec<Backend> = (1..=6).map(|p| b([127, 0, 0, 1], 9000 + p)).collect();
+        assert_eq!(pick(shared, 3, &key).len(), 3);
     }
 }
