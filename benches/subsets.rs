@@ -23,7 +23,7 @@ use std::time::Duration;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
 use takeover_support::{
-    NS, SYSTEM, autoscaler, metrics, revision, settle, takeover, value, wait_ready,
+    NS, SYSTEM, autoscaler_with, metrics, revision, settle, takeover, value, wait_ready,
 };
 use thaw::roles::subset::{choose_subset, num_activators};
 
@@ -84,7 +84,17 @@ async fn main() {
     println!("{n} revisions at zero, 10 activators, a subset of {size} each");
 
     let log = dir.path().join("autoscaler.log");
-    let a = autoscaler(kubeconfig, &log);
+    // client-go's Lease timings (thaw's defaults): the first term writes every revision's
+    // subset, which must not cost it the Lease on a busy machine.
+    let a = autoscaler_with(
+        kubeconfig,
+        &log,
+        &[
+            "--lease-duration=15s",
+            "--renew-deadline=10s",
+            "--retry-period=2s",
+        ],
+    );
     let within = Duration::from_secs(600);
     wait_ready(a.admin, within).await;
     takeover(a.admin, &log, within).await;
