@@ -11,6 +11,7 @@ pub mod controller;
 pub mod pull;
 pub mod serving;
 pub mod share;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -17,6 +17,7 @@ pub mod platform;
 pub mod process;
 pub mod queue;
 pub mod remote;
+pub mod webhook;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -58,6 +59,7 @@ pub struct Telemetry {
     pub autoscaler: autoscaler::AutoscalerMetrics,
     pub remote: remote::RemoteMetrics,
     pub controller: controller::ControllerMetrics,
+    pub webhook: webhook::WebhookMetrics,
 }
 
 impl Telemetry {
@@ -74,6 +76,7 @@ impl Telemetry {
         let autoscaler = autoscaler::AutoscalerMetrics::register(thaw);
         let remote = remote::RemoteMetrics::register(thaw);
         let controller = controller::ControllerMetrics::register(thaw);
+        let webhook = webhook::WebhookMetrics::register(thaw);
         Self {
             registry,
             config,
@@ -82,6 +85,7 @@ impl Telemetry {
             autoscaler,
             remote,
             controller,
+            webhook,
         }
     }
 
