@@ -493,7 +493,12 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     for (f, d) in &all {
         let cluster_scoped = matches!(
             kind(d).1,
-            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "CustomResourceDefinition"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingWebhookConfiguration"
+                | "MutatingWebhookConfiguration"
         );
         let ns = str_at(d, "/metadata/namespace");
         if cluster_scoped {
@@ -739,7 +744,7 @@ fn each_role_is_granted_exactly_the_calls_in_the_rbac_table() {
     let roles = t["roles"].as_object().unwrap();
     assert_eq!(
         roles.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["activator", "autoscaler", "controller"]
+        ["activator", "autoscaler", "controller", "webhook"]
     );
     let mut service_accounts = BTreeSet::new();
     for (role, spec) in roles {
@@ -880,7 +885,7 @@ fn every_container_is_locked_down() {
         .map(|(_, d)| d)
         .filter(|d| kind(d).1 == "Deployment")
         .collect();
-    assert_eq!(deps.len(), 3);
+    assert_eq!(deps.len(), 4);
     let ns = find(&all, "Namespace", SYSTEM_NAMESPACE);
     assert_eq!(
         str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"),
@@ -1413,7 +1418,7 @@ fn kubectl_renders_deploy_and_an_overlay_retags_every_role() {
             .unwrap()
             .to_string()
     };
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert_eq!(image(rendered(&all, "Deployment", role)), "thaw:dev");
     }
     // An overlay naming a registry's image (as the README says) retags every role; the
@@ -1427,7 +1432,7 @@ fn kubectl_renders_deploy_and_an_overlay_retags_every_role() {
         return;
     }
     let all = kustomize(dir.path());
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert_eq!(
             image(rendered(&all, "Deployment", role)),
             "registry.example/team/thaw:v1.2.3"
@@ -1545,7 +1550,7 @@ fn the_readme_kubernetes_sequence_applies_in_order_what_deploy_holds() {
     let host = format!("Host: {service}.default.{domain}");
     assert!(cmds[at("curl ")].contains(&host), "curl sends {host:?}");
     // Every role's Deployment is waited for in thaw-system.
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert!(has("Deployment", role, SYSTEM_NAMESPACE));
     }
 
@@ -1655,7 +1660,7 @@ fn check_kit(all: &[Value], pm: &Value, hpa: &Value, activator_replicas_removed:
         }
     }
     selected.sort();
-    assert_eq!(selected, ["activator", "autoscaler", "controller"]);
+    assert_eq!(selected, ["activator", "autoscaler", "controller", "webhook"]);
     // The roles' NetworkPolicies admit the scrape from a labelled namespace.
     for np in all.iter().filter(|d| kind(d).1 == "NetworkPolicy") {
         let text = serde_json::to_string(np).unwrap();

@@ -154,6 +154,9 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         &identity,
     )?;
     let client = super::kube_client("controller").await?;
+    for w in crate::webhook::coexist::check(&client, "controller").await? {
+        warn!("{w}");
+    }
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);
