@@ -291,7 +291,8 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
         line,
         "Error from server (BadRequest): error when creating \"service.yaml\": admission webhook \
          \"validation.webhook.serving.knative.dev\" denied the request: validation failed: \
-         expected 0 <= 150 <= 100: spec.traffic[0].percent"
+         expected 0 <= 150 <= 100: spec.traffic[0].percent\nTraffic targets sum to 150, want 100: \
+         spec.traffic"
     );
     let readme = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"),

@@ -273,12 +273,24 @@ async fn handle(admitter: &Admitter, req: Request<Incoming>) -> Response<Full<By
         allowed,
         start.elapsed().as_secs_f64(),
     );
-    let out = verdict.response.into_review();
-    reply(
-        StatusCode::OK,
-        Bytes::from(serde_json::to_vec(&out).unwrap_or_default()),
-        true,
-    )
+    reply(StatusCode::OK, Bytes::from(review_json(verdict.response)), true)
+}
+
+/// The AdmissionReview answering with `response`, as JSON. The patch is written base64, as
+/// Kubernetes' Go types write `[]byte` (kube-core writes a number array, which an API server
+/// also reads; base64 is what every webhook client expects).
+fn review_json(response: AdmissionResponse) -> Vec<u8> {
+    let patch = response.patch.clone();
+    let mut v = serde_json::to_value(response.into_review()).unwrap_or_default();
+    if let Some(p) = patch
+        && let Some(r) = v.get_mut("response").and_then(|r| r.as_object_mut())
+    {
+        r.insert(
+            "patch".into(),
+            serde_json::to_value(k8s_openapi::ByteString(p)).unwrap_or_default(),
+        );
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview body, or what is wrong with it.
