@@ -27,7 +27,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -69,7 +72,10 @@ async fn the_controller_never_updates_an_existing_revisions_spec() {
     svcs.create(&PostParams::default(), &service("v1", json!([])))
         .await
         .unwrap();
-    let first = until("hello-00001", || async { revs.get_opt("hello-00001").await.ok().flatten() }).await;
+    let first = until("hello-00001", || async {
+        revs.get_opt("hello-00001").await.ok().flatten()
+    })
+    .await;
 
     // What could tempt a reconciler to rewrite it: other config-defaults in force (every
     // object re-queued), traffic pinned to it by name (the Route labels it), then a new
@@ -81,15 +87,27 @@ async fn the_controller_never_updates_an_existing_revisions_spec() {
     let pinned = json!([{"revisionName": "hello-00001", "percent": 100}]);
     let mut s = svcs.get("hello").await.unwrap();
     s.spec.route = service("v1", pinned).spec.route;
-    svcs.replace("hello", &PostParams::default(), &s).await.unwrap();
+    svcs.replace("hello", &PostParams::default(), &s)
+        .await
+        .unwrap();
     let mut s = svcs.get("hello").await.unwrap();
     s.spec = service("v2", json!([])).spec;
-    svcs.replace("hello", &PostParams::default(), &s).await.unwrap();
-    let second = until("hello-00002", || async { revs.get_opt("hello-00002").await.ok().flatten() }).await;
-    assert_eq!(second.spec.container_concurrency, Some(5), "the new defaults are in force");
+    svcs.replace("hello", &PostParams::default(), &s)
+        .await
+        .unwrap();
+    let second = until("hello-00002", || async {
+        revs.get_opt("hello-00002").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(
+        second.spec.container_concurrency,
+        Some(5),
+        "the new defaults are in force"
+    );
     until("the Configuration's status naming hello-00002", || async {
         let c = cfgs.get("hello").await.ok()?;
-        (c.status?.fields.latest_created_revision_name.as_deref() == Some("hello-00002")).then_some(())
+        (c.status?.fields.latest_created_revision_name.as_deref() == Some("hello-00002"))
+            .then_some(())
     })
     .await;
     let routed = until("the Route's labeler patch of hello-00001", || async {
@@ -124,9 +142,13 @@ async fn the_controller_never_updates_an_existing_revisions_spec() {
             "a write to an existing Revision other than a metadata patch: {line}"
         );
         let b = body(bytes);
-        let keys: Vec<&String> = b.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+        let keys: Vec<&String> = b
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
         assert!(
-            keys.iter().all(|k| ["metadata", "apiVersion", "kind"].contains(&k.as_str())),
+            keys.iter()
+                .all(|k| ["metadata", "apiVersion", "kind"].contains(&k.as_str())),
             "{line} sends more than metadata: {b}"
         );
     }

@@ -105,7 +105,9 @@ async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Ans
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_slice_iter(bundle) {
-        roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
     }
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -139,7 +141,10 @@ async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Ans
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
         .unwrap();
-    let resp = send.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
     let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
@@ -147,9 +152,8 @@ async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Ans
         .await
         .map_err(|e| format!("body: {e}"))?
         .to_bytes();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::String(
-        String::from_utf8_lossy(&bytes).into_owned(),
-    ));
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
     Ok(Answer { status, body, cert })
 }
 
@@ -194,7 +198,8 @@ fn helloworld() -> Value {
 
 fn with_patch(object: &Value, response: &Value) -> Value {
     // The patch is base64 in the JSON, as ByteString reads it.
-    let raw: k8s_openapi::ByteString = serde_json::from_value(response["patch"].clone()).expect("a patch");
+    let raw: k8s_openapi::ByteString =
+        serde_json::from_value(response["patch"].clone()).expect("a patch");
     let raw = raw.0;
     assert_eq!(response["patchType"], "JSONPatch");
     let p: json_patch::Patch = serde_json::from_slice(&raw).unwrap();
@@ -217,20 +222,25 @@ fn kubectl_line(response: &Value) -> String {
 
 async fn started(c: &Cluster, admin: u16) {
     let addr = format!("127.0.0.1:{admin}").parse().unwrap();
-    until(Duration::from_secs(30), "the webhook ready with a caBundle published", || async {
-        let ready = get_text(addr, "/readyz").await == "ok\n";
-        (ready
-            && ca_bundle(c, "/defaulting").await.is_some()
-            && ca_bundle(c, "/resource-validation").await.is_some())
-        .then_some(())
-    })
+    until(
+        Duration::from_secs(30),
+        "the webhook ready with a caBundle published",
+        || async {
+            let ready = get_text(addr, "/readyz").await == "ok\n";
+            (ready
+                && ca_bundle(c, "/defaulting").await.is_some()
+                && ca_bundle(c, "/resource-validation").await.is_some())
+            .then_some(())
+        },
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_over_tls_defaults_and_refuses_as_knative() {
     let c = Cluster::start(json!({})).await;
-    c.config_map("config-defaults", json!({"container-concurrency": "7"})).await;
+    c.config_map("config-defaults", json!({"container-concurrency": "7"}))
+        .await;
     apply_configurations(&c).await;
     let (port, admin) = (free_port(), free_port());
     let _w = webhook(&c, "wh-a", port, admin, &["--max-body", "65536"]);
@@ -239,7 +249,13 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     // Defaulting: the patched object's template is what the controller's defaulted_spec makes
     // of the same input, with Knative's traffic default and the creator.
     let hello = helloworld();
-    let r = admit(&c, port, "/defaulting", &review("Service", "CREATE", hello.clone(), None)).await;
+    let r = admit(
+        &c,
+        port,
+        "/defaulting",
+        &review("Service", "CREATE", hello.clone(), None),
+    )
+    .await;
     assert_eq!(r["allowed"], true);
     let patched = with_patch(&hello, &r);
     let svc: Service = serde_json::from_value(patched.clone()).unwrap();
@@ -251,11 +267,22 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
         defaulted_spec(&sent.spec.configuration.template.spec, &defaults)
     );
     let spec = &svc.spec.configuration.template.spec;
-    assert_eq!(spec.container_concurrency, Some(7), "config-defaults is followed");
+    assert_eq!(
+        spec.container_concurrency,
+        Some(7),
+        "config-defaults is followed"
+    );
     assert_eq!(spec.timeout_seconds, Some(300));
     let container = &spec.pod_spec.containers[0];
     assert_eq!(container.name, "user-container");
-    assert!(container.readiness_probe.as_ref().unwrap().tcp_socket.is_some());
+    assert!(
+        container
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .tcp_socket
+            .is_some()
+    );
     assert_eq!(svc.spec.route.traffic.len(), 1);
     assert_eq!(svc.spec.route.traffic[0].latest_revision, Some(true));
     assert_eq!(svc.spec.route.traffic[0].percent, Some(100));
@@ -263,14 +290,26 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     assert_eq!(ann["serving.knative.dev/creator"], "alice@example.com");
     assert_eq!(ann["serving.knative.dev/lastModifier"], "alice@example.com");
     // The patched object is valid, and the API server stores it as patched.
-    let r = admit(&c, port, "/resource-validation", &review("Service", "CREATE", patched.clone(), None)).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Service", "CREATE", patched.clone(), None),
+    )
+    .await;
     assert_eq!(r["allowed"], true, "{r}");
     let svcs: Api<Service> = Api::namespaced(c.client.clone(), NS);
     svcs.create(&PostParams::default(), &svc).await.unwrap();
     let stored = svcs.get("helloworld-go").await.unwrap();
     assert_eq!(stored.spec, svc.spec);
     let mut shown = serde_json::to_value(&stored).unwrap();
-    for k in ["uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"] {
+    for k in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
         shown["metadata"].as_object_mut().unwrap().remove(k);
     }
     let yaml = serde_saphyr::to_string(&shown).unwrap();
@@ -279,12 +318,21 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"),
     )
     .unwrap();
-    assert!(docs.contains(&yaml), "docs/architecture.md shows another stored helloworld:\n{yaml}");
+    assert!(
+        docs.contains(&yaml),
+        "docs/architecture.md shows another stored helloworld:\n{yaml}"
+    );
 
     // Validation refuses with Knative's message, as kubectl prints it (the README shows it).
     let mut bad = patched.clone();
     bad["spec"]["traffic"][0]["percent"] = json!(150);
-    let r = admit(&c, port, "/resource-validation", &review("Service", "CREATE", bad, None)).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Service", "CREATE", bad, None),
+    )
+    .await;
     let line = kubectl_line(&r);
     println!("--- kubectl:\n{line}");
     assert_eq!(
@@ -294,24 +342,44 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
          expected 0 <= 150 <= 100: spec.traffic[0].percent\nTraffic targets sum to 150, want 100: \
          spec.traffic"
     );
-    let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"),
-    )
-    .unwrap();
-    assert!(readme.contains(&line), "README.md shows another refusal: {line}");
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    assert!(
+        readme.contains(&line),
+        "README.md shows another refusal: {line}"
+    );
     // A field config-features keeps closed is refused naming the key that opens it.
     let mut masked = patched.clone();
     masked["spec"]["template"]["spec"]["hostNetwork"] = json!(true);
-    let r = admit(&c, port, "/resource-validation", &review("Service", "CREATE", masked, None)).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Service", "CREATE", masked, None),
+    )
+    .await;
     assert_eq!(r["allowed"], false);
-    assert!(r["status"]["message"].as_str().unwrap().contains("hostNetwork"), "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hostNetwork"),
+        "{r}"
+    );
 
     // A template change under the same explicit revision name is refused.
     let mut v1 = patched.clone();
     v1["spec"]["template"]["metadata"] = json!({"name": "helloworld-go-v1"});
     let mut v1b = v1.clone();
     v1b["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = json!("Go Sample v2");
-    let r = admit(&c, port, "/resource-validation", &review("Service", "UPDATE", v1b.clone(), Some(v1.clone()))).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Service", "UPDATE", v1b.clone(), Some(v1.clone())),
+    )
+    .await;
     let m = r["status"]["message"].as_str().unwrap();
     assert!(
         m.starts_with("validation failed: Saw the following changes without a name change (-old +new): spec.template.metadata.name\n"),
@@ -320,7 +388,13 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     assert!(m.contains("Go Sample v2"), "{m}");
     let mut v2 = v1b.clone();
     v2["spec"]["template"]["metadata"]["name"] = json!("helloworld-go-v2");
-    let r = admit(&c, port, "/resource-validation", &review("Service", "UPDATE", v2, Some(v1))).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Service", "UPDATE", v2, Some(v1)),
+    )
+    .await;
     assert_eq!(r["allowed"], true, "{r}");
 
     // A Revision's spec is immutable; its labels are not.
@@ -331,31 +405,76 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     });
     let mut edited = rev.clone();
     edited["spec"]["containerConcurrency"] = json!(1);
-    let r = admit(&c, port, "/resource-validation", &review("Revision", "UPDATE", edited, Some(rev.clone()))).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Revision", "UPDATE", edited, Some(rev.clone())),
+    )
+    .await;
     let m = r["status"]["message"].as_str().unwrap();
-    assert!(m.starts_with("validation failed: Immutable fields changed (-old +new): spec\n"), "{m}");
+    assert!(
+        m.starts_with("validation failed: Immutable fields changed (-old +new): spec\n"),
+        "{m}"
+    );
     let mut relabelled = rev.clone();
     relabelled["metadata"]["labels"] = json!({"team": "a"});
-    let r = admit(&c, port, "/resource-validation", &review("Revision", "UPDATE", relabelled, Some(rev))).await;
+    let r = admit(
+        &c,
+        port,
+        "/resource-validation",
+        &review("Revision", "UPDATE", relabelled, Some(rev)),
+    )
+    .await;
     assert_eq!(r["allowed"], true, "{r}");
 
     // Bounded and clear on bad input: no details of thaw's in the answers.
     let bundle = ca_bundle(&c, "/resource-validation").await.unwrap();
-    let a = post(port, &bundle, "/resource-validation", vec![b' '; 70_000]).await.unwrap();
+    let a = post(port, &bundle, "/resource-validation", vec![b' '; 70_000])
+        .await
+        .unwrap();
     assert_eq!(a.status, 413, "{}", a.body);
-    let a = post(port, &bundle, "/resource-validation", b"{\"kind\":".to_vec()).await.unwrap();
+    let a = post(
+        port,
+        &bundle,
+        "/resource-validation",
+        b"{\"kind\":".to_vec(),
+    )
+    .await
+    .unwrap();
     assert_eq!(a.status, 400);
-    assert!(a.body["response"]["status"]["message"].as_str().unwrap().starts_with("the body is not an AdmissionReview"));
-    let a = post(port, &bundle, "/elsewhere", b"{}".to_vec()).await.unwrap();
+    assert!(
+        a.body["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the body is not an AdmissionReview")
+    );
+    let a = post(port, &bundle, "/elsewhere", b"{}".to_vec())
+        .await
+        .unwrap();
     assert_eq!(a.status, 404);
 
     // The admin port counts admissions by webhook, kind, operation and outcome.
     let metrics = get_text(format!("127.0.0.1:{admin}").parse().unwrap(), "/metrics").await;
     assert!(
-        metric(&metrics, "thaw_webhook_requests_total", &["webhook=\"validation\"", "kind=\"Service\"", "allowed=\"false\""]) >= 3.0,
+        metric(
+            &metrics,
+            "thaw_webhook_requests_total",
+            &[
+                "webhook=\"validation\"",
+                "kind=\"Service\"",
+                "allowed=\"false\""
+            ]
+        ) >= 3.0,
         "{metrics}"
     );
-    assert!(metric(&metrics, "thaw_webhook_refused_total", &["reason=\"body_too_large\""]) >= 1.0);
+    assert!(
+        metric(
+            &metrics,
+            "thaw_webhook_refused_total",
+            &["reason=\"body_too_large\""]
+        ) >= 1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,9 +483,12 @@ async fn certificates_rotate_under_a_stream_of_calls_to_two_replicas_with_none_f
     apply_configurations(&c).await;
     // Certificates of 20 s, rotated with 15 s left: a rotation every ~5 s.
     let life = [
-        "--cert-validity", "20s",
-        "--cert-rotate-before", "15s",
-        "--cert-publish-delay", "1s",
+        "--cert-validity",
+        "20s",
+        "--cert-rotate-before",
+        "15s",
+        "--cert-publish-delay",
+        "1s",
     ];
     let (pa, aa, pb, ab) = (free_port(), free_port(), free_port(), free_port());
     let _a = webhook(&c, "wh-a", pa, aa, &life);
@@ -382,24 +504,46 @@ async fn certificates_rotate_under_a_stream_of_calls_to_two_replicas_with_none_f
     // call, alternating between the replicas, on a new connection, must succeed.
     let mut per_replica: [BTreeSet<Vec<u8>>; 2] = Default::default();
     while per_replica.iter().any(|s| s.len() < 3) {
-        assert!(tokio::time::Instant::now() < deadline, "no two rotations: {served:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no two rotations: {served:?}"
+        );
         let i = (calls % 2) as usize;
         let port = [pa, pb][i];
-        let path = if calls % 3 == 0 { "/defaulting" } else { "/resource-validation" };
+        let path = if calls % 3 == 0 {
+            "/defaulting"
+        } else {
+            "/resource-validation"
+        };
         let bundle = ca_bundle(&c, path).await.expect("a caBundle");
         let a = post(port, &bundle, path, body.clone())
             .await
             .unwrap_or_else(|e| panic!("call {calls} to replica {i} failed: {e}"));
         assert_eq!(a.status, 200, "call {calls}: {}", a.body);
-        assert_eq!(a.body["response"]["allowed"], true, "call {calls}: {}", a.body);
+        assert_eq!(
+            a.body["response"]["allowed"], true,
+            "call {calls}: {}",
+            a.body
+        );
         served.insert(a.cert.clone());
         per_replica[i].insert(a.cert);
         calls += 1;
     }
-    println!("{calls} calls, {} certificates served, none failed", served.len());
+    println!(
+        "{calls} calls, {} certificates served, none failed",
+        served.len()
+    );
     // One writer: the Lease holder made every certificate.
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(c.client.clone(), SYSTEM);
-    let holder = leases.get("thaw-webhook").await.unwrap().spec.unwrap().holder_identity.unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), SYSTEM);
+    let holder = leases
+        .get("thaw-webhook")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
     assert!(holder == "wh-a" || holder == "wh-b");
 }
 
@@ -422,7 +566,8 @@ async fn the_webhook_refuses_to_start_beside_knative_serving() {
     let code = w.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(code, Some(1), "{}", w.logs());
     assert!(
-        w.logs().contains("Knative Serving is installed (Deployment knative-serving/controller)"),
+        w.logs()
+            .contains("Knative Serving is installed (Deployment knative-serving/controller)"),
         "{}",
         w.logs()
     );

@@ -128,9 +128,12 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{WEBHOOK_NAME}-{}", std::process::id()));
-    let lease =
-        args.lease_timings
-            .lease("webhook", &args.system_namespace, &args.lease_name, &identity)?;
+    let lease = args.lease_timings.lease(
+        "webhook",
+        &args.system_namespace,
+        &args.lease_name,
+        &identity,
+    )?;
     let client = super::kube_client("webhook").await?;
     for w in crate::webhook::coexist::check(&client, "webhook").await? {
         warn!("{w}");
@@ -171,9 +174,9 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
         _ = events.wait_for(|e| e.listed) => {}
         _ = super::autoscaler::signal_stop() => return Ok(()),
     }
-    let settings = Arc::new(arc_swap::ArcSwap::from_pointee(super::controller::snapshot(
-        &live, None,
-    )));
+    let settings = Arc::new(arc_swap::ArcSwap::from_pointee(
+        super::controller::snapshot(&live, None),
+    ));
     {
         let (settings, live, stop) = (settings.clone(), live.clone(), stop.clone());
         tokio::spawn(

@@ -93,7 +93,9 @@ pub fn admit(hook: Hook, req: &AdmissionRequest<DynamicObject>, settings: &Setti
             let result = match hook {
                 Hook::Defaulting => defaulting(kind, req, obj, old, settings)
                     .and_then(|p| allow.clone().with_patch(p).map_err(|e| e.to_string())),
-                Hook::Validation => validation(kind, req, obj, old, settings).map(|()| allow.clone()),
+                Hook::Validation => {
+                    validation(kind, req, obj, old, settings).map(|()| allow.clone())
+                }
             };
             match result {
                 Ok(r) => r,
@@ -342,7 +344,13 @@ fn validation(
             errors = validate::route(&route);
             if let Some(old) = old {
                 let (o, _): (Route, _) = parse(old)?;
-                creator_and_modifier(&o.metadata, &route.metadata, &o.spec, &route.spec, &mut errors);
+                creator_and_modifier(
+                    &o.metadata,
+                    &route.metadata,
+                    &o.spec,
+                    &route.spec,
+                    &mut errors,
+                );
             }
         }
         _ => {}
@@ -416,7 +424,10 @@ pub fn short_diff(old: &Value, new: &Value) -> String {
         Some(v) => {
             let s = v.to_string();
             if s.len() > MAX_VALUE {
-                let cut = (0..=MAX_VALUE).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+                let cut = (0..=MAX_VALUE)
+                    .rev()
+                    .find(|i| s.is_char_boundary(*i))
+                    .unwrap_or(0);
                 format!("{}...", &s[..cut])
             } else {
                 s

@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -119,10 +119,11 @@ pub fn generate(
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     ca.distinguished_name = DistinguishedName::new();
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("thaw-webhook-ca {}", now.unix_timestamp()));
-    ca.distinguished_name
-        .push(DnType::OrganizationName, "thaw");
+    ca.distinguished_name.push(
+        DnType::CommonName,
+        format!("thaw-webhook-ca {}", now.unix_timestamp()),
+    );
+    ca.distinguished_name.push(DnType::OrganizationName, "thaw");
     ca.not_before = not_before;
     ca.not_after = not_after;
     let ca_cert = ca.self_signed(&ca_key).map_err(|err| e("CA", err))?;
@@ -166,7 +167,12 @@ pub fn split_bundle(bundle: &str) -> Vec<String> {
         .unwrap_or_default()
         .into_iter()
         .filter(|p| p.tag() == "CERTIFICATE")
-        .map(|p| pem::encode_config(&p, pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF)))
+        .map(|p| {
+            pem::encode_config(
+                &p,
+                pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+            )
+        })
         .collect()
 }
 
@@ -179,9 +185,7 @@ pub fn bundle_ders(bundle: &[u8]) -> Vec<CertificateDer<'static>> {
 
 /// Whether `bundle` holds the certificate `cert` (both PEM; compared as DER).
 pub fn bundle_contains(bundle: &[u8], cert: &str) -> bool {
-    let Some(want) = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .find_map(Result::ok)
-    else {
+    let Some(want) = CertificateDer::pem_slice_iter(cert.as_bytes()).find_map(Result::ok) else {
         return false;
     };
     bundle_ders(bundle).iter().any(|c| c == &want)
@@ -193,8 +197,7 @@ pub fn make_bundle(cas: &[String], now: OffsetDateTime) -> String {
     let mut seen: Vec<CertificateDer<'static>> = Vec::new();
     let mut kept: Vec<String> = Vec::new();
     for pem in cas.iter().flat_map(|c| split_bundle(c)) {
-        let Some(der) = CertificateDer::pem_slice_iter(pem.as_bytes()).find_map(Result::ok)
-        else {
+        let Some(der) = CertificateDer::pem_slice_iter(pem.as_bytes()).find_map(Result::ok) else {
             continue;
         };
         if seen.contains(&der) || not_after(&pem).is_none_or(|t| t <= now) {
@@ -371,12 +374,7 @@ mod tests {
         }
     }
 
-    fn step(
-        s: Option<&Stored>,
-        now: OffsetDateTime,
-        l: &Lifetimes,
-        published: bool,
-    ) -> Step {
+    fn step(s: Option<&Stored>, now: OffsetDateTime, l: &Lifetimes, published: bool) -> Step {
         let mut fresh = || generate(&names(), now, l.validity);
         plan(s, now, l, published, &mut fresh).unwrap()
     }
@@ -410,7 +408,10 @@ mod tests {
         let s0 = written(step(None, t0, &l, false));
         let old_ca = s0.current.clone().unwrap().ca_cert;
         // Far from the end: nothing.
-        assert_eq!(step(Some(&s0), t0 + time::Duration::seconds(10), &l, true), Step::Keep);
+        assert_eq!(
+            step(Some(&s0), t0 + time::Duration::seconds(10), &l, true),
+            Step::Keep
+        );
         // Within rotate_before: a new pair is staged, the current one still served, both CAs
         // trusted.
         let t1 = t0 + time::Duration::seconds(61);
@@ -420,9 +421,15 @@ mod tests {
         assert!(bundle_contains(s1.bundle.as_bytes(), &old_ca));
         assert!(bundle_contains(s1.bundle.as_bytes(), &next.ca_cert));
         // Not published: kept staged however long.
-        assert_eq!(step(Some(&s1), t1 + time::Duration::seconds(30), &l, false), Step::Keep);
+        assert_eq!(
+            step(Some(&s1), t1 + time::Duration::seconds(30), &l, false),
+            Step::Keep
+        );
         // Published but within the delay: kept.
-        assert_eq!(step(Some(&s1), t1 + time::Duration::seconds(2), &l, true), Step::Keep);
+        assert_eq!(
+            step(Some(&s1), t1 + time::Duration::seconds(2), &l, true),
+            Step::Keep
+        );
         // Published and past the delay: promoted, the old CA still trusted.
         let s2 = written(step(Some(&s1), t1 + time::Duration::seconds(6), &l, true));
         assert_eq!(s2.current.as_ref(), Some(&next));
@@ -439,11 +446,19 @@ mod tests {
         let l = life(100, 40, 0);
         let t0 = OffsetDateTime::now_utc();
         let s0 = written(step(None, t0, &l, false));
-        let s = written(step(Some(&s0), t0 + time::Duration::seconds(200), &l, false));
+        let s = written(step(
+            Some(&s0),
+            t0 + time::Duration::seconds(200),
+            &l,
+            false,
+        ));
         assert_ne!(s.current, s0.current);
         let mut garbled = s0.clone();
         garbled.current.as_mut().unwrap().server_cert = "junk".into();
-        assert_ne!(written(step(Some(&garbled), t0, &l, false)).current, s0.current);
+        assert_ne!(
+            written(step(Some(&garbled), t0, &l, false)).current,
+            s0.current
+        );
         let cas: Vec<String> = (0..6)
             .map(|_| generate(&names(), t0, l.validity).unwrap().ca_cert)
             .collect();

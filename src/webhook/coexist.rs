@@ -57,8 +57,14 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
             )));
         }
         Ok(None) => {}
-        Err(e) if forbidden(&e) => warnings.push(format!("cannot check for Knative's controller: {e}")),
-        Err(e) => return Err(format!("thaw {role}: cannot check for Knative Serving: {e}")),
+        Err(e) if forbidden(&e) => {
+            warnings.push(format!("cannot check for Knative's controller: {e}"))
+        }
+        Err(e) => {
+            return Err(format!(
+                "thaw {role}: cannot check for Knative Serving: {e}"
+            ));
+        }
     }
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -72,10 +78,21 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
                     let s = w.client_config.service.as_ref();
                     knative_service(s.map(|s| s.namespace.as_str()), s.map(|s| s.name.as_str()))
                 })
-                .then(|| format!("ValidatingWebhookConfiguration {}", c.metadata.name.clone().unwrap_or_default()))
+                .then(|| {
+                    format!(
+                        "ValidatingWebhookConfiguration {}",
+                        c.metadata.name.clone().unwrap_or_default()
+                    )
+                })
         })),
-        Err(e) if forbidden(&e) => warnings.push(format!("cannot list webhook configurations: {e}")),
-        Err(e) => return Err(format!("thaw {role}: cannot check for Knative Serving: {e}")),
+        Err(e) if forbidden(&e) => {
+            warnings.push(format!("cannot list webhook configurations: {e}"))
+        }
+        Err(e) => {
+            return Err(format!(
+                "thaw {role}: cannot check for Knative Serving: {e}"
+            ));
+        }
     }
     match mwcs.list(&ListParams::default()).await {
         Ok(l) => found.extend(l.items.iter().filter_map(|c| {
@@ -86,10 +103,21 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
                     let s = w.client_config.service.as_ref();
                     knative_service(s.map(|s| s.namespace.as_str()), s.map(|s| s.name.as_str()))
                 })
-                .then(|| format!("MutatingWebhookConfiguration {}", c.metadata.name.clone().unwrap_or_default()))
+                .then(|| {
+                    format!(
+                        "MutatingWebhookConfiguration {}",
+                        c.metadata.name.clone().unwrap_or_default()
+                    )
+                })
         })),
-        Err(e) if forbidden(&e) => warnings.push(format!("cannot list webhook configurations: {e}")),
-        Err(e) => return Err(format!("thaw {role}: cannot check for Knative Serving: {e}")),
+        Err(e) if forbidden(&e) => {
+            warnings.push(format!("cannot list webhook configurations: {e}"))
+        }
+        Err(e) => {
+            return Err(format!(
+                "thaw {role}: cannot check for Knative Serving: {e}"
+            ));
+        }
     }
     if let Some(first) = found.first() {
         return Err(refuse(format!(
@@ -106,7 +134,11 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
                 warnings.push(format!("cannot check for Knative's ConfigMaps: {e}"));
                 break;
             }
-            Err(e) => return Err(format!("thaw {role}: cannot check for Knative Serving: {e}")),
+            Err(e) => {
+                return Err(format!(
+                    "thaw {role}: cannot check for Knative Serving: {e}"
+                ));
+            }
         }
     }
     if !present.is_empty() {

@@ -21,7 +21,7 @@ use tokio::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::certs::{self, Lifetimes, Stored, Step};
+use super::certs::{self, Lifetimes, Step, Stored};
 use super::server::CertSlot;
 use crate::telemetry::webhook::WebhookMetrics;
 
@@ -154,12 +154,18 @@ pub async fn tick(
     let mut all: Vec<Vec<u8>> = Vec::new();
     if let Some(c) = &vwc {
         all.extend(bundles(
-            c.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.as_ref()),
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| w.client_config.ca_bundle.as_ref()),
         ));
     }
     if let Some(c) = &mwc {
         all.extend(bundles(
-            c.webhooks.iter().flatten().map(|w| w.client_config.ca_bundle.as_ref()),
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| w.client_config.ca_bundle.as_ref()),
         ));
     }
     // An absent configuration sends no calls: nothing to publish to.
@@ -170,8 +176,14 @@ pub async fn tick(
     let now = OffsetDateTime::now_utc();
     let names = target.dns_names();
     let mut fresh = || certs::generate(&names, now, target.lifetimes.validity);
-    let step = certs::plan(stored.as_ref(), now, &target.lifetimes, published, &mut fresh)
-        .map_err(|e| kube::Error::Service(e.into()))?;
+    let step = certs::plan(
+        stored.as_ref(),
+        now,
+        &target.lifetimes,
+        published,
+        &mut fresh,
+    )
+    .map_err(|e| kube::Error::Service(e.into()))?;
     let bundle = match step {
         Step::Keep => stored.map(|s| s.bundle).unwrap_or_default(),
         Step::Write(next, why) => {
@@ -183,7 +195,9 @@ pub async fn tick(
                 metadata: ObjectMeta {
                     name: Some(target.secret.clone()),
                     namespace: Some(target.namespace.clone()),
-                    resource_version: secret.as_ref().and_then(|s| s.metadata.resource_version.clone()),
+                    resource_version: secret
+                        .as_ref()
+                        .and_then(|s| s.metadata.resource_version.clone()),
                     labels: Some(BTreeMap::from([(
                         "app.kubernetes.io/part-of".to_string(),
                         "thaw".to_string(),
@@ -202,7 +216,11 @@ pub async fn tick(
             };
             let written = match &secret {
                 None => secrets.create(&PostParams::default(), &body).await,
-                Some(_) => secrets.replace(&target.secret, &PostParams::default(), &body).await,
+                Some(_) => {
+                    secrets
+                        .replace(&target.secret, &PostParams::default(), &body)
+                        .await
+                }
             };
             match written {
                 Ok(_) => {
@@ -224,7 +242,11 @@ pub async fn tick(
     }
     let want = ByteString(bundle.into_bytes());
     if let Some(mut c) = vwc {
-        let stale = c.webhooks.iter().flatten().any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
+        let stale = c
+            .webhooks
+            .iter()
+            .flatten()
+            .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
         if stale {
             for w in c.webhooks.iter_mut().flatten() {
                 w.client_config.ca_bundle = Some(want.clone());
@@ -233,7 +255,11 @@ pub async fn tick(
         }
     }
     if let Some(mut c) = mwc {
-        let stale = c.webhooks.iter().flatten().any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
+        let stale = c
+            .webhooks
+            .iter()
+            .flatten()
+            .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
         if stale {
             for w in c.webhooks.iter_mut().flatten() {
                 w.client_config.ca_bundle = Some(want.clone());
@@ -256,7 +282,10 @@ where
     match api.replace(name, &PostParams::default(), body).await {
         Ok(_) => {
             metrics.step("configuration");
-            tracing::info!(configuration = name, "caBundle brought to the Secret's bundle");
+            tracing::info!(
+                configuration = name,
+                "caBundle brought to the Secret's bundle"
+            );
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {

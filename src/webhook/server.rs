@@ -57,7 +57,8 @@ impl CertSlot {
             .map_err(|e| format!("the serving key does not parse: {e}"))?;
         let signer = rustls::crypto::ring::sign::any_supported_type(&key)
             .map_err(|e| format!("the serving key is not usable: {e}"))?;
-        self.0.store(Some(Arc::new(CertifiedKey::new(certs, signer))));
+        self.0
+            .store(Some(Arc::new(CertifiedKey::new(certs, signer))));
         Ok(())
     }
 
@@ -136,18 +137,21 @@ pub async fn serve(
             async move {
                 let _permit = permit;
                 let limits = admitter.limits;
-                let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        admitter.metrics.refuse("tls");
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        admitter.metrics.refuse("tls");
-                        return;
-                    }
-                };
+                let tls =
+                    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            admitter.metrics.refuse("tls");
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            admitter.metrics.refuse("tls");
+                            return;
+                        }
+                    };
                 let service = service_fn(move |req| {
                     let admitter = admitter.clone();
                     async move { Ok::<_, Infallible>(handle(&admitter, req).await) }
@@ -194,7 +198,11 @@ async fn handle(admitter: &Admitter, req: Request<Incoming>) -> Response<Full<By
         VALIDATION_PATH => Hook::Validation,
         _ => {
             m.refuse("not_found");
-            return reply(StatusCode::NOT_FOUND, Bytes::from_static(b"not found\n"), false);
+            return reply(
+                StatusCode::NOT_FOUND,
+                Bytes::from_static(b"not found\n"),
+                false,
+            );
         }
     };
     if req.method() != Method::POST {
@@ -273,7 +281,11 @@ async fn handle(admitter: &Admitter, req: Request<Incoming>) -> Response<Full<By
         allowed,
         start.elapsed().as_secs_f64(),
     );
-    reply(StatusCode::OK, Bytes::from(review_json(verdict.response)), true)
+    reply(
+        StatusCode::OK,
+        Bytes::from(review_json(verdict.response)),
+        true,
+    )
 }
 
 /// The AdmissionReview answering with `response`, as JSON. The patch is written base64, as

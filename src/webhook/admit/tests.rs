@@ -5,7 +5,12 @@ fn settings() -> Settings {
     crate::roles::controller::snapshot(&crate::config::live::LiveConfig::default(), None)
 }
 
-fn request(kind: &str, op: &str, object: Value, old: Option<Value>) -> AdmissionRequest<DynamicObject> {
+fn request(
+    kind: &str,
+    op: &str,
+    object: Value,
+    old: Option<Value>,
+) -> AdmissionRequest<DynamicObject> {
     let review: AdmissionReview<DynamicObject> = serde_json::from_value(serde_json::json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
@@ -43,7 +48,11 @@ fn patched(v: &Verdict, mut obj: Value) -> Value {
 fn defaulting_writes_the_controllers_defaults_traffic_and_creator() {
     let s = settings();
     let obj = service("ghcr.io/x", None);
-    let v = admit(Hook::Defaulting, &request("Service", "CREATE", obj.clone(), None), &s);
+    let v = admit(
+        Hook::Defaulting,
+        &request("Service", "CREATE", obj.clone(), None),
+        &s,
+    );
     assert!(v.response.allowed);
     let out: Service = serde_json::from_value(patched(&v, obj.clone())).unwrap();
     let sent: Service = serde_json::from_value(obj).unwrap();
@@ -63,7 +72,11 @@ fn validation_refuses_with_knatives_messages() {
     let s = settings();
     let mut bad = service("ghcr.io/x", None);
     bad["spec"]["traffic"] = serde_json::json!([{"latestRevision": true, "percent": 150}]);
-    let v = admit(Hook::Validation, &request("Service", "CREATE", bad, None), &s);
+    let v = admit(
+        Hook::Validation,
+        &request("Service", "CREATE", bad, None),
+        &s,
+    );
     assert!(!v.response.allowed);
     assert_eq!(v.response.result.code, 400);
     assert!(
@@ -71,12 +84,21 @@ fn validation_refuses_with_knatives_messages() {
         "{}",
         v.response.result.message
     );
-    assert!(v.response.result.message.contains("spec.traffic[0].percent"));
+    assert!(
+        v.response
+            .result
+            .message
+            .contains("spec.traffic[0].percent")
+    );
 
     // A named template changed without a new name.
     let old = service("ghcr.io/x", Some("hello-v1"));
     let new = service("ghcr.io/y", Some("hello-v1"));
-    let v = admit(Hook::Validation, &request("Service", "UPDATE", new, Some(old)), &s);
+    let v = admit(
+        Hook::Validation,
+        &request("Service", "UPDATE", new, Some(old)),
+        &s,
+    );
     assert!(!v.response.allowed);
     let m = &v.response.result.message;
     assert!(
@@ -87,7 +109,12 @@ fn validation_refuses_with_knatives_messages() {
     // With a new name it passes.
     let v = admit(
         Hook::Validation,
-        &request("Service", "UPDATE", service("ghcr.io/y", Some("hello-v2")), Some(service("ghcr.io/x", Some("hello-v1")))),
+        &request(
+            "Service",
+            "UPDATE",
+            service("ghcr.io/y", Some("hello-v2")),
+            Some(service("ghcr.io/x", Some("hello-v1"))),
+        ),
         &s,
     );
     assert!(v.response.allowed, "{}", v.response.result.message);
