@@ -260,8 +260,10 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     let patched = with_patch(&hello, &r);
     let svc: Service = serde_json::from_value(patched.clone()).unwrap();
     let sent: Service = serde_json::from_value(hello.clone()).unwrap();
-    let mut defaults = thaw::config::DefaultsConfig::default();
-    defaults.container_concurrency = 7;
+    let defaults = thaw::config::DefaultsConfig {
+        container_concurrency: 7,
+        ..Default::default()
+    };
     assert_eq!(
         svc.spec.configuration.template.spec,
         defaulted_spec(&sent.spec.configuration.template.spec, &defaults)
@@ -481,14 +483,17 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
 async fn certificates_rotate_under_a_stream_of_calls_to_two_replicas_with_none_failed() {
     let c = Cluster::start(json!({})).await;
     apply_configurations(&c).await;
-    // Certificates of 20 s, rotated with 15 s left: a rotation every ~5 s.
+    // Certificates of 20 s, rotated with 15 s left: a rotation every ~5 s. A new CA is in the
+    // caBundle 3 s before its certificate is served: the client below reads the bundle right
+    // before each call (an API server's informer is the slower reader the default minute
+    // covers).
     let life = [
         "--cert-validity",
         "20s",
         "--cert-rotate-before",
         "15s",
         "--cert-publish-delay",
-        "1s",
+        "3s",
     ];
     let (pa, aa, pb, ab) = (free_port(), free_port(), free_port(), free_port());
     let _a = webhook(&c, "wh-a", pa, aa, &life);
@@ -510,7 +515,7 @@ async fn certificates_rotate_under_a_stream_of_calls_to_two_replicas_with_none_f
         );
         let i = (calls % 2) as usize;
         let port = [pa, pb][i];
-        let path = if calls % 3 == 0 {
+        let path = if calls.is_multiple_of(3) {
             "/defaulting"
         } else {
             "/resource-validation"

@@ -162,6 +162,47 @@ impl LeaseTimings {
     }
 }
 
+/// Whether this replica leads: the `leading` of `/leader` and the role's `leader` gauge.
+#[derive(Debug, Clone)]
+pub(crate) struct Leading {
+    flag: Arc<std::sync::atomic::AtomicBool>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Leading {
+    pub(crate) fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        Self {
+            flag: Arc::default(),
+            gauge,
+        }
+    }
+
+    /// Whether the leader's work runs now.
+    pub(crate) fn get(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks the leader's work as running until the guard is dropped (the Lease was lost or
+    /// the replica stops).
+    pub(crate) fn enter(&self) -> LeadingGuard {
+        self.flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.gauge.set(1);
+        LeadingGuard(self.clone())
+    }
+}
+
+/// Clears [`Leading`] when dropped.
+pub(crate) struct LeadingGuard(Leading);
+
+impl Drop for LeadingGuard {
+    fn drop(&mut self) {
+        self.0
+            .flag
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.0.gauge.set(0);
+    }
+}
+
 /// The Kubernetes client of a role (in-cluster, or `KUBECONFIG`); the error names the role.
 pub(crate) async fn kube_client(role: &str) -> Result<kube::Client, String> {
     kube::Client::try_default()

@@ -143,7 +143,7 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
     let metrics = telemetry.webhook.clone();
     let slot = Arc::new(CertSlot::default());
     let (ready_tx, ready_rx) = watch::channel(false);
-    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let leading = super::Leading::new(metrics.leader.clone());
     {
         let (identity, leading) = (identity.clone(), leading.clone());
         let state = Arc::new(admin::AdminState {
@@ -152,7 +152,7 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
             leader: Box::new(move || {
                 serde_json::json!({
                     "identity": identity,
-                    "leading": leading.load(std::sync::atomic::Ordering::Relaxed),
+                    "leading": leading.get(),
                 })
             }),
             revisions: None,
@@ -242,12 +242,7 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
                 stop.clone(),
             );
             async move {
-                leading.store(true, std::sync::atomic::Ordering::Relaxed);
-                metrics.leader.set(1);
-                let _guard = LeaderGuard {
-                    leading,
-                    metrics: metrics.clone(),
-                };
+                let _guard = leading.enter();
                 manage(client, target, metrics, stop).await;
             }
         }
@@ -273,18 +268,4 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
-}
-
-/// Clears the leading flag when the leader's work is dropped.
-struct LeaderGuard {
-    leading: Arc<std::sync::atomic::AtomicBool>,
-    metrics: crate::telemetry::webhook::WebhookMetrics,
-}
-
-impl Drop for LeaderGuard {
-    fn drop(&mut self) {
-        self.leading
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        self.metrics.leader.set(0);
-    }
 }

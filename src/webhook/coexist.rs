@@ -6,7 +6,7 @@
 //! the role may not make (403) is logged and skipped: it cannot tell.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ServiceReference, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -36,6 +36,35 @@ fn forbidden(e: &kube::Error) -> bool {
 /// Whether a webhook's service reference is Knative's webhook.
 fn knative_service(ns: Option<&str>, name: Option<&str>) -> bool {
     ns == Some(KNATIVE_NAMESPACE) && name == Some(KNATIVE_WEBHOOK_SERVICE)
+}
+
+/// The webhook configurations `api` lists whose webhooks (their service references, from
+/// `services`) call Knative's webhook Service, as `Kind name`.
+async fn calling_knative<K>(
+    api: &Api<K>,
+    services: fn(&K) -> Vec<Option<ServiceReference>>,
+) -> Result<Vec<String>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|c| {
+            services(c)
+                .iter()
+                .flatten()
+                .any(|s| knative_service(Some(s.namespace.as_str()), Some(s.name.as_str())))
+        })
+        .map(|c| {
+            format!(
+                "{} {}",
+                K::kind(&()),
+                c.meta().name.clone().unwrap_or_default()
+            )
+        })
+        .collect())
 }
 
 /// `Err` (the message to log and exit with) when Knative Serving runs in the cluster; `Ok`
@@ -68,55 +97,36 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
     }
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let listed = [
+        calling_knative(&vwcs, |c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| w.client_config.service.clone())
+                .collect()
+        })
+        .await,
+        calling_knative(&mwcs, |c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| w.client_config.service.clone())
+                .collect()
+        })
+        .await,
+    ];
     let mut found: Vec<String> = Vec::new();
-    match vwcs.list(&ListParams::default()).await {
-        Ok(l) => found.extend(l.items.iter().filter_map(|c| {
-            c.webhooks
-                .iter()
-                .flatten()
-                .any(|w| {
-                    let s = w.client_config.service.as_ref();
-                    knative_service(s.map(|s| s.namespace.as_str()), s.map(|s| s.name.as_str()))
-                })
-                .then(|| {
-                    format!(
-                        "ValidatingWebhookConfiguration {}",
-                        c.metadata.name.clone().unwrap_or_default()
-                    )
-                })
-        })),
-        Err(e) if forbidden(&e) => {
-            warnings.push(format!("cannot list webhook configurations: {e}"))
-        }
-        Err(e) => {
-            return Err(format!(
-                "thaw {role}: cannot check for Knative Serving: {e}"
-            ));
-        }
-    }
-    match mwcs.list(&ListParams::default()).await {
-        Ok(l) => found.extend(l.items.iter().filter_map(|c| {
-            c.webhooks
-                .iter()
-                .flatten()
-                .any(|w| {
-                    let s = w.client_config.service.as_ref();
-                    knative_service(s.map(|s| s.namespace.as_str()), s.map(|s| s.name.as_str()))
-                })
-                .then(|| {
-                    format!(
-                        "MutatingWebhookConfiguration {}",
-                        c.metadata.name.clone().unwrap_or_default()
-                    )
-                })
-        })),
-        Err(e) if forbidden(&e) => {
-            warnings.push(format!("cannot list webhook configurations: {e}"))
-        }
-        Err(e) => {
-            return Err(format!(
-                "thaw {role}: cannot check for Knative Serving: {e}"
-            ));
+    for l in listed {
+        match l {
+            Ok(names) => found.extend(names),
+            Err(e) if forbidden(&e) => {
+                warnings.push(format!("cannot list webhook configurations: {e}"))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "thaw {role}: cannot check for Knative Serving: {e}"
+                ));
+            }
         }
     }
     if let Some(first) = found.first() {

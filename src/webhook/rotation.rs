@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -241,33 +241,49 @@ pub async fn tick(
         return Ok(());
     }
     let want = ByteString(bundle.into_bytes());
-    if let Some(mut c) = vwc {
-        let stale = c
-            .webhooks
-            .iter()
-            .flatten()
-            .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
-        if stale {
-            for w in c.webhooks.iter_mut().flatten() {
-                w.client_config.ca_bundle = Some(want.clone());
-            }
-            write_configuration(&vwcs, &target.validating, &c, metrics).await?;
-        }
+    if let Some(c) = vwc {
+        bring_to_bundle(&vwcs, &target.validating, c, &want, metrics, |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        })
+        .await?;
     }
-    if let Some(mut c) = mwc {
-        let stale = c
-            .webhooks
-            .iter()
-            .flatten()
-            .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want));
-        if stale {
-            for w in c.webhooks.iter_mut().flatten() {
-                w.client_config.ca_bundle = Some(want.clone());
-            }
-            write_configuration(&mwcs, &target.mutating, &c, metrics).await?;
-        }
+    if let Some(c) = mwc {
+        bring_to_bundle(&mwcs, &target.mutating, c, &want, metrics, |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        })
+        .await?;
     }
     Ok(())
+}
+
+/// Sets every webhook's `caBundle` in `config` to `want` and replaces it, when one differs.
+async fn bring_to_bundle<K>(
+    api: &Api<K>,
+    name: &str,
+    mut config: K,
+    want: &ByteString,
+    metrics: &WebhookMetrics,
+    hooks: fn(&mut K) -> Vec<&mut WebhookClientConfig>,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut configs = hooks(&mut config);
+    if configs.iter().all(|c| c.ca_bundle.as_ref() == Some(want)) {
+        return Ok(());
+    }
+    for c in &mut configs {
+        c.ca_bundle = Some(want.clone());
+    }
+    write_configuration(api, name, &config, metrics).await
 }
 
 async fn write_configuration<K>(
