@@ -32,3 +32,4 @@ pub mod roles;
 pub mod sample_app;
 pub mod stats;
 pub mod telemetry;
+pub mod webhook;

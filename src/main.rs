@@ -36,6 +36,9 @@ enum Command {
     /// Knative's Service, Configuration, Revision and Route reconcilers, leader-elected.
     #[command(after_help = EXIT_CODES)]
     Controller(thaw::roles::controller::ControllerArgs),
+    /// Knative's defaulting and validating admission webhooks, with self-managed certificates.
+    #[command(after_help = EXIT_CODES)]
+    Webhook(thaw::roles::webhook::WebhookArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Activator(args) => thaw::roles::activator::main(args),
         Command::Autoscaler(args) => thaw::roles::autoscaler::main(args),
         Command::Controller(args) => thaw::roles::controller::main(args),
+        Command::Webhook(args) => thaw::roles::webhook::main(args),
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),

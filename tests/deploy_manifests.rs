@@ -111,6 +111,9 @@ fn find<'a>(all: &'a [(PathBuf, Value)], kind_: &str, name_: &str) -> &'a Value 
 
 /// `Some(round-tripped JSON)` for a built-in kind thaw knows the type of; `None` otherwise.
 fn round_trip(doc: &Value) -> Option<Result<Value, String>> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
     use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -138,6 +141,12 @@ fn round_trip(doc: &Value) -> Option<Result<Value, String>> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => via::<RoleBinding>(doc),
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             via::<CustomResourceDefinition>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
+            via::<MutatingWebhookConfiguration>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            via::<ValidatingWebhookConfiguration>(doc)
         }
         _ => return None,
     })
@@ -493,7 +502,12 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
     for (f, d) in &all {
         let cluster_scoped = matches!(
             kind(d).1,
-            "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "CustomResourceDefinition"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingWebhookConfiguration"
+                | "MutatingWebhookConfiguration"
         );
         let ns = str_at(d, "/metadata/namespace");
         if cluster_scoped {
@@ -739,7 +753,7 @@ fn each_role_is_granted_exactly_the_calls_in_the_rbac_table() {
     let roles = t["roles"].as_object().unwrap();
     assert_eq!(
         roles.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["activator", "autoscaler", "controller"]
+        ["activator", "autoscaler", "controller", "webhook"]
     );
     let mut service_accounts = BTreeSet::new();
     for (role, spec) in roles {
@@ -880,7 +894,7 @@ fn every_container_is_locked_down() {
         .map(|(_, d)| d)
         .filter(|d| kind(d).1 == "Deployment")
         .collect();
-    assert_eq!(deps.len(), 3);
+    assert_eq!(deps.len(), 4);
     let ns = find(&all, "Namespace", SYSTEM_NAMESPACE);
     assert_eq!(
         str_at(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce"),
@@ -1413,7 +1427,7 @@ fn kubectl_renders_deploy_and_an_overlay_retags_every_role() {
             .unwrap()
             .to_string()
     };
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert_eq!(image(rendered(&all, "Deployment", role)), "thaw:dev");
     }
     // An overlay naming a registry's image (as the README says) retags every role; the
@@ -1427,7 +1441,7 @@ fn kubectl_renders_deploy_and_an_overlay_retags_every_role() {
         return;
     }
     let all = kustomize(dir.path());
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert_eq!(
             image(rendered(&all, "Deployment", role)),
             "registry.example/team/thaw:v1.2.3"
@@ -1545,7 +1559,7 @@ fn the_readme_kubernetes_sequence_applies_in_order_what_deploy_holds() {
     let host = format!("Host: {service}.default.{domain}");
     assert!(cmds[at("curl ")].contains(&host), "curl sends {host:?}");
     // Every role's Deployment is waited for in thaw-system.
-    for role in ["activator", "autoscaler", "controller"] {
+    for role in ["activator", "autoscaler", "controller", "webhook"] {
         assert!(has("Deployment", role, SYSTEM_NAMESPACE));
     }
 
@@ -1655,7 +1669,10 @@ fn check_kit(all: &[Value], pm: &Value, hpa: &Value, activator_replicas_removed:
         }
     }
     selected.sort();
-    assert_eq!(selected, ["activator", "autoscaler", "controller"]);
+    assert_eq!(
+        selected,
+        ["activator", "autoscaler", "controller", "webhook"]
+    );
     // The roles' NetworkPolicies admit the scrape from a labelled namespace.
     for np in all.iter().filter(|d| kind(d).1 == "NetworkPolicy") {
         let text = serde_json::to_string(np).unwrap();
@@ -1784,5 +1801,88 @@ fn thaw_version_names_the_commit_it_was_built_from() {
             env!("CARGO_PKG_VERSION"),
             env!("THAW_GIT_COMMIT")
         )
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The admission webhook.
+
+#[test]
+fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_service() {
+    use thaw::webhook::server::{DEFAULTING_PATH, VALIDATION_PATH};
+    let all = applied();
+    let d = find(&all, "Deployment", "webhook");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["args"][0], "webhook");
+    let port = listen_port(c, "--listen");
+    assert_eq!(container_port(c, "https-webhook"), port);
+    assert_eq!(container_port(c, "admin"), listen_port(c, "--admin-listen"));
+    let svc = find(&all, "Service", "thaw-webhook");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 443);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "https-webhook");
+    assert_eq!(
+        svc["spec"]["selector"]["app.kubernetes.io/name"],
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+    );
+    for (kind_, hook, path) in [
+        (
+            "MutatingWebhookConfiguration",
+            "webhook.serving.knative.dev",
+            DEFAULTING_PATH,
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validation.webhook.serving.knative.dev",
+            VALIDATION_PATH,
+        ),
+    ] {
+        // The name the role keeps the caBundle of (its default flags).
+        let cfg = find(&all, kind_, thaw::roles::webhook::WEBHOOK_NAME);
+        let hooks = cfg["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 1, "{kind_}");
+        let w = &hooks[0];
+        assert_eq!(w["name"], hook);
+        assert_eq!(w["admissionReviewVersions"], json!(["v1"]));
+        assert_eq!(w["sideEffects"], "None", "{kind_}");
+        assert_eq!(
+            w["failurePolicy"], "Fail",
+            "{kind_}: Knative's (docs/decisions.md)"
+        );
+        let t = w["timeoutSeconds"].as_i64().unwrap();
+        assert!((1..=30).contains(&t), "{kind_}: timeoutSeconds {t}");
+        assert!(
+            w["clientConfig"].get("caBundle").is_none(),
+            "the role writes it"
+        );
+        let s = &w["clientConfig"]["service"];
+        assert_eq!(s["name"], "thaw-webhook");
+        assert_eq!(s["namespace"], SYSTEM_NAMESPACE);
+        assert_eq!(s["path"], path);
+        assert_eq!(s["port"], 443);
+        let excluded = &w["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(excluded["key"], "kubernetes.io/metadata.name");
+        assert_eq!(excluded["operator"], "NotIn");
+        assert_eq!(excluded["values"], json!([SYSTEM_NAMESPACE, "kube-system"]));
+        let rule = &w["rules"][0];
+        assert_eq!(rule["apiGroups"], json!(["serving.knative.dev"]));
+        assert_eq!(rule["operations"], json!(["CREATE", "UPDATE"]));
+        assert_eq!(
+            rule["resources"],
+            json!(["services", "configurations", "revisions", "routes"])
+        );
+    }
+    // The NetworkPolicy admits the admission port (the API server) and the scrapes.
+    let np = find(&all, "NetworkPolicy", "webhook");
+    let ports: Vec<i64> = np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["ports"].as_array().unwrap().iter())
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, [port, listen_port(c, "--admin-listen")]);
+    assert!(
+        np["spec"]["ingress"][0].get("from").is_none(),
+        "the API server is no pod a policy can select"
     );
 }

@@ -8,6 +8,9 @@
 //! on losing it they are dropped at once; on SIGTERM the Lease is released so another replica
 //! takes over without waiting for it to expire. A ConfigMap change re-queues every object.
 //!
+//! At start it refuses to run beside Knative Serving ([`crate::webhook::coexist`]): both would
+//! reconcile the same objects.
+//!
 //! The queue sidecar runs the controller's own image (read from its Pod, `--name`) unless
 //! `config-deployment` sets `queue-sidecar-image`: retagging the roles' image retags the
 //! sidecar too.
@@ -154,10 +157,13 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         &identity,
     )?;
     let client = super::kube_client("controller").await?;
+    for w in crate::webhook::coexist::check(&client, "controller").await? {
+        warn!("{w}");
+    }
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);
-    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let leading = super::Leading::new(telemetry.controller.leader.clone());
     {
         let (identity, leading) = (identity.clone(), leading.clone());
         let state = Arc::new(admin::AdminState {
@@ -166,7 +172,7 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
             leader: Box::new(move || {
                 serde_json::json!({
                     "identity": identity,
-                    "leading": leading.load(std::sync::atomic::Ordering::Relaxed),
+                    "leading": leading.get(),
                 })
             }),
             revisions: None,
@@ -220,13 +226,11 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         );
     }
     let work = {
-        let (ctx, leading, metrics) = (ctx.clone(), leading.clone(), telemetry.controller.clone());
+        let (ctx, leading) = (ctx.clone(), leading.clone());
         move || {
-            let (ctx, leading, metrics) = (ctx.clone(), leading.clone(), metrics.clone());
+            let (ctx, leading) = (ctx.clone(), leading.clone());
             async move {
-                leading.store(true, std::sync::atomic::Ordering::Relaxed);
-                metrics.leader.set(1);
-                let _guard = LeaderGuard { leading, metrics };
+                let _guard = leading.enter();
                 run_controllers(ctx).await;
             }
         }
@@ -240,19 +244,4 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
-}
-
-/// Clears the leading flag when the leader's work is dropped (the Lease was lost or the
-/// replica stops).
-struct LeaderGuard {
-    leading: Arc<std::sync::atomic::AtomicBool>,
-    metrics: crate::telemetry::controller::ControllerMetrics,
-}
-
-impl Drop for LeaderGuard {
-    fn drop(&mut self) {
-        self.leading
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        self.metrics.leader.set(0);
-    }
 }

@@ -12,6 +12,7 @@ pub mod pull;
 pub mod serving;
 pub mod share;
 pub mod subset;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -156,6 +157,47 @@ impl LeaseTimings {
             .validate()
             .map_err(|e| format!("thaw {role}: invalid lease settings: {e}"))?;
         Ok(lease)
+    }
+}
+
+/// Whether this replica leads: the `leading` of `/leader` and the role's `leader` gauge.
+#[derive(Debug, Clone)]
+pub(crate) struct Leading {
+    flag: Arc<std::sync::atomic::AtomicBool>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Leading {
+    pub(crate) fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        Self {
+            flag: Arc::default(),
+            gauge,
+        }
+    }
+
+    /// Whether the leader's work runs now.
+    pub(crate) fn get(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks the leader's work as running until the guard is dropped (the Lease was lost or
+    /// the replica stops).
+    pub(crate) fn enter(&self) -> LeadingGuard {
+        self.flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.gauge.set(1);
+        LeadingGuard(self.clone())
+    }
+}
+
+/// Clears [`Leading`] when dropped.
+pub(crate) struct LeadingGuard(Leading);
+
+impl Drop for LeadingGuard {
+    fn drop(&mut self) {
+        self.0
+            .flag
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.0.gauge.set(0);
     }
 }
 

@@ -17,6 +17,7 @@ pub mod platform;
 pub mod process;
 pub mod queue;
 pub mod remote;
+pub mod webhook;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -67,6 +68,7 @@ pub struct Telemetry {
     pub autoscaler: autoscaler::AutoscalerMetrics,
     pub remote: remote::RemoteMetrics,
     pub controller: controller::ControllerMetrics,
+    pub webhook: webhook::WebhookMetrics,
 }
 
 impl Telemetry {
@@ -91,14 +93,16 @@ impl Telemetry {
         let platform = platform::PlatformMetrics::register_scoped(thaw, scope);
         let activator = activator::ActivatorMetrics::register(thaw);
         let autoscaler = autoscaler::AutoscalerMetrics::register_scoped(thaw, scope);
-        let (remote, controller) = match scope {
+        let (remote, controller, webhook) = match scope {
             Scope::Cluster => (
                 remote::RemoteMetrics::register(thaw),
                 controller::ControllerMetrics::register(thaw),
+                webhook::WebhookMetrics::register(thaw),
             ),
             Scope::Local => (
                 remote::RemoteMetrics::default(),
                 controller::ControllerMetrics::unregistered(),
+                webhook::WebhookMetrics::unregistered(),
             ),
         };
         Self {
@@ -109,6 +113,7 @@ impl Telemetry {
             autoscaler,
             remote,
             controller,
+            webhook,
         }
     }
 

@@ -1,6 +1,7 @@
 //! A loopback TCP relay between a client and the API server that a test can cut (every open
 //! connection closed, new ones refused) and restore, and that records each request line the
-//! client sends (to count LISTs and WATCHes). It can also answer chosen requests itself with
+//! client sends (to count LISTs and WATCHes) and the bytes of each write ([`Relay::writes`]).
+//! It can also answer chosen requests itself with
 //! an error status instead of forwarding them ([`Relay::fail_next`]), and hold back the
 //! answers to chosen requests (a watch's events) until released ([`Relay::hold`]): an injected
 //! delay that puts a client's view of one kind behind the server's.
@@ -18,10 +19,15 @@ pub struct Relay {
     /// `true` while cut. Connection tasks watch it and close when it turns true.
     cut: watch::Sender<bool>,
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
+    /// Every write (POST, PUT, PATCH) with the bytes sent for it: head and body.
+    writes: Writes,
     faults: Faults,
     held: Held,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Writes sent through the relay: the request line and every byte of the request.
+type Writes = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// A request line and the bytes of its answer forwarded so far.
 type Answer = (String, Vec<u8>);
@@ -58,6 +64,8 @@ impl Relay {
         let f = faults.clone();
         let held = Held::default();
         let h = held.clone();
+        let writes: Writes = Arc::new(Mutex::new(Vec::new()));
+        let w = writes.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
@@ -74,6 +82,7 @@ impl Relay {
                     reqs.clone(),
                     f.clone(),
                     h.clone(),
+                    w.clone(),
                 ));
             }
         });
@@ -81,10 +90,17 @@ impl Relay {
             addr,
             cut,
             requests,
+            writes,
             faults,
             held,
             task,
         }
+    }
+
+    /// Every write sent so far (POST, PUT, PATCH): its request line and the bytes sent for it
+    /// (head and body, however many reads they came in).
+    pub fn writes(&self) -> Vec<(String, Vec<u8>)> {
+        self.writes.lock().unwrap().clone()
     }
 
     /// Holds back the server's bytes on connections whose current request line contains
@@ -188,6 +204,7 @@ async fn pipe(
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
     held: Held,
+    writes: Writes,
 ) {
     let Ok(mut up) = TcpStream::connect(target).await else {
         return;
@@ -200,6 +217,8 @@ async fn pipe(
     let current = Mutex::new(String::new());
     let client_to_server = async {
         let mut buf = vec![0u8; 16 * 1024];
+        // The write this connection is sending now (its index in `writes`).
+        let mut writing: Option<usize> = None;
         loop {
             let n = match dr.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
@@ -209,6 +228,27 @@ async fn pipe(
             // new request.
             let chunk = &buf[..n];
             let mut skip = false;
+            let starts_request = ["GET ", "POST ", "PUT ", "PATCH ", "DELETE "]
+                .iter()
+                .any(|m| chunk.starts_with(m.as_bytes()));
+            if starts_request {
+                writing = None;
+                if ["POST ", "PUT ", "PATCH "]
+                    .iter()
+                    .any(|m| chunk.starts_with(m.as_bytes()))
+                {
+                    let line_end = chunk
+                        .windows(2)
+                        .position(|w| w == b"\r\n")
+                        .unwrap_or(chunk.len());
+                    let line = String::from_utf8_lossy(&chunk[..line_end]).into_owned();
+                    let mut w = writes.lock().unwrap();
+                    w.push((line, chunk.to_vec()));
+                    writing = Some(w.len() - 1);
+                }
+            } else if let Some(i) = writing {
+                writes.lock().unwrap()[i].1.extend_from_slice(chunk);
+            }
             for method in ["GET ", "POST ", "PUT ", "PATCH ", "DELETE "] {
                 if chunk.starts_with(method.as_bytes()) {
                     let line_end = chunk
