@@ -102,7 +102,7 @@ impl std::fmt::Display for Outcome {
             Outcome::OldHash(h) if h.is_empty() => f.write_str("answered without a hash"),
             Outcome::OldHash(h) => write!(f, "serves hash {}", short(h)),
             Outcome::Status(s) => write!(f, "answered {s}"),
-            Outcome::Failed(e) => f.write_str(e),
+            Outcome::Failed(e) => write!(f, "failed: {e}"),
         }
     }
 }
@@ -261,7 +261,9 @@ impl Prober {
                     }
                 }
             }
-            let (mut failed, mut listed) = (0usize, 0usize);
+            // Per failing pod: its first failure and the hosts it failed for.
+            let mut failing: std::collections::BTreeMap<(String, SocketAddr), (Outcome, usize)> =
+                Default::default();
             while let Some(joined) = probes.join_next().await {
                 let Ok((gateway, pod, host, outcome)) = joined else {
                     continue;
@@ -275,20 +277,31 @@ impl Prober {
                 if outcome == Outcome::Ok {
                     done.insert((pod, host));
                 } else {
-                    failed += 1;
                     tracing::debug!(%gateway, %pod, %host, %outcome, "probe failed");
-                    if failures.len() < MESSAGE_FAILURES {
-                        listed += 1;
-                        failures.push(format!("gateway {gateway} pod {pod} for {host}: {outcome}"));
-                    }
+                    failing
+                        .entry((gateway, pod))
+                        .or_insert((outcome, 0))
+                        .1 += 1;
                 }
             }
-            if failures.is_empty() && failed == 0 && targets > 0 {
+            let failed = failing.len();
+            let listed = failed.min(MESSAGE_FAILURES.saturating_sub(failures.len()));
+            for ((gateway, pod), (outcome, hosts)) in failing.into_iter().take(listed) {
+                failures.push(format!(
+                    "gateway {gateway} pod {pod} {outcome} ({hosts} of {} hosts)",
+                    gateways
+                        .iter()
+                        .find(|g| g.gateway.reference() == gateway)
+                        .map_or(0, |g| g.hosts.len())
+                ));
+            }
+            if failures.is_empty() && targets > 0 {
                 tracing::debug!(targets, "every gateway pod serves the route");
                 *state.lock().unwrap_or_else(|e| e.into_inner()) = Probed::Ready;
                 let _ = self.requeue.try_send(route);
                 return;
             }
+            // Pods not named.
             let more = failed - listed;
             let mut message = format!(
                 "Waiting for the gateways to serve the route (hash {}): {}",
@@ -296,7 +309,7 @@ impl Prober {
                 failures.join("; ")
             );
             if more > 0 {
-                message.push_str(&format!("; and {more} more"));
+                message.push_str(&format!("; and {more} more pods"));
             }
             message.push('.');
             let changed = {
