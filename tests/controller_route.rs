@@ -462,7 +462,8 @@ async fn a_fifty_fifty_split_and_a_tag() {
         ],
     )
     .await;
-    vs_until(&run, "hello-ingress", |s| s.http.len() == 1).await;
+    // One route and its probe copy.
+    vs_until(&run, "hello-ingress", |s| s.http.len() == 2).await;
     let svcs = run.api::<KubeService>();
     wait_for(
         "the tag's placeholder gone",
@@ -784,10 +785,12 @@ async fn a_services_route_is_programmed_and_the_service_goes_ready() {
         },
     );
     let task = tokio::spawn(thaw::roles::controller::run_controllers(ctx));
+    let gateway = kube_support::gateway::default_gateways(&client).await;
     let run = Running {
         _api: api,
         client,
         task,
+        _gateway: gateway,
     };
     let svc: thaw::knative::Service = serde_saphyr::from_str(
         "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: hello\n  namespace: default\nspec:\n  template:\n    spec:\n      containers:\n        - image: ghcr.io/knative/helloworld-go:latest\n",
@@ -1309,7 +1312,7 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
     let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
     let a = TestGateway::start(run.client.clone(), &refs, Backend::Forward(activator)).await;
     let b = TestGateway::start(run.client.clone(), &refs, Backend::Forward(sidecar)).await;
-    let c = {
+    let down = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
@@ -1339,7 +1342,7 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
 
     // B keeps the routes of now; C is down; the route moves to hello-00002.
     b.freeze(virtual_services_now(&run.client).await);
-    publish(&run.client, &local.service, &[a.addr(), b.addr(), c]).await;
+    publish(&run.client, &local.service, &[a.addr(), b.addr(), down]).await;
     set_traffic(&run, "hello", vec![to_revision("hello-00002", 100)]).await;
     let second = hash_of(
         &vs_until(&run, "hello-ingress", |s| {
@@ -1358,7 +1361,7 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
                     && c.reason.as_deref() == Some("Uninitialized")
                     && m.contains(&format!("pod {} ", b.addr()))
                     && m.contains(&format!("serves hash {}", &first[..12]))
-                    && m.contains(&format!("pod {} ", c))
+                    && m.contains(&format!("pod {down} "))
                     && m.contains("cannot connect")
                     && !m.contains(&format!("pod {} ", a.addr()))
             })

@@ -36,6 +36,9 @@ pub enum Backend {
     Echo,
     /// Forwards to this address (HTTP/1.1, the rewritten headers, `Host` kept).
     Forward(SocketAddr),
+    /// Forwards to a ready endpoint of the chosen destination (`{service}.{namespace}.svc...`
+    /// and port, read from its Service and EndpointSlices), as Envoy's EDS would.
+    Destinations,
 }
 
 /// One gateway pod; its tasks end when it is dropped.
@@ -60,6 +63,7 @@ struct Shared {
     /// `namespace/name` of the Gateways this pod serves.
     gateways: Vec<String>,
     backend: Backend,
+    kube: kube::Client,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
@@ -70,7 +74,10 @@ impl TestGateway {
         let (store, writer) = reflector::store::<VirtualService>();
         let watch = reflector::reflector(
             writer,
-            watcher(Api::<VirtualService>::all(client), watcher::Config::default()),
+            watcher(
+                Api::<VirtualService>::all(client.clone()),
+                watcher::Config::default(),
+            ),
         )
         .default_backoff()
         .for_each(|_| async {});
@@ -82,6 +89,7 @@ impl TestGateway {
             frozen: frozen.clone(),
             gateways: gateways.iter().map(|g| g.to_string()).collect(),
             backend,
+            kube: client,
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -187,7 +195,23 @@ impl Shared {
                     reply(200, "ok\n", None)
                 }
             }
-            Backend::Forward(to) => {
+            Backend::Forward(_) | Backend::Destinations => {
+                let to = match self.backend {
+                    Backend::Forward(to) => to,
+                    _ => {
+                        let port = dest.destination.port.as_ref().map_or(80, |p| p.number);
+                        match thaw::controller::route::prober::service_pods(
+                            &self.kube,
+                            &dest.destination.host,
+                            port as i32,
+                        )
+                        .await
+                        {
+                            Ok(pods) if !pods.is_empty() => pods[0],
+                            _ => return reply(503, "no healthy upstream\n", None),
+                        }
+                    }
+                };
                 let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
                 let mut out = http::Request::builder()
                     .method(parts.method)

@@ -360,6 +360,12 @@ pub fn service_of(host: &str) -> Option<(&str, &str)> {
 /// gateway serves plain HTTP on: the Service's port 80 (else its first), matched by name in
 /// each EndpointSlice.
 pub async fn gateway_pods(client: &kube::Client, service: &str) -> Resolved {
+    service_pods(client, service, 80).await
+}
+
+/// The ready endpoints behind port `number` of the Service `service` (a host name): that
+/// port of the Service (else its first), matched by name in each EndpointSlice.
+pub async fn service_pods(client: &kube::Client, service: &str, number: i32) -> Resolved {
     let (ns, name) =
         service_of(service).ok_or_else(|| format!("{service} is not a Service host name"))?;
     let svc = Api::<KubeService>::namespaced(client.clone(), ns)
@@ -370,7 +376,7 @@ pub async fn gateway_pods(client: &kube::Client, service: &str) -> Resolved {
     let ports = svc.spec.and_then(|s| s.ports).unwrap_or_default();
     let port = ports
         .iter()
-        .find(|p| p.port == 80)
+        .find(|p| p.port == number)
         .or(ports.first())
         .ok_or_else(|| format!("Service {ns}/{name} has no port"))?;
     let port_name = port.name.clone().unwrap_or_default();
