@@ -247,7 +247,9 @@ fn probe_routes_set_the_hash_of_the_description_and_keep_the_probers_headers() {
     }
     // The same description hashes the same; any change of it changes the hash.
     assert_eq!(virtual_services(&r, &t, &net, 300).hash, vss.hash);
-    assert_ne!(virtual_services(&r, &t, &net, 301).hash, vss.hash);
+    let mut other_gateways = NetworkConfig::default();
+    other_gateways.istio.local_gateways[0].name = "other-local-gateway".into();
+    assert_ne!(virtual_services(&r, &t, &other_gateways, 300).hash, vss.hash);
     let other = route("hello").with_revision("hello-00001", 100).build();
     let t2 = resolve(&other, &refs(vec![], ready_revs())).unwrap();
     assert_ne!(virtual_services(&other, &t2, &net, 300).hash, vss.hash);
