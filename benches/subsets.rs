@@ -61,7 +61,10 @@ fn holding(revisions: usize, ips: &[String], n: usize, ip: &str) -> usize {
 }
 
 fn slice_writes(m: &str) -> f64 {
-    value(m, "thaw_autoscaler_api_writes_total{resource=\"endpointslices\"}")
+    value(
+        m,
+        "thaw_autoscaler_api_writes_total{resource=\"endpointslices\"}",
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -75,8 +78,7 @@ async fn main() {
     let ten = activators(10);
     set_activators(&client, &ten).await;
     for chunk in (0..n).collect::<Vec<_>>().chunks(25) {
-        futures::future::join_all(chunk.iter().map(|&i| revision(client.clone(), i, false)))
-            .await;
+        futures::future::join_all(chunk.iter().map(|&i| revision(client.clone(), i, false))).await;
     }
     let size = num_activators(&thaw::config::AutoscalingSpec::default(), 0);
     println!("{n} revisions at zero, 10 activators, a subset of {size} each");

@@ -1082,7 +1082,10 @@ async fn the_mesh_virtual_service_routes_the_cluster_local_hosts() {
     );
     assert_eq!(
         weights(&mesh.spec, "hello"),
-        [("hello-00001".to_string(), 50), ("hello-00002".to_string(), 50)]
+        [
+            ("hello-00001".to_string(), 50),
+            ("hello-00002".to_string(), 50)
+        ]
     );
     assert_eq!(
         weights(&mesh.spec, "candidate-hello"),
@@ -1133,8 +1136,12 @@ async fn the_mesh_virtual_service_routes_the_cluster_local_hosts() {
                 }
                 if probe {
                     hashes.insert(ops.set["K-Network-Hash"].clone());
-                    assert!(h.match_.iter().all(|m| m.headers["k-network-hash"].exact.as_deref()
-                        == Some("override")));
+                    assert!(
+                        h.match_
+                            .iter()
+                            .all(|m| m.headers["k-network-hash"].exact.as_deref()
+                                == Some("override"))
+                    );
                 } else {
                     assert!(!ops.set.contains_key("K-Network-Hash"));
                 }
@@ -1190,17 +1197,31 @@ async fn a_missing_virtual_service_crd_is_a_condition_until_it_is_served() {
         );
         assert_eq!(cond(&r, "Ready").unwrap().0, ConditionStatus::False);
         // Traffic is still resolved and reported.
-        assert_eq!(cond(&r, "AllTrafficAssigned").unwrap().0, ConditionStatus::True);
+        assert_eq!(
+            cond(&r, "AllTrafficAssigned").unwrap().0,
+            ConditionStatus::True
+        );
     }
     assert!(relay.answered_here("/apis/networking.istio.io") > 0);
     assert!(
-        run.api::<VirtualService>().list(&Default::default()).await.unwrap().items.is_empty(),
+        run.api::<VirtualService>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
         "nothing written"
     );
 
     relay.forward("/apis/networking.istio.io");
     for n in &names {
-        route_until(&run, n, "the route Ready once VirtualServices are served", is_ready).await;
+        route_until(
+            &run,
+            n,
+            "the route Ready once VirtualServices are served",
+            is_ready,
+        )
+        .await;
         vs_until(&run, &format!("{n}-ingress"), |_| true).await;
         vs_until(&run, &format!("{n}-mesh"), |_| true).await;
     }
@@ -1244,7 +1265,10 @@ impl Child {
         let stderr = child.stderr.take().unwrap();
         let sink = logs.clone();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 sink.lock().unwrap().push(line);
             }
         });
@@ -1287,14 +1311,26 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
     let run = start().await;
     let dir = tempfile::tempdir().unwrap();
     let (_activator, activator) = Child::start(
-        &["local", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        &[
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
         &[],
         dir.path(),
         "thaw local listening",
     )
     .await;
     let (_queue, sidecar) = Child::start(
-        &["queue", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        &[
+            "queue",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
         &[
             ("SERVING_NAMESPACE", NS),
             ("SERVING_REVISION", "hello-00001"),
@@ -1320,9 +1356,12 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
 
     revision(&run, "hello-00001", true).await;
     revision(&run, "hello-00002", true).await;
-    let mut r = Route::new("hello", RouteSpec {
-        traffic: vec![to_revision("hello-00001", 100)],
-    });
+    let mut r = Route::new(
+        "hello",
+        RouteSpec {
+            traffic: vec![to_revision("hello-00001", 100)],
+        },
+    );
     r.metadata.namespace = Some(NS.into());
     r.metadata.labels = Some(BTreeMap::from([(
         "networking.knative.dev/visibility".to_string(),
@@ -1332,10 +1371,22 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
         .create(&PostParams::default(), &r)
         .await
         .unwrap();
-    route_until(&run, "hello", "Ready through the activator and the sidecar", is_ready).await;
+    route_until(
+        &run,
+        "hello",
+        "Ready through the activator and the sidecar",
+        is_ready,
+    )
+    .await;
     let hash_of = |vs: &VirtualService| {
-        vs.spec.http[0].route[0].headers.as_ref().unwrap().request.as_ref().unwrap().set
-            ["K-Network-Hash"]
+        vs.spec.http[0].route[0]
+            .headers
+            .as_ref()
+            .unwrap()
+            .request
+            .as_ref()
+            .unwrap()
+            .set["K-Network-Hash"]
             .clone()
     };
     let first = hash_of(&vs_until(&run, "hello-ingress", |_| true).await);
@@ -1346,8 +1397,14 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
     set_traffic(&run, "hello", vec![to_revision("hello-00002", 100)]).await;
     let second = hash_of(
         &vs_until(&run, "hello-ingress", |s| {
-            s.http[0].route[0].headers.as_ref().unwrap().request.as_ref().unwrap().set
-                ["K-Network-Hash"]
+            s.http[0].route[0]
+                .headers
+                .as_ref()
+                .unwrap()
+                .request
+                .as_ref()
+                .unwrap()
+                .set["K-Network-Hash"]
                 != first
         })
         .await,

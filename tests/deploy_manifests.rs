@@ -1796,10 +1796,7 @@ fn thaw_version_names_the_commit_it_was_built_from() {
 fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services_parse() {
     let dir = deploy().join("components/istio-local-gateway");
     let k = docs(&dir.join("kustomization.yaml")).remove(0);
-    assert_eq!(
-        kind(&k),
-        ("kustomize.config.k8s.io/v1alpha1", "Component")
-    );
+    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
     let all: Vec<Value> = k["resources"]
         .as_array()
         .unwrap()
@@ -1847,12 +1844,15 @@ fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services
             }
             vss += 1;
             let vs: thaw::controller::route::virtual_service::VirtualService =
-                serde_json::from_value(d.clone())
-                    .unwrap_or_else(|e| panic!("{}: {e}", rel(&f)));
+                serde_json::from_value(d.clone()).unwrap_or_else(|e| panic!("{}: {e}", rel(&f)));
             let mut diffs = Vec::new();
             let back = serde_json::to_value(&vs).unwrap();
             differences(&d, &back, "", &mut diffs);
-            assert!(diffs.is_empty(), "{}: fields thaw does not know: {diffs:?}", rel(&f));
+            assert!(
+                diffs.is_empty(),
+                "{}: fields thaw does not know: {diffs:?}",
+                rel(&f)
+            );
             for h in &vs.spec.http {
                 for ops in h
                     .headers

@@ -498,7 +498,10 @@ async fn probes_are_answered_as_knatives_queue_proxy_answers_them() {
         )
         .await;
     assert_eq!((status, body.as_str()), (200, ""));
-    assert_eq!(headers.get("k-network-hash").map(String::as_str), Some("abc123"));
+    assert_eq!(
+        headers.get("k-network-hash").map(String::as_str),
+        Some("abc123")
+    );
     let (status, body) = q.get("/healthz", &[("k-network-probe", "probe")]).await;
     assert_eq!(
         (status, body.as_str()),

@@ -140,7 +140,10 @@ impl Sidecar {
         if value == b"probe" {
             // The ingress prober (Knative's netprobe handler): the hash the ingress set.
             let Some(hash) = hash else {
-                return plain(StatusCode::BAD_REQUEST, "K-Network-Hash header is missing\n");
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "K-Network-Hash header is missing\n",
+                );
             };
             let mut resp = plain(StatusCode::OK, "");
             resp.headers_mut().insert(K_NETWORK_HASH, hash);

@@ -82,7 +82,10 @@ impl TestGateway {
         .default_backoff()
         .for_each(|_| async {});
         let watch = tokio::spawn(watch);
-        store.wait_until_ready().await.expect("the VirtualService store");
+        store
+            .wait_until_ready()
+            .await
+            .expect("the VirtualService store");
         let frozen = Arc::new(Mutex::new(None));
         let shared = Arc::new(Shared {
             store,
@@ -212,7 +215,11 @@ impl Shared {
                         }
                     }
                 };
-                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
                 let mut out = http::Request::builder()
                     .method(parts.method)
                     .uri(format!(
@@ -243,8 +250,10 @@ impl Shared {
         services: &[Arc<VirtualService>],
         host: &str,
         headers: &http::HeaderMap,
-    ) -> Option<(HttpRoute, thaw::controller::route::virtual_service::HttpRouteDestination)>
-    {
+    ) -> Option<(
+        HttpRoute,
+        thaw::controller::route::virtual_service::HttpRouteDestination,
+    )> {
         let ours = |gws: &[String]| gws.iter().any(|g| self.gateways.contains(g));
         let route = services
             .iter()
@@ -325,8 +334,7 @@ pub async fn publish(client: &kube::Client, host: &str, pods: &[SocketAddr]) {
         svcs.create(&PostParams::default(), &svc).await.unwrap();
     }
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
-    let lp =
-        kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let lp = kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
     for old in slices.list(&lp).await.unwrap().items {
         let _ = slices
             .delete(old.metadata.name.as_deref().unwrap(), &Default::default())

@@ -180,7 +180,11 @@ impl Relay {
 
     /// Forwards the requests [`Relay::refuse`] answered for `fragment` again.
     pub fn forward(&self, fragment: &str) {
-        self.faults.always.lock().unwrap().retain(|(f, _)| f != fragment);
+        self.faults
+            .always
+            .lock()
+            .unwrap()
+            .retain(|(f, _)| f != fragment);
     }
 
     /// Requests answered by [`Relay::refuse`] or [`Relay::fail_next`] so far, whose line

@@ -460,10 +460,15 @@ fn probed_gateways(
                 }),
         );
     }
-    out.extend(net.istio.local_gateways.iter().map(|g| prober::GatewayHosts {
-        gateway: g.clone(),
-        hosts: local.clone(),
-    }));
+    out.extend(
+        net.istio
+            .local_gateways
+            .iter()
+            .map(|g| prober::GatewayHosts {
+                gateway: g.clone(),
+                hosts: local.clone(),
+            }),
+    );
     out
 }
 
@@ -870,13 +875,19 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .inspect(move |ev| match ev {
         Err(e) if not_served(e) => {
             if served_tx.send_replace(Served::Missing) != Served::Missing {
-                tracing::warn!(crd = VIRTUAL_SERVICE_CRD, "the API server does not serve \
-                    VirtualServices; routes are IngressReady=False until it does");
+                tracing::warn!(
+                    crd = VIRTUAL_SERVICE_CRD,
+                    "the API server does not serve \
+                    VirtualServices; routes are IngressReady=False until it does"
+                );
             }
         }
         Ok(watcher::Event::InitDone) => {
             if served_tx.send_replace(Served::Served) == Served::Missing {
-                tracing::info!(crd = VIRTUAL_SERVICE_CRD, "VirtualServices are served again");
+                tracing::info!(
+                    crd = VIRTUAL_SERVICE_CRD,
+                    "VirtualServices are served again"
+                );
             }
         }
         _ => {}

@@ -158,7 +158,12 @@ impl Prober {
 
     /// Whether `gateways` serve `route` at `hash`: the state of its probing, started now when
     /// the route has none for this hash (replacing one for an older hash).
-    pub fn check(self: &Arc<Self>, route: &Route, hash: &str, gateways: Vec<GatewayHosts>) -> Probed {
+    pub fn check(
+        self: &Arc<Self>,
+        route: &Route,
+        hash: &str,
+        gateways: Vec<GatewayHosts>,
+    ) -> Probed {
         let key = (
             route.metadata.namespace.clone().unwrap_or_default(),
             route.metadata.name.clone().unwrap_or_default(),
@@ -278,10 +283,7 @@ impl Prober {
                     done.insert((pod, host));
                 } else {
                     tracing::debug!(%gateway, %pod, %host, %outcome, "probe failed");
-                    failing
-                        .entry((gateway, pod))
-                        .or_insert((outcome, 0))
-                        .1 += 1;
+                    failing.entry((gateway, pod)).or_insert((outcome, 0)).1 += 1;
                 }
             }
             let failed = failing.len();
@@ -473,9 +475,6 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        assert!(matches!(
-            probe(addr, "h", "x").await,
-            Outcome::Failed(_)
-        ));
+        assert!(matches!(probe(addr, "h", "x").await, Outcome::Failed(_)));
     }
 }

@@ -336,7 +336,11 @@ pub fn virtual_service(
 /// VirtualServices' specs before the probe routes, the namespace and the name, in hex. Equal
 /// descriptions hash equal whatever the route's generation; any change of hosts, gateways,
 /// splits, headers or timeouts changes it.
-pub fn ingress_hash(route: &Route, ingress: &VirtualServiceSpec, mesh: &VirtualServiceSpec) -> String {
+pub fn ingress_hash(
+    route: &Route,
+    ingress: &VirtualServiceSpec,
+    mesh: &VirtualServiceSpec,
+) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     // Serialising these plain structs (strings, numbers, sorted maps) cannot fail.
@@ -344,10 +348,7 @@ pub fn ingress_hash(route: &Route, ingress: &VirtualServiceSpec, mesh: &VirtualS
     h.update(serde_json::to_vec(mesh).unwrap_or_default());
     h.update(route.namespace().unwrap_or_default().as_bytes());
     h.update(route.name_any().as_bytes());
-    h.finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Puts before each HTTP route its probe copy (net-istio's `InsertProbe`): the same matches
@@ -374,7 +375,8 @@ fn insert_probe(spec: &mut VirtualServiceSpec, hash: &str) {
                 .get_or_insert_with(Headers::default)
                 .request
                 .get_or_insert_with(HeaderOperations::default);
-            ops.set.insert(h::NETWORK_HASH.to_string(), hash.to_string());
+            ops.set
+                .insert(h::NETWORK_HASH.to_string(), hash.to_string());
             ops.remove = removed(true);
         }
         probes.push(p);

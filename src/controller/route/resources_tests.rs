@@ -249,7 +249,10 @@ fn probe_routes_set_the_hash_of_the_description_and_keep_the_probers_headers() {
     assert_eq!(virtual_services(&r, &t, &net, 300).hash, vss.hash);
     let mut other_gateways = NetworkConfig::default();
     other_gateways.istio.local_gateways[0].name = "other-local-gateway".into();
-    assert_ne!(virtual_services(&r, &t, &other_gateways, 300).hash, vss.hash);
+    assert_ne!(
+        virtual_services(&r, &t, &other_gateways, 300).hash,
+        vss.hash
+    );
     let other = route("hello").with_revision("hello-00001", 100).build();
     let t2 = resolve(&other, &refs(vec![], ready_revs())).unwrap();
     assert_ne!(virtual_services(&other, &t2, &net, 300).hash, vss.hash);
@@ -263,7 +266,10 @@ fn the_mesh_virtual_service_is_on_the_mesh_gateway_for_the_local_hosts() {
     let vss = virtual_services(&r, &t, &net, 300);
     let mesh = &vss.mesh;
     assert_eq!(mesh.metadata.name.as_deref(), Some("hello-mesh"));
-    assert_eq!(mesh.metadata.owner_references, vss.ingress.metadata.owner_references);
+    assert_eq!(
+        mesh.metadata.owner_references,
+        vss.ingress.metadata.owner_references
+    );
     assert_eq!(mesh.spec.gateways, ["mesh"]);
     assert_eq!(
         mesh.spec.hosts,
@@ -281,6 +287,9 @@ fn the_mesh_virtual_service_is_on_the_mesh_gateway_for_the_local_hosts() {
     );
     // The same destinations, weights, headers and timeouts as the ingress.
     for (m, i) in mesh.spec.http.iter().zip(&vss.ingress.spec.http) {
-        assert_eq!((&m.name, &m.route, &m.timeout), (&i.name, &i.route, &i.timeout));
+        assert_eq!(
+            (&m.name, &m.route, &m.timeout),
+            (&i.name, &i.route, &i.timeout)
+        );
     }
 }

@@ -164,7 +164,11 @@ fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
         (ConditionStatus::Unknown, Some("Uninitialized"))
     );
     assert_eq!(
-        st.status.condition("IngressReady").unwrap().message.as_deref(),
+        st.status
+            .condition("IngressReady")
+            .unwrap()
+            .message
+            .as_deref(),
         Some("pod x")
     );
     assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::Unknown);
@@ -174,10 +178,22 @@ fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
         cond(&st.status, "IngressReady"),
         (ConditionStatus::False, Some(VIRTUAL_SERVICE_NOT_SERVED))
     );
-    let msg = st.status.condition("IngressReady").unwrap().message.clone().unwrap();
-    assert!(msg.contains(VIRTUAL_SERVICE_CRD) && msg.contains(ISTIO_INGRESS_CLASS), "{msg}");
+    let msg = st
+        .status
+        .condition("IngressReady")
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.contains(VIRTUAL_SERVICE_CRD) && msg.contains(ISTIO_INGRESS_CLASS),
+        "{msg}"
+    );
     assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::False);
-    assert_eq!(cond(&st.status, "AllTrafficAssigned").0, ConditionStatus::True);
+    assert_eq!(
+        cond(&st.status, "AllTrafficAssigned").0,
+        ConditionStatus::True
+    );
 }
 
 #[test]
@@ -188,12 +204,12 @@ fn a_404_on_the_list_or_watch_is_not_served() {
             ..kube::core::Status::default()
         })
     };
-    assert!(not_served(&watcher::Error::InitialListFailed(kube::Error::Api(
-        status(404)
-    ))));
+    assert!(not_served(&watcher::Error::InitialListFailed(
+        kube::Error::Api(status(404))
+    )));
     assert!(not_served(&watcher::Error::WatchError(status(404))));
-    assert!(!not_served(&watcher::Error::InitialListFailed(kube::Error::Api(
-        status(500)
-    ))));
+    assert!(!not_served(&watcher::Error::InitialListFailed(
+        kube::Error::Api(status(500))
+    )));
     assert!(!not_served(&watcher::Error::NoResourceVersion));
 }
