@@ -408,9 +408,9 @@ async fn a_route_to_a_ready_revision_is_programmed_and_ready() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fifty_fifty_split_and_a_tag() {
-    let run = start().await;
+/// Route `hello`: 50/50 between two Ready revisions, the second also tagged `candidate`;
+/// returned once Ready.
+async fn split_and_tag(run: &Running) -> Route {
     revision(&run, "hello-00001", true).await;
     revision(&run, "hello-00002", true).await;
     let mut tagged = to_revision("hello-00002", 0);
@@ -426,6 +426,13 @@ async fn a_fifty_fifty_split_and_a_tag() {
     )
     .await;
     let r = route_until(&run, "hello", "the route Ready", is_ready).await;
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifty_fifty_split_and_a_tag() {
+    let run = start().await;
+    let r = split_and_tag(&run).await;
     let traffic = &r.status.as_ref().unwrap().fields.traffic;
     assert_eq!(traffic.len(), 3);
     assert_eq!(traffic[2].tag.as_deref(), Some("candidate"));
@@ -1050,21 +1057,7 @@ async fn every_reconcile_waiting_for_the_first_list_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mesh_virtual_service_routes_the_cluster_local_hosts() {
     let run = start().await;
-    revision(&run, "hello-00001", true).await;
-    revision(&run, "hello-00002", true).await;
-    let mut tagged = to_revision("hello-00002", 0);
-    tagged.tag = Some("candidate".into());
-    create_route(
-        &run,
-        "hello",
-        vec![
-            to_revision("hello-00001", 50),
-            to_revision("hello-00002", 50),
-            tagged,
-        ],
-    )
-    .await;
-    route_until(&run, "hello", "the route Ready", is_ready).await;
+    split_and_tag(&run).await;
     let mesh = vs_until(&run, "hello-mesh", |_| true).await;
     let ingress = vs_until(&run, "hello-ingress", |_| true).await;
     assert_eq!(mesh.spec.gateways, ["mesh"]);

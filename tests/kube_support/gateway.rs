@@ -295,7 +295,8 @@ fn reply(
     r
 }
 
-fn string_match(m: &StringMatch, s: &str) -> bool {
+/// Whether `s` satisfies Istio's `StringMatch` as Envoy checks it.
+pub fn string_match(m: &StringMatch, s: &str) -> bool {
     if let Some(e) = &m.exact {
         return s == e;
     }

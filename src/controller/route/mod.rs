@@ -75,6 +75,9 @@ pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
 /// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
 pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
 
+/// The longest a reconcile waits for the VirtualService watch's first answer.
+pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
+
 /// Whether the API server serves Istio's VirtualService, as the controller's VirtualService
 /// watch found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,12 +144,13 @@ impl Stores {
     }
 
     /// Whether VirtualServices are served, once the VirtualService watch has an answer
-    /// (its first list, or a 404). Bounded by the watch's first attempt.
+    /// (its first list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise
+    /// (the API server away, a 403) is an error, retried with backoff, the worker freed.
     async fn virtual_services_served(&self) -> Result<Served, Error> {
         let mut rx = self.served.clone();
-        let s = rx
-            .wait_for(|s| *s != Served::Unknown)
+        let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
             .await
+            .map_err(|_| Error::Other("the VirtualService watch has not listed yet".into()))?
             .map_err(|_| Error::Other("the VirtualService watch ended".into()))?;
         Ok(*s)
     }
