@@ -411,12 +411,12 @@ async fn a_route_to_a_ready_revision_is_programmed_and_ready() {
 /// Route `hello`: 50/50 between two Ready revisions, the second also tagged `candidate`;
 /// returned once Ready.
 async fn split_and_tag(run: &Running) -> Route {
-    revision(&run, "hello-00001", true).await;
-    revision(&run, "hello-00002", true).await;
+    revision(run, "hello-00001", true).await;
+    revision(run, "hello-00002", true).await;
     let mut tagged = to_revision("hello-00002", 0);
     tagged.tag = Some("candidate".into());
     create_route(
-        &run,
+        run,
         "hello",
         vec![
             to_revision("hello-00001", 50),
@@ -425,8 +425,7 @@ async fn split_and_tag(run: &Running) -> Route {
         ],
     )
     .await;
-    let r = route_until(&run, "hello", "the route Ready", is_ready).await;
-    r
+    route_until(run, "hello", "the route Ready", is_ready).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

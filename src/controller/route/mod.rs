@@ -878,7 +878,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .default_backoff()
     .inspect(move |ev| match ev {
         Err(e) if not_served(e) => {
-            if served_tx.send_replace(Served::Missing) != Served::Missing {
+            let was = served_tx.send_replace(Served::Missing);
+            if was != Served::Missing {
                 tracing::warn!(
                     crd = VIRTUAL_SERVICE_CRD,
                     "the API server does not serve \
@@ -887,7 +888,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
             }
         }
         Ok(watcher::Event::InitDone) => {
-            if served_tx.send_replace(Served::Served) == Served::Missing {
+            let was = served_tx.send_replace(Served::Served);
+            if was == Served::Missing {
                 tracing::info!(
                     crd = VIRTUAL_SERVICE_CRD,
                     "VirtualServices are served again"
