@@ -49,6 +49,8 @@ struct Running {
     api: TestApi,
     ctx: Arc<Ctx>,
     task: JoinHandle<()>,
+    /// config-istio's default gateways, one pod answering probes: routes reach IngressReady.
+    _gateway: kube_support::gateway::TestGateway,
 }
 
 impl Drop for Running {
@@ -73,7 +75,13 @@ async fn start_in(ns: Option<&str>, settings: Settings) -> Running {
         },
     );
     let task = tokio::spawn(thaw::roles::controller::run_controllers(ctx.clone()));
-    Running { api, ctx, task }
+    let _gateway = kube_support::gateway::default_gateways(&api.client()).await;
+    Running {
+        api,
+        ctx,
+        task,
+        _gateway,
+    }
 }
 
 fn service(yaml: &str, ns: &str) -> Service {

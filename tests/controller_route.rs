@@ -36,6 +36,8 @@ struct Running {
     _api: TestApi,
     client: kube::Client,
     task: JoinHandle<()>,
+    /// config-istio's default gateways, one pod answering probes: routes reach IngressReady.
+    _gateway: kube_support::gateway::TestGateway,
 }
 
 impl Drop for Running {
@@ -66,10 +68,12 @@ async fn start() -> Running {
         },
     );
     let task = tokio::spawn(thaw::controller::route::controller(ctx));
+    let gateway = kube_support::gateway::default_gateways(&client).await;
     Running {
         _api: api,
         client,
         task,
+        _gateway: gateway,
     }
 }
 
@@ -79,10 +83,12 @@ async fn start_via_relay() -> (Running, Relay) {
     let api = TestApi::start().await;
     let relay = Relay::start(api.addr()).await;
     let client = api.client();
+    let gateway = kube_support::gateway::default_gateways(&client).await;
     let run = Running {
         _api: api,
         client,
         task: tokio::spawn(async {}),
+        _gateway: gateway,
     };
     (run, relay)
 }
@@ -359,15 +365,15 @@ async fn a_route_to_a_ready_revision_is_programmed_and_ready() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fifty_fifty_split_and_a_tag() {
-    let run = start().await;
-    revision(&run, "hello-00001", true).await;
-    revision(&run, "hello-00002", true).await;
+/// Route `hello`: 50/50 between two Ready revisions, the second also tagged `candidate`;
+/// returned once Ready.
+async fn split_and_tag(run: &Running) -> Route {
+    revision(run, "hello-00001", true).await;
+    revision(run, "hello-00002", true).await;
     let mut tagged = to_revision("hello-00002", 0);
     tagged.tag = Some("candidate".into());
     create_route(
-        &run,
+        run,
         "hello",
         vec![
             to_revision("hello-00001", 50),
@@ -376,7 +382,13 @@ async fn a_fifty_fifty_split_and_a_tag() {
         ],
     )
     .await;
-    let r = route_until(&run, "hello", "the route Ready", is_ready).await;
+    route_until(run, "hello", "the route Ready", is_ready).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifty_fifty_split_and_a_tag() {
+    let run = start().await;
+    let r = split_and_tag(&run).await;
     let traffic = &r.status.as_ref().unwrap().fields.traffic;
     assert_eq!(traffic.len(), 3);
     assert_eq!(traffic[2].tag.as_deref(), Some("candidate"));
@@ -413,7 +425,8 @@ async fn a_fifty_fifty_split_and_a_tag() {
         ],
     )
     .await;
-    vs_until(&run, "hello-ingress", |s| s.http.len() == 1).await;
+    // One route and its probe copy.
+    vs_until(&run, "hello-ingress", |s| s.http.len() == 2).await;
     let svcs = run.api::<KubeService>();
     wait_for(
         "the tag's placeholder gone",
@@ -735,10 +748,12 @@ async fn a_services_route_is_programmed_and_the_service_goes_ready() {
         },
     );
     let task = tokio::spawn(thaw::roles::controller::run_controllers(ctx));
+    let gateway = kube_support::gateway::default_gateways(&client).await;
     let run = Running {
         _api: api,
         client,
         task,
+        _gateway: gateway,
     };
     let svc: thaw::knative::Service = serde_saphyr::from_str(
         "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: hello\n  namespace: default\nspec:\n  template:\n    spec:\n      containers:\n        - image: ghcr.io/knative/helloworld-go:latest\n",
@@ -990,4 +1005,379 @@ async fn every_reconcile_waiting_for_the_first_list_goes_on() {
         })
         .await;
     }
+}
+
+/// `{route}-mesh`: the same splits, tags and headers on Istio's `mesh` gateway for the
+/// cluster-local hosts; both VirtualServices remove every internal header from the client's
+/// request on each destination, and carry the probe routes with the same hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mesh_virtual_service_routes_the_cluster_local_hosts() {
+    let run = start().await;
+    split_and_tag(&run).await;
+    let mesh = vs_until(&run, "hello-mesh", |_| true).await;
+    let ingress = vs_until(&run, "hello-ingress", |_| true).await;
+    assert_eq!(mesh.spec.gateways, ["mesh"]);
+    assert_eq!(
+        mesh.spec.hosts,
+        [
+            "candidate-hello.default.svc.cluster.local",
+            "hello.default.svc.cluster.local"
+        ]
+    );
+    assert_eq!(
+        weights(&mesh.spec, "hello"),
+        weights(&ingress.spec, "hello"),
+        "the same split"
+    );
+    assert_eq!(
+        weights(&mesh.spec, "hello"),
+        [
+            ("hello-00001".to_string(), 50),
+            ("hello-00002".to_string(), 50)
+        ]
+    );
+    assert_eq!(
+        weights(&mesh.spec, "candidate-hello"),
+        [("hello-00002".to_string(), 100)]
+    );
+    let default = mesh
+        .spec
+        .http
+        .iter()
+        .find(|h| h.name.as_deref() == Some("hello"))
+        .unwrap();
+    let authorities: Vec<&str> = default
+        .match_
+        .iter()
+        .map(|m| {
+            assert_eq!(m.gateways, ["mesh"]);
+            m.authority.as_ref().unwrap().regex.as_deref().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        authorities,
+        [
+            r"^hello\.default(?::\d{1,5})?$",
+            r"^hello\.default\.svc(?::\d{1,5})?$",
+            r"^hello\.default\.svc\.cluster\.local(?::\d{1,5})?$"
+        ]
+    );
+    // Internal headers: removed from what clients send (the two the destination sets are
+    // overwritten), on every destination of both VirtualServices.
+    let internal = thaw::knative::headers::INTERNAL;
+    for vs in [&mesh, &ingress] {
+        let mut hashes = std::collections::BTreeSet::new();
+        for h in &vs.spec.http {
+            let probe = h.name.as_deref().is_some_and(|n| n.ends_with("-probe"));
+            for d in &h.route {
+                let ops = d.headers.as_ref().unwrap().request.as_ref().unwrap();
+                for name in internal {
+                    let set = ops.set.contains_key(*name);
+                    let removed = ops.remove.iter().any(|r| r == name);
+                    let prober_sends = probe
+                        && (*name == thaw::knative::headers::NETWORK_PROBE
+                            || *name == thaw::knative::headers::NETWORK_HASH);
+                    assert!(
+                        set || removed || (prober_sends && *name == "K-Network-Probe"),
+                        "{name} reaches the backend as the client sent it: {d:#?}"
+                    );
+                    assert!(!(set && removed), "{name} both set and removed");
+                }
+                if probe {
+                    hashes.insert(ops.set["K-Network-Hash"].clone());
+                    assert!(
+                        h.match_
+                            .iter()
+                            .all(|m| m.headers["k-network-hash"].exact.as_deref()
+                                == Some("override"))
+                    );
+                } else {
+                    assert!(!ops.set.contains_key("K-Network-Hash"));
+                }
+            }
+        }
+        assert_eq!(hashes.len(), 1, "one hash per route: {hashes:?}");
+    }
+    // Probe routes come first (a probe takes them), one per group.
+    assert!(
+        ingress.spec.http[..2]
+            .iter()
+            .all(|h| h.name.as_deref().unwrap().ends_with("-probe"))
+    );
+}
+
+/// Without Istio's VirtualService CRD (the API server answers 404 for networking.istio.io:
+/// discovery, lists and watches), routes are `IngressReady=False VirtualServiceNotServed`
+/// naming the CRD and the ingress class, and the reconciles end: more routes than workers all
+/// get the condition. Once the group is served (the relay forwards again), the VirtualService
+/// watch lists and every route is programmed and Ready. (The in-process API server serves the
+/// kinds fixed at its start, so a CRD appearing live is not shown here: the relay plays it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_virtual_service_crd_is_a_condition_until_it_is_served() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.refuse("/apis/networking.istio.io", 404);
+    run.start_controller(&relay);
+    let names: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
+    for n in &names {
+        revision(&run, &format!("{n}-00001"), true).await;
+        create_route(&run, n, vec![to_revision(&format!("{n}-00001"), 100)]).await;
+    }
+    for n in &names {
+        let r = route_until(&run, n, "IngressReady=False VirtualServiceNotServed", |r| {
+            r.as_ref().and_then(|r| cond(r, "IngressReady"))
+                == Some((
+                    ConditionStatus::False,
+                    Some("VirtualServiceNotServed".into()),
+                ))
+        })
+        .await;
+        let c = r
+            .status
+            .as_ref()
+            .unwrap()
+            .status
+            .condition("IngressReady")
+            .unwrap();
+        let msg = c.message.as_deref().unwrap();
+        assert!(
+            msg.contains("virtualservices.networking.istio.io")
+                && msg.contains("istio.ingress.networking.knative.dev"),
+            "{msg}"
+        );
+        assert_eq!(cond(&r, "Ready").unwrap().0, ConditionStatus::False);
+        // Traffic is still resolved and reported.
+        assert_eq!(
+            cond(&r, "AllTrafficAssigned").unwrap().0,
+            ConditionStatus::True
+        );
+    }
+    assert!(relay.answered_here("/apis/networking.istio.io") > 0);
+    assert!(
+        run.api::<VirtualService>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nothing written"
+    );
+
+    relay.forward("/apis/networking.istio.io");
+    for n in &names {
+        route_until(
+            &run,
+            n,
+            "the route Ready once VirtualServices are served",
+            is_ready,
+        )
+        .await;
+        vs_until(&run, &format!("{n}-ingress"), |_| true).await;
+        vs_until(&run, &format!("{n}-mesh"), |_| true).await;
+    }
+}
+
+/// A `thaw` child process, killed on drop; its stderr lines kept.
+struct Child {
+    child: std::process::Child,
+    logs: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Child {
+    /// Starts `thaw {args}` in `dir` and returns it with the `data=` address of the first
+    /// log line containing `listening`.
+    async fn start(
+        args: &[&str],
+        env: &[(&str, &str)],
+        dir: &std::path::Path,
+        listening: &str,
+    ) -> (Self, std::net::SocketAddr) {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"));
+        cmd.args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start thaw");
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let me = Child { child, logs };
+        let data = wait_for(
+            listening,
+            || async {
+                me.logs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l.contains(listening))
+                    .map(|l| {
+                        let rest = &l[l.find(" data=").unwrap() + 6..];
+                        rest.split_whitespace()
+                            .next()
+                            .unwrap()
+                            .parse::<std::net::SocketAddr>()
+                            .unwrap()
+                    })
+            },
+            Option::is_some,
+        )
+        .await
+        .unwrap();
+        (me, data)
+    }
+}
+
+/// The ingress prober against gateway pods played by local processes: pod A forwards to an
+/// activator (`thaw local`), pod B to a queue sidecar (`thaw queue`); both echo the hash the
+/// gateway's probe route sets, so a cluster-local route is Ready once both serve it. Then B
+/// stops following the VirtualServices (it serves the old hash), a third pod C is published
+/// that nothing listens on, and the route changes: `IngressReady=Unknown Uninitialized`, the
+/// message naming B's old hash and C's failure, until B follows again and C leaves the
+/// endpoints; then Ready at the new hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
+    use kube_support::gateway::{Backend, TestGateway, publish, virtual_services_now};
+    let run = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_activator, activator) = Child::start(
+        &[
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+        dir.path(),
+        "thaw local listening",
+    )
+    .await;
+    let (_queue, sidecar) = Child::start(
+        &[
+            "queue",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("SERVING_NAMESPACE", NS),
+            ("SERVING_REVISION", "hello-00001"),
+            ("SERVING_CONFIGURATION", "hello"),
+            ("SERVING_POD", "hello-00001-pod"),
+            ("USER_PORT", "1"),
+            ("THAW_DRAIN_DELAY", "0s"),
+        ],
+        dir.path(),
+        "thaw queue listening",
+    )
+    .await;
+    let local = thaw::config::network::IstioConfig::default().local_gateways[0].clone();
+    let refs = [local.reference()];
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    let a = TestGateway::start(run.client.clone(), &refs, Backend::Forward(activator)).await;
+    let b = TestGateway::start(run.client.clone(), &refs, Backend::Forward(sidecar)).await;
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    publish(&run.client, &local.service, &[a.addr(), b.addr()]).await;
+
+    revision(&run, "hello-00001", true).await;
+    revision(&run, "hello-00002", true).await;
+    let mut r = Route::new(
+        "hello",
+        RouteSpec {
+            traffic: vec![to_revision("hello-00001", 100)],
+        },
+    );
+    r.metadata.namespace = Some(NS.into());
+    r.metadata.labels = Some(BTreeMap::from([(
+        "networking.knative.dev/visibility".to_string(),
+        "cluster-local".to_string(),
+    )]));
+    run.api::<Route>()
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap();
+    route_until(
+        &run,
+        "hello",
+        "Ready through the activator and the sidecar",
+        is_ready,
+    )
+    .await;
+    let hash_of = |vs: &VirtualService| {
+        vs.spec.http[0].route[0]
+            .headers
+            .as_ref()
+            .unwrap()
+            .request
+            .as_ref()
+            .unwrap()
+            .set["K-Network-Hash"]
+            .clone()
+    };
+    let first = hash_of(&vs_until(&run, "hello-ingress", |_| true).await);
+
+    // B keeps the routes of now; C is down; the route moves to hello-00002.
+    b.freeze(virtual_services_now(&run.client).await);
+    publish(&run.client, &local.service, &[a.addr(), b.addr(), down]).await;
+    set_traffic(&run, "hello", vec![to_revision("hello-00002", 100)]).await;
+    let second = hash_of(
+        &vs_until(&run, "hello-ingress", |s| {
+            s.http[0].route[0]
+                .headers
+                .as_ref()
+                .unwrap()
+                .request
+                .as_ref()
+                .unwrap()
+                .set["K-Network-Hash"]
+                != first
+        })
+        .await,
+    );
+    let waiting = route_until(&run, "hello", "IngressReady Unknown naming B and C", |r| {
+        r.as_ref()
+            .and_then(|r| r.status.as_ref()?.status.condition("IngressReady").cloned())
+            .is_some_and(|c| {
+                let m = c.message.unwrap_or_default();
+                c.status == ConditionStatus::Unknown
+                    && c.reason.as_deref() == Some("Uninitialized")
+                    && m.contains(&format!("pod {} ", b.addr()))
+                    && m.contains(&format!("serves hash {}", &first[..12]))
+                    && m.contains(&format!("pod {down} "))
+                    && m.contains("cannot connect")
+                    && !m.contains(&format!("pod {} ", a.addr()))
+            })
+    })
+    .await;
+    assert_eq!(cond(&waiting, "Ready").unwrap().0, ConditionStatus::Unknown);
+
+    // B follows again; C leaves the endpoints (its pod is gone): Ready at the new hash.
+    b.thaw();
+    publish(&run.client, &local.service, &[a.addr(), b.addr()]).await;
+    route_until(&run, "hello", "Ready at the new hash", is_ready).await;
+    assert_ne!(first, second);
 }

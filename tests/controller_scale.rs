@@ -94,6 +94,8 @@ async fn a_thousand_services_from_nothing_to_ready() {
     )
     .await;
     tokio::spawn(kubelet(c.client.clone()));
+    // config-istio's default gateways, answering the controller's probes.
+    let _gateway = kube_support::gateway::default_gateways(&c.client).await;
     let admin = free_port();
     let ctl = c.spawn(
         "controller",

@@ -1885,4 +1885,89 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
         np["spec"]["ingress"][0].get("from").is_none(),
         "the API server is no pod a policy can select"
     );
+/// The optional local gateway: config-istio's default local gateway (its Gateway's namespace
+/// and name, its Service's host), the Service's port 80 named as the prober reads it and
+/// pointing at the port the Gateway serves HTTP on, both selecting the same pods. Every
+/// Istio VirtualService shipped in deploy/ is one thaw's VirtualService type reads whole
+/// (nothing dropped), and removes every internal header from client requests.
+#[test]
+fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services_parse() {
+    let dir = deploy().join("components/istio-local-gateway");
+    let k = docs(&dir.join("kustomization.yaml")).remove(0);
+    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
+    let all: Vec<Value> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
+        .collect();
+    let gw = all.iter().find(|d| kind(d).1 == "Gateway").unwrap();
+    let svc = all.iter().find(|d| kind(d).1 == "Service").unwrap();
+    let local = thaw::config::network::IstioConfig::default().local_gateways[0].clone();
+    assert_eq!(kind(gw).0, "networking.istio.io/v1");
+    assert_eq!(
+        (str_at(gw, "/metadata/namespace"), name(gw)),
+        (local.namespace.as_str(), local.name.as_str())
+    );
+    assert_eq!(
+        format!(
+            "{}.{}.svc.cluster.local",
+            name(svc),
+            str_at(svc, "/metadata/namespace")
+        ),
+        local.service
+    );
+    assert_eq!(gw["spec"]["selector"], svc["spec"]["selector"]);
+    let port = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == 80)
+        .expect("port 80");
+    assert_eq!(port["name"], "http2");
+    let served = gw["spec"]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["port"]["protocol"] == "HTTP")
+        .expect("an HTTP server");
+    assert_eq!(port["targetPort"], served["port"]["number"]);
+    assert_eq!(served["hosts"], json!(["*"]));
+
+    let mut vss = 0;
+    for f in examples() {
+        for d in docs(&f) {
+            if kind(&d) != ("networking.istio.io/v1", "VirtualService") {
+                continue;
+            }
+            vss += 1;
+            let vs: thaw::controller::route::virtual_service::VirtualService =
+                serde_json::from_value(d.clone()).unwrap_or_else(|e| panic!("{}: {e}", rel(&f)));
+            let mut diffs = Vec::new();
+            let back = serde_json::to_value(&vs).unwrap();
+            differences(&d, &back, "", &mut diffs);
+            assert!(
+                diffs.is_empty(),
+                "{}: fields thaw does not know: {diffs:?}",
+                rel(&f)
+            );
+            for h in &vs.spec.http {
+                for ops in h
+                    .headers
+                    .iter()
+                    .chain(h.route.iter().flat_map(|r| r.headers.iter()))
+                    .flat_map(|x| x.request.iter())
+                {
+                    for name in thaw::knative::headers::INTERNAL {
+                        assert!(
+                            ops.set.contains_key(*name) || ops.remove.iter().any(|r| r == name),
+                            "{}: {name} passes from clients",
+                            rel(&f)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(vss > 0, "deploy/examples/ has no VirtualService");
 }

@@ -487,6 +487,26 @@ async fn probes_are_answered_as_knatives_queue_proxy_answers_them() {
     q.admin_until("/readyz", 200).await;
     let probe = q.get("/healthz", &[("k-network-probe", "queue")]).await;
     assert_eq!(probe, (200, "queue".into()));
+    // The ingress prober's probe (as the activator answers it): the hash echoed, 200, empty;
+    // without a hash, 400. Not the user container's to answer.
+    let (status, headers, body) = q
+        .send(
+            "GET",
+            "/healthz",
+            &[("k-network-probe", "probe"), ("k-network-hash", "abc123")],
+            "",
+        )
+        .await;
+    assert_eq!((status, body.as_str()), (200, ""));
+    assert_eq!(
+        headers.get("k-network-hash").map(String::as_str),
+        Some("abc123")
+    );
+    let (status, body) = q.get("/healthz", &[("k-network-probe", "probe")]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "K-Network-Hash header is missing\n")
+    );
     // A probe meant for an activator is not answered as if this were one.
     let (status, body) = q.get("/healthz", &[("k-network-probe", "activator")]).await;
     assert_eq!(
@@ -648,6 +668,7 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
         ("host", "10.0.0.7:8012"),
         ("k-original-host", "hello.default.example.com"),
         ("k-proxy-request", "activator"),
+        ("k-network-hash", "set-by-a-client"),
         ("x-custom", "1"),
         ("connection", "x-hop"),
         ("x-hop", "dropped"),
@@ -662,7 +683,13 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
             "{method}: {text}"
         );
         let names = text.lines().find(|l| l.starts_with("names=")).unwrap();
-        for gone in ["k-original-host", "k-proxy-request", "x-hop", "connection"] {
+        for gone in [
+            "k-original-host",
+            "k-proxy-request",
+            "k-network-hash",
+            "x-hop",
+            "connection",
+        ] {
             assert!(
                 !names.split([',', '=']).any(|n| n == gone),
                 "{method}: {gone} in {names}"

@@ -178,6 +178,11 @@ impl Ctx {
         self.resync
     }
 
+    /// The controller's metric families.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
+    }
+
     /// Reconciles run at once per kind (`--workers`).
     pub fn workers(&self) -> u16 {
         self.workers

@@ -27,6 +27,7 @@ pub mod cmd;
 mod configuration;
 pub mod duck;
 pub mod fieldmask;
+pub mod headers;
 pub mod names;
 mod revision;
 mod route;

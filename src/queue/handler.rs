@@ -1,15 +1,18 @@
 //! The sidecar's request path, the HTTP/1 engine's handler. The order is the contract:
 //!
 //! 1. probes: `K-Network-Probe: queue` is answered `queue` (200) while the user container is
-//!    ready and the sidecar not draining, else 503; any other `K-Network-Probe` value is 400
-//!    (a probe meant for an activator must not find one here); kubelet probes on the data port
+//!    ready and the sidecar not draining, else 503; `K-Network-Probe: probe` (the ingress
+//!    prober, as the activator answers it) is 200 echoing `K-Network-Hash` (400 without one);
+//!    any other `K-Network-Probe` value is 400 (a probe meant for an activator must not find
+//!    one here); kubelet probes on the data port
 //!    (`K-Kubelet-Probe`, `User-Agent: kube-probe/...`) get the readiness answer;
 //! 2. header limits (431) and `CONNECT` (501);
 //! 3. accounting ([`PodWindow::arrive`]): from here the request counts in the pod's stats,
 //!    queued time included, until its response body ends;
 //! 4. containerConcurrency ([`Limiter`]): a place at once, else a wait in the bounded queue
 //!    (503 with a reason when it is full, 504 past the revision's timeout);
-//! 5. header hygiene: hop-by-hop fields, `K-Proxy-Request` and `K-Original-Host` removed, `Host`
+//! 5. header hygiene: hop-by-hop fields, `K-Proxy-Request`, `K-Original-Host` and
+//!    `K-Network-Hash` removed, `Host`
 //!    restored from `K-Original-Host`;
 //! 6. forward to 127.0.0.1:`USER_PORT` over the engine's pool (a bodiless HTTP/1.1 request on a
 //!    direct connection, anything else through hyper's client), the response head within the
@@ -59,6 +62,8 @@ pub const K_PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request
 pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
 /// `K-Kubelet-Probe`.
 pub const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
+/// `K-Network-Hash`: the ingress prober's hash, echoed on `K-Network-Probe: probe`.
+pub const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
 
 /// The sidecar: its settings, the containerConcurrency limiter, the pod's stats window, the
 /// pool to the user container, readiness and drain state, and its metrics.
@@ -131,7 +136,19 @@ impl Sidecar {
         !self.is_draining() && self.readiness.is_ready()
     }
 
-    fn answer_probe(&self, value: &[u8]) -> Response<QueueBody> {
+    fn answer_probe(&self, value: &[u8], hash: Option<HeaderValue>) -> Response<QueueBody> {
+        if value == b"probe" {
+            // The ingress prober (Knative's netprobe handler): the hash the ingress set.
+            let Some(hash) = hash else {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "K-Network-Hash header is missing\n",
+                );
+            };
+            let mut resp = plain(StatusCode::OK, "");
+            resp.headers_mut().insert(K_NETWORK_HASH, hash);
+            return resp;
+        }
         if value != b"queue" {
             return plain(
                 StatusCode::BAD_REQUEST,
@@ -156,7 +173,7 @@ impl Sidecar {
         let started = Instant::now();
         let seen = Seen::read(B::fields(&req));
         if let Some(p) = seen.network_probe {
-            return self.answer_probe(p.as_bytes());
+            return self.answer_probe(p.as_bytes(), seen.network_hash);
         }
         if seen.kubelet_probe {
             return readiness_answer(self.is_ready());
@@ -420,6 +437,8 @@ enum Failure {
 #[derive(Debug, Default)]
 struct Seen {
     network_probe: Option<HeaderValue>,
+    /// Read only when present (a probe's, or one to strip): no allocation otherwise.
+    network_hash: Option<HeaderValue>,
     kubelet_probe: bool,
     proxied: bool,
     original_host: Option<HeaderValue>,
@@ -435,6 +454,9 @@ impl Seen {
                         Known::NetworkProbe => {
                             s.network_probe = s.network_probe.or_else(|| raw.value(value));
                         }
+                        Known::NetworkHash => {
+                            s.network_hash = s.network_hash.or_else(|| raw.value(value));
+                        }
                         Known::KubeletProbe => s.kubelet_probe = true,
                         Known::UserAgent => s.kubelet_probe |= value.starts_with(b"kube-probe/"),
                         Known::ProxyRequest => s.proxied = true,
@@ -447,6 +469,7 @@ impl Seen {
             }
             HeadersRef::Map(map) => {
                 s.network_probe = map.get(K_NETWORK_PROBE).cloned();
+                s.network_hash = map.get(K_NETWORK_HASH).cloned();
                 s.kubelet_probe = map.contains_key(K_KUBELET_PROBE)
                     || map
                         .get(header::USER_AGENT)
@@ -475,7 +498,7 @@ fn prepare(
             let replace_host = original_host.is_some();
             for (i, (known, _, _)) in raw.known().enumerate() {
                 let drop = match known {
-                    Known::ProxyRequest | Known::OriginalHost => true,
+                    Known::ProxyRequest | Known::OriginalHost | Known::NetworkHash => true,
                     Known::Host => replace_host,
                     _ => false,
                 };
@@ -490,6 +513,7 @@ fn prepare(
             crate::http1::fields::strip_hop_by_hop(map, upgrade);
             map.remove(K_PROXY_REQUEST);
             map.remove(K_ORIGINAL_HOST);
+            map.remove(K_NETWORK_HASH);
             // An h2c client's `:authority` is its Host (RFC 9113 §8.3.1).
             let host = original_host
                 .or_else(|| map.remove(header::HOST))

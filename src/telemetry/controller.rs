@@ -24,6 +24,13 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of one ingress probe.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// `ok` (the current hash), `old_hash`, `status` (another status), `error` (no answer).
+    pub result: &'static str,
+}
+
 #[derive(Debug, Clone)]
 pub struct ControllerMetrics {
     /// `thaw_controller_reconcile_total{kind,result}`.
@@ -34,6 +41,8 @@ pub struct ControllerMetrics {
     pub events_failed: Counter,
     /// `thaw_controller_leader`: 1 while this replica leads and its reconcilers run.
     pub leader: Gauge,
+    /// `thaw_controller_ingress_probes_total{result}`: probes of gateway pods by outcome.
+    pub ingress_probes: Family<ProbeLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -50,6 +59,7 @@ impl ControllerMetrics {
             durations: Family::new_with_constructor(duration_histogram),
             events_failed: Counter::default(),
             leader: Gauge::default(),
+            ingress_probes: Family::default(),
         }
     }
 
@@ -74,6 +84,11 @@ impl ControllerMetrics {
             "controller_leader",
             "1 while this controller replica leads and its reconcilers run",
             m.leader.clone(),
+        );
+        reg.register(
+            "controller_ingress_probes",
+            "Probes of gateway pods for the routes' current hash, by result",
+            super::Listed(m.ingress_probes.clone()),
         );
         m
     }

@@ -12,6 +12,7 @@
     reason = "each test binary uses a different part of the support module"
 )]
 
+pub mod gateway;
 pub mod relay;
 
 use std::net::SocketAddr;

@@ -1,8 +1,10 @@
 //! A loopback TCP relay between a client and the API server that a test can cut (every open
 //! connection closed, new ones refused) and restore, and that records each request line the
 //! client sends (to count LISTs and WATCHes) and the bytes of each write ([`Relay::writes`]).
-//! It can also answer chosen requests itself with
-//! an error status instead of forwarding them ([`Relay::fail_next`]), and hold back the
+//! It can also answer chosen requests itself with an error status instead of forwarding them
+//! ([`Relay::fail_next`]; every one, until [`Relay::forward`], with [`Relay::refuse`]: an API
+//! server that does not serve a group, `/apis/networking.istio.io` answered 404 as when
+//! Istio's CRDs are not installed), and hold back the
 //! answers to chosen requests (a watch's events) until released ([`Relay::hold`]): an injected
 //! delay that puts a client's view of one kind behind the server's.
 
@@ -22,6 +24,8 @@ pub struct Relay {
     /// Every write (POST, PUT, PATCH) with the bytes sent for it: head and body.
     writes: Writes,
     faults: Faults,
+    /// Request lines answered by the relay itself.
+    answered_here: Arc<Mutex<Vec<String>>>,
     held: Held,
     task: tokio::task::JoinHandle<()>,
 }
@@ -42,8 +46,30 @@ struct Held {
     recorded: Arc<Mutex<Vec<String>>>,
 }
 
-/// Status codes to answer, in order, to requests whose request line contains the fragment.
-type Faults = Arc<Mutex<Vec<(String, u16)>>>;
+/// Status codes to answer, in order, to requests whose request line contains the fragment;
+/// then the standing refusals (answered to every matching request, never used up).
+#[derive(Clone, Default)]
+struct Faults {
+    once: Arc<Mutex<Vec<(String, u16)>>>,
+    always: Arc<Mutex<Vec<(String, u16)>>>,
+}
+
+impl Faults {
+    /// The status to answer `line` with instead of forwarding it, if any.
+    fn take(&self, line: &str) -> Option<u16> {
+        let mut f = self.once.lock().unwrap();
+        if let Some(i) = f.iter().position(|(frag, _)| line.contains(frag.as_str())) {
+            return Some(f.remove(i).1);
+        }
+        drop(f);
+        self.always
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(frag, _)| line.contains(frag.as_str()))
+            .map(|(_, c)| *c)
+    }
+}
 
 impl Drop for Relay {
     fn drop(&mut self) {
@@ -60,12 +86,14 @@ impl Relay {
         let (cut, cut_rx) = watch::channel(false);
         let requests = Arc::new(Mutex::new(Vec::new()));
         let reqs = requests.clone();
-        let faults: Faults = Arc::new(Mutex::new(Vec::new()));
+        let faults = Faults::default();
         let f = faults.clone();
         let held = Held::default();
         let h = held.clone();
         let writes: Writes = Arc::new(Mutex::new(Vec::new()));
         let w = writes.clone();
+        let answered_here = Arc::new(Mutex::new(Vec::new()));
+        let here = answered_here.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
@@ -81,6 +109,7 @@ impl Relay {
                     cut_rx.clone(),
                     reqs.clone(),
                     f.clone(),
+                    here.clone(),
                     h.clone(),
                     w.clone(),
                 ));
@@ -92,6 +121,7 @@ impl Relay {
             requests,
             writes,
             faults,
+            answered_here,
             held,
             task,
         }
@@ -139,18 +169,49 @@ impl Relay {
     /// Answers the next requests whose request line contains `fragment` with `codes`, one
     /// each, in order (a Kubernetes `Status` body), instead of forwarding them.
     pub fn fail_next(&self, fragment: &str, codes: &[u16]) {
-        let mut f = self.faults.lock().unwrap();
+        let mut f = self.faults.once.lock().unwrap();
         f.extend(codes.iter().map(|c| (fragment.to_string(), *c)));
     }
 
     /// Drops the faults not yet used: matching requests are forwarded again.
     pub fn clear_faults(&self) {
-        self.faults.lock().unwrap().clear();
+        self.faults.once.lock().unwrap().clear();
     }
 
     /// Faults not yet used.
     pub fn faults_left(&self) -> usize {
-        self.faults.lock().unwrap().len()
+        self.faults.once.lock().unwrap().len()
+    }
+
+    /// Answers every request whose request line contains `fragment` with `code` (a Kubernetes
+    /// `Status` body) until [`Relay::forward`]: discovery, lists and watches of a group the
+    /// server does not serve (`refuse("/apis/networking.istio.io", 404)`).
+    pub fn refuse(&self, fragment: &str, code: u16) {
+        self.faults
+            .always
+            .lock()
+            .unwrap()
+            .push((fragment.to_string(), code));
+    }
+
+    /// Forwards the requests [`Relay::refuse`] answered for `fragment` again.
+    pub fn forward(&self, fragment: &str) {
+        self.faults
+            .always
+            .lock()
+            .unwrap()
+            .retain(|(f, _)| f != fragment);
+    }
+
+    /// Requests answered by [`Relay::refuse`] or [`Relay::fail_next`] so far, whose line
+    /// contains `fragment`.
+    pub fn answered_here(&self, fragment: &str) -> usize {
+        self.answered_here
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(fragment))
+            .count()
     }
 
     /// Where clients connect.
@@ -203,6 +264,7 @@ async fn pipe(
     mut cut: watch::Receiver<bool>,
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
+    answered_here: Arc<Mutex<Vec<String>>>,
     held: Held,
     writes: Writes,
 ) {
@@ -256,11 +318,10 @@ async fn pipe(
                         .position(|w| w == b"\r\n")
                         .unwrap_or(chunk.len());
                     let line = String::from_utf8_lossy(&chunk[..line_end]).into_owned();
-                    let fault = {
-                        let mut f = faults.lock().unwrap();
-                        let i = f.iter().position(|(frag, _)| line.contains(frag.as_str()));
-                        i.map(|i| f.remove(i).1)
-                    };
+                    let fault = faults.take(&line);
+                    if fault.is_some() {
+                        answered_here.lock().unwrap().push(line.clone());
+                    }
                     *current.lock().unwrap() = line.clone();
                     requests
                         .lock()

@@ -25,7 +25,9 @@ use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::Api;
-use thaw::controller::route::virtual_service::{HttpRoute, StringMatch, VirtualService};
+use thaw::controller::route::virtual_service::{HttpRoute, VirtualService};
+
+use crate::kube_support::gateway::string_match;
 use tokio::task::JoinHandle;
 
 use super::EXTERNAL_GATEWAY;
@@ -252,20 +254,6 @@ fn parse_host(host: &str) -> Option<(&str, &str)> {
         .strip_suffix(".svc.cluster.local")
         .or_else(|| host.strip_suffix(".svc"))?;
     rest.split_once('.')
-}
-
-fn string_match(m: &StringMatch, s: &str) -> bool {
-    if let Some(e) = &m.exact {
-        return s == e;
-    }
-    if let Some(p) = &m.prefix {
-        return s.starts_with(p.as_str());
-    }
-    if let Some(r) = &m.regex {
-        // Envoy matches the whole value (RE2 safe_regex).
-        return regex::Regex::new(&format!("^(?:{r})$")).is_ok_and(|re| re.is_match(s));
-    }
-    true
 }
 
 /// The VirtualServices and each destination's endpoints; `None` when the server did not

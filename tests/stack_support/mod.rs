@@ -137,6 +137,10 @@ pub struct Moves {
 /// The running stack. Dropped in field order: the processes go before the server and their
 /// log directory.
 pub struct Stack {
+    /// config-istio's two default gateways, one pod (on loopback) routing by the
+    /// VirtualServices to the destinations' endpoints: the controller probes it before a
+    /// route is IngressReady (the test's [`ingress::Ingress`] carries the test's own requests).
+    pub gateway: crate::kube_support::gateway::TestGateway,
     pub roles: Vec<Role>,
     pub cluster: Cluster,
     pub api: TestApi,
@@ -163,6 +167,7 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let net = Net::pick();
         system_objects(&client, &opts).await;
+        let gateway = gateway(&client).await;
         let cluster = Cluster::start(
             client.clone(),
             net,
@@ -187,6 +192,7 @@ impl Stack {
             roles.push(role);
         }
         let stack = Self {
+            gateway,
             api,
             client,
             dir,
@@ -476,4 +482,23 @@ async fn system_objects(client: &kube::Client, opts: &StackOptions) {
     }))
     .unwrap();
     svcs.create(&PostParams::default(), &svc).await.unwrap();
+}
+
+/// One gateway pod serving both of config-istio's default gateways, forwarding to the
+/// destinations' endpoints, published as both gateway Services.
+async fn gateway(client: &kube::Client) -> crate::kube_support::gateway::TestGateway {
+    use crate::kube_support::gateway::{Backend, TestGateway, publish};
+    let istio = thaw::config::network::IstioConfig::default();
+    let gws: Vec<_> = istio
+        .external_gateways
+        .iter()
+        .chain(&istio.local_gateways)
+        .collect();
+    let refs: Vec<String> = gws.iter().map(|g| g.reference()).collect();
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    let gw = TestGateway::start(client.clone(), &refs, Backend::Destinations).await;
+    for g in gws {
+        publish(client, &g.service, &[gw.addr()]).await;
+    }
+    gw
 }

@@ -7,9 +7,11 @@
 //!    written but its status, and it is not retried until it changes;
 //! 1. resolves the traffic ([`traffic`]) from the Revisions and Configurations in the
 //!    controller's stores;
-//! 2. when every target is routable: applies the placeholder Services and the VirtualService
-//!    ([`resources`]), each only if absent or ours (else `IngressReady=False NotOwned`), and
-//!    deletes placeholder Services of tags no longer named; when a target is missing or not
+//! 2. when every target is routable: applies the placeholder Services and the two
+//!    VirtualServices, `{route}-ingress` and `{route}-mesh` ([`resources`]), each only if
+//!    absent or ours (else `IngressReady=False NotOwned`), deletes placeholder Services of
+//!    tags no longer named, and asks the [`prober`] whether every gateway pod serves the
+//!    VirtualService's current hash; when a target is missing or not
 //!    ready, `AllTrafficAssigned` says why (Knative's reasons) and the ingress keeps the last
 //!    traffic it was given — so a rollout moves only once the new revision is Ready;
 //! 3. marks the revisions and configurations the route uses ([`labeler`]);
@@ -20,10 +22,14 @@
 //! stores see listing a route that no longer exists, so a labeler patch the store had not
 //! seen when the deletion came is still undone; its children go with it by owner reference).
 //!
-//! `IngressReady` is True once the VirtualService is written: nothing reports Istio's own
-//! progress back here (net-istio's prober is not reimplemented), so True means "programmed",
-//! not "serving at every gateway". `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets
-//! up no certificates).
+//! `IngressReady` is True once every pod of every gateway the route is on answers a probe
+//! with the route's current hash (net-istio's prober, [`prober`]); until then it is Unknown
+//! `Uninitialized`, the message naming what does not answer yet. When the API server does not
+//! serve Istio's VirtualService (its CRD is not installed), no route can be programmed:
+//! `IngressReady=False` [`VIRTUAL_SERVICE_NOT_SERVED`], the reconcile ends at once (its worker
+//! is free), and every route is reconciled again once the VirtualService watch lists (the
+//! CRD appeared). `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets up no
+//! certificates).
 //!
 //! The controller re-queues a route when its VirtualService or placeholder Services change
 //! (owned), and when a Revision or Configuration it refers to changes (the stores' streams
@@ -31,6 +37,7 @@
 //! latest ready revision moving re-routes at once.
 
 pub mod labeler;
+pub mod prober;
 pub mod resources;
 pub mod traffic;
 pub mod virtual_service;
@@ -60,6 +67,29 @@ use virtual_service::VirtualService;
 /// The kind, in metrics and spans.
 pub const KIND: &str = "Route";
 
+/// Knative's ingress class for Istio (config-network's `ingress-class` default), the one
+/// thaw implements.
+pub const ISTIO_INGRESS_CLASS: &str = "istio.ingress.networking.knative.dev";
+/// The CRD the Istio ingress class writes.
+pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
+/// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
+pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
+
+/// The longest a reconcile waits for the VirtualService watch's first answer.
+pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
+
+/// Whether the API server serves Istio's VirtualService, as the controller's VirtualService
+/// watch found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The watch has not listed yet.
+    Unknown,
+    /// The last list or watch was answered 404: the CRD is not installed.
+    Missing,
+    /// Listed: the store holds them.
+    Served,
+}
+
 /// Knative's Route condition types.
 pub mod conditions {
     pub const ALL_TRAFFIC_ASSIGNED: &str = "AllTrafficAssigned";
@@ -76,8 +106,13 @@ pub struct Stores {
     pub configurations: Store<Configuration>,
     pub virtual_services: Store<VirtualService>,
     pub placeholders: Store<KubeService>,
-    /// Open once every store above has its first list ([`Stores::gate`]).
+    /// Open once the revisions, configurations and placeholders stores have their first list
+    /// ([`Stores::gate`]); the VirtualServices' store is [`Stores::served`]'s.
     pub ready: super::StoresReady,
+    /// Whether VirtualServices are served (their store has listed) or missing.
+    pub served: tokio::sync::watch::Receiver<Served>,
+    /// Whether the gateways serve each route's current VirtualServices.
+    pub prober: Arc<prober::Prober>,
 }
 
 impl Stores {
@@ -87,34 +122,62 @@ impl Stores {
         self.ready.wait().await
     }
 
-    /// The gate of these four stores: one task awaits each store's own readiness in turn.
+    /// The gate of the three stores of kinds every cluster serves: one task awaits each
+    /// store's own readiness in turn. (The VirtualServices' store is not in it: without
+    /// Istio's CRD it never lists, and the reconciles must go on to say so.)
     pub fn gate(
         revisions: &Store<Revision>,
         configurations: &Store<Configuration>,
-        virtual_services: &Store<VirtualService>,
         placeholders: &Store<KubeService>,
     ) -> super::StoresReady {
-        let (r, c, v, p) = (
+        let (r, c, p) = (
             revisions.clone(),
             configurations.clone(),
-            virtual_services.clone(),
             placeholders.clone(),
         );
         super::StoresReady::spawn(async move {
             let dropped = |e: reflector::store::WriterDropped| e.to_string();
             r.wait_until_ready().await.map_err(dropped)?;
             c.wait_until_ready().await.map_err(dropped)?;
-            v.wait_until_ready().await.map_err(dropped)?;
             p.wait_until_ready().await.map_err(dropped)
         })
+    }
+
+    /// Whether VirtualServices are served, once the VirtualService watch has an answer
+    /// (its first list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise
+    /// (the API server away, a 403) is an error, retried with backoff, the worker freed.
+    async fn virtual_services_served(&self) -> Result<Served, Error> {
+        let mut rx = self.served.clone();
+        let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
+            .await
+            .map_err(|_| Error::Other("the VirtualService watch has not listed yet".into()))?
+            .map_err(|_| Error::Other("the VirtualService watch ended".into()))?;
+        Ok(*s)
+    }
+}
+
+/// Whether a watch error says the API server does not serve the kind (404 on its list or
+/// watch: the CRD is not installed).
+pub fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
     }
 }
 
 /// What the status says about the ingress, from the writes of this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingress {
-    /// The VirtualService and placeholder Services are written.
+    /// The VirtualServices and placeholder Services are written and every gateway pod
+    /// serves them.
     Programmed,
+    /// Written; not every gateway pod serves them yet: the message says which.
+    Probing(String),
+    /// The API server does not serve Istio's VirtualService.
+    NotServed,
     /// Not written this time (a target is not routable): the condition stays as it was, or
     /// Unknown `IngressNotConfigured` when there is none yet.
     Unchanged,
@@ -169,6 +232,28 @@ pub fn compute_status(
     match ingress {
         Ingress::Programmed => st.status.set(
             condition(INGRESS_READY, ConditionStatus::True, None, None),
+            now,
+        ),
+        Ingress::Probing(message) => st.status.set(
+            condition(
+                INGRESS_READY,
+                ConditionStatus::Unknown,
+                Some("Uninitialized"),
+                Some(message.clone()),
+            ),
+            now,
+        ),
+        Ingress::NotServed => st.status.set(
+            condition(
+                INGRESS_READY,
+                ConditionStatus::False,
+                Some(VIRTUAL_SERVICE_NOT_SERVED),
+                Some(format!(
+                    "The ingress class {ISTIO_INGRESS_CLASS} writes Istio VirtualServices, and \
+                     the API server does not serve them: install Istio's CRD \
+                     {VIRTUAL_SERVICE_CRD}."
+                )),
+            ),
             now,
         ),
         Ingress::NotOwned(message) => st.status.set(
@@ -313,16 +398,18 @@ async fn program(
             return Ok(Ingress::NotOwned(msg));
         }
     }
-    let vs = resources::virtual_service(route, traffic, net, default_timeout);
-    let cached = stores
-        .virtual_services
-        .get(&ObjectRef::new(&vs.name_any()).within(&ns));
-    if let Some(msg) = apply_child(ctx, route, &vs, cached, |e: &VirtualService, d| {
-        e.spec == d.spec && same_labels(e, d)
-    })
-    .await?
-    {
-        return Ok(Ingress::NotOwned(msg));
+    let vss = resources::virtual_services(route, traffic, net, default_timeout);
+    for vs in [&vss.ingress, &vss.mesh] {
+        let cached = stores
+            .virtual_services
+            .get(&ObjectRef::new(&vs.name_any()).within(&ns));
+        if let Some(msg) = apply_child(ctx, route, vs, cached, |e: &VirtualService, d| {
+            e.spec == d.spec && same_labels(e, d)
+        })
+        .await?
+        {
+            return Ok(Ingress::NotOwned(msg));
+        }
     }
     // Placeholders of tags no longer named (ours only).
     let api = ctx.api::<KubeService>(&ns);
@@ -339,7 +426,54 @@ async fn program(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(Ingress::Programmed)
+    Ok(
+        match stores
+            .prober
+            .check(route, &vss.hash, probed_gateways(route, traffic, net))
+        {
+            prober::Probed::Ready => Ingress::Programmed,
+            prober::Probed::Pending(message) => Ingress::Probing(message),
+        },
+    )
+}
+
+/// The gateways the route is on, each with the hosts it serves for it: the external gateways
+/// the external hosts (unless the route is cluster-local), the local ones the cluster-local
+/// hosts (net-istio's `HostsPerVisibility`).
+fn probed_gateways(
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+) -> Vec<prober::GatewayHosts> {
+    let groups: Vec<resources::GroupHosts> = traffic
+        .groups
+        .keys()
+        .map(|tag| resources::group_hosts(route, tag.as_deref(), net))
+        .collect();
+    let external: Vec<String> = groups.iter().filter_map(|g| g.external.clone()).collect();
+    let local: Vec<String> = groups.iter().flat_map(|g| g.local.clone()).collect();
+    let mut out = Vec::new();
+    if !external.is_empty() {
+        out.extend(
+            net.istio
+                .external_gateways
+                .iter()
+                .map(|g| prober::GatewayHosts {
+                    gateway: g.clone(),
+                    hosts: external.clone(),
+                }),
+        );
+    }
+    out.extend(
+        net.istio
+            .local_gateways
+            .iter()
+            .map(|g| prober::GatewayHosts {
+                gateway: g.clone(),
+                hosts: local.clone(),
+            }),
+    );
+    out
 }
 
 /// Sends the labeler's patches (merge patches of metadata) for `route`.
@@ -432,7 +566,9 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     } else {
         Err(TargetError::Invalid(validate::render(&invalid)))
     };
+    let served = stores.virtual_services_served().await?;
     let ingress = match &resolved {
+        Ok(_) if served == Served::Missing => Ingress::NotServed,
         Ok(t) => {
             let timeout = super::defaults_for(&settings, &ns)
                 .revision_timeout
@@ -461,6 +597,7 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     if let Ingress::NotOwned(msg) = ingress {
         return Err(Error::Other(msg));
     }
+    // Not served: the VirtualService watch re-queues every route when it lists.
     Ok(Action::requeue(ctx.resync()))
 }
 
@@ -637,6 +774,7 @@ async fn forget_deleted_routes(
     while let Some((ns, name)) = deleted.recv().await {
         // A route named by a revision's watch event may have been re-created since.
         if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
+            stores.prober.forget(&ns, &name);
             forget(&ctx, &stores, &ns, &name).await;
         }
     }
@@ -717,13 +855,54 @@ pub async fn controller(ctx: Arc<Ctx>) {
         _ => {}
     })
     .applied_objects();
+    // The VirtualService watch also tells whether the API server serves them: a 404 is
+    // `Missing` (the reconciles say so and end), its first list `Served` (every route is
+    // reconciled again: the CRD appeared, or was there from the start). It retries with
+    // kube's default backoff (up to 30 s apart) while the CRD is missing.
     let (virtual_services, vs_writer) = reflector::store::<VirtualService>();
+    let (served_tx, served) = tokio::sync::watch::channel(Served::Unknown);
+    let mut served_rx = served.clone();
+    served_rx.mark_unchanged();
+    let now_served = futures::stream::unfold(served_rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() == Served::Served {
+                return Some(((), rx));
+            }
+        }
+    });
     let vs_stream = reflector::reflector(
         vs_writer,
         watcher(ctx.watched::<VirtualService>(), watcher::Config::default()),
     )
     .default_backoff()
+    .inspect(move |ev| match ev {
+        Err(e) if not_served(e) => {
+            let was = served_tx.send_replace(Served::Missing);
+            if was != Served::Missing {
+                tracing::warn!(
+                    crd = VIRTUAL_SERVICE_CRD,
+                    "the API server does not serve \
+                    VirtualServices; routes are IngressReady=False until it does"
+                );
+            }
+        }
+        Ok(watcher::Event::InitDone) => {
+            let was = served_tx.send_replace(Served::Served);
+            if was == Served::Missing {
+                tracing::info!(
+                    crd = VIRTUAL_SERVICE_CRD,
+                    "VirtualServices are served again"
+                );
+            }
+        }
+        _ => {}
+    })
     .touched_objects();
+    // Routes whose probing finished or changed (bounded; a dropped one is read at resync).
+    let (requeue_tx, mut requeue_rx) = tokio::sync::mpsc::channel::<ObjectRef<Route>>(1024);
+    let probed = futures::stream::poll_fn(move |cx| requeue_rx.poll_recv(cx));
+    let prober = prober::Prober::new(ctx.client.clone(), requeue_tx, ctx.metrics().clone());
     let (placeholders, svc_writer) = reflector::store::<KubeService>();
     let svc_stream = reflector::reflector(
         svc_writer,
@@ -736,7 +915,9 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .touched_objects();
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
-        .owns_stream(svc_stream);
+        .owns_stream(svc_stream)
+        .reconcile_on(probed)
+        .reconcile_all_on(now_served);
     let routes2 = routes.clone();
     let routes3 = routes.clone();
     let controller = controller
@@ -750,18 +931,15 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 refers_to_configuration(r, &cfg)
             })
         });
-    let ready = Stores::gate(
-        &revisions,
-        &configurations,
-        &virtual_services,
-        &placeholders,
-    );
+    let ready = Stores::gate(&revisions, &configurations, &placeholders);
     let stores = Stores {
         revisions,
         configurations,
         virtual_services,
         placeholders,
         ready,
+        served,
+        prober,
     };
     let cleanup = forget_deleted_routes(
         ctx.clone(),

@@ -10,10 +10,20 @@
 //!   the external gateways (unless cluster-local) and the local ones; one HTTP route per
 //!   group, matching its hosts by authority (with or without a port) on the gateways that
 //!   serve them, and sending each revision of the group its percent at its public Service
-//!   (`{revision}.{namespace}.svc.cluster.local`, port 80, or 81 for h2c) with
+//!   (`{revision}.{namespace}.svc.cluster.local`, port 80, or 81 for h2c) with the internal
+//!   headers ([`crate::knative::headers::INTERNAL`]) removed from the client's request and
 //!   `Knative-Serving-Namespace` / `Knative-Serving-Revision` set on that destination, so the
 //!   activator (when it is in the path) knows the revision; the route's timeout is the longest
-//!   `timeoutSeconds` of the revisions it sends traffic to (the activator holds cold requests that long).
+//!   `timeoutSeconds` of the revisions it sends traffic to (the activator holds cold requests
+//!   that long).
+//! - **VirtualService** `{route}-mesh` (net-istio's `MakeMeshVirtualService`): the same routes
+//!   on the `mesh` gateway (every sidecar) for the cluster-local hosts, so callers inside the
+//!   mesh get the route's splits and tags.
+//! - **The probe** (net-istio's `InsertProbe`): [`ingress_hash`] of the two VirtualServices'
+//!   routes, namespace and name; each group gets a copy of its route first, matching
+//!   `K-Network-Hash: override` as well, that sets `K-Network-Hash` to that hash on every
+//!   destination. A backend asked `K-Network-Probe: probe` echoes the hash, so the prober knows
+//!   which version of the route a gateway serves.
 //! - **Placeholder Services** `{route}` and `{tag}-{route}`: ExternalName to the first local
 //!   gateway's service, port 80 named `http2` (Knative's placeholder, pointed where Knative
 //!   points it once the ingress reports its private load balancer), so the cluster-local names
@@ -48,6 +58,10 @@ pub const NAMESPACE_HEADER: &str = "Knative-Serving-Namespace";
 pub const REVISION_HEADER: &str = "Knative-Serving-Revision";
 /// The suffix of the route's VirtualService (net-istio's `-ingress`).
 pub const VIRTUAL_SERVICE_SUFFIX: &str = "-ingress";
+/// The suffix of the route's mesh VirtualService (net-istio's `-mesh`).
+pub const MESH_VIRTUAL_SERVICE_SUFFIX: &str = "-mesh";
+/// Istio's name for every sidecar of the mesh as a gateway.
+pub const MESH_GATEWAY: &str = "mesh";
 
 /// Whether `route` is cluster-local: the visibility label or annotation says so, or its
 /// domain is `svc.cluster.local`.
@@ -136,9 +150,31 @@ pub fn virtual_service_name(route: &Route) -> String {
     child_name(&route.name_any(), VIRTUAL_SERVICE_SUFFIX)
 }
 
+/// The mesh VirtualService's name: `{route}-mesh`, within 63 characters.
+pub fn mesh_virtual_service_name(route: &Route) -> String {
+    child_name(&route.name_any(), MESH_VIRTUAL_SERVICE_SUFFIX)
+}
+
 /// `^host(:port)?$` as an RE2 pattern.
 fn authority_regex(host: &str) -> String {
     format!("^{}(?::\\d{{1,5}})?$", host.replace('.', "\\."))
+}
+
+/// The internal headers a destination removes from the client's request: all but those it
+/// sets (a set overwrites), and, on a probe route, but the two the prober sends.
+fn removed(probe: bool) -> Vec<String> {
+    use crate::knative::headers as h;
+    h::INTERNAL
+        .iter()
+        .filter(|n| {
+            !n.eq_ignore_ascii_case(NAMESPACE_HEADER)
+                && !n.eq_ignore_ascii_case(REVISION_HEADER)
+                && !(probe
+                    && (n.eq_ignore_ascii_case(h::NETWORK_PROBE)
+                        || n.eq_ignore_ascii_case(h::NETWORK_HASH)))
+        })
+        .map(|n| n.to_string())
+        .collect()
 }
 
 fn destination(ns: &str, t: &RevisionTarget) -> HttpRouteDestination {
@@ -157,6 +193,7 @@ fn destination(ns: &str, t: &RevisionTarget) -> HttpRouteDestination {
                     (NAMESPACE_HEADER.to_string(), ns.to_string()),
                     (REVISION_HEADER.to_string(), t.revision.clone()),
                 ]),
+                remove: removed(false),
                 ..HeaderOperations::default()
             }),
             response: None,
@@ -164,14 +201,26 @@ fn destination(ns: &str, t: &RevisionTarget) -> HttpRouteDestination {
     }
 }
 
-/// The VirtualService of `route` with `traffic`. `default_timeout_seconds` applies to a
-/// revision without its own `timeoutSeconds` (config-defaults' `revision-timeout-seconds`).
-pub fn virtual_service(
+/// The Route's VirtualServices and the hash the gateways answer probes with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VirtualServices {
+    /// `{route}-ingress`, on the external and local gateways.
+    pub ingress: VirtualService,
+    /// `{route}-mesh`, on the `mesh` gateway.
+    pub mesh: VirtualService,
+    /// [`ingress_hash`] of the two, as the probe routes set it.
+    pub hash: String,
+}
+
+/// The VirtualServices of `route` with `traffic` (the module doc). `default_timeout_seconds`
+/// applies to a revision without its own `timeoutSeconds` (config-defaults'
+/// `revision-timeout-seconds`).
+pub fn virtual_services(
     route: &Route,
     traffic: &Traffic,
     net: &NetworkConfig,
     default_timeout_seconds: u64,
-) -> VirtualService {
+) -> VirtualServices {
     let ns = route.namespace().unwrap_or_default();
     let external: Vec<String> = net
         .istio
@@ -185,37 +234,35 @@ pub fn virtual_service(
         .iter()
         .map(|g| g.reference())
         .collect();
+    let mesh = vec![MESH_GATEWAY.to_string()];
     let cluster_local = is_cluster_local(route, net);
     let mut hosts = Vec::new();
+    let mut mesh_hosts = Vec::new();
     let mut http = Vec::new();
+    let mut mesh_http = Vec::new();
     // Tags first, then the default group (hosts never overlap; the order only reads well).
     let mut groups: Vec<(&Option<String>, &Vec<RevisionTarget>)> = traffic.groups.iter().collect();
     groups.sort_by_key(|(tag, _)| tag.is_none());
+    let authority = |host: &str, gateways: &[String]| HttpMatchRequest {
+        authority: Some(StringMatch {
+            regex: Some(authority_regex(host)),
+            ..StringMatch::default()
+        }),
+        gateways: gateways.to_vec(),
+        ..HttpMatchRequest::default()
+    };
     for (tag, targets) in groups {
         let h = group_hosts(route, tag.as_deref(), net);
         let mut matches = Vec::new();
         if let Some(ext) = &h.external {
             hosts.push(ext.clone());
-            matches.push(HttpMatchRequest {
-                authority: Some(StringMatch {
-                    regex: Some(authority_regex(ext)),
-                    ..StringMatch::default()
-                }),
-                gateways: external.clone(),
-                ..HttpMatchRequest::default()
-            });
+            matches.push(authority(ext, &external));
         }
         for l in &h.local {
             hosts.push(l.clone());
-            matches.push(HttpMatchRequest {
-                authority: Some(StringMatch {
-                    regex: Some(authority_regex(l)),
-                    ..StringMatch::default()
-                }),
-                gateways: local.clone(),
-                ..HttpMatchRequest::default()
-            });
+            matches.push(authority(l, &local));
         }
+        mesh_hosts.push(h.local[2].clone());
         let route_dests: Vec<HttpRouteDestination> = targets
             .iter()
             .filter(|t| t.percent.unwrap_or(0) > 0)
@@ -231,27 +278,111 @@ pub fn virtual_service(
             })
             .max()
             .unwrap_or(default_timeout_seconds);
-        http.push(HttpRoute {
+        let group_route = HttpRoute {
             name: Some(h.name.clone()),
             match_: matches,
-            route: route_dests,
+            route: route_dests.clone(),
             timeout: Some(format!("{timeout}s")),
             ..HttpRoute::default()
+        };
+        mesh_http.push(HttpRoute {
+            match_: h.local.iter().map(|l| authority(l, &mesh)).collect(),
+            ..group_route.clone()
         });
+        http.push(group_route);
     }
     let mut gateways = Vec::new();
     if !cluster_local {
         gateways.extend(external);
     }
     gateways.extend(local);
-    VirtualService {
+    let mut ingress = VirtualService {
         metadata: child_meta(route, virtual_service_name(route)),
         spec: VirtualServiceSpec {
             hosts,
             gateways,
             http,
         },
+    };
+    let mut mesh = VirtualService {
+        metadata: child_meta(route, mesh_virtual_service_name(route)),
+        spec: VirtualServiceSpec {
+            hosts: mesh_hosts,
+            gateways: mesh,
+            http: mesh_http,
+        },
+    };
+    let hash = ingress_hash(route, &ingress.spec, &mesh.spec);
+    insert_probe(&mut ingress.spec, &hash);
+    insert_probe(&mut mesh.spec, &hash);
+    VirtualServices {
+        ingress,
+        mesh,
+        hash,
     }
+}
+
+/// The ingress VirtualService alone (see [`virtual_services`]).
+pub fn virtual_service(
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+    default_timeout_seconds: u64,
+) -> VirtualService {
+    virtual_services(route, traffic, net, default_timeout_seconds).ingress
+}
+
+/// The hash of a route's ingress description (net-istio's `ComputeHash`): SHA-256 of the two
+/// VirtualServices' specs before the probe routes, the namespace and the name, in hex. Equal
+/// descriptions hash equal whatever the route's generation; any change of hosts, gateways,
+/// splits, headers or timeouts changes it.
+pub fn ingress_hash(
+    route: &Route,
+    ingress: &VirtualServiceSpec,
+    mesh: &VirtualServiceSpec,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    // Serialising these plain structs (strings, numbers, sorted maps) cannot fail.
+    h.update(serde_json::to_vec(ingress).unwrap_or_default());
+    h.update(serde_json::to_vec(mesh).unwrap_or_default());
+    h.update(route.namespace().unwrap_or_default().as_bytes());
+    h.update(route.name_any().as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Puts before each HTTP route its probe copy (net-istio's `InsertProbe`): the same matches
+/// with `K-Network-Hash: override` required, every destination setting `K-Network-Hash:
+/// {hash}` and keeping the prober's two headers.
+fn insert_probe(spec: &mut VirtualServiceSpec, hash: &str) {
+    use crate::knative::headers as h;
+    let mut probes = Vec::with_capacity(spec.http.len() * 2);
+    for r in &spec.http {
+        let mut p = r.clone();
+        p.name = r.name.as_ref().map(|n| format!("{n}-probe"));
+        for m in &mut p.match_ {
+            m.headers.insert(
+                h::NETWORK_HASH.to_ascii_lowercase(),
+                StringMatch {
+                    exact: Some(h::HASH_VALUE_OVERRIDE.into()),
+                    ..StringMatch::default()
+                },
+            );
+        }
+        for d in &mut p.route {
+            let ops = d
+                .headers
+                .get_or_insert_with(Headers::default)
+                .request
+                .get_or_insert_with(HeaderOperations::default);
+            ops.set
+                .insert(h::NETWORK_HASH.to_string(), hash.to_string());
+            ops.remove = removed(true);
+        }
+        probes.push(p);
+    }
+    probes.append(&mut spec.http);
+    spec.http = probes;
 }
 
 /// The placeholder Services: one per group (`{route}`, `{tag}-{route}`). A tag whose name

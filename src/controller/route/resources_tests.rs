@@ -93,10 +93,10 @@ fn the_virtual_service_splits_with_headers_on_each_destination() {
             "hello.default.svc.cluster.local",
         ]
     );
-    // The tag's route first, then the default one.
-    assert_eq!(vs.spec.http.len(), 2);
-    let tag = &vs.spec.http[0];
-    let default = &vs.spec.http[1];
+    // The probe routes first, then the tag's route, then the default one.
+    assert_eq!(vs.spec.http.len(), 4);
+    let tag = &vs.spec.http[2];
+    let default = &vs.spec.http[3];
     assert_eq!(tag.name.as_deref(), Some("candidate-hello"));
     assert_eq!(tag.route.len(), 1);
     assert_eq!(tag.route[0].weight, Some(100));
@@ -208,4 +208,88 @@ fn placeholders_and_status_traffic() {
     let r = route("hello").tagged(&long, "hello-00001", 100).build();
     let t = resolve(&r, &refs(vec![], ready_revs())).unwrap();
     assert_eq!(placeholder_services(&r, &t, &net).len(), 1);
+}
+
+#[test]
+fn probe_routes_set_the_hash_of_the_description_and_keep_the_probers_headers() {
+    let net = NetworkConfig::default();
+    let r = split_route();
+    let t = resolve(&r, &refs(vec![], ready_revs())).unwrap();
+    let vss = virtual_services(&r, &t, &net, 300);
+    assert_eq!(vss.hash.len(), 64, "hex SHA-256");
+    for vs in [&vss.ingress, &vss.mesh] {
+        let (probes, routes) = vs.spec.http.split_at(2);
+        for (p, r) in probes.iter().zip(routes) {
+            assert_eq!(p.name, r.name.as_ref().map(|n| format!("{n}-probe")));
+            assert_eq!(p.match_.len(), r.match_.len());
+            for (pm, rm) in p.match_.iter().zip(&r.match_) {
+                assert_eq!(pm.authority, rm.authority);
+                assert_eq!(pm.gateways, rm.gateways);
+                assert_eq!(
+                    pm.headers["k-network-hash"].exact.as_deref(),
+                    Some("override")
+                );
+            }
+            for (pd, rd) in p.route.iter().zip(&r.route) {
+                let (pops, rops) = (
+                    pd.headers.as_ref().unwrap().request.as_ref().unwrap(),
+                    rd.headers.as_ref().unwrap().request.as_ref().unwrap(),
+                );
+                assert_eq!(pops.set["K-Network-Hash"], vss.hash);
+                assert!(!rops.set.contains_key("K-Network-Hash"));
+                assert!(rops.remove.iter().any(|h| h == "K-Network-Probe"));
+                assert!(rops.remove.iter().any(|h| h == "K-Network-Hash"));
+                assert!(!pops.remove.iter().any(|h| h == "K-Network-Probe"));
+                assert!(!pops.remove.iter().any(|h| h == "K-Network-Hash"));
+                assert!(pops.remove.iter().any(|h| h == "K-Proxy-Request"));
+            }
+        }
+    }
+    // The same description hashes the same; any change of it changes the hash.
+    assert_eq!(virtual_services(&r, &t, &net, 300).hash, vss.hash);
+    let mut other_gateways = NetworkConfig::default();
+    other_gateways.istio.local_gateways[0].name = "other-local-gateway".into();
+    assert_ne!(
+        virtual_services(&r, &t, &other_gateways, 300).hash,
+        vss.hash
+    );
+    let other = route("hello").with_revision("hello-00001", 100).build();
+    let t2 = resolve(&other, &refs(vec![], ready_revs())).unwrap();
+    assert_ne!(virtual_services(&other, &t2, &net, 300).hash, vss.hash);
+}
+
+#[test]
+fn the_mesh_virtual_service_is_on_the_mesh_gateway_for_the_local_hosts() {
+    let net = NetworkConfig::default();
+    let r = split_route();
+    let t = resolve(&r, &refs(vec![], ready_revs())).unwrap();
+    let vss = virtual_services(&r, &t, &net, 300);
+    let mesh = &vss.mesh;
+    assert_eq!(mesh.metadata.name.as_deref(), Some("hello-mesh"));
+    assert_eq!(
+        mesh.metadata.owner_references,
+        vss.ingress.metadata.owner_references
+    );
+    assert_eq!(mesh.spec.gateways, ["mesh"]);
+    assert_eq!(
+        mesh.spec.hosts,
+        [
+            "candidate-hello.default.svc.cluster.local",
+            "hello.default.svc.cluster.local"
+        ]
+    );
+    assert!(
+        mesh.spec
+            .http
+            .iter()
+            .flat_map(|h| &h.match_)
+            .all(|m| m.gateways == ["mesh"])
+    );
+    // The same destinations, weights, headers and timeouts as the ingress.
+    for (m, i) in mesh.spec.http.iter().zip(&vss.ingress.spec.http) {
+        assert_eq!(
+            (&m.name, &m.route, &m.timeout),
+            (&i.name, &i.route, &i.timeout)
+        );
+    }
 }

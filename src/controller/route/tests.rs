@@ -149,3 +149,67 @@ fn an_invalid_route_is_false_invalid_spec() {
         "{ready:?}"
     );
 }
+
+#[test]
+fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
+    let net = NetworkConfig::default();
+    let r = route("hello").with_revision("hello-00001", 100).build();
+    let t = traffic::resolve(
+        &r,
+        &refs(vec![], vec![revision("hello-00001").ready().build()]),
+    );
+    let st = compute_status(&r, &t, &Ingress::Probing("pod x".into()), &net, &now());
+    assert_eq!(
+        cond(&st.status, "IngressReady"),
+        (ConditionStatus::Unknown, Some("Uninitialized"))
+    );
+    assert_eq!(
+        st.status
+            .condition("IngressReady")
+            .unwrap()
+            .message
+            .as_deref(),
+        Some("pod x")
+    );
+    assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::Unknown);
+
+    let st = compute_status(&r, &t, &Ingress::NotServed, &net, &now());
+    assert_eq!(
+        cond(&st.status, "IngressReady"),
+        (ConditionStatus::False, Some(VIRTUAL_SERVICE_NOT_SERVED))
+    );
+    let msg = st
+        .status
+        .condition("IngressReady")
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.contains(VIRTUAL_SERVICE_CRD) && msg.contains(ISTIO_INGRESS_CLASS),
+        "{msg}"
+    );
+    assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::False);
+    assert_eq!(
+        cond(&st.status, "AllTrafficAssigned").0,
+        ConditionStatus::True
+    );
+}
+
+#[test]
+fn a_404_on_the_list_or_watch_is_not_served() {
+    let status = |code| {
+        Box::new(kube::core::Status {
+            code,
+            ..kube::core::Status::default()
+        })
+    };
+    assert!(not_served(&watcher::Error::InitialListFailed(
+        kube::Error::Api(status(404))
+    )));
+    assert!(not_served(&watcher::Error::WatchError(status(404))));
+    assert!(!not_served(&watcher::Error::InitialListFailed(
+        kube::Error::Api(status(500))
+    )));
+    assert!(!not_served(&watcher::Error::NoResourceVersion));
+}

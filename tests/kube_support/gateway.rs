@@ -1,0 +1,391 @@
+//! An Istio gateway pod, played on a loopback port: it follows the VirtualServices (a
+//! reflector over the API server) and routes each request as Envoy would for the gateways it
+//! serves: the first HTTP route one of whose matches holds (gateway, authority pattern,
+//! exact header values), the first destination with weight, the request header operations of
+//! the route and of that destination (remove, then set, then add). Then, by [`Backend`]:
+//! forward to a fixed address (an activator or a queue sidecar), or answer as a backend would
+//! (`K-Network-Probe: probe` echoes `K-Network-Hash`, anything else 200). No route: 404.
+//!
+//! [`TestGateway::freeze`] keeps the routes as they are now (a pod that has not received
+//! Istio's latest configuration: it answers probes with an old hash). [`publish`] writes the
+//! gateway's Service and an EndpointSlice per pod, as Kubernetes' endpoints controller would.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use thaw::controller::route::virtual_service::{HttpRoute, StringMatch, VirtualService};
+
+/// What the gateway sends a routed request to.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    /// Answers as the activator or a sidecar would a probe (echo the hash the route set).
+    Echo,
+    /// Forwards to this address (HTTP/1.1, the rewritten headers, `Host` kept).
+    Forward(SocketAddr),
+    /// Forwards to a ready endpoint of the chosen destination (`{service}.{namespace}.svc...`
+    /// and port, read from its Service and EndpointSlices), as Envoy's EDS would.
+    Destinations,
+}
+
+/// One gateway pod; its tasks end when it is dropped.
+pub struct TestGateway {
+    addr: SocketAddr,
+    /// `None`: the live store; `Some`: the routes as they were at [`TestGateway::freeze`].
+    frozen: Arc<Mutex<Option<Vec<Arc<VirtualService>>>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+struct Shared {
+    store: Store<VirtualService>,
+    frozen: Arc<Mutex<Option<Vec<Arc<VirtualService>>>>>,
+    /// `namespace/name` of the Gateways this pod serves.
+    gateways: Vec<String>,
+    backend: Backend,
+    kube: kube::Client,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+impl TestGateway {
+    /// A pod of `gateways` (`namespace/name` references) on `127.0.0.1:0`, following the
+    /// VirtualServices through `client`; returns once its store has listed.
+    pub async fn start(client: kube::Client, gateways: &[&str], backend: Backend) -> Self {
+        let (store, writer) = reflector::store::<VirtualService>();
+        let watch = reflector::reflector(
+            writer,
+            watcher(
+                Api::<VirtualService>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {});
+        let watch = tokio::spawn(watch);
+        store
+            .wait_until_ready()
+            .await
+            .expect("the VirtualService store");
+        let frozen = Arc::new(Mutex::new(None));
+        let shared = Arc::new(Shared {
+            store,
+            frozen: frozen.clone(),
+            gateways: gateways.iter().map(|g| g.to_string()).collect(),
+            backend,
+            kube: client,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let serve = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(shared.answer(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            tasks: vec![watch, serve],
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// From now on routes as the VirtualServices are now, whatever changes.
+    pub fn freeze(&self, store_now: Vec<Arc<VirtualService>>) {
+        *self.frozen.lock().unwrap() = Some(store_now);
+    }
+
+    /// Follows the VirtualServices again.
+    pub fn thaw(&self) {
+        *self.frozen.lock().unwrap() = None;
+    }
+}
+
+/// The VirtualServices in the API server now (for [`TestGateway::freeze`]).
+pub async fn virtual_services_now(client: &kube::Client) -> Vec<Arc<VirtualService>> {
+    Api::<VirtualService>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect()
+}
+
+impl Shared {
+    async fn answer(&self, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
+        let host = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let services = match self.frozen.lock().unwrap().clone() {
+            Some(f) => f,
+            None => self.store.state(),
+        };
+        let Some((route, dest)) = self.route(&services, &host, req.headers()) else {
+            return reply(404, "no route\n", None);
+        };
+        let (parts, body) = req.into_parts();
+        let mut headers = parts.headers.clone();
+        for ops in [
+            route.headers.as_ref().and_then(|h| h.request.as_ref()),
+            dest.headers.as_ref().and_then(|h| h.request.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for r in &ops.remove {
+                headers.remove(r.as_str());
+            }
+            for (n, v) in &ops.set {
+                headers.insert(
+                    http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            for (n, v) in &ops.add {
+                headers.append(
+                    http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+        }
+        match self.backend {
+            Backend::Echo => {
+                if headers.get("k-network-probe").is_some_and(|v| v == "probe") {
+                    let hash = headers.get("k-network-hash").cloned();
+                    reply(200, "", hash)
+                } else {
+                    reply(200, "ok\n", None)
+                }
+            }
+            Backend::Forward(_) | Backend::Destinations => {
+                let to = match self.backend {
+                    Backend::Forward(to) => to,
+                    _ => {
+                        let port = dest.destination.port.as_ref().map_or(80, |p| p.number);
+                        match thaw::controller::route::prober::service_pods(
+                            &self.kube,
+                            &dest.destination.host,
+                            port as i32,
+                        )
+                        .await
+                        {
+                            Ok(pods) if !pods.is_empty() => pods[0],
+                            _ => return reply(503, "no healthy upstream\n", None),
+                        }
+                    }
+                };
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let mut out = http::Request::builder()
+                    .method(parts.method)
+                    .uri(format!(
+                        "http://{to}{}",
+                        parts.uri.path_and_query().map_or("/", |p| p.as_str())
+                    ))
+                    .body(Full::new(body))
+                    .unwrap();
+                *out.headers_mut() = headers;
+                match self.client.request(out).await {
+                    Ok(resp) => {
+                        let (p, b) = resp.into_parts();
+                        let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let mut r = hyper::Response::new(Full::new(b));
+                        *r.status_mut() = p.status;
+                        *r.headers_mut() = p.headers;
+                        r
+                    }
+                    Err(_) => reply(503, "upstream connect error\n", None),
+                }
+            }
+        }
+    }
+
+    /// The route and destination for `host` and `headers` on this pod's gateways.
+    fn route(
+        &self,
+        services: &[Arc<VirtualService>],
+        host: &str,
+        headers: &http::HeaderMap,
+    ) -> Option<(
+        HttpRoute,
+        thaw::controller::route::virtual_service::HttpRouteDestination,
+    )> {
+        let ours = |gws: &[String]| gws.iter().any(|g| self.gateways.contains(g));
+        let route = services
+            .iter()
+            .filter(|vs| ours(&vs.spec.gateways))
+            .flat_map(|vs| vs.spec.http.iter())
+            .find(|r| {
+                r.match_.iter().any(|m| {
+                    (m.gateways.is_empty() || ours(&m.gateways))
+                        && m.authority.as_ref().is_none_or(|a| string_match(a, host))
+                        && m.headers.iter().all(|(n, want)| {
+                            headers
+                                .get(n.as_str())
+                                .and_then(|v| v.to_str().ok())
+                                .is_some_and(|v| string_match(want, v))
+                        })
+                })
+            })?
+            .clone();
+        let dest = route
+            .route
+            .iter()
+            .find(|d| d.weight.unwrap_or(0) > 0)
+            .or(route.route.first())?
+            .clone();
+        Some((route, dest))
+    }
+}
+
+fn reply(
+    status: u16,
+    body: &'static str,
+    hash: Option<http::HeaderValue>,
+) -> hyper::Response<Full<Bytes>> {
+    let mut r = hyper::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+    if let Some(h) = hash {
+        r.headers_mut().insert("k-network-hash", h);
+    }
+    r
+}
+
+/// Whether `s` satisfies Istio's `StringMatch` as Envoy checks it.
+pub fn string_match(m: &StringMatch, s: &str) -> bool {
+    if let Some(e) = &m.exact {
+        return s == e;
+    }
+    if let Some(p) = &m.prefix {
+        return s.starts_with(p.as_str());
+    }
+    if let Some(r) = &m.regex {
+        // Envoy matches the whole value (RE2 safe_regex).
+        return regex::Regex::new(&format!("^(?:{r})$")).is_ok_and(|re| re.is_match(s));
+    }
+    true
+}
+
+/// Writes the gateway Service `host` (`{name}.{namespace}.svc...`, port 80 named `http2`)
+/// and one EndpointSlice per pod (each its own port, all ready), replacing earlier ones.
+pub async fn publish(client: &kube::Client, host: &str, pods: &[SocketAddr]) {
+    let mut parts = host.split('.');
+    let (name, ns) = (parts.next().unwrap(), parts.next().unwrap());
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    if svcs.get_opt(name).await.unwrap().is_none() {
+        let svc = Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    name: Some("http2".into()),
+                    port: 80,
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        };
+        svcs.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    for old in slices.list(&lp).await.unwrap().items {
+        let _ = slices
+            .delete(old.metadata.name.as_deref().unwrap(), &Default::default())
+            .await;
+    }
+    for (i, pod) in pods.iter().enumerate() {
+        let slice = EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-{i}")),
+                labels: Some(BTreeMap::from([(
+                    "kubernetes.io/service-name".to_string(),
+                    name.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec![pod.ip().to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    ..EndpointConditions::default()
+                }),
+                ..Endpoint::default()
+            }],
+            ports: Some(vec![EndpointPort {
+                name: Some("http2".into()),
+                port: Some(pod.port().into()),
+                protocol: Some("TCP".into()),
+                ..EndpointPort::default()
+            }]),
+        };
+        slices.create(&PostParams::default(), &slice).await.unwrap();
+    }
+}
+
+/// config-istio's default gateways (`Settings::default()`), external and local, served by one
+/// pod that answers probes itself ([`Backend::Echo`]) and published as both Services: what
+/// a test needs for its routes to reach `IngressReady`.
+pub async fn default_gateways(client: &kube::Client) -> TestGateway {
+    let istio = thaw::config::network::IstioConfig::default();
+    let refs: Vec<String> = istio
+        .external_gateways
+        .iter()
+        .chain(&istio.local_gateways)
+        .map(|g| g.reference())
+        .collect();
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    let gw = TestGateway::start(client.clone(), &refs, Backend::Echo).await;
+    for g in istio.external_gateways.iter().chain(&istio.local_gateways) {
+        publish(client, &g.service, &[gw.addr()]).await;
+    }
+    gw
+}
