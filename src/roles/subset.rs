@@ -51,7 +51,9 @@ pub fn num_activators(spec: &AutoscalingSpec, ready: usize) -> usize {
     }
 }
 
-/// FNV-1a, 64 bits, over `parts` in order.
+/// FNV-1a, 64 bits, over `parts` in order, then MurmurHash3's 64-bit finalizer: FNV alone
+/// keeps the order of names that differ in a few bytes nearly the same for every revision, so
+/// one activator would front far more revisions than another.
 fn fnv64(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
@@ -60,7 +62,11 @@ fn fnv64(parts: &[&[u8]]) -> u64 {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    h
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// The indices into `from` (distinct names) of the `n` chosen for `target`: all of them when
@@ -247,8 +253,8 @@ mod tests {
             assert_eq!(before != left, before.contains(&gone), "{t}");
         }
         assert_eq!(moved, joined);
-        // About 3 / 11 of the revisions.
-        assert!((150..450).contains(&joined), "{joined} of 1000 joined");
+        // About 3 / 11 of the revisions (273).
+        assert!((223..323).contains(&joined), "{joined} of 1000 joined");
     }
 
     /// Over many revisions the subsets spread over the activators.
@@ -261,9 +267,9 @@ mod tests {
                 count[i] += 1;
             }
         }
-        // 600 each on average.
+        // 600 each on average (a binomial's spread is about ±25).
         for c in &count {
-            assert!((300..900).contains(c), "{count:?}");
+            assert!((500..700).contains(c), "{count:?}");
         }
     }
 
