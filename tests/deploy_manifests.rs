@@ -1885,6 +1885,8 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
         np["spec"]["ingress"][0].get("from").is_none(),
         "the API server is no pod a policy can select"
     );
+}
+
 /// The optional local gateway: config-istio's default local gateway (its Gateway's namespace
 /// and name, its Service's host), the Service's port 80 named as the prober reads it and
 /// pointing at the port the Gateway serves HTTP on, both selecting the same pods. Every
