@@ -19,6 +19,7 @@ use tokio::time::Instant;
 fn throttler(endpoints: u16, cc: u32) -> Throttler {
     let t = Throttler::new(
         Arc::new(HeldBudget::default()),
+        &Arc::from("bench"),
         Gauge::default(),
         Box::new(|_| {}),
     );

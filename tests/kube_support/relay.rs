@@ -107,11 +107,13 @@ impl Relay {
                     down,
                     target,
                     cut_rx.clone(),
-                    reqs.clone(),
-                    f.clone(),
-                    here.clone(),
-                    h.clone(),
-                    w.clone(),
+                    Taps {
+                        requests: reqs.clone(),
+                        faults: f.clone(),
+                        answered_here: here.clone(),
+                        held: h.clone(),
+                        writes: w.clone(),
+                    },
                 ));
             }
         });
@@ -258,16 +260,23 @@ impl Relay {
     }
 }
 
-async fn pipe(
-    down: TcpStream,
-    target: SocketAddr,
-    mut cut: watch::Receiver<bool>,
+/// What one connection's pipe records into and answers from (the relay's shared state).
+struct Taps {
     requests: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
     faults: Faults,
     answered_here: Arc<Mutex<Vec<String>>>,
     held: Held,
     writes: Writes,
-) {
+}
+
+async fn pipe(down: TcpStream, target: SocketAddr, mut cut: watch::Receiver<bool>, taps: Taps) {
+    let Taps {
+        requests,
+        faults,
+        answered_here,
+        held,
+        writes,
+    } = taps;
     let Ok(mut up) = TcpStream::connect(target).await else {
         return;
     };
