@@ -316,15 +316,7 @@ async fn leader_changes_and_an_api_cut_are_non_events() {
         next.name
     );
 
-    for (name, l) in loops {
-        let report = l.stop().await;
-        println!("{name}: {report}");
-        assert!(
-            report.keepalive.requests > 0 && report.fresh.requests > 0,
-            "{report}"
-        );
-        assert_eq!(report.failures(), 0, "{name}: {report}");
-    }
+    stack_support::traffic::stop_all_and_check(loops).await;
     println!("{}", stack.records().describe());
     println!("wall time {:.1}s", began.elapsed().as_secs_f64());
 }

@@ -451,15 +451,7 @@ async fn rolling_every_role_fails_no_request() {
     assert!(reply.body.contains("Hello"), "{}", reply.body);
     println!("controller-1 rolled to {new}: {LATE} became Ready and serves");
 
-    for (name, l) in loops {
-        let report = l.stop().await;
-        println!("{name}: {report}");
-        assert!(
-            report.keepalive.requests > 0 && report.fresh.requests > 0,
-            "{report}"
-        );
-        assert_eq!(report.failures(), 0, "{name}: {report}");
-    }
+    stack_support::traffic::stop_all_and_check(loops).await;
     println!("{}", stack.records().describe());
     println!("wall time {:.1}s", began.elapsed().as_secs_f64());
 }

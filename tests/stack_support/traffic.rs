@@ -176,3 +176,17 @@ async fn run(
         }
     }
 }
+
+/// Stops every loop, prints its report, and checks that each ran both flavours and that no
+/// request failed.
+pub async fn stop_all_and_check(loops: Vec<(&str, SteadyLoop)>) {
+    for (name, l) in loops {
+        let report = l.stop().await;
+        println!("{name}: {report}");
+        assert!(
+            report.keepalive.requests > 0 && report.fresh.requests > 0,
+            "{report}"
+        );
+        assert_eq!(report.failures(), 0, "{name}: {report}");
+    }
+}
