@@ -33,12 +33,6 @@ use stack_support::{NS, Stack, StackOptions};
 use thaw::knative::{Revision, Service, condition};
 use tokio::time::Instant;
 
-/// config-autoscaler: Knative's defaults but these (and the Lease timings of the rig,
-/// 3 s / 2 s / 500 ms), shortened so the idle Service reaches zero soon.
-const STABLE_WINDOW: &str = "6s";
-const SCALE_TO_ZERO_GRACE_PERIOD: &str = "2s";
-const SCALE_TO_ZERO_POD_RETENTION_PERIOD: &str = "0s";
-
 const WITHIN: Duration = Duration::from_secs(40);
 /// After a takeover: a few decision rounds (2 s) and pod-stats pulls (1 s) under the new
 /// leader, for anything it would move to show.
@@ -114,17 +108,7 @@ async fn ready_again(stack: &Stack, role: &Role) {
 async fn leader_changes_and_an_api_cut_are_non_events() {
     let began = Instant::now();
     let stack = Stack::start(StackOptions {
-        autoscaler: BTreeMap::from([
-            ("stable-window".into(), STABLE_WINDOW.into()),
-            (
-                "scale-to-zero-grace-period".into(),
-                SCALE_TO_ZERO_GRACE_PERIOD.into(),
-            ),
-            (
-                "scale-to-zero-pod-retention-period".into(),
-                SCALE_TO_ZERO_POD_RETENTION_PERIOD.into(),
-            ),
-        ]),
+        autoscaler: stack_support::short_windows(),
         controllers: 1,
         autoscalers: 2,
         activators: 2,

@@ -12,7 +12,7 @@
 //! 3. the autoscalers rolled the same way: no `/scale` or public-slice move;
 //! 4. the controller rolled: a Service created afterwards becomes Ready and serves.
 //!
-//! config-autoscaler keeps Knative's defaults but the windows below; config-activator its
+//! config-autoscaler keeps Knative's defaults but the windows of `stack_support::short_windows`; config-activator its
 //! defaults but `drain-delay` (the time a draining activator keeps accepting so that load
 //! balancers notice it leaving), shortened because the test's ingress follows EndpointSlices
 //! by watch. Real clock; waits poll conditions with deadlines; nothing asserts a duration.
@@ -39,9 +39,6 @@ use stack_support::{NS, SYSTEM, Stack, StackOptions};
 use thaw::knative::{Service, condition};
 use tokio::time::Instant;
 
-const STABLE_WINDOW: &str = "6s";
-const SCALE_TO_ZERO_GRACE_PERIOD: &str = "2s";
-const SCALE_TO_ZERO_POD_RETENTION_PERIOD: &str = "0s";
 const DRAIN_DELAY: &str = "3s";
 
 const WITHIN: Duration = Duration::from_secs(40);
@@ -199,17 +196,7 @@ async fn app_peaks(stack: &Stack, svc: &str) -> Vec<u64> {
 async fn rolling_every_role_fails_no_request() {
     let began = Instant::now();
     let mut stack = Stack::start(StackOptions {
-        autoscaler: BTreeMap::from([
-            ("stable-window".into(), STABLE_WINDOW.into()),
-            (
-                "scale-to-zero-grace-period".into(),
-                SCALE_TO_ZERO_GRACE_PERIOD.into(),
-            ),
-            (
-                "scale-to-zero-pod-retention-period".into(),
-                SCALE_TO_ZERO_POD_RETENTION_PERIOD.into(),
-            ),
-        ]),
+        autoscaler: stack_support::short_windows(),
         activator: BTreeMap::from([("drain-delay".into(), DRAIN_DELAY.into())]),
         controllers: 1,
         autoscalers: 2,

@@ -60,6 +60,16 @@ pub const LEASE_DURATION: &str = "3s";
 pub const RENEW_DEADLINE: &str = "2s";
 pub const RETRY_PERIOD: &str = "500ms";
 
+/// config-autoscaler for the drills: Knative's defaults but the stable window and the two
+/// scale-to-zero periods, shortened so an idle Service reaches zero within seconds.
+pub fn short_windows() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("stable-window".into(), "6s".into()),
+        ("scale-to-zero-grace-period".into(), "2s".into()),
+        ("scale-to-zero-pod-retention-period".into(), "0s".into()),
+    ])
+}
+
 /// Set (to anything) to print every log when the stack is dropped, not only on failure.
 pub const LOGS_ENV: &str = "STACK_E2E_LOGS";
 
