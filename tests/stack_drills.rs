@@ -2,7 +2,7 @@
 //! controller`, two `thaw autoscaler`, two `thaw activator`; the test plays the Deployment
 //! controller, the kubelet with real `thaw queue` + `thaw sample-app` pods, the endpoints
 //! controller and the ingress). Three Knative Services at Knative's default settings but the
-//! windows below: one warm behind the activators (the default target burst capacity keeps them
+//! windows of `stack_support::short_windows`: one warm behind the activators (the default target burst capacity keeps them
 //! in its path), one warm served by its pods (`target-burst-capacity: "0"`), one idle at zero.
 //! Under a steady client loop (keep-alive and fresh connections through the ingress) each
 //! drill must leave every `/scale` and every public EndpointSlice as it was, and fail no
