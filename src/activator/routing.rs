@@ -11,6 +11,7 @@ use super::headers::{
     KNATIVE_SERVING_REVISION, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP, X_REQUEST_ID,
 };
 use crate::http1::fields::RawFields;
+use crate::http1::host::{self, HostFields, HostSource};
 
 /// The request headers the activator reads, found in one pass over the fields (a request
 /// carries a handful of headers; nine hashed lookups cost more than looking at each once). For
@@ -159,9 +160,8 @@ pub enum Target<'a> {
     Host(&'a str),
 }
 
-/// The request's target, or why it has none: 400 for an ambiguous or missing host (RFC 9112
-/// §3.2: two `Host` fields, an HTTP/1.1 request without one; RFC 9113 §8.3.1: an h2 `host`
-/// that differs from `:authority`), 404 otherwise.
+/// The request's target, or why it has none: 400 for an ambiguous or missing host (the engine's
+/// host rule, `http1::host`, which the queue sidecar applies too), 404 otherwise.
 ///
 /// Knative's routing headers name the revision only from a `trusted` peer; from anyone else
 /// they are ignored (and stripped before forwarding) and the host routes. An absolute-form
@@ -190,26 +190,20 @@ pub fn target<'a>(
             }
         }
     }
-    if seen.host_count > 1 {
-        return Err(ActivatorError::BadRequest("more than one Host header"));
-    }
     let authority = uri.authority().map(|a| a.as_str());
-    if version == Version::HTTP_2
-        && let (Some(a), Some(h)) = (authority, seen.host)
-        && !h.as_bytes().eq_ignore_ascii_case(a.as_bytes())
-    {
-        return Err(ActivatorError::BadRequest(
-            "the host header differs from :authority",
-        ));
-    }
-    let host = authority
-        .or_else(|| seen.host.and_then(FieldRef::to_str))
-        .filter(|h| !h.is_empty());
-    match host {
+    let fields = HostFields {
+        count: seen.host_count,
+        first: seen.host.map(FieldRef::as_bytes),
+    };
+    let source = host::source(fields, authority, version)
+        .map_err(|e| ActivatorError::BadRequest(e.reason()))?;
+    let host = match source {
+        HostSource::Authority => authority,
+        HostSource::Field => seen.host.and_then(FieldRef::to_str),
+        HostSource::None => None,
+    };
+    match host.filter(|h| !h.is_empty()) {
         Some(host) => Ok(Target::Host(host)),
-        None if version == Version::HTTP_11 && seen.host.is_none() => Err(
-            ActivatorError::BadRequest("an HTTP/1.1 request needs a Host header"),
-        ),
         None => Err(ActivatorError::NotFound(
             "no Host header and no Knative-Serving-Revision header".into(),
         )),

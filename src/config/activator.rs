@@ -24,6 +24,10 @@ pub struct ActivatorConfig {
     pub header_read_timeout: Duration,
     /// `keep-alive-timeout`: idle client connections are closed after this.
     pub keep_alive_timeout: Duration,
+    /// `request-body-idle-timeout`: a request body that sends nothing for this long while it is
+    /// forwarded is cut (408, or the connection closed once the response has started), so a
+    /// stalled body does not hold its place under the revision's capacity.
+    pub request_body_idle_timeout: Duration,
     /// `max-connections`: client connections beyond this wait in the accept backlog.
     pub max_connections: u32,
     /// `h2-max-concurrent-streams`: streams per HTTP/2 client connection.
@@ -135,6 +139,7 @@ impl Default for ActivatorConfig {
             max_header_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(75),
+            request_body_idle_timeout: DEFAULT_REQUEST_BODY_IDLE_TIMEOUT,
             max_connections: 50_000,
             h2_max_concurrent_streams: 250,
             drain_delay: Duration::from_secs(15),
@@ -169,6 +174,12 @@ use super::parse::{Problem, Problems, parse_bool, parse_i64};
 
 /// Name of the ConfigMap.
 pub const NAME: &str = "config-activator";
+/// `request-body-idle-timeout`'s default, in config-activator and config-deployment alike.
+pub const DEFAULT_REQUEST_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// `request-body-idle-timeout`'s range, in config-activator and config-deployment alike.
+pub fn request_body_idle_timeout(s: &str) -> Result<Duration, String> {
+    duration_in(s, MS, HOUR, false)
+}
 /// The prefix of thaw's per-revision activator annotations.
 pub const PREFIX: &str = "activator.thaw.dev/";
 
@@ -247,6 +258,17 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             Ok(())
         },
         show: |c| keys::show_duration(c.header_read_timeout),
+    },
+    Key {
+        name: "request-body-idle-timeout",
+        unit: "duration",
+        help: "A request body that sends nothing for this long while forwarded is cut: 408 \
+               (the connection closed if the response has started).",
+        parse: |c, s| {
+            c.request_body_idle_timeout = request_body_idle_timeout(s)?;
+            Ok(())
+        },
+        show: |c| keys::show_duration(c.request_body_idle_timeout),
     },
     Key {
         name: "keep-alive-timeout",

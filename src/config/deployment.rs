@@ -9,6 +9,9 @@
 //! - `progress-deadline` (600s): whole seconds, > 0. Each revision Deployment's
 //!   `progressDeadlineSeconds` (a revision's `serving.knative.dev/progress-deadline`
 //!   annotation wins).
+//! - `request-body-idle-timeout` (60s): a duration in [1ms, 1h]; the queue sidecar cuts a request
+//!   body that sends nothing for this long (thaw's; config-activator has the same key for the
+//!   activator). Reaches the sidecar as `THAW_REQUEST_BODY_IDLE_TIMEOUT`.
 //! - `queue-sidecar-{cpu,memory,ephemeral-storage}-{request,limit}`: the sidecar's resources.
 //!   As in Knative's code only the CPU request has a default (25m); the others are applied
 //!   only when set. Each is a Kubernetes quantity (`25m`, `400Mi`, `1Gi`, `0.5`), not negative.
@@ -45,6 +48,11 @@ pub struct DeploymentConfig {
     pub progress_deadline: Duration,
     /// The sidecar's resources; `None`: not set on the container.
     pub queue_sidecar_resources: SidecarResources,
+    /// `request-body-idle-timeout`: the sidecar cuts a request body that sends nothing for this
+    /// long while it is forwarded (408, or the connection closed once the response has
+    /// started), so a stalled body does not hold a place under containerConcurrency. The same
+    /// key and range as config-activator's.
+    pub request_body_idle_timeout: Duration,
 }
 
 /// The queue sidecar's resource requests and limits, as Kubernetes quantities.
@@ -67,6 +75,7 @@ impl Default for DeploymentConfig {
                 cpu_request: Some(DEFAULT_QUEUE_SIDECAR_CPU_REQUEST.to_string()),
                 ..SidecarResources::default()
             },
+            request_body_idle_timeout: super::activator::DEFAULT_REQUEST_BODY_IDLE_TIMEOUT,
         }
     }
 }
@@ -181,6 +190,17 @@ pub static KEYS: &[Key<DeploymentConfig>] = &[
         },
         show: |c| keys::show_duration(c.progress_deadline),
     },
+    Key {
+        name: "request-body-idle-timeout",
+        unit: "duration",
+        help: "The queue sidecar cuts a request body that sends nothing for this long while \
+               forwarded: 408 (the connection closed if the response has started).",
+        parse: |c, s| {
+            c.request_body_idle_timeout = super::activator::request_body_idle_timeout(s)?;
+            Ok(())
+        },
+        show: |c| keys::show_duration(c.request_body_idle_timeout),
+    },
     resource_key!(
         "queue-sidecar-cpu-request",
         cpu_request,
@@ -275,6 +295,7 @@ mod tests {
             ("queue-sidecar-cpu-request", "100m"),
             ("queue-sidecar-memory-limit", "800Mi"),
             ("queue-sidecar-ephemeral-storage-request", "1e9"),
+            ("request-body-idle-timeout", "15s"),
         ]))
         .unwrap()
         .config;
@@ -285,6 +306,7 @@ mod tests {
         assert_eq!(r.memory_limit.as_deref(), Some("800Mi"));
         assert_eq!(r.ephemeral_storage_request.as_deref(), Some("1e9"));
         assert_eq!(r.cpu_limit, None);
+        assert_eq!(c.request_body_idle_timeout, Duration::from_secs(15));
     }
 
     #[test]
@@ -294,6 +316,7 @@ mod tests {
             ("progress-deadline", "0s"),
             ("queue-sidecar-cpu-limit", "-1"),
             ("queue-sidecar-memory-request", "lots"),
+            ("request-body-idle-timeout", "0s"),
         ]))
         .unwrap_err();
         let keys: Vec<&str> = err.0.iter().map(|p| p.key.as_str()).collect();
@@ -303,11 +326,17 @@ mod tests {
                 "progress-deadline",
                 "queue-sidecar-cpu-limit",
                 "queue-sidecar-image",
-                "queue-sidecar-memory-request"
+                "queue-sidecar-memory-request",
+                "request-body-idle-timeout"
             ]
         );
         assert!(err.to_string().contains("must be greater than 0"), "{err}");
         assert!(err.to_string().contains("must not be negative"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("request-body-idle-timeout: must be in [1ms, 1h]"),
+            "{err}"
+        );
         let err = DeploymentConfig::parse(&data(&[("progress-deadline", "1500ms")])).unwrap_err();
         assert!(err.to_string().contains("whole seconds"), "{err}");
         let err = DeploymentConfig::parse(&data(&[("progress-deadline", "600")])).unwrap_err();

@@ -35,6 +35,7 @@ pub mod conn;
 pub mod direct;
 pub mod fields;
 pub mod head_clock;
+pub mod host;
 pub mod lane;
 pub mod limits;
 pub mod pool;

@@ -33,11 +33,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tokio::time::{Duration, Instant};
+use tokio::time::{Duration, Instant, Sleep};
 use tracing::Instrument;
 
 use super::Protocol;
@@ -56,8 +57,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub enum ReqBody {
     /// Nothing to send.
     Empty,
-    /// The client's body, streamed as it arrives.
-    Client(Incoming),
+    /// The client's body, streamed as it arrives ([`ClientBody`]).
+    Client(ClientBody),
 }
 
 impl ReqBody {
@@ -66,29 +67,118 @@ impl ReqBody {
         if body.is_end_stream() {
             ReqBody::Empty
         } else {
-            ReqBody::Client(body)
+            ReqBody::Client(ClientBody {
+                body,
+                idle: None,
+                timer: None,
+                waiting: false,
+                stalls: None,
+            })
+        }
+    }
+
+    /// Cuts the client's body ([`ClientBodyError::Stalled`]) once it has sent nothing for
+    /// `idle` while it was read (the request-body idle timeout), counting the cut in `stalls`.
+    pub fn stall_after(mut self, idle: Duration, stalls: &Counter) -> Self {
+        if let ReqBody::Client(c) = &mut self {
+            c.idle = Some(idle);
+            c.stalls = Some(stalls.clone());
+        }
+        self
+    }
+}
+
+/// The client's request body as it is forwarded, under the request-body idle timeout: the
+/// timer runs only while the body is read and the client has nothing for it (time the upstream
+/// spends not reading is not the client's), is restarted by the first wait after each frame,
+/// and is allocated on the first wait only, once per body (a body that arrives whole never
+/// needs one). Restarting it is a clock read and [`Sleep::reset`]: nothing per frame.
+#[derive(Debug)]
+pub struct ClientBody {
+    body: Incoming,
+    idle: Option<Duration>,
+    timer: Option<std::pin::Pin<Box<Sleep>>>,
+    /// The timer runs for the current wait (no frame since it was set).
+    waiting: bool,
+    /// Counts the cut.
+    stalls: Option<Counter>,
+}
+
+impl ClientBody {
+    fn poll_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                self.waiting = false;
+                Poll::Ready(frame.map(|r| r.map_err(ClientBodyError::Read)))
+            }
+            Poll::Pending => {
+                let Some(idle) = self.idle else {
+                    return Poll::Pending;
+                };
+                let timer = match &mut self.timer {
+                    Some(t) => {
+                        if !self.waiting {
+                            t.as_mut().reset(Instant::now() + idle);
+                        }
+                        t
+                    }
+                    None => self.timer.insert(Box::pin(tokio::time::sleep(idle))),
+                };
+                self.waiting = true;
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        // Once: the exchange ends with this error.
+                        self.idle = None;
+                        if let Some(c) = self.stalls.take() {
+                            c.inc();
+                        }
+                        Poll::Ready(Some(Err(ClientBodyError::Stalled(idle))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 }
 
-/// The client's request body failed while it was forwarded (malformed chunked framing, a
-/// length it did not keep, the client gone): the client's fault, not the upstream's. hyper's
-/// client keeps it as the source of its own error, so [`ClientBodyError::is_in`] finds it.
+/// The client's request body failed while it was forwarded: the client's fault, not the
+/// upstream's. hyper's client keeps it as the source of its own error, so
+/// [`ClientBodyError::find_in`] finds it.
 #[derive(Debug, thiserror::Error)]
-#[error("the client's request body failed: {0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub enum ClientBodyError {
+    /// Malformed chunked framing, a length it did not keep, the client gone: 400.
+    #[error("the client's request body failed: {0}")]
+    Read(#[source] hyper::Error),
+    /// Nothing arrived for the request-body idle timeout: 408.
+    #[error("the client's request body sent nothing for {0:?}")]
+    Stalled(Duration),
+}
 
 impl ClientBodyError {
-    /// Whether `err` or anything in its chain of sources is a [`ClientBodyError`].
-    pub fn is_in(err: &(dyn std::error::Error + 'static)) -> bool {
+    /// The [`ClientBodyError`] in `err` or anywhere in its chain of sources.
+    pub fn find_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a ClientBodyError> {
         let mut e = Some(err);
         while let Some(x) = e {
-            if x.is::<ClientBodyError>() {
-                return true;
+            if let Some(found) = x.downcast_ref::<ClientBodyError>() {
+                return Some(found);
             }
             e = x.source();
         }
-        false
+        None
+    }
+
+    /// Whether `err` or anything in its chain of sources is a [`ClientBodyError`].
+    pub fn is_in(err: &(dyn std::error::Error + 'static)) -> bool {
+        Self::find_in(err).is_some()
+    }
+
+    /// Whether `err` carries a [`ClientBodyError::Stalled`].
+    pub fn is_stall_in(err: &(dyn std::error::Error + 'static)) -> bool {
+        matches!(Self::find_in(err), Some(ClientBodyError::Stalled(_)))
     }
 }
 
@@ -102,23 +192,21 @@ impl Body for ReqBody {
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         match self.get_mut() {
             ReqBody::Empty => std::task::Poll::Ready(None),
-            ReqBody::Client(b) => std::pin::Pin::new(b)
-                .poll_frame(cx)
-                .map(|f| f.map(|r| r.map_err(ClientBodyError))),
+            ReqBody::Client(b) => b.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ReqBody::Empty => true,
-            ReqBody::Client(b) => b.is_end_stream(),
+            ReqBody::Client(b) => b.body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ReqBody::Empty => SizeHint::with_exact(0),
-            ReqBody::Client(b) => b.size_hint(),
+            ReqBody::Client(b) => b.body.size_hint(),
         }
     }
 }

@@ -308,6 +308,10 @@ impl LocalController {
             svc.route_moved(&id.1, &before, Instant::now());
         }
         // Specs and platform definitions for every revision under the current ConfigMaps.
+        // A sidecar cuts stalled request bodies as the activator does (config-activator's key).
+        let sidecar = model
+            .sidecar
+            .then(|| model.configs.activator.request_body_idle_timeout);
         for (id, svc) in st.services.iter_mut() {
             let Some(s) = wanted.get(id) else { continue };
             for (g, template) in &svc.templates {
@@ -318,7 +322,7 @@ impl LocalController {
                 match as_of.revision_spec(*g, &model.domain, &model.configs) {
                     Ok(spec) => {
                         self.platform
-                            .upsert(local_revision(&spec, template, model.sidecar));
+                            .upsert(local_revision(&spec, template, sidecar));
                         svc.specs.insert(*g, spec);
                     }
                     Err(e) => warn!(revision = %as_of.key(*g), problems = %e,
@@ -534,17 +538,17 @@ async fn collect_periodically(controller: Weak<LocalController>) {
 }
 
 /// How the platform runs a revision: its container's command, args, env and readiness probe;
-/// with `sidecar`, behind a `thaw queue` sidecar ([`behind_sidecar`]).
+/// with `sidecar` (its request-body idle timeout), behind a `thaw queue` sidecar
+/// ([`behind_sidecar`]).
 fn local_revision(
     spec: &RevisionSpec,
     template: &RevisionTemplateSpec,
-    sidecar: bool,
+    sidecar: Option<std::time::Duration>,
 ) -> LocalRevision {
     let def = container_revision(spec, template);
-    if sidecar {
-        behind_sidecar(spec, def)
-    } else {
-        def
+    match sidecar {
+        Some(body_idle) => behind_sidecar(spec, def, body_idle),
+        None => def,
     }
 }
 
@@ -554,7 +558,11 @@ fn local_revision(
 /// (else a free port) as `USER_PORT`. Its settings are the revision's, as the controller
 /// will set them on Kubernetes. No drain delay: the platform stops a replica only once the
 /// activator has nothing in flight to it.
-fn behind_sidecar(spec: &RevisionSpec, mut def: LocalRevision) -> LocalRevision {
+fn behind_sidecar(
+    spec: &RevisionSpec,
+    mut def: LocalRevision,
+    body_idle: std::time::Duration,
+) -> LocalRevision {
     use crate::queue::settings as q;
     let mut command = vec!["thaw".to_string(), "queue".into(), "--".into()];
     command.append(&mut def.command);
@@ -581,6 +589,10 @@ fn behind_sidecar(spec: &RevisionSpec, mut def: LocalRevision) -> LocalRevision 
             t.idle.map_or("0".into(), secs),
         ),
         (q::THAW_DRAIN_DELAY, "0s".into()),
+        (
+            q::THAW_REQUEST_BODY_IDLE_TIMEOUT,
+            crate::config::parse::format_duration(body_idle),
+        ),
     ];
     if let Some(port) = def.port.take() {
         env.push((q::USER_PORT, port.to_string()));

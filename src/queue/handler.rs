@@ -6,17 +6,22 @@
 //!    any other `K-Network-Probe` value is 400 (a probe meant for an activator must not find
 //!    one here); kubelet probes on the data port
 //!    (`K-Kubelet-Probe`, `User-Agent: kube-probe/...`) get the readiness answer;
-//! 2. header limits (431) and `CONNECT` (501);
+//! 2. header limits (431), `CONNECT` (501), and the host rule the activator applies
+//!    (`http1::host`): two `Host` fields, none on HTTP/1.1, or an h2 `host` that differs from
+//!    `:authority` are 400;
 //! 3. accounting ([`PodWindow::arrive`]): from here the request counts in the pod's stats,
 //!    queued time included, until its response body ends;
 //! 4. containerConcurrency ([`Limiter`]): a place at once, else a wait in the bounded queue
 //!    (503 with a reason when it is full, 504 past the revision's timeout);
 //! 5. header hygiene: hop-by-hop fields, `K-Proxy-Request`, `K-Original-Host` and
-//!    `K-Network-Hash` removed, `Host`
-//!    restored from `K-Original-Host`;
+//!    `K-Network-Hash` removed; exactly one `Host`: `K-Original-Host`'s, else the target's
+//!    authority (absolute form, h2's `:authority`), else the client's one `Host`;
 //! 6. forward to 127.0.0.1:`USER_PORT` over the engine's pool (a bodiless HTTP/1.1 request on a
 //!    direct connection, anything else through hyper's client), the response head within the
 //!    response-start timeout;
+//!    The client's body is forwarded under the request-body idle timeout: a body that sends
+//!    nothing for that long is cut, answered 408 (or, once the response has started, its
+//!    connection closed), and its place freed;
 //! 7. the body streamed under the idle and total timeouts ([`TimedBody`]); the place and the
 //!    count are released when it ends. An upgrade (websocket) answered 101 becomes a tunnel
 //!    (`http1::tunnel`) holding the place and the count while it lives (idle timeout only).
@@ -46,6 +51,7 @@ use super::settings::Settings;
 use crate::http1::activity::ConnActive;
 use crate::http1::direct::{self, DirectError, ExchangeError};
 use crate::http1::fields::{ClientHeaders, HeadersRef, Known};
+use crate::http1::host::{self, HostError, HostFields, HostSource};
 use crate::http1::pool::{
     BoxError, ClientBodyError, ConnectError, ReqBody, RespBody, Reusable, SendError, Upstream,
 };
@@ -171,7 +177,7 @@ impl Sidecar {
         req: Request<B>,
     ) -> Response<QueueBody> {
         let started = Instant::now();
-        let seen = Seen::read(B::fields(&req));
+        let seen = Seen::read(B::fields(&req), req.uri(), req.version());
         if let Some(p) = seen.network_probe {
             return self.answer_probe(p.as_bytes(), seen.network_hash);
         }
@@ -196,6 +202,10 @@ impl Sidecar {
                 started,
                 plain(StatusCode::NOT_IMPLEMENTED, "CONNECT is not supported\n"),
             );
+        }
+        if let Err(e) = seen.host {
+            tracing::debug!(error = %e, "refused: the request's host");
+            return self.count(started, plain(StatusCode::BAD_REQUEST, format!("{e}\n")));
         }
         let span =
             tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
@@ -250,6 +260,10 @@ impl Sidecar {
                 self.readiness.recheck();
                 (StatusCode::BAD_GATEWAY, "the application did not answer\n")
             }
+            Failure::ClientBody(e) if ClientBodyError::is_stall_in(&**e) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body stalled\n",
+            ),
             Failure::ClientBody(_) => (StatusCode::BAD_REQUEST, "malformed request body\n"),
         };
         // Overflow is expected under load: not logged per request (it is counted).
@@ -295,10 +309,13 @@ impl Sidecar {
         };
         let (parts, body) = req.into_parts();
         let (mut headers, body) = B::split(parts.headers, body);
+        let body = body.stall_after(
+            self.settings.request_body_idle,
+            &self.telemetry.queue.request_body_timeouts,
+        );
         let host = prepare(
             &mut headers,
-            seen.original_host,
-            parts.uri.authority(),
+            host_override(seen.original_host, seen.host, parts.uri.authority()),
             protocol,
             upgrade,
         );
@@ -434,7 +451,7 @@ enum Failure {
 }
 
 /// What the sidecar reads of a request's fields, in one pass.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
     network_probe: Option<HeaderValue>,
     /// Read only when present (a probe's, or one to strip): no allocation otherwise.
@@ -442,15 +459,27 @@ struct Seen {
     kubelet_probe: bool,
     proxied: bool,
     original_host: Option<HeaderValue>,
+    /// Where the host the application gets comes from, or why the request is refused
+    /// (`http1::host`, the activator's rule).
+    host: Result<HostSource, HostError>,
 }
 
 impl Seen {
-    fn read(fields: HeadersRef<'_>) -> Self {
-        let mut s = Seen::default();
+    fn read(fields: HeadersRef<'_>, uri: &Uri, version: Version) -> Self {
+        let mut s = Seen {
+            network_probe: None,
+            network_hash: None,
+            kubelet_probe: false,
+            proxied: false,
+            original_host: None,
+            host: Ok(HostSource::None),
+        };
+        let mut hosts = HostFields::default();
         match fields {
             HeadersRef::Raw(raw) => {
                 for (known, _, value) in raw.known() {
                     match known {
+                        Known::Host => hosts.saw(value),
                         Known::NetworkProbe => {
                             s.network_probe = s.network_probe.or_else(|| raw.value(value));
                         }
@@ -476,26 +505,42 @@ impl Seen {
                         .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"));
                 s.proxied = map.contains_key(K_PROXY_REQUEST);
                 s.original_host = map.get(K_ORIGINAL_HOST).cloned();
+                for value in map.get_all(header::HOST) {
+                    hosts.saw(value.as_bytes());
+                }
             }
         }
+        s.host = host::source(hosts, uri.authority().map(Authority::as_str), version);
         s
     }
 }
 
+/// The `Host` the application gets in place of the client's `Host` fields, if not the one
+/// `Host` field: `K-Original-Host`'s value, else the target's authority when it wins
+/// (`http1::host`: absolute form, h2's `:authority`).
+fn host_override(
+    original_host: Option<HeaderValue>,
+    source: Result<HostSource, HostError>,
+    authority: Option<&Authority>,
+) -> Option<HeaderValue> {
+    original_host.or_else(|| match source {
+        Ok(HostSource::Authority) => authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+        _ => None,
+    })
+}
+
 /// Header hygiene (step 5). Returns the `Host` to send when it is not (or no longer) among the
-/// forwarded fields: `K-Original-Host`'s value, else an h2 request's authority.
+/// forwarded fields: `host` ([`host_override`]), else the client's one `Host` (the map form).
 fn prepare(
     headers: &mut ClientHeaders,
-    original_host: Option<HeaderValue>,
-    authority: Option<&Authority>,
+    host: Option<HeaderValue>,
     protocol: Protocol,
     upgrade: bool,
 ) -> Option<HeaderValue> {
-    let authority = || authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     match headers {
         ClientHeaders::Raw(raw) => {
             let mut skip = raw.hop_by_hop(upgrade);
-            let replace_host = original_host.is_some();
+            let replace_host = host.is_some();
             for (i, (known, _, _)) in raw.known().enumerate() {
                 let drop = match known {
                     Known::ProxyRequest | Known::OriginalHost | Known::NetworkHash => true,
@@ -507,17 +552,14 @@ fn prepare(
                 }
             }
             raw.skip(skip);
-            original_host
+            host
         }
         ClientHeaders::Map(map) => {
             crate::http1::fields::strip_hop_by_hop(map, upgrade);
             map.remove(K_PROXY_REQUEST);
             map.remove(K_ORIGINAL_HOST);
             map.remove(K_NETWORK_HASH);
-            // An h2c client's `:authority` is its Host (RFC 9113 §8.3.1).
-            let host = original_host
-                .or_else(|| map.remove(header::HOST))
-                .or_else(authority);
+            let host = host.or_else(|| map.remove(header::HOST));
             if protocol == Protocol::Http1 {
                 // Written by the caller on either path.
                 map.remove(header::HOST);

@@ -47,6 +47,9 @@ pub const THAW_QUEUE_DEPTH: &str = "THAW_QUEUE_DEPTH";
 pub const THAW_DRAIN_DELAY: &str = "THAW_DRAIN_DELAY";
 /// thaw's: the user container's protocol, `http1` (default) or `h2c`.
 pub const THAW_USER_PROTOCOL: &str = "THAW_USER_PROTOCOL";
+/// thaw's: a request body that sends nothing for this long while forwarded is cut (408);
+/// config-deployment's `request-body-idle-timeout` (Go duration in [1ms, 1h], default 60s).
+pub const THAW_REQUEST_BODY_IDLE_TIMEOUT: &str = "THAW_REQUEST_BODY_IDLE_TIMEOUT";
 
 /// Every variable the sidecar reads, for `--help` and the README.
 pub const VARIABLES: &[&str] = &[
@@ -67,6 +70,7 @@ pub const VARIABLES: &[&str] = &[
     THAW_QUEUE_DEPTH,
     THAW_DRAIN_DELAY,
     THAW_USER_PROTOCOL,
+    THAW_REQUEST_BODY_IDLE_TIMEOUT,
 ];
 
 /// `thaw queue --help`'s list of variables.
@@ -80,6 +84,7 @@ Environment (Knative's queue-proxy names where one exists):
   REVISION_TIMEOUT_SECONDS              total time per request, queueing included (default 300)
   REVISION_RESPONSE_START_TIMEOUT_SECONDS  time to the response head (0 = the total)
   REVISION_IDLE_TIMEOUT_SECONDS         longest silence in a response body (0 = none)
+  THAW_REQUEST_BODY_IDLE_TIMEOUT        longest silence in a request body: 408 (default 60s)
   USER_PORT                             the user container's port on 127.0.0.1 (default 8080)
   THAW_USER_HOST                        the user container's address instead of 127.0.0.1 (pods sharing a host)
   THAW_USER_PROTOCOL                    http1 (default) or h2c
@@ -164,6 +169,8 @@ pub struct Settings {
     /// The admin listener (flag, else `THAW_QUEUE_ADMIN_PORT` on every interface).
     pub admin: SocketAddr,
     pub drain_delay: Duration,
+    /// `THAW_REQUEST_BODY_IDLE_TIMEOUT`: a stalled request body is cut after this.
+    pub request_body_idle: Duration,
 }
 
 /// A problem with one variable.
@@ -283,6 +290,19 @@ impl Settings {
                 }
             },
         };
+        let default_body_idle = crate::config::activator::DEFAULT_REQUEST_BODY_IDLE_TIMEOUT;
+        let request_body_idle = match value(THAW_REQUEST_BODY_IDLE_TIMEOUT) {
+            None => default_body_idle,
+            Some(v) => crate::config::activator::request_body_idle_timeout(&v).unwrap_or_else(
+                |reason| {
+                    fail(
+                        THAW_REQUEST_BODY_IDLE_TIMEOUT,
+                        format!("expected a duration such as 60s, got {v:?}: {reason}"),
+                    );
+                    default_body_idle
+                },
+            ),
+        };
         let user_protocol = match value(THAW_USER_PROTOCOL).as_deref() {
             None | Some("http1") => Protocol::Http1,
             Some("h2c") => Protocol::H2c,
@@ -355,6 +375,7 @@ impl Settings {
             data,
             admin,
             drain_delay,
+            request_body_idle,
         })
     }
 }

@@ -85,6 +85,9 @@ pub struct QueueMetrics {
     /// Failed exchanges with the user container: refused, closed, cut
     /// (`thaw_queue_user_errors_total`).
     pub user_errors: Counter,
+    /// Request bodies cut after the request-body idle timeout
+    /// (`thaw_queue_request_body_timeouts_total`).
+    pub request_body_timeouts: Counter,
 }
 
 /// The sidecar's registry and its families.
@@ -175,6 +178,11 @@ impl QueueTelemetry {
                 reg,
                 "thaw_queue_user_errors",
                 "Failed exchanges with the user container (refused, closed, cut mid-body)",
+            ),
+            request_body_timeouts: counter(
+                reg,
+                "thaw_queue_request_body_timeouts",
+                "Request bodies cut after sending nothing for the request-body idle timeout",
             ),
         };
         Self { registry, queue }

@@ -312,6 +312,14 @@ fn activator_rows() -> Vec<Row> {
             "missing unit",
         ),
         (
+            "request-body-idle-timeout",
+            json!(60),
+            "5s",
+            json!(5),
+            "2h",
+            "must be in [1ms, 1h]",
+        ),
+        (
             "keep-alive-timeout",
             json!(75),
             "2m",

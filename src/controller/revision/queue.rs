@@ -203,6 +203,10 @@ pub fn queue_container(r: &Resolved, cfg: &DeploymentConfig, probe: &MovedProbe)
             env::THAW_DRAIN_DELAY,
             format!("{}s", DEFAULT_DRAIN_DELAY.as_secs()),
         ),
+        var(
+            env::THAW_REQUEST_BODY_IDLE_TIMEOUT,
+            crate::config::parse::format_duration(cfg.request_body_idle_timeout),
+        ),
     ];
     let admin = IntOrString::Int(i32::from(DEFAULT_ADMIN_PORT));
     let timing = probe.timing.clone().unwrap_or_default();

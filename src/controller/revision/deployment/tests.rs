@@ -153,6 +153,7 @@ fn helloworld_deployment() {
         (env::QUEUE_SERVING_PORT, "8012"),
         (env::THAW_QUEUE_ADMIN_PORT, "9091"),
         (env::THAW_DRAIN_DELAY, "30s"),
+        (env::THAW_REQUEST_BODY_IDLE_TIMEOUT, "60s"),
     ] {
         assert_eq!(env_of(q, k).as_deref(), Some(v), "{k}");
     }
