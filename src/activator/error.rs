@@ -15,6 +15,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use super::body::ActivatorBody;
 use super::headers::{X_REQUEST_ID, new_request_id};
 use super::throttler::Rejection;
+use crate::http1::pool::ClientBodyError;
 use crate::revision::RevisionKey;
 
 /// Why the activator answered a request itself instead of forwarding a response.
@@ -61,7 +62,8 @@ pub enum ActivatorError {
         source: crate::http1::pool::BoxError,
     },
     /// The client's own request body failed while it was forwarded (malformed framing, cut
-    /// short): the client's fault, answered 400 and counted apart from upstream failures.
+    /// short): the client's fault, answered 400 and counted apart from upstream failures; a
+    /// body that sent nothing for the request-body idle timeout is 408.
     #[error("revision {revision}: the request body failed: {source}")]
     ClientBody {
         revision: RevisionKey,
@@ -89,6 +91,9 @@ impl ActivatorError {
         match self {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::ClientBody { source, .. } if ClientBodyError::is_stall_in(&**source) => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             Self::BadRequest(_) | Self::ClientBody { .. } => StatusCode::BAD_REQUEST,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Rejected { rejection, .. } => match rejection {
@@ -139,6 +144,9 @@ impl ActivatorError {
                 revision, waited, ..
             } => format!("revision {revision}: upstream sent no response within {waited:?}"),
             Self::TotalTimeout { .. } => self.to_string(),
+            Self::ClientBody { source, .. } if ClientBodyError::is_stall_in(&**source) => {
+                "the request body stalled".to_string()
+            }
             Self::ClientBody { .. } => "the request body is malformed or incomplete".to_string(),
         }
     }

@@ -308,6 +308,7 @@ struct RequestConfig {
     max_held_requests: u32,
     max_held_namespace: u32,
     connect_retries: u32,
+    request_body_idle: std::time::Duration,
 }
 
 impl From<&ActivatorConfig> for RequestConfig {
@@ -319,6 +320,7 @@ impl From<&ActivatorConfig> for RequestConfig {
             max_held_requests: c.max_held_requests,
             max_held_namespace: c.namespace_held_cap(),
             connect_retries: c.connect_retries,
+            request_body_idle: c.request_body_idle_timeout,
         }
     }
 }
@@ -395,6 +397,10 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let (mut headers, body) = B::split(parts.headers, body);
+        let body = body.stall_after(
+            cfg.request_body_idle,
+            &act.deps.telemetry.activator.request_body_timeouts,
+        );
         if h2c_upgrade && let ClientHeaders::Map(map) = &mut headers {
             // `Upgrade: h2c` is not followed (RFC 9113 deprecates it): the request is served
             // over HTTP/1.1, without the upgrade's fields (hop-by-hop by RFC 9113 §3.2.1 too).

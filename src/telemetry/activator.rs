@@ -147,6 +147,10 @@ pub struct ActivatorMetrics {
     /// `thaw_activator_stats_dropped_total`: stats and pokes dropped because the channel to
     /// the autoscaler was full or closed.
     pub stats_dropped: Counter,
+    /// `thaw_activator_request_body_timeouts_total`: request bodies cut after sending nothing
+    /// for `request-body-idle-timeout` (answered 408, or the connection closed once the
+    /// response had started).
+    pub request_body_timeouts: Counter,
 }
 
 impl ActivatorMetrics {
@@ -170,6 +174,7 @@ impl ActivatorMetrics {
             unmatched: Family::default(),
             connections: Gauge::default(),
             stats_dropped: Counter::default(),
+            request_body_timeouts: Counter::default(),
         };
         let r = reg;
         r.register(
@@ -256,6 +261,11 @@ impl ActivatorMetrics {
             "activator_stats_dropped",
             "Stats and pokes dropped because the channel to the autoscaler was full or closed",
             m.stats_dropped.clone(),
+        );
+        r.register(
+            "activator_request_body_timeouts",
+            "Request bodies cut after sending nothing for request-body-idle-timeout",
+            m.request_body_timeouts.clone(),
         );
         m
     }
