@@ -627,6 +627,7 @@ async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
                             // HTTP/2: the authority.
                             .or_else(|| req.uri().authority().map(|a| a.to_string()))
                             .unwrap_or_default();
+                        let hosts = req.headers().get_all("host").iter().count();
                         let mut names: Vec<String> =
                             req.headers().keys().map(|k| k.to_string()).collect();
                         names.sort();
@@ -634,7 +635,7 @@ async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
                         let version = format!("{:?}", req.version());
                         let body = req.into_body().collect().await.unwrap().to_bytes();
                         let text = format!(
-                            "host={host}\nnames={}\nmethod={method}\nversion={version}\nbody={}\n",
+                            "host={host}\nhosts={hosts}\nnames={}\nmethod={method}\nversion={version}\nbody={}\n",
                             names.join(","),
                             body.len()
                         );
@@ -739,6 +740,7 @@ fn invalid_settings_are_refused_naming_each_variable() {
         .env("SERVING_NAMESPACE", "default")
         .env("CONTAINER_CONCURRENCY", "lots")
         .env("USER_PORT", "8012")
+        .env("THAW_REQUEST_BODY_IDLE_TIMEOUT", "0s")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -747,6 +749,7 @@ fn invalid_settings_are_refused_naming_each_variable() {
         "SERVING_REVISION: is required",
         "CONTAINER_CONCURRENCY: expected a whole number from 0 to 1000, got \"lots\"",
         "USER_PORT: 8012 is one of the sidecar's own ports",
+        "THAW_REQUEST_BODY_IDLE_TIMEOUT: expected a duration such as 60s, got \"0s\": must be in [1ms, 1h]",
     ] {
         assert!(err.contains(needle), "{needle} not in:\n{err}");
     }
@@ -956,4 +959,162 @@ async fn in_wrapper_mode_the_user_containers_exit_ends_the_sidecar() {
         "{}",
         sidecar.logs()
     );
+}
+
+/// Writes `request` on a new connection to `addr` and reads until the peer closes it (or, with
+/// `head_only`, until the end of the response head): what came back, as text.
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut out))
+        .await
+        .expect("the sidecar answered and closed")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One h2c request (prior knowledge) to `addr` for `uri` with a `host` field: status and body.
+async fn h2_get(addr: SocketAddr, uri: &str, host: Option<&str>) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send_req, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::get(uri);
+    if let Some(h) = host {
+        req = req.header("host", h);
+    }
+    let resp = send_req
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Issue 33: the sidecar applies the activator's host rule (`http1::host`): a duplicate Host
+/// and a missing one (HTTP/1.1) are 400, an absolute-form target's authority is the one Host
+/// the application sees, and on h2 a `host` differing from `:authority` is 400. Both engine
+/// paths: the lane (bodiless) and hyper's server (a body, an absolute-form target).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_activators_host_rules_hold_in_the_sidecar() {
+    let (port, server) = echo_server().await;
+    let q = Queue::start(port, &[]);
+    q.admin_until("/readyz", 200).await;
+    let body = "Content-Length: 2\r\n\r\nhi";
+    for (what, req) in [
+        (
+            "two Host fields",
+            "GET /echo HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\nConnection: close\r\n\r\n".to_string(),
+        ),
+        (
+            "two Host fields, a body",
+            format!("POST /echo HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\nConnection: close\r\n{body}"),
+        ),
+        (
+            "no Host on HTTP/1.1",
+            "GET /echo HTTP/1.1\r\nConnection: close\r\n\r\n".to_string(),
+        ),
+        (
+            "no Host on HTTP/1.1, a body",
+            format!("POST /echo HTTP/1.1\r\nConnection: close\r\n{body}"),
+        ),
+    ] {
+        let got = raw_exchange(q.data, req.as_bytes()).await;
+        assert!(got.starts_with("HTTP/1.1 400 "), "{what}: {got}");
+        assert!(!got.contains("hosts="), "{what} reached the app: {got}");
+    }
+    // HTTP/1.0 needs no Host.
+    let got = raw_exchange(q.data, b"GET /echo HTTP/1.0\r\n\r\n").await;
+    assert!(got.starts_with("HTTP/1.0 200 ") || got.starts_with("HTTP/1.1 200 "), "{got}");
+    // An absolute-form target's authority wins over Host, and the app gets exactly one Host.
+    for req in [
+        "GET http://right.example.com/echo HTTP/1.1\r\nHost: wrong.example.com\r\nConnection: close\r\n\r\n".to_string(),
+        format!("POST http://right.example.com/echo HTTP/1.1\r\nHost: wrong.example.com\r\nConnection: close\r\n{body}"),
+    ] {
+        let got = raw_exchange(q.data, req.as_bytes()).await;
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+        assert!(got.contains("\nhost=right.example.com\nhosts=1\n"), "{got}");
+    }
+    // K-Original-Host (the activator's) still replaces Host, once.
+    let (_, text) = q
+        .get("/echo", &[("host", "10.0.0.7:8012"), ("k-original-host", "orig.example.com")])
+        .await;
+    assert!(text.contains("host=orig.example.com\nhosts=1\n"), "{text}");
+
+    // h2: `host` must agree with `:authority` (in any case); the authority is the Host.
+    let uri = "http://right.example.com/echo";
+    assert_eq!(h2_get(q.data, uri, Some("wrong.example.com")).await.0, 400);
+    let (status, text) = h2_get(q.data, uri, Some("RIGHT.example.com")).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("host=right.example.com\nhosts=1\n"), "{text}");
+    let (status, text) = h2_get(q.data, uri, None).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("host=right.example.com\nhosts=1\n"), "{text}");
+    server.abort();
+}
+
+/// Issue 33: a request body that stalls is cut after THAW_REQUEST_BODY_IDLE_TIMEOUT with 408
+/// and its containerConcurrency place freed: with cc=1 a second request is served while the
+/// stalled connection is still open. A body that keeps sending, however slowly, is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (port, server) = echo_server().await;
+    let q = Queue::start(
+        port,
+        &[
+            ("CONTAINER_CONCURRENCY", "1"),
+            ("THAW_REQUEST_BODY_IDLE_TIMEOUT", "1s"),
+        ],
+    );
+    q.admin_until("/readyz", 200).await;
+    // Headers and 3 of 100 bytes, then nothing.
+    let mut stalled = tokio::net::TcpStream::connect(q.data).await.unwrap();
+    stalled
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: a.example.com\r\nContent-Length: 100\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("stalled") {
+        let n = tokio::time::timeout(DEADLINE, stalled.read(&mut buf))
+            .await
+            .expect("an answer to the stalled body")
+            .unwrap();
+        assert!(n > 0, "closed without an answer: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let got = String::from_utf8_lossy(&got).into_owned();
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
+    // The place is free: served at once (a held place would keep it for the revision's 300 s).
+    let (status, text) = q.send("POST", "/echo", &[], "next").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("body=4\n"), "{text}");
+    assert_eq!(q.metric("thaw_queue_request_body_timeouts_total").await, 1.0);
+    drop(stalled);
+
+    // A body trickling in (every gap well inside the timeout, all of it longer) is not cut.
+    let mut slow = tokio::net::TcpStream::connect(q.data).await.unwrap();
+    slow.write_all(b"POST /echo HTTP/1.1\r\nHost: a.example.com\r\nContent-Length: 8\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        slow.write_all(b"x").await.unwrap();
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, slow.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    assert!(out.contains("body=8\n"), "{out}");
+    assert_eq!(q.metric("thaw_queue_request_body_timeouts_total").await, 1.0);
+    server.abort();
 }

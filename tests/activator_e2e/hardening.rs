@@ -518,3 +518,50 @@ async fn bare_lf_heads_are_served_alike_by_the_lane_and_hyper() {
     assert!(hyper.starts_with("HTTP/1.1 200"), "{hyper}");
     h.shutdown();
 }
+
+/// Issue 33: a request body that stalls is cut after `request-body-idle-timeout` with 408 and
+/// its throttler slot freed: with containerConcurrency 1 on one endpoint, a second request is
+/// served while the stalled connection is still open; the cut is counted.
+#[tokio::test]
+async fn a_stalled_request_body_is_cut_with_408_and_frees_its_slot() {
+    let up = Upstream::start().await;
+    let mut r = spec("r", 1);
+    r.hosts = vec!["r.default.example.com".into()];
+    let config = ActivatorConfig {
+        request_body_idle_timeout: Duration::from_secs(1),
+        ..ActivatorConfig::default()
+    };
+    let mut h = Harness::start(vec![r], config).await;
+    h.endpoints
+        .set_ready(&RevisionKey::new("default", "r"), vec![up.addr]);
+    // Headers and 3 of 100 bytes, then nothing.
+    let mut stalled = TcpStream::connect(h.data).await.unwrap();
+    stalled
+        .write_all(
+            b"POST /echo HTTP/1.1\r\nHost: r.default.example.com\r\nContent-Length: 100\r\n\r\nabc",
+        )
+        .await
+        .unwrap();
+    let head = tokio::time::timeout(Duration::from_secs(30), read_head(&mut stalled))
+        .await
+        .expect("an answer to the stalled body");
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    // The slot is free: served now, the stalled client still connected.
+    let text = raw_text(
+        h.data,
+        b"POST /echo HTTP/1.1\r\nHost: r.default.example.com\r\nConnection: close\r\n\
+Content-Length: 4\r\n\r\nnext",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("next"), "{text}");
+    let metrics = h.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "thaw_activator_request_body_timeouts_total 1"),
+        "{metrics}"
+    );
+    drop(stalled);
+    h.shutdown();
+}
