@@ -1092,7 +1092,7 @@ async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
     let got = String::from_utf8_lossy(&got).into_owned();
     assert!(got.starts_with("HTTP/1.1 408 "), "{got}");
     // The place is free: served at once (a held place would keep it for the revision's 300 s).
-    let (status, text) = q.send("POST", "/echo", &[], "next").await;
+    let (status, _, text) = q.send("POST", "/echo", &[], "next").await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("body=4\n"), "{text}");
     assert_eq!(q.metric("thaw_queue_request_body_timeouts_total").await, 1.0);
