@@ -1030,7 +1030,10 @@ async fn the_activators_host_rules_hold_in_the_sidecar() {
     }
     // HTTP/1.0 needs no Host.
     let got = raw_exchange(q.data, b"GET /echo HTTP/1.0\r\n\r\n").await;
-    assert!(got.starts_with("HTTP/1.0 200 ") || got.starts_with("HTTP/1.1 200 "), "{got}");
+    assert!(
+        got.starts_with("HTTP/1.0 200 ") || got.starts_with("HTTP/1.1 200 "),
+        "{got}"
+    );
     // An absolute-form target's authority wins over Host, and the app gets exactly one Host.
     for req in [
         "GET http://right.example.com/echo HTTP/1.1\r\nHost: wrong.example.com\r\nConnection: close\r\n\r\n".to_string(),
@@ -1042,7 +1045,13 @@ async fn the_activators_host_rules_hold_in_the_sidecar() {
     }
     // K-Original-Host (the activator's) still replaces Host, once.
     let (_, text) = q
-        .get("/echo", &[("host", "10.0.0.7:8012"), ("k-original-host", "orig.example.com")])
+        .get(
+            "/echo",
+            &[
+                ("host", "10.0.0.7:8012"),
+                ("k-original-host", "orig.example.com"),
+            ],
+        )
         .await;
     assert!(text.contains("host=orig.example.com\nhosts=1\n"), "{text}");
 
@@ -1086,7 +1095,11 @@ async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
             .await
             .expect("an answer to the stalled body")
             .unwrap();
-        assert!(n > 0, "closed without an answer: {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            n > 0,
+            "closed without an answer: {:?}",
+            String::from_utf8_lossy(&got)
+        );
         got.extend_from_slice(&buf[..n]);
     }
     let got = String::from_utf8_lossy(&got).into_owned();
@@ -1095,7 +1108,10 @@ async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
     let (status, _, text) = q.send("POST", "/echo", &[], "next").await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("body=4\n"), "{text}");
-    assert_eq!(q.metric("thaw_queue_request_body_timeouts_total").await, 1.0);
+    assert_eq!(
+        q.metric("thaw_queue_request_body_timeouts_total").await,
+        1.0
+    );
     drop(stalled);
 
     // A body trickling in (every gap well inside the timeout, all of it longer) is not cut.
@@ -1115,6 +1131,9 @@ async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
     assert!(out.contains("body=8\n"), "{out}");
-    assert_eq!(q.metric("thaw_queue_request_body_timeouts_total").await, 1.0);
+    assert_eq!(
+        q.metric("thaw_queue_request_body_timeouts_total").await,
+        1.0
+    );
     server.abort();
 }

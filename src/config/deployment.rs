@@ -334,7 +334,7 @@ mod tests {
         assert!(err.to_string().contains("must not be negative"), "{err}");
         assert!(
             err.to_string()
-                .contains("request-body-idle-timeout: must be in [1ms, 1h]"),
+                .contains("request-body-idle-timeout: 0s: must be in [1ms, 1h]"),
             "{err}"
         );
         let err = DeploymentConfig::parse(&data(&[("progress-deadline", "1500ms")])).unwrap_err();

@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn the_rule() {
-        use HostSource::*;
+        use HostSource::{Authority, Field};
         let v11 = Version::HTTP_11;
         let h2 = Version::HTTP_2;
         assert_eq!(source(fields(&["a"]), None, v11), Ok(Field));
@@ -117,10 +117,16 @@ mod tests {
             Err(HostError::Duplicate)
         );
         assert_eq!(source(fields(&[]), None, v11), Err(HostError::Missing));
-        assert_eq!(source(fields(&[]), None, Version::HTTP_10), Ok(None));
-        assert_eq!(source(fields(&[]), None, h2), Ok(None));
+        assert_eq!(
+            source(fields(&[]), None, Version::HTTP_10),
+            Ok(HostSource::None)
+        );
+        assert_eq!(source(fields(&[]), None, h2), Ok(HostSource::None));
         // Absolute form: the authority wins over a differing Host on HTTP/1.1.
-        assert_eq!(source(fields(&["wrong"]), Some("right"), v11), Ok(Authority));
+        assert_eq!(
+            source(fields(&["wrong"]), Some("right"), v11),
+            Ok(Authority)
+        );
         assert_eq!(source(fields(&[]), Some("right"), v11), Ok(Authority));
         // h2: `host` must agree with `:authority`, in any case.
         assert_eq!(
@@ -129,7 +135,11 @@ mod tests {
         );
         assert_eq!(source(fields(&["RIGHT"]), Some("right"), h2), Ok(Authority));
         assert_eq!(source(fields(&["h"]), None, h2), Ok(Field));
-        for e in [HostError::Duplicate, HostError::Mismatch, HostError::Missing] {
+        for e in [
+            HostError::Duplicate,
+            HostError::Mismatch,
+            HostError::Missing,
+        ] {
             assert_eq!(e.reason(), e.to_string());
         }
     }

@@ -260,10 +260,9 @@ impl Sidecar {
                 self.readiness.recheck();
                 (StatusCode::BAD_GATEWAY, "the application did not answer\n")
             }
-            Failure::ClientBody(e) if ClientBodyError::is_stall_in(&**e) => (
-                StatusCode::REQUEST_TIMEOUT,
-                "the request body stalled\n",
-            ),
+            Failure::ClientBody(e) if ClientBodyError::is_stall_in(&**e) => {
+                (StatusCode::REQUEST_TIMEOUT, "the request body stalled\n")
+            }
             Failure::ClientBody(_) => (StatusCode::BAD_REQUEST, "malformed request body\n"),
         };
         // Overflow is expected under load: not logged per request (it is counted).

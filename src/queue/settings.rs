@@ -293,15 +293,15 @@ impl Settings {
         let default_body_idle = crate::config::activator::DEFAULT_REQUEST_BODY_IDLE_TIMEOUT;
         let request_body_idle = match value(THAW_REQUEST_BODY_IDLE_TIMEOUT) {
             None => default_body_idle,
-            Some(v) => crate::config::activator::request_body_idle_timeout(&v).unwrap_or_else(
-                |reason| {
+            Some(v) => {
+                crate::config::activator::request_body_idle_timeout(&v).unwrap_or_else(|reason| {
                     fail(
                         THAW_REQUEST_BODY_IDLE_TIMEOUT,
                         format!("expected a duration such as 60s, got {v:?}: {reason}"),
                     );
                     default_body_idle
-                },
-            ),
+                })
+            }
         };
         let user_protocol = match value(THAW_USER_PROTOCOL).as_deref() {
             None | Some("http1") => Protocol::Http1,
