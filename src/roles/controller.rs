@@ -88,6 +88,7 @@ pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
             domain: (**live.domain.load()).clone(),
             templates: (**live.network.load()).clone(),
             istio: (**live.istio.load()).clone(),
+            gateway: (**live.gateway.load()).clone(),
         },
         deployment,
         features: (**live.features.load()).clone(),
