@@ -1,5 +1,8 @@
 //! The CRDs in deploy/crds/ are the ones the types generate, and `thaw crds` prints them.
 //! Regenerate after changing src/knative/: `cargo run -- crds --dir deploy/crds`.
+//! tests/crds/ holds the CRDs of the other projects' kinds thaw writes, generated from thaw's
+//! subsets of them (the tests' API server serves these; deploy/examples/ is checked against
+//! them): regenerate with `THAW_BLESS_CRDS=1 cargo test --test knative_crds`.
 
 use std::path::Path;
 use std::process::Command;
@@ -56,4 +59,30 @@ fn thaw_crds_prints_every_crd() {
             "routes.serving.knative.dev"
         ]
     );
+}
+
+#[test]
+fn the_gateway_api_crd_for_the_tests_is_the_generated_one() {
+    let crd = thaw::controller::route::http_route::crd();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/crds")
+        .join(thaw::knative::crd_file_name(&crd));
+    let generated = thaw::knative::crd_yaml(&crd).replacen(
+        thaw::knative::CRD_HEADER,
+        "# Generated from src/controller/route/http_route.rs (thaw's subset of the Gateway \
+         API's HTTPRoute)\n# by tests/knative_crds.rs, for the tests only; do not edit.\n",
+        1,
+    );
+    if std::env::var_os("THAW_BLESS_CRDS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == generated,
+        "{} differs from the generated CRD: THAW_BLESS_CRDS=1 cargo test --test knative_crds",
+        path.display()
+    );
+    assert_eq!(crd.spec.group, "gateway.networking.k8s.io");
+    assert_eq!(crd.spec.names.kind, "HTTPRoute");
 }
