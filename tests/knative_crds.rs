@@ -62,27 +62,44 @@ fn thaw_crds_prints_every_crd() {
 }
 
 #[test]
-fn the_gateway_api_crd_for_the_tests_is_the_generated_one() {
-    let crd = thaw::controller::route::http_route::crd();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/crds")
-        .join(thaw::knative::crd_file_name(&crd));
-    let generated = thaw::knative::crd_yaml(&crd).replacen(
-        thaw::knative::CRD_HEADER,
-        "# Generated from src/controller/route/http_route.rs (thaw's subset of the Gateway \
-         API's HTTPRoute)\n# by tests/knative_crds.rs, for the tests only; do not edit.\n",
-        1,
-    );
-    if std::env::var_os("THAW_BLESS_CRDS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &generated).unwrap();
+fn the_other_projects_crds_for_the_tests_are_the_generated_ones() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crds");
+    let crds = [
+        (
+            thaw::controller::route::virtual_service::crd(),
+            "src/controller/route/virtual_service.rs (thaw's subset of Istio's VirtualService)",
+        ),
+        (
+            thaw::controller::route::http_route::crd(),
+            "src/controller/route/http_route.rs (thaw's subset of the Gateway API's HTTPRoute)",
+        ),
+    ];
+    let bless = std::env::var_os("THAW_BLESS_CRDS").is_some();
+    let mut expected_files = Vec::new();
+    for (crd, from) in crds {
+        let path = dir.join(thaw::knative::crd_file_name(&crd));
+        let generated = thaw::knative::crd_yaml(&crd).replacen(
+            thaw::knative::CRD_HEADER,
+            &format!("# Generated from {from}\n# by tests/knative_crds.rs, for the tests only; do not edit.\n"),
+            1,
+        );
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == generated,
+            "{} differs from the generated CRD: THAW_BLESS_CRDS=1 cargo test --test knative_crds",
+            path.display()
+        );
+        expected_files.push(thaw::knative::crd_file_name(&crd));
     }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        on_disk == generated,
-        "{} differs from the generated CRD: THAW_BLESS_CRDS=1 cargo test --test knative_crds",
-        path.display()
-    );
-    assert_eq!(crd.spec.group, "gateway.networking.k8s.io");
-    assert_eq!(crd.spec.names.kind, "HTTPRoute");
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    expected_files.sort();
+    assert_eq!(present, expected_files);
 }
