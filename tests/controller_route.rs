@@ -18,9 +18,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
 use thaw::config::network::IngressClass;
-use thaw::controller::route::http_route::{
-    HTTPRoute, HttpRouteStatus, RouteCondition, RouteParentStatus,
-};
+use thaw::controller::route::http_route::HTTPRoute;
 use thaw::controller::route::labeler::ROUTES_ANNOTATION;
 use thaw::controller::route::virtual_service::{VirtualService, VirtualServiceSpec};
 use thaw::controller::{Ctx, CtxOptions, Settings};
@@ -243,6 +241,12 @@ async fn route_until(
     wait_for(what, || async { api.get_opt(name).await.unwrap() }, ok)
         .await
         .unwrap()
+}
+
+/// How many VirtualServices the API server holds.
+async fn virtual_service_count(run: &Running) -> usize {
+    let api = run.api::<VirtualService>();
+    api.list(&Default::default()).await.unwrap().items.len()
 }
 
 async fn vs_until(
@@ -1168,15 +1172,7 @@ async fn a_missing_virtual_service_crd_is_a_condition_until_it_is_served() {
         );
     }
     assert!(relay.answered_here("/apis/networking.istio.io") > 0);
-    assert!(
-        run.api::<VirtualService>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty(),
-        "nothing written"
-    );
+    assert_eq!(virtual_service_count(&run).await, 0, "nothing written");
 
     relay.forward("/apis/networking.istio.io");
     for n in &names {
@@ -1446,28 +1442,7 @@ async fn report(run: &Running, name: &str, conditions: &[(&str, &str, &str)]) {
     let api = run.api::<HTTPRoute>();
     loop {
         let mut hr = api.get(name).await.unwrap();
-        hr.status = Some(HttpRouteStatus {
-            parents: hr
-                .spec
-                .parent_refs
-                .iter()
-                .map(|p| RouteParentStatus {
-                    parent_ref: p.clone(),
-                    controller_name: "example.com/gateway-controller".into(),
-                    conditions: conditions
-                        .iter()
-                        .map(|(t, st, reason)| RouteCondition {
-                            type_: t.to_string(),
-                            status: st.to_string(),
-                            observed_generation: hr.metadata.generation,
-                            reason: reason.to_string(),
-                            message: format!("{t}: {reason}"),
-                            ..RouteCondition::default()
-                        })
-                        .collect(),
-                })
-                .collect(),
-        });
+        hr.status = Some(hr.status_for_every_parent("example.com/gateway-controller", conditions));
         match api.replace_status(name, &PostParams::default(), &hr).await {
             Ok(_) => return,
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -1480,6 +1455,15 @@ const ACCEPTED: &[(&str, &str, &str)] = &[
     ("Accepted", "True", "Accepted"),
     ("ResolvedRefs", "True", "ResolvedRefs"),
 ];
+
+/// The message of the route's `IngressReady` condition.
+fn ingress_message(r: &Route) -> String {
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| s.status.condition("IngressReady"));
+    c.and_then(|c| c.message.clone()).unwrap_or_default()
+}
 
 fn ingress_ready(r: &Option<Route>, status: ConditionStatus, reason: &str) -> bool {
     r.as_ref().and_then(|r| cond(r, "IngressReady")) == Some((status, Some(reason.into())))
@@ -1537,23 +1521,10 @@ async fn the_gateway_api_class_writes_http_routes_ready_from_their_conditions() 
         ingress_ready(r, ConditionStatus::Unknown, "Uninitialized")
     })
     .await;
-    let msg = r
-        .status
-        .as_ref()
-        .unwrap()
-        .status
-        .condition("IngressReady")
-        .unwrap()
-        .message
-        .clone();
-    assert!(msg.unwrap().contains("has not reported"));
-    assert!(
-        run.api::<VirtualService>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty(),
+    assert!(ingress_message(&r).contains("has not reported"));
+    assert_eq!(
+        virtual_service_count(&run).await,
+        0,
         "the Gateway API class writes no VirtualService"
     );
     let placeholder = run.api::<KubeService>().get("hello").await.unwrap();
@@ -1616,10 +1587,9 @@ async fn switching_the_ingress_class_replaces_the_routes_objects() {
 
     ctx.set_settings(gateway_api_settings());
     http_route_until(&run, "hello.default.example.com", Option::is_some).await;
-    let vs = run.api::<VirtualService>();
     wait_for(
         "the VirtualServices deleted",
-        || async { vs.list(&Default::default()).await.unwrap().items.len() },
+        || virtual_service_count(&run),
         |n| *n == 0,
     )
     .await;
@@ -1647,16 +1617,7 @@ async fn a_missing_http_route_crd_is_a_condition_until_it_is_served() {
         |r| ingress_ready(r, ConditionStatus::False, "HTTPRouteNotServed"),
     )
     .await;
-    let msg = r
-        .status
-        .as_ref()
-        .unwrap()
-        .status
-        .condition("IngressReady")
-        .unwrap()
-        .message
-        .clone();
-    let msg = msg.unwrap();
+    let msg = ingress_message(&r);
     assert!(
         msg.contains("httproutes.gateway.networking.k8s.io")
             && msg.contains("gateway-api.ingress.networking.knative.dev"),

@@ -7,6 +7,16 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The names of the files in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut present: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    present
+}
+
 #[test]
 fn checked_in_crds_match_the_generated_ones() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
@@ -28,13 +38,8 @@ fn checked_in_crds_match_the_generated_ones() {
         expected_files.push(name);
     }
     // No stale file of a kind that is gone.
-    let mut present: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    present.sort();
     expected_files.sort();
-    assert_eq!(present, expected_files);
+    assert_eq!(files_in(&dir), expected_files);
 }
 
 #[test]
@@ -95,11 +100,6 @@ fn the_other_projects_crds_for_the_tests_are_the_generated_ones() {
         );
         expected_files.push(thaw::knative::crd_file_name(&crd));
     }
-    let mut present: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    present.sort();
     expected_files.sort();
-    assert_eq!(present, expected_files);
+    assert_eq!(files_in(&dir), expected_files);
 }

@@ -3,7 +3,6 @@ use std::sync::Arc;
 use super::*;
 use crate::config::network::IngressClass;
 use crate::controller::route::fixtures::*;
-use crate::controller::route::http_route::{HttpRouteStatus, RouteCondition, RouteParentStatus};
 use crate::controller::route::ingress::describe;
 use crate::controller::route::traffic::resolve;
 
@@ -175,27 +174,7 @@ fn no_timeout_without_the_feature_a_listener_as_section_and_cluster_local_routes
 
 fn reported(hr: &HTTPRoute, conditions: &[(&str, &str, &str)]) -> Arc<HTTPRoute> {
     let mut hr = hr.clone();
-    hr.status = Some(HttpRouteStatus {
-        parents: hr
-            .spec
-            .parent_refs
-            .iter()
-            .map(|p| RouteParentStatus {
-                parent_ref: p.clone(),
-                controller_name: "example.com/gateway".into(),
-                conditions: conditions
-                    .iter()
-                    .map(|(t, s, reason)| RouteCondition {
-                        type_: t.to_string(),
-                        status: s.to_string(),
-                        reason: reason.to_string(),
-                        message: format!("{t} said {s}"),
-                        ..RouteCondition::default()
-                    })
-                    .collect(),
-            })
-            .collect(),
-    });
+    hr.status = Some(hr.status_for_every_parent("example.com/gateway", conditions));
     Arc::new(hr)
 }
 

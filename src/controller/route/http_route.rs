@@ -205,6 +205,40 @@ pub struct RouteCondition {
     pub message: String,
 }
 
+impl HTTPRoute {
+    /// The status an implementation named `controller_name` reports when it gives every parent
+    /// of this HTTPRoute the same `conditions` (type, status, reason), for its current
+    /// generation. (The tests play the implementation with it.)
+    pub fn status_for_every_parent(
+        &self,
+        controller_name: &str,
+        conditions: &[(&str, &str, &str)],
+    ) -> HttpRouteStatus {
+        HttpRouteStatus {
+            parents: self
+                .spec
+                .parent_refs
+                .iter()
+                .map(|p| RouteParentStatus {
+                    parent_ref: p.clone(),
+                    controller_name: controller_name.into(),
+                    conditions: conditions
+                        .iter()
+                        .map(|(t, st, reason)| RouteCondition {
+                            type_: t.to_string(),
+                            status: st.to_string(),
+                            observed_generation: self.metadata.generation,
+                            reason: reason.to_string(),
+                            message: format!("{t}: {reason}"),
+                            last_transition_time: None,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// The CRD of this subset, for an API server without the Gateway API (the tests').
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
