@@ -25,7 +25,8 @@ use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::{Condition, ConditionStatus};
 use thaw::knative::names::labels;
 use thaw::knative::{
-    Configuration, ConfigurationSpec, Revision, RevisionSpec, Route, RouteSpec, TrafficTarget,
+    ClusterDomainClaim, ClusterDomainClaimSpec, Configuration, ConfigurationSpec, DomainMapping,
+    DomainMappingSpec, KReference, Revision, RevisionSpec, Route, RouteSpec, TrafficTarget,
     condition,
 };
 use tokio::task::JoinHandle;
@@ -1625,4 +1626,192 @@ async fn a_missing_http_route_crd_is_a_condition_until_it_is_served() {
     );
     relay.forward("/apis/gateway.networking.k8s.io");
     http_route_until(&run, "hello.default.example.com", Option::is_some).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DomainMapping
+
+/// A DomainMapping `domain` in [`NS`] to the Route `route`.
+async fn create_domain_mapping(run: &Running, domain: &str, route: &str) {
+    let dm = DomainMapping::new(
+        domain,
+        DomainMappingSpec {
+            ref_: KReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Route".into(),
+                name: route.into(),
+                namespace: None,
+            },
+            tls: None,
+        },
+    );
+    run.api::<DomainMapping>()
+        .create(&PostParams::default(), &dm)
+        .await
+        .unwrap();
+}
+
+async fn create_claim(run: &Running, domain: &str, namespace: &str) {
+    let claim = ClusterDomainClaim::new(
+        domain,
+        ClusterDomainClaimSpec {
+            namespace: namespace.into(),
+        },
+    );
+    Api::<ClusterDomainClaim>::all(run.client.clone())
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+async fn domain_mapping_until(
+    run: &Running,
+    domain: &str,
+    what: &str,
+    ok: impl Fn(&DomainMapping) -> bool,
+) -> DomainMapping {
+    let api = run.api::<DomainMapping>();
+    wait_for(what, || async { api.get(domain).await.unwrap() }, ok).await
+}
+
+fn dm_cond(dm: &DomainMapping, t: &str) -> Option<(ConditionStatus, Option<String>)> {
+    let c = dm.status.as_ref()?.status.condition(t)?;
+    Some((c.status, c.reason.clone()))
+}
+
+/// The controller with the DomainMapping reconciler beside the Route one, a ready route
+/// `hello` to map.
+async fn start_with_domain_mapping(settings: Settings) -> Running {
+    let (mut run, ctx) = start_with(settings).await;
+    let routes = run.task.abort_handle();
+    run.task = tokio::spawn(async move {
+        let _both = DropAbort(routes);
+        thaw::controller::domain_mapping::controller(ctx).await
+    });
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    run
+}
+
+/// Aborts the task when dropped (the Route controller's, with the DomainMapping one's).
+struct DropAbort(tokio::task::AbortHandle);
+
+impl Drop for DropAbort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A DomainMapping of an unclaimed domain (autocreate-cluster-domain-claims off, Knative's
+/// default) or of a domain another namespace claims is `DomainClaimed=False
+/// DomainAlreadyClaimed` and writes nothing; once the claim names its namespace, its
+/// VirtualService `{domain}-ingress` sends the domain to the Route's placeholder Service with
+/// the Host rewritten to the Route's, and it is Ready at `http://{domain}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_is_served_once_its_namespace_claims_the_domain() {
+    let run = start_with_domain_mapping(Settings::default()).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+    create_claim(&run, "taken.example.org", "someone-else").await;
+    for domain in ["hello.example.org", "taken.example.org"] {
+        create_domain_mapping(&run, domain, "hello").await;
+        let dm = domain_mapping_until(&run, domain, "DomainAlreadyClaimed", |d| {
+            dm_cond(d, "DomainClaimed")
+                == Some((ConditionStatus::False, Some("DomainAlreadyClaimed".into())))
+        })
+        .await;
+        assert_eq!(
+            dm_cond(&dm, "Ready").map(|c| c.0),
+            Some(ConditionStatus::False)
+        );
+    }
+    // Nothing is written for a domain the namespace does not hold.
+    assert_eq!(virtual_service_count(&run).await, 2, "the Route's two only");
+
+    create_claim(&run, "hello.example.org", NS).await;
+    let dm = domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
+    let st = dm.status.unwrap();
+    assert_eq!(st.url.as_deref(), Some("http://hello.example.org"));
+    let vs = vs_until(&run, "hello.example.org-ingress", |_| true).await;
+    assert_eq!(vs.spec.hosts, ["hello.example.org"]);
+    assert_eq!(
+        vs.spec.gateways,
+        ["knative-serving/knative-ingress-gateway"]
+    );
+    let http = &vs.spec.http[0];
+    assert_eq!(
+        http.rewrite.as_ref().unwrap().authority.as_deref(),
+        Some("hello.default.svc.cluster.local")
+    );
+    let d = &http.route[0].destination;
+    assert_eq!(
+        (d.host.as_str(), d.port.as_ref().unwrap().number),
+        ("hello.default.svc.cluster.local", 80)
+    );
+    // The other namespace's domain stays refused.
+    let taken = run
+        .api::<DomainMapping>()
+        .get("taken.example.org")
+        .await
+        .unwrap();
+    assert_eq!(
+        dm_cond(&taken, "DomainClaimed").unwrap().0,
+        ConditionStatus::False
+    );
+}
+
+/// With autocreate-cluster-domain-claims the DomainMapping claims its domain for its
+/// namespace; with the Gateway API class its ingress is the HTTPRoute `{domain}`, a URLRewrite
+/// to the Route's host, Ready once the gateway accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_claims_its_domain_and_is_an_http_route_with_the_gateway_api() {
+    let mut settings = gateway_api_settings();
+    settings.network.templates.autocreate_cluster_domain_claims = true;
+    let run = start_with_domain_mapping(settings).await;
+    create_domain_mapping(&run, "hello.example.org", "hello").await;
+    let claims = Api::<ClusterDomainClaim>::all(run.client.clone());
+    let claim = wait_for(
+        "the claim",
+        || async { claims.get_opt("hello.example.org").await.unwrap() },
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim.spec.namespace, NS);
+    let hr = http_route_until(&run, "hello.example.org", Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(hr.spec.hostnames, ["hello.example.org"]);
+    let rule = &hr.spec.rules[0];
+    let rewrite = rule
+        .filters
+        .iter()
+        .find_map(|f| f.url_rewrite.as_ref())
+        .unwrap();
+    assert_eq!(
+        rewrite.hostname.as_deref(),
+        Some("hello.default.svc.cluster.local")
+    );
+    assert_eq!(
+        (
+            rule.backend_refs[0].name.as_str(),
+            rule.backend_refs[0].port
+        ),
+        ("hello", Some(80))
+    );
+    // The Route's own HTTPRoutes too; the gateway accepts them all.
+    for n in [
+        "hello.example.org",
+        "hello.default.example.com",
+        "hello.default.svc.cluster.local",
+    ] {
+        http_route_until(&run, n, Option::is_some).await;
+        report(&run, n, ACCEPTED).await;
+    }
+    domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
 }

@@ -196,7 +196,8 @@ fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
                 assert!(
                     api.starts_with("serving.knative.dev/")
                         || api.starts_with("networking.istio.io/")
-                        || api.starts_with("gateway.networking.k8s.io/"),
+                        || api.starts_with("gateway.networking.k8s.io/")
+                        || api.starts_with("networking.internal.knative.dev/"),
                     "{}: {api} {k}: a kind this test has no k8s-openapi type for (add it to round_trip)",
                     rel(f)
                 );
@@ -395,6 +396,7 @@ fn custom_resources() -> Vec<(PathBuf, Value)> {
         .flat_map(|f| docs(&f).into_iter().map(move |d| (f.clone(), d)))
         .filter(|(_, d)| {
             kind(d).0.starts_with("serving.knative.dev/")
+                || kind(d).0.starts_with("networking.internal.knative.dev/")
                 || kind(d) == ("networking.istio.io/v1", "VirtualService")
                 || kind(d) == ("gateway.networking.k8s.io/v1", "HTTPRoute")
         })

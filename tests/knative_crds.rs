@@ -61,7 +61,9 @@ fn thaw_crds_prints_every_crd() {
             "services.serving.knative.dev",
             "configurations.serving.knative.dev",
             "revisions.serving.knative.dev",
-            "routes.serving.knative.dev"
+            "routes.serving.knative.dev",
+            "domainmappings.serving.knative.dev",
+            "clusterdomainclaims.networking.internal.knative.dev"
         ]
     );
 }

@@ -363,6 +363,10 @@ impl IngressClass {
 pub struct TemplateConfig {
     /// `ingress-class`: which objects the routes' ingress is written as.
     pub ingress_class: IngressClass,
+    /// `autocreate-cluster-domain-claims`: a DomainMapping whose domain nobody claims creates
+    /// the ClusterDomainClaim for its namespace (Knative's default: false, an operator
+    /// creates the claims).
+    pub autocreate_cluster_domain_claims: bool,
     /// `domain-template`: a route's external host from its name, namespace and domain.
     pub domain_template: Template,
     /// `tag-template`: the name part of a tagged target's host, from the tag and route name.
@@ -373,6 +377,7 @@ impl Default for TemplateConfig {
     fn default() -> Self {
         Self {
             ingress_class: IngressClass::default(),
+            autocreate_cluster_domain_claims: false,
             domain_template: parse_domain_template(DEFAULT_DOMAIN_TEMPLATE)
                 .expect("the default domain template is valid"),
             tag_template: parse_tag_template(DEFAULT_TAG_TEMPLATE)
@@ -440,6 +445,20 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
         show: |c| show_text(c.ingress_class.as_str()),
     },
     Key {
+        name: "autocreate-cluster-domain-claims",
+        unit: "bool",
+        help: "A DomainMapping of an unclaimed domain creates the ClusterDomainClaim for its \
+               namespace; else an operator creates the claims.",
+        parse: |c, s| {
+            c.autocreate_cluster_domain_claims = super::parse::parse_bool(s)?;
+            Ok(())
+        },
+        show: |c| {
+            let v = c.autocreate_cluster_domain_claims;
+            (v.to_string(), Value::from(v))
+        },
+    },
+    Key {
         name: "domain-template",
         unit: "template",
         help: "A route's external host: {{.Name}}, {{.Namespace}} and {{.Domain}}.",
@@ -481,7 +500,6 @@ impl ConfigMap for TemplateConfig {
         "default-external-scheme",
         "activator-ca",
         "activator-san",
-        "autocreate-cluster-domain-claims",
     ];
 
     fn keys() -> &'static [Key<Self>] {

@@ -136,6 +136,7 @@ pub async fn run_controllers(ctx: Arc<Ctx>) {
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
         crate::controller::route::controller(ctx.clone()),
+        crate::controller::domain_mapping::controller(ctx.clone()),
         crate::controller::revision::controller(ctx.clone()),
     );
 }

@@ -197,6 +197,14 @@ fn ingress_class_is_knatives_key_and_names_a_class_thaw_writes() {
     .unwrap()
     .config;
     assert_eq!(c.ingress_class, IngressClass::GatewayApi);
+    assert!(!TemplateConfig::default().autocreate_cluster_domain_claims);
+    let c = TemplateConfig::parse(&data(&[("autocreate-cluster-domain-claims", "true")]))
+        .unwrap()
+        .config;
+    assert!(c.autocreate_cluster_domain_claims);
+    let e =
+        TemplateConfig::parse(&data(&[("autocreate-cluster-domain-claims", "yes")])).unwrap_err();
+    assert_eq!(e.0[0].key, "autocreate-cluster-domain-claims");
     let e = TemplateConfig::parse(&data(&[(
         "ingress-class",
         "kourier.ingress.networking.knative.dev",

@@ -26,11 +26,13 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use super::http_route::{
     GROUP, HTTPRoute, HttpBackendRef, HttpHeader, HttpHeaderFilter, HttpPathMatch, HttpRouteFilter,
-    HttpRouteMatch, HttpRouteRule, HttpRouteSpec, HttpRouteTimeouts, ParentReference,
+    HttpRouteMatch, HttpRouteRule, HttpRouteSpec, HttpRouteTimeouts, HttpUrlRewriteFilter,
+    ParentReference,
 };
 use super::ingress::{IngressDesc, Split};
 use super::resources::{CLUSTER_LOCAL, VISIBILITY, child_meta};
@@ -41,6 +43,8 @@ use crate::knative::Route;
 pub const HTTP_ROUTE_CRD: &str = "httproutes.gateway.networking.k8s.io";
 /// `IngressReady=False`'s reason when the API server does not serve HTTPRoutes.
 pub const HTTP_ROUTE_NOT_SERVED: &str = "HTTPRouteNotServed";
+/// The filter type that rewrites the host (and path).
+pub const URL_REWRITE: &str = "URLRewrite";
 /// The filter type that changes request headers.
 pub const REQUEST_HEADER_MODIFIER: &str = "RequestHeaderModifier";
 /// The HTTPRoute condition saying its parent accepted it.
@@ -62,6 +66,7 @@ fn parent_ref(g: &GatewayApiGateway) -> ParentReference {
 fn header_filter(set: &BTreeMap<String, String>, remove: &[String]) -> HttpRouteFilter {
     HttpRouteFilter {
         type_: REQUEST_HEADER_MODIFIER.into(),
+        url_rewrite: None,
         request_header_modifier: Some(HttpHeaderFilter {
             set: set
                 .iter()
@@ -89,7 +94,7 @@ fn backend(split: &Split) -> HttpBackendRef {
 }
 
 fn http_route(
-    route: &Route,
+    meta: &dyn Fn(String) -> ObjectMeta,
     name: &str,
     hostnames: Vec<String>,
     gateways: &[GatewayApiGateway],
@@ -97,7 +102,7 @@ fn http_route(
     cluster_local: bool,
     timeout_seconds: u64,
 ) -> HTTPRoute {
-    let mut meta = child_meta(route, name.to_string());
+    let mut meta = meta(name.to_string());
     if cluster_local {
         meta.labels
             .get_or_insert_with(BTreeMap::new)
@@ -125,6 +130,18 @@ fn http_route(
 /// The Gateway API class's writer: the HTTPRoutes of `route`'s ingress description (the module
 /// doc), external ones first.
 pub fn http_routes(route: &Route, desc: &IngressDesc, net: &NetworkConfig) -> Vec<HTTPRoute> {
+    write_http_routes(desc, net, &|n| child_meta(route, n))
+}
+
+/// The HTTPRoutes of an ingress description, each with the metadata `meta` gives its name
+/// (the owner's labels and owner reference). A group without cluster-local hosts (a
+/// DomainMapping's) gets no local HTTPRoute; a group's `rewrite_host` is a `URLRewrite`
+/// filter.
+pub fn write_http_routes(
+    desc: &IngressDesc,
+    net: &NetworkConfig,
+    meta: &dyn Fn(String) -> ObjectMeta,
+) -> Vec<HTTPRoute> {
     let mut out = Vec::new();
     for group in &desc.groups {
         let rule = HttpRouteRule {
@@ -135,14 +152,22 @@ pub fn http_routes(route: &Route, desc: &IngressDesc, net: &NetworkConfig) -> Ve
                 }),
                 headers: Vec::new(),
             }],
-            filters: vec![header_filter(&BTreeMap::new(), &desc.remove_headers)],
+            filters: std::iter::once(header_filter(&BTreeMap::new(), &desc.remove_headers))
+                .chain(group.rewrite_host.as_ref().map(|host| HttpRouteFilter {
+                    type_: URL_REWRITE.into(),
+                    request_header_modifier: None,
+                    url_rewrite: Some(HttpUrlRewriteFilter {
+                        hostname: Some(host.clone()),
+                    }),
+                }))
+                .collect(),
             backend_refs: group.splits.iter().map(backend).collect(),
             timeouts: None,
         };
         let h = &group.hosts;
         if let Some(ext) = &h.external {
             out.push(http_route(
-                route,
+                meta,
                 ext,
                 vec![ext.clone()],
                 &net.gateway.external_gateways,
@@ -151,15 +176,17 @@ pub fn http_routes(route: &Route, desc: &IngressDesc, net: &NetworkConfig) -> Ve
                 group.timeout_seconds,
             ));
         }
-        out.push(http_route(
-            route,
-            &h.local[2],
-            h.local.clone(),
-            &net.gateway.local_gateways,
-            rule,
-            true,
-            group.timeout_seconds,
-        ));
+        if let Some(longest) = h.local.get(2) {
+            out.push(http_route(
+                meta,
+                longest,
+                h.local.clone(),
+                &net.gateway.local_gateways,
+                rule,
+                true,
+                group.timeout_seconds,
+            ));
+        }
     }
     out
 }

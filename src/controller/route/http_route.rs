@@ -108,15 +108,24 @@ pub struct HttpHeaderMatch {
     pub value: String,
 }
 
-/// `HTTPRouteFilter` (the `RequestHeaderModifier` kind).
+/// `HTTPRouteFilter` (the `RequestHeaderModifier` and `URLRewrite` kinds).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRouteFilter {
-    /// `RequestHeaderModifier`.
+    /// `RequestHeaderModifier` or `URLRewrite`.
     #[serde(rename = "type")]
     pub type_: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_header_modifier: Option<HttpHeaderFilter>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_rewrite: Option<HttpUrlRewriteFilter>,
+}
+
+/// `HTTPURLRewriteFilter` (the hostname part).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct HttpUrlRewriteFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// `HTTPHeaderFilter`: headers to set (overwrite), add and remove.

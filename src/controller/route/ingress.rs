@@ -26,8 +26,12 @@ use crate::knative::Route;
 /// The ingress description of one route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IngressDesc {
-    /// The route's namespace (where its revisions' Services are).
+    /// The owner's namespace (where the Services sent traffic are).
     pub namespace: String,
+    /// The owner's name (a Route's, or a DomainMapping's: its domain).
+    pub name: String,
+    /// The owner is served on the local gateways only.
+    pub cluster_local: bool,
     /// The target groups, tags first, then the default one.
     pub groups: Vec<Group>,
     /// The internal headers removed from every client request (all of
@@ -56,6 +60,9 @@ pub struct Group {
     pub splits: Vec<Split>,
     /// The request timeout, in seconds.
     pub timeout_seconds: u64,
+    /// The `Host` the requests are sent on with (a DomainMapping's: its target's
+    /// cluster-local host, so the gateway routes them as the target's own).
+    pub rewrite_host: Option<String>,
 }
 
 /// One weighted backend: a revision's public Service.
@@ -128,11 +135,14 @@ pub fn describe(
                     })
                     .max()
                     .unwrap_or(default_timeout_seconds),
+                rewrite_host: None,
             }
         })
         .collect();
     IngressDesc {
         namespace: ns,
+        name: route.name_any(),
+        cluster_local: super::resources::is_cluster_local(route, net),
         groups,
         remove_headers: removed_headers(&[]),
         tls: Vec::new(),

@@ -357,9 +357,9 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
 /// Applies `desired` unless an object of its name exists that is not the route's; a child
 /// equal to what is wanted (`same`) is not written again. `cached`: the child as the
 /// controller's store holds it. Returns the NotOwned message when it is someone else's.
-async fn apply_child<K>(
+pub(crate) async fn apply_child<P: Resource, K>(
     ctx: &Ctx,
-    route: &Route,
+    route: &P,
     desired: &K,
     cached: Option<Arc<K>>,
     same: impl Fn(&K, &K) -> bool,
@@ -387,7 +387,7 @@ where
     )
 }
 
-fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
+pub(crate) fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
     let have = existing.meta().labels.clone().unwrap_or_default();
     desired
         .meta()
@@ -464,7 +464,7 @@ async fn program(
 }
 
 /// The objects of `store` that `route` owns.
-fn owned<K>(store: &Store<K>, route: &Route) -> Vec<Arc<K>>
+pub(crate) fn owned<P: Resource, K>(store: &Store<K>, route: &P) -> Vec<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
@@ -472,7 +472,7 @@ where
 }
 
 /// Deletes `objects` (in `ns`); one already gone is no failure.
-async fn delete_owned<K>(ctx: &Ctx, ns: &str, objects: Vec<Arc<K>>) -> Result<(), Error>
+pub(crate) async fn delete_owned<K>(ctx: &Ctx, ns: &str, objects: Vec<Arc<K>>) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -946,7 +946,7 @@ async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
 /// whether the API server serves it: its store, its stream of touched objects, the
 /// served-or-missing state, and a stream that yields each time it becomes served.
 #[allow(clippy::type_complexity)]
-fn served_watch<K>(
+pub(crate) fn served_watch<K>(
     ctx: &Ctx,
     crd: &'static str,
     kinds: &'static str,

@@ -41,8 +41,8 @@ use kube::ResourceExt;
 use super::ingress::{IngressDesc, Split, describe, removed_headers};
 use super::traffic::Traffic;
 use super::virtual_service::{
-    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRoute, HttpRouteDestination,
-    PortSelector, StringMatch, VirtualService, VirtualServiceSpec,
+    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRewrite, HttpRoute,
+    HttpRouteDestination, PortSelector, StringMatch, VirtualService, VirtualServiceSpec,
 };
 use crate::config::network::{CLUSTER_LOCAL_DOMAIN, IngressClass, NetworkConfig, TemplateValues};
 use crate::controller::owner_ref;
@@ -217,6 +217,16 @@ pub fn istio_virtual_services(
     desc: &IngressDesc,
     net: &NetworkConfig,
 ) -> VirtualServices {
+    write_virtual_services(desc, net, |n| child_meta(route, n))
+}
+
+/// The VirtualServices of an ingress description, each with the metadata `meta` gives its
+/// name (the owner's labels and owner reference).
+pub fn write_virtual_services(
+    desc: &IngressDesc,
+    net: &NetworkConfig,
+    meta: impl Fn(String) -> ObjectMeta,
+) -> VirtualServices {
     let ns = &desc.namespace;
     let external: Vec<String> = net
         .istio
@@ -231,7 +241,7 @@ pub fn istio_virtual_services(
         .map(|g| g.reference())
         .collect();
     let mesh = vec![MESH_GATEWAY.to_string()];
-    let cluster_local = is_cluster_local(route, net);
+    let cluster_local = desc.cluster_local;
     let mut hosts = Vec::new();
     let mut mesh_hosts = Vec::new();
     let mut http = Vec::new();
@@ -255,7 +265,7 @@ pub fn istio_virtual_services(
             hosts.push(l.clone());
             matches.push(authority(l, &local));
         }
-        mesh_hosts.push(h.local[2].clone());
+        mesh_hosts.extend(h.local.get(2).cloned());
         let route_dests: Vec<HttpRouteDestination> = group
             .splits
             .iter()
@@ -266,6 +276,9 @@ pub fn istio_virtual_services(
             match_: matches,
             route: route_dests,
             timeout: Some(format!("{}s", group.timeout_seconds)),
+            rewrite: group.rewrite_host.as_ref().map(|a| HttpRewrite {
+                authority: Some(a.clone()),
+            }),
             ..HttpRoute::default()
         };
         mesh_http.push(HttpRoute {
@@ -278,9 +291,11 @@ pub fn istio_virtual_services(
     if !cluster_local {
         gateways.extend(external);
     }
-    gateways.extend(local);
+    if desc.groups.iter().any(|g| !g.hosts.local.is_empty()) {
+        gateways.extend(local);
+    }
     let mut ingress = VirtualService {
-        metadata: child_meta(route, virtual_service_name(route)),
+        metadata: meta(child_name(&desc.name, VIRTUAL_SERVICE_SUFFIX)),
         spec: VirtualServiceSpec {
             hosts,
             gateways,
@@ -288,14 +303,14 @@ pub fn istio_virtual_services(
         },
     };
     let mut mesh = VirtualService {
-        metadata: child_meta(route, mesh_virtual_service_name(route)),
+        metadata: meta(child_name(&desc.name, MESH_VIRTUAL_SERVICE_SUFFIX)),
         spec: VirtualServiceSpec {
             hosts: mesh_hosts,
             gateways: mesh,
             http: mesh_http,
         },
     };
-    let hash = ingress_hash(route, &ingress.spec, &mesh.spec);
+    let hash = description_hash(&desc.namespace, &desc.name, &ingress.spec, &mesh.spec);
     insert_probe(&mut ingress.spec, &hash);
     insert_probe(&mut mesh.spec, &hash);
     VirtualServices {
@@ -324,13 +339,27 @@ pub fn ingress_hash(
     ingress: &VirtualServiceSpec,
     mesh: &VirtualServiceSpec,
 ) -> String {
+    description_hash(
+        &route.namespace().unwrap_or_default(),
+        &route.name_any(),
+        ingress,
+        mesh,
+    )
+}
+
+fn description_hash(
+    namespace: &str,
+    name: &str,
+    ingress: &VirtualServiceSpec,
+    mesh: &VirtualServiceSpec,
+) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     // Serialising these plain structs (strings, numbers, sorted maps) cannot fail.
     h.update(serde_json::to_vec(ingress).unwrap_or_default());
     h.update(serde_json::to_vec(mesh).unwrap_or_default());
-    h.update(route.namespace().unwrap_or_default().as_bytes());
-    h.update(route.name_any().as_bytes());
+    h.update(namespace.as_bytes());
+    h.update(name.as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
