@@ -181,7 +181,10 @@ fn crds_have_status_subresource_printer_columns_and_full_schemas() {
         ]
     );
     // ClusterDomainClaim has no status and no columns (as Knative's).
-    for crd in all.iter().filter(|c| c.spec.names.kind != "ClusterDomainClaim") {
+    for crd in all
+        .iter()
+        .filter(|c| c.spec.names.kind != "ClusterDomainClaim")
+    {
         let v = &crd.spec.versions[0];
         assert!(
             v.subresources.as_ref().unwrap().status.is_some(),
