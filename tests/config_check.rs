@@ -315,6 +315,7 @@ fn shipped_network_configs_are_knatives_defaults() {
     let v = defaults_of(&v, "config-network");
     assert_eq!(v["domain-template"], "{{.Name}}.{{.Namespace}}.{{.Domain}}");
     assert_eq!(v["tag-template"], "{{.Tag}}-{{.Name}}");
+    assert_eq!(v["ingress-class"], "istio.ingress.networking.knative.dev");
     let (code, out, err) = thaw(&[
         "config",
         "check",
@@ -327,6 +328,34 @@ fn shipped_network_configs_are_knatives_defaults() {
     assert_eq!(
         defaults_of(&v, "config-istio")["external-gateways"],
         serde_json::json!(["knative-serving/knative-ingress-gateway"])
+    );
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-gateway.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        defaults_of(&v, "config-gateway")["local-gateways"],
+        serde_json::json!(["istio-system/knative-local-gateway"])
+    );
+    // A class thaw does not write is refused, naming the key.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("config-network.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-network\ndata:\n  \
+         ingress-class: kourier.ingress.networking.knative.dev\n",
+    )
+    .unwrap();
+    let (code, out, err) = thaw(&["config", "check", bad.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("ingress-class") || out.contains("ingress-class"),
+        "{out}{err}"
     );
     // config-domain's keys are the domains: shown as one entry, `domains`.
     let (code, out, err) = thaw(&["config", "check", "config/config-domain.yaml"]);

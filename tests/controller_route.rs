@@ -1,7 +1,9 @@
 //! The Route reconciler in-process against the in-process API server over real HTTP: the
 //! test writes Revisions and Configurations (and their status, playing the other
-//! reconcilers), the Route controller writes VirtualServices, placeholder Services, the
-//! Route's status and the revisions' routing state. Waits poll with a deadline.
+//! reconcilers), the Route controller writes VirtualServices (or, with the Gateway API ingress
+//! class, HTTPRoutes, whose status the test writes playing the gateway's implementation),
+//! placeholder Services, the Route's status and the revisions' routing state. Waits poll with
+//! a deadline.
 
 mod controller_support;
 mod kube_support;
@@ -15,13 +17,16 @@ use k8s_openapi::api::core::v1::Service as KubeService;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
+use thaw::config::network::IngressClass;
+use thaw::controller::route::http_route::HTTPRoute;
 use thaw::controller::route::labeler::ROUTES_ANNOTATION;
 use thaw::controller::route::virtual_service::{VirtualService, VirtualServiceSpec};
 use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::{Condition, ConditionStatus};
 use thaw::knative::names::labels;
 use thaw::knative::{
-    Configuration, ConfigurationSpec, Revision, RevisionSpec, Route, RouteSpec, TrafficTarget,
+    ClusterDomainClaim, ClusterDomainClaimSpec, Configuration, ConfigurationSpec, DomainMapping,
+    DomainMappingSpec, KReference, Revision, RevisionSpec, Route, RouteSpec, TrafficTarget,
     condition,
 };
 use tokio::task::JoinHandle;
@@ -57,24 +62,30 @@ impl Running {
 
 /// The API server and the Route controller alone (no other reconciler runs).
 async fn start() -> Running {
+    start_with(Settings::default()).await.0
+}
+
+/// [`start`] with `settings`; the controller's context is returned to change them.
+async fn start_with(settings: Settings) -> (Running, Arc<Ctx>) {
     let api = TestApi::start().await;
     let client = api.client();
     let ctx: Arc<Ctx> = Ctx::with_options(
         client.clone(),
-        Settings::default(),
+        settings,
         CtxOptions {
             namespace: Some(NS.into()),
             ..CtxOptions::default()
         },
     );
-    let task = tokio::spawn(thaw::controller::route::controller(ctx));
+    let task = tokio::spawn(thaw::controller::route::controller(ctx.clone()));
     let gateway = kube_support::gateway::default_gateways(&client).await;
-    Running {
+    let run = Running {
         _api: api,
         client,
         task,
         _gateway: gateway,
-    }
+    };
+    (run, ctx)
 }
 
 /// The Route controller alone, talking to the API server through a relay the test can hold
@@ -95,9 +106,13 @@ async fn start_via_relay() -> (Running, Relay) {
 
 impl Running {
     fn start_controller(&mut self, via: &Relay) {
+        self.start_controller_with(via, Settings::default());
+    }
+
+    fn start_controller_with(&mut self, via: &Relay, settings: Settings) {
         let ctx: Arc<Ctx> = Ctx::with_options(
             kube_support::client_at(via.addr()),
-            Settings::default(),
+            settings,
             CtxOptions {
                 namespace: Some(NS.into()),
                 ..CtxOptions::default()
@@ -227,6 +242,12 @@ async fn route_until(
     wait_for(what, || async { api.get_opt(name).await.unwrap() }, ok)
         .await
         .unwrap()
+}
+
+/// How many VirtualServices the API server holds.
+async fn virtual_service_count(run: &Running) -> usize {
+    let api = run.api::<VirtualService>();
+    api.list(&Default::default()).await.unwrap().items.len()
 }
 
 async fn vs_until(
@@ -1152,15 +1173,7 @@ async fn a_missing_virtual_service_crd_is_a_condition_until_it_is_served() {
         );
     }
     assert!(relay.answered_here("/apis/networking.istio.io") > 0);
-    assert!(
-        run.api::<VirtualService>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty(),
-        "nothing written"
-    );
+    assert_eq!(virtual_service_count(&run).await, 0, "nothing written");
 
     relay.forward("/apis/networking.istio.io");
     for n in &names {
@@ -1380,4 +1393,425 @@ async fn the_prober_waits_for_every_gateway_pod_to_serve_the_current_hash() {
     publish(&run.client, &local.service, &[a.addr(), b.addr()]).await;
     route_until(&run, "hello", "Ready at the new hash", is_ready).await;
     assert_ne!(first, second);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Gateway API ingress class
+
+fn gateway_api_settings() -> Settings {
+    let mut s = Settings::default();
+    s.network.templates.ingress_class = IngressClass::GatewayApi;
+    s
+}
+
+async fn http_route_until(
+    run: &Running,
+    name: &str,
+    ok: impl Fn(&Option<HTTPRoute>) -> bool,
+) -> Option<HTTPRoute> {
+    let api = run.api::<HTTPRoute>();
+    wait_for(
+        &format!("the HTTPRoute {name}"),
+        || async { api.get_opt(name).await.unwrap() },
+        ok,
+    )
+    .await
+}
+
+/// (Service, port, weight, Knative-Serving-Revision) of each backendRef of `hr`'s rule.
+fn backends(hr: &HTTPRoute) -> Vec<(String, i32, i32, String)> {
+    hr.spec.rules[0]
+        .backend_refs
+        .iter()
+        .map(|b| {
+            let set = &b.filters[0].request_header_modifier.as_ref().unwrap().set;
+            let header = |n: &str| set.iter().find(|h| h.name == n).unwrap().value.clone();
+            assert_eq!(header("Knative-Serving-Namespace"), NS);
+            (
+                b.name.clone(),
+                b.port.unwrap(),
+                b.weight.unwrap(),
+                header("Knative-Serving-Revision"),
+            )
+        })
+        .collect()
+}
+
+/// Plays the gateway's implementation: reports `conditions` (type, status, reason) for every
+/// parent of the HTTPRoute `name`, for its current generation.
+async fn report(run: &Running, name: &str, conditions: &[(&str, &str, &str)]) {
+    let api = run.api::<HTTPRoute>();
+    loop {
+        let mut hr = api.get(name).await.unwrap();
+        hr.status = Some(hr.status_for_every_parent("example.com/gateway-controller", conditions));
+        match api.replace_status(name, &PostParams::default(), &hr).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+const ACCEPTED: &[(&str, &str, &str)] = &[
+    ("Accepted", "True", "Accepted"),
+    ("ResolvedRefs", "True", "ResolvedRefs"),
+];
+
+/// The message of the route's `IngressReady` condition.
+fn ingress_message(r: &Route) -> String {
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| s.status.condition("IngressReady"));
+    c.and_then(|c| c.message.clone()).unwrap_or_default()
+}
+
+fn ingress_ready(r: &Option<Route>, status: ConditionStatus, reason: &str) -> bool {
+    r.as_ref().and_then(|r| cond(r, "IngressReady")) == Some((status, Some(reason.into())))
+}
+
+/// With `ingress-class: gateway-api.ingress.networking.knative.dev` a split with a tag becomes
+/// four HTTPRoutes (each group's external and cluster-local hosts) on config-gateway's
+/// gateways, with weighted backendRefs setting the revision headers; no VirtualService is
+/// written; the placeholder Service points at config-gateway's local gateway Service. The
+/// route is `IngressReady=Unknown` until the gateways report `Accepted` and `ResolvedRefs` on
+/// every HTTPRoute, then Ready; a gateway refusing one makes it False with the gateway's
+/// reason; a tag removed takes its HTTPRoutes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_api_class_writes_http_routes_ready_from_their_conditions() {
+    let (run, _ctx) = start_with(gateway_api_settings()).await;
+    revision(&run, "hello-00001", true).await;
+    revision(&run, "hello-00002", true).await;
+    let mut traffic = vec![
+        to_revision("hello-00001", 70),
+        to_revision("hello-00002", 30),
+    ];
+    traffic.push(TrafficTarget {
+        tag: Some("candidate".into()),
+        ..to_revision("hello-00002", 0)
+    });
+    create_route(&run, "hello", traffic).await;
+    let ext = http_route_until(&run, "hello.default.example.com", Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(
+        backends(&ext),
+        [
+            ("hello-00001".into(), 80, 70, "hello-00001".into()),
+            ("hello-00002".into(), 80, 30, "hello-00002".into())
+        ]
+    );
+    assert_eq!(ext.spec.parent_refs[0].name, "knative-gateway");
+    let names = [
+        "hello.default.example.com",
+        "hello.default.svc.cluster.local",
+        "candidate-hello.default.example.com",
+        "candidate-hello.default.svc.cluster.local",
+    ];
+    for n in names {
+        http_route_until(&run, n, Option::is_some).await;
+    }
+    let tag = run
+        .api::<HTTPRoute>()
+        .get("candidate-hello.default.svc.cluster.local")
+        .await
+        .unwrap();
+    assert_eq!(tag.spec.parent_refs[0].name, "knative-local-gateway");
+    assert_eq!(backends(&tag)[0].2, 100);
+    let r = route_until(&run, "hello", "IngressReady=Unknown until reported", |r| {
+        ingress_ready(r, ConditionStatus::Unknown, "Uninitialized")
+    })
+    .await;
+    assert!(ingress_message(&r).contains("has not reported"));
+    assert_eq!(
+        virtual_service_count(&run).await,
+        0,
+        "the Gateway API class writes no VirtualService"
+    );
+    let placeholder = run.api::<KubeService>().get("hello").await.unwrap();
+    assert_eq!(
+        placeholder.spec.unwrap().external_name.as_deref(),
+        Some("knative-local-gateway.istio-system.svc.cluster.local")
+    );
+
+    // Accepted alone is not Ready; Accepted and ResolvedRefs on all four are.
+    for n in names {
+        report(&run, n, &ACCEPTED[..1]).await;
+    }
+    let r = run.api::<Route>().get("hello").await.unwrap();
+    assert_ne!(cond(&r, "Ready").map(|c| c.0), Some(ConditionStatus::True));
+    for n in names {
+        report(&run, n, ACCEPTED).await;
+    }
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+
+    // A gateway refusing one HTTPRoute.
+    report(
+        &run,
+        names[2],
+        &[
+            ("Accepted", "False", "NotAllowedByListeners"),
+            ("ResolvedRefs", "True", "ResolvedRefs"),
+        ],
+    )
+    .await;
+    let r = route_until(
+        &run,
+        "hello",
+        "IngressReady=False as the gateway says",
+        |r| ingress_ready(r, ConditionStatus::False, "NotAllowedByListeners"),
+    )
+    .await;
+    assert_eq!(cond(&r, "Ready").unwrap().0, ConditionStatus::False);
+
+    // The tag removed: its HTTPRoutes go.
+    set_traffic(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    http_route_until(&run, names[2], Option::is_none).await;
+    http_route_until(&run, names[3], Option::is_none).await;
+    let ext = http_route_until(&run, names[0], |h| {
+        h.as_ref().is_some_and(|h| backends(h).len() == 1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(backends(&ext)[0].2, 100);
+}
+
+/// Changing `ingress-class` live moves a route's ingress to the other class's objects: the
+/// VirtualServices are deleted once the HTTPRoutes are written, and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_the_ingress_class_replaces_the_routes_objects() {
+    let (run, ctx) = start_with(Settings::default()).await;
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    route_until(&run, "hello", "Ready on Istio", is_ready).await;
+    vs_until(&run, "hello-ingress", |_| true).await;
+
+    ctx.set_settings(gateway_api_settings());
+    http_route_until(&run, "hello.default.example.com", Option::is_some).await;
+    wait_for(
+        "the VirtualServices deleted",
+        || virtual_service_count(&run),
+        |n| *n == 0,
+    )
+    .await;
+
+    ctx.set_settings(Settings::default());
+    vs_until(&run, "hello-ingress", |_| true).await;
+    http_route_until(&run, "hello.default.example.com", Option::is_none).await;
+    http_route_until(&run, "hello.default.svc.cluster.local", Option::is_none).await;
+    route_until(&run, "hello", "Ready on Istio again", is_ready).await;
+}
+
+/// Without the Gateway API's HTTPRoute CRD, routes of that class are `IngressReady=False
+/// HTTPRouteNotServed` naming the CRD; once served, their HTTPRoutes are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_http_route_crd_is_a_condition_until_it_is_served() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.refuse("/apis/gateway.networking.k8s.io", 404);
+    run.start_controller_with(&relay, gateway_api_settings());
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let r = route_until(
+        &run,
+        "hello",
+        "IngressReady=False HTTPRouteNotServed",
+        |r| ingress_ready(r, ConditionStatus::False, "HTTPRouteNotServed"),
+    )
+    .await;
+    let msg = ingress_message(&r);
+    assert!(
+        msg.contains("httproutes.gateway.networking.k8s.io")
+            && msg.contains("gateway-api.ingress.networking.knative.dev"),
+        "{msg}"
+    );
+    relay.forward("/apis/gateway.networking.k8s.io");
+    http_route_until(&run, "hello.default.example.com", Option::is_some).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DomainMapping
+
+/// A DomainMapping `domain` in [`NS`] to the Route `route`.
+async fn create_domain_mapping(run: &Running, domain: &str, route: &str) {
+    let dm = DomainMapping::new(
+        domain,
+        DomainMappingSpec {
+            ref_: KReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Route".into(),
+                name: route.into(),
+                namespace: None,
+            },
+            tls: None,
+        },
+    );
+    run.api::<DomainMapping>()
+        .create(&PostParams::default(), &dm)
+        .await
+        .unwrap();
+}
+
+async fn create_claim(run: &Running, domain: &str, namespace: &str) {
+    let claim = ClusterDomainClaim::new(
+        domain,
+        ClusterDomainClaimSpec {
+            namespace: namespace.into(),
+        },
+    );
+    Api::<ClusterDomainClaim>::all(run.client.clone())
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+async fn domain_mapping_until(
+    run: &Running,
+    domain: &str,
+    what: &str,
+    ok: impl Fn(&DomainMapping) -> bool,
+) -> DomainMapping {
+    let api = run.api::<DomainMapping>();
+    wait_for(what, || async { api.get(domain).await.unwrap() }, ok).await
+}
+
+fn dm_cond(dm: &DomainMapping, t: &str) -> Option<(ConditionStatus, Option<String>)> {
+    let c = dm.status.as_ref()?.status.condition(t)?;
+    Some((c.status, c.reason.clone()))
+}
+
+/// The controller with the DomainMapping reconciler beside the Route one, a ready route
+/// `hello` to map.
+async fn start_with_domain_mapping(settings: Settings) -> Running {
+    let (mut run, ctx) = start_with(settings).await;
+    let routes = run.task.abort_handle();
+    run.task = tokio::spawn(async move {
+        let _both = DropAbort(routes);
+        thaw::controller::domain_mapping::controller(ctx).await
+    });
+    revision(&run, "hello-00001", true).await;
+    create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    run
+}
+
+/// Aborts the task when dropped (the Route controller's, with the DomainMapping one's).
+struct DropAbort(tokio::task::AbortHandle);
+
+impl Drop for DropAbort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A DomainMapping of an unclaimed domain (autocreate-cluster-domain-claims off, Knative's
+/// default) or of a domain another namespace claims is `DomainClaimed=False
+/// DomainAlreadyClaimed` and writes nothing; once the claim names its namespace, its
+/// VirtualService `{domain}-ingress` sends the domain to the Route's placeholder Service with
+/// the Host rewritten to the Route's, and it is Ready at `http://{domain}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_is_served_once_its_namespace_claims_the_domain() {
+    let run = start_with_domain_mapping(Settings::default()).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+    create_claim(&run, "taken.example.org", "someone-else").await;
+    for domain in ["hello.example.org", "taken.example.org"] {
+        create_domain_mapping(&run, domain, "hello").await;
+        let dm = domain_mapping_until(&run, domain, "DomainAlreadyClaimed", |d| {
+            dm_cond(d, "DomainClaimed")
+                == Some((ConditionStatus::False, Some("DomainAlreadyClaimed".into())))
+        })
+        .await;
+        assert_eq!(
+            dm_cond(&dm, "Ready").map(|c| c.0),
+            Some(ConditionStatus::False)
+        );
+    }
+    // Nothing is written for a domain the namespace does not hold.
+    assert_eq!(virtual_service_count(&run).await, 2, "the Route's two only");
+
+    create_claim(&run, "hello.example.org", NS).await;
+    let dm = domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
+    let st = dm.status.unwrap();
+    assert_eq!(st.url.as_deref(), Some("http://hello.example.org"));
+    let vs = vs_until(&run, "hello.example.org-ingress", |_| true).await;
+    assert_eq!(vs.spec.hosts, ["hello.example.org"]);
+    assert_eq!(
+        vs.spec.gateways,
+        ["knative-serving/knative-ingress-gateway"]
+    );
+    let http = &vs.spec.http[0];
+    assert_eq!(
+        http.rewrite.as_ref().unwrap().authority.as_deref(),
+        Some("hello.default.svc.cluster.local")
+    );
+    let d = &http.route[0].destination;
+    assert_eq!(
+        (d.host.as_str(), d.port.as_ref().unwrap().number),
+        ("hello.default.svc.cluster.local", 80)
+    );
+    // The other namespace's domain stays refused.
+    let taken = run
+        .api::<DomainMapping>()
+        .get("taken.example.org")
+        .await
+        .unwrap();
+    assert_eq!(
+        dm_cond(&taken, "DomainClaimed").unwrap().0,
+        ConditionStatus::False
+    );
+}
+
+/// With autocreate-cluster-domain-claims the DomainMapping claims its domain for its
+/// namespace; with the Gateway API class its ingress is the HTTPRoute `{domain}`, a URLRewrite
+/// to the Route's host, Ready once the gateway accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_claims_its_domain_and_is_an_http_route_with_the_gateway_api() {
+    let mut settings = gateway_api_settings();
+    settings.network.templates.autocreate_cluster_domain_claims = true;
+    let run = start_with_domain_mapping(settings).await;
+    create_domain_mapping(&run, "hello.example.org", "hello").await;
+    let claims = Api::<ClusterDomainClaim>::all(run.client.clone());
+    let claim = wait_for(
+        "the claim",
+        || async { claims.get_opt("hello.example.org").await.unwrap() },
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim.spec.namespace, NS);
+    let hr = http_route_until(&run, "hello.example.org", Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(hr.spec.hostnames, ["hello.example.org"]);
+    let rule = &hr.spec.rules[0];
+    let rewrite = rule
+        .filters
+        .iter()
+        .find_map(|f| f.url_rewrite.as_ref())
+        .unwrap();
+    assert_eq!(
+        rewrite.hostname.as_deref(),
+        Some("hello.default.svc.cluster.local")
+    );
+    assert_eq!(
+        (
+            rule.backend_refs[0].name.as_str(),
+            rule.backend_refs[0].port
+        ),
+        ("hello", Some(80))
+    );
+    // The Route's own HTTPRoutes too; the gateway accepts them all.
+    for n in [
+        "hello.example.org",
+        "hello.default.example.com",
+        "hello.default.svc.cluster.local",
+    ] {
+        http_route_until(&run, n, Option::is_some).await;
+        report(&run, n, ACCEPTED).await;
+    }
+    domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
 }

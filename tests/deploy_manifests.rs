@@ -4,8 +4,9 @@
 //!   survive a round trip through their k8s-openapi types unchanged (a dropped field is one the
 //!   type does not know).
 //! - Custom resources (deploy/examples/) pass `check-jsonschema` against the openAPIV3Schema of
-//!   their CRD in deploy/crds/, closed so that unknown fields fail as the API server's pruning
-//!   would drop them.
+//!   their CRD in deploy/crds/ (Knative's kinds) or tests/crds/ (thaw's subsets of Istio's
+//!   VirtualService and the Gateway API's HTTPRoute), closed so that unknown fields fail as the
+//!   API server's pruning would drop them.
 //! - deploy/rbac/ grants each role exactly the calls in deploy/rbac-table.yaml, both ways, and
 //!   the table cites the code that makes them.
 //! - deploy/config/ holds config/'s ConfigMaps with the same data, in thaw-system.
@@ -194,7 +195,9 @@ fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
                 let (api, k) = kind(&d);
                 assert!(
                     api.starts_with("serving.knative.dev/")
-                        || api.starts_with("networking.istio.io/"),
+                        || api.starts_with("networking.istio.io/")
+                        || api.starts_with("gateway.networking.k8s.io/")
+                        || api.starts_with("networking.internal.knative.dev/"),
                     "{}: {api} {k}: a kind this test has no k8s-openapi type for (add it to round_trip)",
                     rel(f)
                 );
@@ -330,6 +333,7 @@ fn closed_crd_schema(api_version: &str, kind_: &str) -> Value {
     let (group, version) = api_version.split_once('/').unwrap();
     let mut crds = Vec::new();
     yaml_files(&deploy().join("crds"), &mut crds);
+    yaml_files(&root().join("tests/crds"), &mut crds);
     let crd = crds
         .iter()
         .flat_map(|f| docs(f))
@@ -390,7 +394,12 @@ fn custom_resources() -> Vec<(PathBuf, Value)> {
     examples()
         .into_iter()
         .flat_map(|f| docs(&f).into_iter().map(move |d| (f.clone(), d)))
-        .filter(|(_, d)| kind(d).0.starts_with("serving.knative.dev/"))
+        .filter(|(_, d)| {
+            kind(d).0.starts_with("serving.knative.dev/")
+                || kind(d).0.starts_with("networking.internal.knative.dev/")
+                || kind(d) == ("networking.istio.io/v1", "VirtualService")
+                || kind(d) == ("gateway.networking.k8s.io/v1", "HTTPRoute")
+        })
         .collect()
 }
 
@@ -402,10 +411,16 @@ fn custom_resources_pass_their_crd_schemas() {
     eprintln!("{version}");
     let dir = tempfile::tempdir().unwrap();
     let crs = custom_resources();
-    assert!(
-        !crs.is_empty(),
-        "deploy/examples/ has no serving.knative.dev resource"
-    );
+    for (api, k) in [
+        ("serving.knative.dev/v1", "Service"),
+        ("networking.istio.io/v1", "VirtualService"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ] {
+        assert!(
+            crs.iter().any(|(_, d)| kind(d) == (api, k)),
+            "deploy/examples/ has no {api} {k}: one per ingress class is checked"
+        );
+    }
     for (i, (f, d)) in crs.iter().enumerate() {
         let (ok, out) = check_custom(d, dir.path(), &format!("cr{i}"));
         assert!(
@@ -424,7 +439,10 @@ fn a_custom_resource_with_an_unknown_or_mistyped_field_fails_its_schema() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (_, good) = custom_resources().remove(0);
+    let (_, good) = custom_resources()
+        .into_iter()
+        .find(|(_, d)| kind(d).0.starts_with("serving.knative.dev/"))
+        .unwrap();
     let mut unknown = good.clone();
     unknown["spec"]["containers"][0]["imagePullPolice"] = json!("Always");
     let (ok, out) = check_custom(&unknown, dir.path(), "unknown");
@@ -1972,4 +1990,46 @@ fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services
         }
     }
     assert!(vss > 0, "deploy/examples/ has no VirtualService");
+}
+
+/// The Gateway API examples: the Gateways are config-gateway's defaults (namespace and name),
+/// and the HTTPRoute is one thaw's HTTPRoute type reads whole (nothing dropped) that removes
+/// every internal header from client requests but those its backends set.
+#[test]
+fn the_gateway_api_examples_are_config_gateways_defaults_and_the_http_route_parses() {
+    use thaw::controller::route::http_route::HTTPRoute;
+    let dir = deploy().join("examples/gateway-api");
+    let gws = docs(&dir.join("gateways.yaml"));
+    let defaults = thaw::config::network::GatewayConfig::default();
+    for (gw, want) in gws
+        .iter()
+        .zip([&defaults.external_gateways[0], &defaults.local_gateways[0]])
+    {
+        assert_eq!(kind(gw), ("gateway.networking.k8s.io/v1", "Gateway"));
+        assert_eq!(
+            (str_at(gw, "/metadata/namespace"), name(gw)),
+            (want.gateway.namespace.as_str(), want.gateway.name.as_str())
+        );
+        assert_eq!(gw["spec"]["listeners"][0]["protocol"], "HTTP");
+    }
+    let d = docs(&dir.join("httproute.yaml")).remove(0);
+    let hr: HTTPRoute = serde_json::from_value(d.clone()).unwrap();
+    let mut diffs = Vec::new();
+    differences(&d, &serde_json::to_value(&hr).unwrap(), "", &mut diffs);
+    assert!(diffs.is_empty(), "fields thaw does not know: {diffs:?}");
+    let rule = &hr.spec.rules[0];
+    let removed = &rule.filters[0]
+        .request_header_modifier
+        .as_ref()
+        .unwrap()
+        .remove;
+    for b in &rule.backend_refs {
+        let set = &b.filters[0].request_header_modifier.as_ref().unwrap().set;
+        for h in thaw::knative::headers::INTERNAL {
+            assert!(
+                set.iter().any(|s| s.name == *h) || removed.iter().any(|r| r == h),
+                "{h} passes from clients"
+            );
+        }
+    }
 }

@@ -1,8 +1,21 @@
 //! The CRDs in deploy/crds/ are the ones the types generate, and `thaw crds` prints them.
 //! Regenerate after changing src/knative/: `cargo run -- crds --dir deploy/crds`.
+//! tests/crds/ holds the CRDs of the other projects' kinds thaw writes, generated from thaw's
+//! subsets of them (the tests' API server serves these; deploy/examples/ is checked against
+//! them): regenerate with `THAW_BLESS_CRDS=1 cargo test --test knative_crds`.
 
 use std::path::Path;
 use std::process::Command;
+
+/// The names of the files in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut present: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    present
+}
 
 #[test]
 fn checked_in_crds_match_the_generated_ones() {
@@ -25,13 +38,8 @@ fn checked_in_crds_match_the_generated_ones() {
         expected_files.push(name);
     }
     // No stale file of a kind that is gone.
-    let mut present: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    present.sort();
     expected_files.sort();
-    assert_eq!(present, expected_files);
+    assert_eq!(files_in(&dir), expected_files);
 }
 
 #[test]
@@ -53,7 +61,47 @@ fn thaw_crds_prints_every_crd() {
             "services.serving.knative.dev",
             "configurations.serving.knative.dev",
             "revisions.serving.knative.dev",
-            "routes.serving.knative.dev"
+            "routes.serving.knative.dev",
+            "domainmappings.serving.knative.dev",
+            "clusterdomainclaims.networking.internal.knative.dev"
         ]
     );
+}
+
+#[test]
+fn the_other_projects_crds_for_the_tests_are_the_generated_ones() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crds");
+    let crds = [
+        (
+            thaw::controller::route::virtual_service::crd(),
+            "src/controller/route/virtual_service.rs (thaw's subset of Istio's VirtualService)",
+        ),
+        (
+            thaw::controller::route::http_route::crd(),
+            "src/controller/route/http_route.rs (thaw's subset of the Gateway API's HTTPRoute)",
+        ),
+    ];
+    let bless = std::env::var_os("THAW_BLESS_CRDS").is_some();
+    let mut expected_files = Vec::new();
+    for (crd, from) in crds {
+        let path = dir.join(thaw::knative::crd_file_name(&crd));
+        let generated = thaw::knative::crd_yaml(&crd).replacen(
+            thaw::knative::CRD_HEADER,
+            &format!("# Generated from {from}\n# by tests/knative_crds.rs, for the tests only; do not edit.\n"),
+            1,
+        );
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == generated,
+            "{} differs from the generated CRD: THAW_BLESS_CRDS=1 cargo test --test knative_crds",
+            path.display()
+        );
+        expected_files.push(thaw::knative::crd_file_name(&crd));
+    }
+    expected_files.sort();
+    assert_eq!(files_in(&dir), expected_files);
 }

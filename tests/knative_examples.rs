@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use thaw::config::{AutoscalerConfig, DefaultsConfig, FeaturesConfig};
 use thaw::knative::validate::{self, render};
-use thaw::knative::{Configuration, Revision, Route, Service};
+use thaw::knative::{Configuration, DomainMapping, Revision, Route, Service};
 
 fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples")
@@ -119,6 +119,7 @@ fn every_knative_example_is_valid_and_round_trips_whole() {
             }
             "Revision" => check::<Revision>(&doc, |r| validate::revision(r, &d, &a, &f)),
             "Route" => check::<Route>(&doc, validate::route),
+            "DomainMapping" => check::<DomainMapping>(&doc, |_: &DomainMapping| Vec::new()),
             other => panic!("{file}: no typed struct for {other}"),
         };
         assert!(
@@ -132,6 +133,7 @@ fn every_knative_example_is_valid_and_round_trips_whole() {
         "knative/helloworld.yaml Service",
         "knative/traffic-split.yaml Service",
         "knative/tagged-revision.yaml Route",
+        "knative/domainmapping.yaml DomainMapping",
     ] {
         assert!(
             checked.iter().any(|c| c == want),

@@ -174,8 +174,13 @@ fn active_conditions_follow_knative() {
 fn conditions_are_a_map_keyed_by_type_in_every_crd() {
     for crd in thaw::knative::crds() {
         let v = serde_json::to_value(&crd).unwrap();
-        let cond = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-            ["conditions"];
+        let status = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        // ClusterDomainClaim has no status (as Knative's).
+        if crd.spec.names.kind == "ClusterDomainClaim" {
+            assert!(status.is_null());
+            continue;
+        }
+        let cond = &status["properties"]["conditions"];
         assert_eq!(
             cond["x-kubernetes-list-type"], "map",
             "{:?}",

@@ -1,6 +1,6 @@
 //! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`, `config-activator`,
 //! `config-gc`, `config-deployment`, `config-features` and the network ones (`config-domain`,
-//! `config-network`, `config-istio`) in the system namespace (`--system-namespace`, default
+//! `config-network`, `config-istio`, `config-gateway`) in the system namespace (`--system-namespace`, default
 //! `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::keys::ConfigMap;
-use super::network::{DomainConfig, IstioConfig, TemplateConfig};
+use super::network::{DomainConfig, GatewayConfig, IstioConfig, TemplateConfig};
 use super::reload::{Outcome, apply};
 use super::{
     ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, FeaturesConfig, GcConfig,
@@ -47,6 +47,8 @@ pub struct LiveConfig {
     pub network: Arc<ArcSwap<TemplateConfig>>,
     /// `config-istio`'s gateways (read by the controller only).
     pub istio: Arc<ArcSwap<IstioConfig>>,
+    /// `config-gateway`'s Gateway API gateways (read by the controller only).
+    pub gateway: Arc<ArcSwap<GatewayConfig>>,
     /// `config-deployment` (read by the controller only).
     pub deployment: Arc<ArcSwap<DeploymentConfig>>,
     /// `config-features` (read by the controller only).
@@ -161,6 +163,12 @@ pub fn watch_configmaps(
                         &metrics,
                         &labels,
                     ),
+                    super::network::GATEWAY_NAME => apply(
+                        parse::<GatewayConfig>(&data),
+                        &config.gateway,
+                        &metrics,
+                        &labels,
+                    ),
                     super::deployment::NAME => apply(
                         parse::<DeploymentConfig>(&data),
                         &config.deployment,
@@ -202,6 +210,7 @@ fn is_ours(name: &str) -> bool {
         super::network::DOMAIN_NAME,
         super::network::NETWORK_NAME,
         super::network::ISTIO_NAME,
+        super::network::GATEWAY_NAME,
         super::deployment::NAME,
         super::features::NAME,
     ]

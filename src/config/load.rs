@@ -135,6 +135,7 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::network::DOMAIN_NAME => check::<super::network::DomainConfig>(cm),
         super::network::NETWORK_NAME => check::<super::network::TemplateConfig>(cm),
         super::network::ISTIO_NAME => check::<super::network::IstioConfig>(cm),
+        super::network::GATEWAY_NAME => check::<super::network::GatewayConfig>(cm),
         super::deployment::NAME => check::<DeploymentConfig>(cm),
         super::features::NAME => check::<super::FeaturesConfig>(cm),
         other => (
@@ -142,8 +143,8 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
-                 config-gc, config-domain, config-network, config-istio, config-deployment, \
-                 config-features)",
+                 config-gc, config-domain, config-network, config-istio, config-gateway, \
+                 config-deployment, config-features)",
             )])),
             Vec::new(),
         ),

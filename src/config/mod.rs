@@ -6,8 +6,8 @@
 //! - `config-defaults` ([`DefaultsConfig`]): Knative's revision defaults (timeouts, concurrency);
 //! - `config-activator` ([`ActivatorConfig`]): thaw's own activator limits;
 //! - `config-gc` ([`GcConfig`]): Knative's revision garbage collection;
-//! - `config-domain`, `config-network` and `config-istio` ([`NetworkConfig`]): the route's
-//!   domains, host templates and Istio gateways.
+//! - `config-domain`, `config-network`, `config-istio` and `config-gateway`
+//!   ([`NetworkConfig`]): the route's domains, host templates, ingress class and gateways.
 //! - `config-deployment` ([`DeploymentConfig`]): the revision Deployments the controller writes
 //!   (queue sidecar image and resources, progress deadline).
 //! - `config-features` ([`FeaturesConfig`]): Knative's feature flags opening pod-spec fields

@@ -13,6 +13,10 @@
 //!   and `tag-template` (`{{.Tag}}-{{.Name}}`). Go templates in Knative; thaw renders the
 //!   placeholders Knative documents for them (`.Name`, `.Namespace`, `.Domain`; `.Tag`,
 //!   `.Name`) and rejects any other action, naming the key.
+//! - `config-network`'s `ingress-class` ([`IngressClass`]): which writer turns a route's ingress
+//!   description into objects: `istio.ingress.networking.knative.dev` (the default, Istio
+//!   VirtualServices) or `gateway-api.ingress.networking.knative.dev` (Gateway API
+//!   HTTPRoutes). Any other class is rejected, naming the key.
 //! - `config-istio` ([`IstioConfig`]): net-istio's current keys `external-gateways` and
 //!   `local-gateways`, each a YAML list of `{name, namespace, service}` (the `service` is the
 //!   gateway's Kubernetes Service host, where the route's placeholder Service points). The
@@ -22,7 +26,15 @@
 //!   `knative-serving/knative-local-gateway` (service
 //!   `knative-local-gateway.istio-system.svc.cluster.local`).
 //!
-//! [`NetworkConfig`] holds the three; the controller's settings snapshot carries one.
+//! - `config-gateway` ([`GatewayConfig`]): net-gateway-api's keys `external-gateways` and
+//!   `local-gateways`, each a YAML list of `{class, gateway, service, supported-features,
+//!   http-listener-name}` (`gateway` and `service` as `namespace/name`). Defaults
+//!   net-gateway-api's: `istio-system/knative-gateway` (service
+//!   `istio-system/istio-ingressgateway`) and `istio-system/knative-local-gateway` (service
+//!   `istio-system/knative-local-gateway`), both class `istio` with the
+//!   `HTTPRouteRequestTimeout` feature. Read only by the Gateway API class.
+//!
+//! [`NetworkConfig`] holds the four; the controller's settings snapshot carries one.
 
 use std::collections::BTreeMap;
 
@@ -46,6 +58,8 @@ pub struct NetworkConfig {
     pub templates: TemplateConfig,
     /// `config-istio` (the gateways).
     pub istio: IstioConfig,
+    /// `config-gateway` (the Gateway API class's gateways).
+    pub gateway: GatewayConfig,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,9 +322,51 @@ pub const DEFAULT_DOMAIN_TEMPLATE: &str = "{{.Name}}.{{.Namespace}}.{{.Domain}}"
 /// Knative's default `tag-template`.
 pub const DEFAULT_TAG_TEMPLATE: &str = "{{.Tag}}-{{.Name}}";
 
+/// Knative's ingress class for Istio (`ingress-class`'s default).
+pub const ISTIO_INGRESS_CLASS: &str = "istio.ingress.networking.knative.dev";
+/// Knative's ingress class for the Gateway API (net-gateway-api's).
+pub const GATEWAY_API_INGRESS_CLASS: &str = "gateway-api.ingress.networking.knative.dev";
+
+/// `config-network`'s `ingress-class`: the writer of the routes' ingress objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IngressClass {
+    /// Istio VirtualServices (net-istio's objects).
+    #[default]
+    Istio,
+    /// Gateway API HTTPRoutes (net-gateway-api's objects).
+    GatewayApi,
+}
+
+impl IngressClass {
+    /// Knative's name of the class.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngressClass::Istio => ISTIO_INGRESS_CLASS,
+            IngressClass::GatewayApi => GATEWAY_API_INGRESS_CLASS,
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            ISTIO_INGRESS_CLASS => Ok(IngressClass::Istio),
+            GATEWAY_API_INGRESS_CLASS => Ok(IngressClass::GatewayApi),
+            _ => Err(format!(
+                "thaw writes the ingress for {ISTIO_INGRESS_CLASS} or \
+                 {GATEWAY_API_INGRESS_CLASS} only"
+            )),
+        }
+    }
+}
+
 /// The `config-network` keys the Route reconciler uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateConfig {
+    /// `ingress-class`: which objects the routes' ingress is written as.
+    pub ingress_class: IngressClass,
+    /// `autocreate-cluster-domain-claims`: a DomainMapping whose domain nobody claims creates
+    /// the ClusterDomainClaim for its namespace (Knative's default: false, an operator
+    /// creates the claims).
+    pub autocreate_cluster_domain_claims: bool,
     /// `domain-template`: a route's external host from its name, namespace and domain.
     pub domain_template: Template,
     /// `tag-template`: the name part of a tagged target's host, from the tag and route name.
@@ -320,6 +376,8 @@ pub struct TemplateConfig {
 impl Default for TemplateConfig {
     fn default() -> Self {
         Self {
+            ingress_class: IngressClass::default(),
+            autocreate_cluster_domain_claims: false,
             domain_template: parse_domain_template(DEFAULT_DOMAIN_TEMPLATE)
                 .expect("the default domain template is valid"),
             tag_template: parse_tag_template(DEFAULT_TAG_TEMPLATE)
@@ -376,6 +434,31 @@ fn show_text(s: &str) -> (String, Value) {
 /// The `config-network` keys thaw reads.
 pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
     Key {
+        name: "ingress-class",
+        unit: "class",
+        help: "The routes' ingress objects: istio.ingress.networking.knative.dev (Istio \
+               VirtualServices) or gateway-api.ingress.networking.knative.dev (HTTPRoutes).",
+        parse: |c, s| {
+            c.ingress_class = IngressClass::parse(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.ingress_class.as_str()),
+    },
+    Key {
+        name: "autocreate-cluster-domain-claims",
+        unit: "bool",
+        help: "A DomainMapping of an unclaimed domain creates the ClusterDomainClaim for its \
+               namespace; else an operator creates the claims.",
+        parse: |c, s| {
+            c.autocreate_cluster_domain_claims = super::parse::parse_bool(s)?;
+            Ok(())
+        },
+        show: |c| {
+            let v = c.autocreate_cluster_domain_claims;
+            (v.to_string(), Value::from(v))
+        },
+    },
+    Key {
         name: "domain-template",
         unit: "template",
         help: "A route's external host: {{.Name}}, {{.Namespace}} and {{.Domain}}.",
@@ -399,10 +482,9 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
 
 impl ConfigMap for TemplateConfig {
     const NAME: &'static str = NETWORK_NAME;
-    /// Knative's other config-network keys: the ingress is always Istio here, without TLS,
-    /// mesh addressability or gradual rollout.
+    /// Knative's other config-network keys: no TLS, mesh addressability or gradual rollout.
+    /// (`ingress.class`, the older spelling of `ingress-class`, is not read.)
     const INERT: &'static [&'static str] = &[
-        "ingress-class",
         "ingress.class",
         "certificate-class",
         "certificate.class",
@@ -418,7 +500,6 @@ impl ConfigMap for TemplateConfig {
         "default-external-scheme",
         "activator-ca",
         "activator-san",
-        "autocreate-cluster-domain-claims",
     ];
 
     fn keys() -> &'static [Key<Self>] {
@@ -558,6 +639,208 @@ impl ConfigMap for IstioConfig {
 
     fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
         Vec::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config-gateway: the Gateway API class's gateways
+
+/// Name of net-gateway-api's ConfigMap.
+pub const GATEWAY_NAME: &str = "config-gateway";
+
+/// The Gateway API feature that lets an HTTPRoute rule carry a request timeout.
+pub const REQUEST_TIMEOUT_FEATURE: &str = "HTTPRouteRequestTimeout";
+
+/// `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    fn parse(s: &str, what: &str) -> Result<Self, String> {
+        let label = |l: &str| is_dns_name(l) && !l.contains('.');
+        match s.split_once('/') {
+            Some((ns, name)) if label(ns) && label(name) => Ok(Self {
+                namespace: ns.into(),
+                name: name.into(),
+            }),
+            _ => Err(format!("{what} \"{s}\" is not namespace/name")),
+        }
+    }
+}
+
+impl std::fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct GatewayApiValue {
+    #[serde(default)]
+    class: String,
+    gateway: String,
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    supported_features: Vec<String>,
+    #[serde(default)]
+    http_listener_name: Option<String>,
+}
+
+/// One Gateway API Gateway routes are attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayApiGateway {
+    /// The GatewayClass's name (informational, as in net-gateway-api).
+    pub class: String,
+    /// The Gateway (an HTTPRoute's parentRef).
+    pub gateway: NamespacedName,
+    /// The Kubernetes Service in front of the gateway's pods: where the routes' placeholder
+    /// Services point.
+    pub service: Option<NamespacedName>,
+    /// Gateway API features the implementation supports (`HTTPRouteRequestTimeout` lets the
+    /// HTTPRoutes carry the route's timeout).
+    pub supported_features: Vec<String>,
+    /// The listener to attach to (the parentRef's `sectionName`), else every listener.
+    pub http_listener_name: Option<String>,
+}
+
+impl GatewayApiGateway {
+    fn new(gateway: (&str, &str), service: (&str, &str)) -> Self {
+        let nn = |(namespace, name): (&str, &str)| NamespacedName {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        Self {
+            class: "istio".into(),
+            gateway: nn(gateway),
+            service: Some(nn(service)),
+            supported_features: vec![REQUEST_TIMEOUT_FEATURE.into()],
+            http_listener_name: None,
+        }
+    }
+
+    /// The gateway Service's host, `{name}.{namespace}.svc.cluster.local`.
+    pub fn service_host(&self) -> Option<String> {
+        self.service
+            .as_ref()
+            .map(|s| format!("{}.{}.{CLUSTER_LOCAL_DOMAIN}", s.name, s.namespace))
+    }
+
+    /// Whether the implementation supports the Gateway API feature `f`.
+    pub fn supports(&self, f: &str) -> bool {
+        self.supported_features.iter().any(|s| s == f)
+    }
+}
+
+/// `config-gateway`: the Gateways the Gateway API class attaches routes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// `external-gateways`: serve the routes' external hosts. Never empty.
+    pub external_gateways: Vec<GatewayApiGateway>,
+    /// `local-gateways`: serve the cluster-local hosts. Never empty.
+    pub local_gateways: Vec<GatewayApiGateway>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            external_gateways: vec![GatewayApiGateway::new(
+                ("istio-system", "knative-gateway"),
+                ("istio-system", "istio-ingressgateway"),
+            )],
+            local_gateways: vec![GatewayApiGateway::new(
+                ("istio-system", "knative-local-gateway"),
+                ("istio-system", "knative-local-gateway"),
+            )],
+        }
+    }
+}
+
+fn parse_gateway_api_gateways(s: &str) -> Result<Vec<GatewayApiGateway>, String> {
+    let values: Vec<GatewayApiValue> = serde_saphyr::from_str(s).map_err(|e| {
+        format!(
+            "must be a YAML list of {{class, gateway, service, supported-features, \
+             http-listener-name}} ({e})"
+        )
+    })?;
+    if values.is_empty() {
+        return Err("must name at least one gateway".into());
+    }
+    values
+        .into_iter()
+        .map(|v| {
+            if let Some(l) = &v.http_listener_name
+                && (!is_dns_name(l) || l.contains('.'))
+            {
+                return Err(format!("http-listener-name \"{l}\" is not a DNS label"));
+            }
+            Ok(GatewayApiGateway {
+                class: v.class,
+                gateway: NamespacedName::parse(&v.gateway, "gateway")?,
+                service: v
+                    .service
+                    .map(|s| NamespacedName::parse(&s, "service"))
+                    .transpose()?,
+                supported_features: v.supported_features,
+                http_listener_name: v.http_listener_name,
+            })
+        })
+        .collect()
+}
+
+fn show_gateway_api_gateways(g: &[GatewayApiGateway]) -> (String, Value) {
+    let refs: Vec<String> = g.iter().map(|g| g.gateway.to_string()).collect();
+    (refs.join(","), Value::from(refs))
+}
+
+/// The `config-gateway` keys thaw reads.
+pub static GATEWAY_KEYS: &[Key<GatewayConfig>] = &[
+    Key {
+        name: "external-gateways",
+        unit: "gateways",
+        help: "Gateway API Gateways serving the routes' external hosts (YAML list of class, \
+               gateway, service, supported-features, http-listener-name).",
+        parse: |c, s| {
+            c.external_gateways = parse_gateway_api_gateways(s)?;
+            Ok(())
+        },
+        show: |c| show_gateway_api_gateways(&c.external_gateways),
+    },
+    Key {
+        name: "local-gateways",
+        unit: "gateways",
+        help: "Gateway API Gateways serving the cluster-local hosts (YAML list of class, \
+               gateway, service, supported-features, http-listener-name).",
+        parse: |c, s| {
+            c.local_gateways = parse_gateway_api_gateways(s)?;
+            Ok(())
+        },
+        show: |c| show_gateway_api_gateways(&c.local_gateways),
+    },
+];
+
+impl ConfigMap for GatewayConfig {
+    const NAME: &'static str = GATEWAY_NAME;
+
+    fn keys() -> &'static [Key<Self>] {
+        GATEWAY_KEYS
+    }
+
+    /// The local gateways' Service is where the placeholder Services point: one is needed.
+    fn validate(&self, data: &BTreeMap<String, String>) -> Vec<Problem> {
+        match self.local_gateways.first() {
+            Some(g) if g.service.is_none() => vec![Problem::new(
+                "local-gateways",
+                data.get("local-gateways").map_or("", String::as_str),
+                "the first local gateway needs a service (the routes' cluster-local names \
+                 point at it)",
+            )],
+            _ => Vec::new(),
+        }
     }
 }
 

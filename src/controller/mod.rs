@@ -17,6 +17,7 @@
 //! `telemetry`, `leader`; no data-plane module.
 
 pub mod configuration;
+pub mod domain_mapping;
 pub mod gc;
 pub mod revision;
 pub mod route;

@@ -88,6 +88,7 @@ pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
             domain: (**live.domain.load()).clone(),
             templates: (**live.network.load()).clone(),
             istio: (**live.istio.load()).clone(),
+            gateway: (**live.gateway.load()).clone(),
         },
         deployment,
         features: (**live.features.load()).clone(),
@@ -135,6 +136,7 @@ pub async fn run_controllers(ctx: Arc<Ctx>) {
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
         crate::controller::route::controller(ctx.clone()),
+        crate::controller::domain_mapping::controller(ctx.clone()),
         crate::controller::revision::controller(ctx.clone()),
     );
 }

@@ -4,7 +4,9 @@
 //!
 //! The server serves every built-in kind (Deployments with `/scale`, Pods, EndpointSlices,
 //! Leases, ConfigMaps, ...), the four `serving.knative.dev/v1` kinds from the generated CRDs
-//! (schema enforced, `/status` served) and Istio's `networking.istio.io/v1` VirtualService. No controllers run: tests play kubelet and the
+//! (schema enforced, `/status` served), Istio's `networking.istio.io/v1` VirtualService and the
+//! Gateway API's `gateway.networking.k8s.io/v1` HTTPRoute (with `/status`, which the tests write
+//! playing the gateway's implementation). No controllers run: tests play kubelet and the
 //! endpoints controller. It enforces no RBAC, no CEL and no pruning.
 
 #![allow(
@@ -51,6 +53,12 @@ impl TestApi {
         handlers.push(crd_handler(
             store.clone(),
             &thaw::controller::route::virtual_service::crd(),
+        ));
+        // The Gateway API's HTTPRoute (the subset the Gateway API ingress class writes and
+        // reads), as the Gateway API's CRD would serve it.
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::http_route::crd(),
         ));
         // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
         // only `core/v1` ones.

@@ -142,7 +142,7 @@ fn templates_render_and_bad_ones_are_rejected() {
         assert!(e.0[0].reason.contains(why), "{value}: {e}");
     }
     // Other Knative keys are accepted with a warning.
-    let w = TemplateConfig::warnings(&data(&[("ingress-class", "x"), ("nope", "y")]));
+    let w = TemplateConfig::warnings(&data(&[("ingress.class", "x"), ("nope", "y")]));
     assert_eq!(w.len(), 2);
     assert!(w[0].contains("no effect"), "{w:?}");
 }
@@ -182,4 +182,83 @@ fn gateways_parse_net_istio_lists() {
         "x",
     )]));
     assert!(w[0].contains("unknown"), "{w:?}");
+}
+
+#[test]
+fn ingress_class_is_knatives_key_and_names_a_class_thaw_writes() {
+    assert_eq!(
+        TemplateConfig::default().ingress_class.as_str(),
+        "istio.ingress.networking.knative.dev"
+    );
+    let c = TemplateConfig::parse(&data(&[(
+        "ingress-class",
+        "gateway-api.ingress.networking.knative.dev",
+    )]))
+    .unwrap()
+    .config;
+    assert_eq!(c.ingress_class, IngressClass::GatewayApi);
+    assert!(!TemplateConfig::default().autocreate_cluster_domain_claims);
+    let c = TemplateConfig::parse(&data(&[("autocreate-cluster-domain-claims", "true")]))
+        .unwrap()
+        .config;
+    assert!(c.autocreate_cluster_domain_claims);
+    let e =
+        TemplateConfig::parse(&data(&[("autocreate-cluster-domain-claims", "yes")])).unwrap_err();
+    assert_eq!(e.0[0].key, "autocreate-cluster-domain-claims");
+    let e = TemplateConfig::parse(&data(&[(
+        "ingress-class",
+        "kourier.ingress.networking.knative.dev",
+    )]))
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("ingress-class") && text.contains("kourier"),
+        "{text}"
+    );
+}
+
+#[test]
+fn config_gateway_is_net_gateway_apis_format() {
+    let d = GatewayConfig::default();
+    assert_eq!(GatewayConfig::parse(&data(&[])).unwrap().config, d);
+    assert_eq!(
+        d.external_gateways[0].gateway.to_string(),
+        "istio-system/knative-gateway"
+    );
+    assert_eq!(
+        d.local_gateways[0].service_host().as_deref(),
+        Some("knative-local-gateway.istio-system.svc.cluster.local")
+    );
+    assert!(d.local_gateways[0].supports(REQUEST_TIMEOUT_FEATURE));
+    let c = GatewayConfig::parse(&data(&[(
+        "external-gateways",
+        "- class: eg\n  gateway: gw/public\n  service: gw/envoy\n  http-listener-name: http\n",
+    )]))
+    .unwrap()
+    .config;
+    let g = &c.external_gateways[0];
+    assert_eq!(
+        (
+            g.class.as_str(),
+            g.gateway.to_string(),
+            g.http_listener_name.as_deref()
+        ),
+        ("eg", "gw/public".to_string(), Some("http"))
+    );
+    assert!(!g.supports(REQUEST_TIMEOUT_FEATURE));
+    assert_eq!(c.local_gateways, d.local_gateways);
+    for (key, value, says) in [
+        ("external-gateways", "- gateway: nope\n", "namespace/name"),
+        ("external-gateways", "[]", "at least one"),
+        (
+            "local-gateways",
+            "- gateway: a/b\n  colour: red\n",
+            "YAML list",
+        ),
+        ("local-gateways", "- gateway: a/b\n", "needs a service"),
+    ] {
+        let e = GatewayConfig::parse(&data(&[(key, value)])).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(key) && text.contains(says), "{text}");
+    }
 }

@@ -36,6 +36,9 @@
 //! mapped to the routes that name them), so a revision turning Ready or a configuration's
 //! latest ready revision moving re-routes at once.
 
+pub mod gateway_api;
+pub mod http_route;
+pub mod ingress;
 pub mod labeler;
 pub mod prober;
 pub mod resources;
@@ -57,19 +60,19 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 use super::{Ctx, Error, EventKind, is_owned_by, now};
-use crate::config::network::NetworkConfig;
+use crate::config::network::{IngressClass, NetworkConfig};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
 use crate::knative::{Configuration, Revision, Route, RouteStatus, condition, validate};
+use http_route::HTTPRoute;
 use traffic::{Referenced, TargetError, Traffic};
 use virtual_service::VirtualService;
 
 /// The kind, in metrics and spans.
 pub const KIND: &str = "Route";
 
-/// Knative's ingress class for Istio (config-network's `ingress-class` default), the one
-/// thaw implements.
-pub const ISTIO_INGRESS_CLASS: &str = "istio.ingress.networking.knative.dev";
+/// Knative's ingress class for Istio (config-network's `ingress-class` default).
+pub const ISTIO_INGRESS_CLASS: &str = crate::config::network::ISTIO_INGRESS_CLASS;
 /// The CRD the Istio ingress class writes.
 pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
 /// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
@@ -78,8 +81,8 @@ pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
 /// The longest a reconcile waits for the VirtualService watch's first answer.
 pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
 
-/// Whether the API server serves Istio's VirtualService, as the controller's VirtualService
-/// watch found it.
+/// Whether the API server serves a kind the ingress is written as (Istio's VirtualService,
+/// the Gateway API's HTTPRoute), as the controller's watch of it found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
     /// The watch has not listed yet.
@@ -105,12 +108,16 @@ pub struct Stores {
     pub revisions: Store<Revision>,
     pub configurations: Store<Configuration>,
     pub virtual_services: Store<VirtualService>,
+    /// The Gateway API class's HTTPRoutes (labelled `serving.knative.dev/route`).
+    pub http_routes: Store<HTTPRoute>,
     pub placeholders: Store<KubeService>,
     /// Open once the revisions, configurations and placeholders stores have their first list
     /// ([`Stores::gate`]); the VirtualServices' store is [`Stores::served`]'s.
     pub ready: super::StoresReady,
     /// Whether VirtualServices are served (their store has listed) or missing.
     pub served: tokio::sync::watch::Receiver<Served>,
+    /// Whether HTTPRoutes are served (their store has listed) or missing.
+    pub http_routes_served: tokio::sync::watch::Receiver<Served>,
     /// Whether the gateways serve each route's current VirtualServices.
     pub prober: Arc<prober::Prober>,
 }
@@ -143,15 +150,18 @@ impl Stores {
         })
     }
 
-    /// Whether VirtualServices are served, once the VirtualService watch has an answer
-    /// (its first list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise
-    /// (the API server away, a 403) is an error, retried with backoff, the worker freed.
-    async fn virtual_services_served(&self) -> Result<Served, Error> {
-        let mut rx = self.served.clone();
+    /// Whether the ingress class's kind is served, once its watch has an answer (its first
+    /// list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise (the API
+    /// server away, a 403) is an error, retried with backoff, the worker freed.
+    async fn served(&self, class: IngressClass) -> Result<Served, Error> {
+        let (mut rx, kind) = match class {
+            IngressClass::Istio => (self.served.clone(), "VirtualService"),
+            IngressClass::GatewayApi => (self.http_routes_served.clone(), "HTTPRoute"),
+        };
         let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
             .await
-            .map_err(|_| Error::Other("the VirtualService watch has not listed yet".into()))?
-            .map_err(|_| Error::Other("the VirtualService watch ended".into()))?;
+            .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
+            .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
         Ok(*s)
     }
 }
@@ -178,6 +188,10 @@ pub enum Ingress {
     Probing(String),
     /// The API server does not serve Istio's VirtualService.
     NotServed,
+    /// The API server does not serve the Gateway API's HTTPRoute.
+    HttpRoutesNotServed,
+    /// A gateway refuses the route's HTTPRoute: its reason and message.
+    Refused { reason: String, message: String },
     /// Not written this time (a target is not routable): the condition stays as it was, or
     /// Unknown `IngressNotConfigured` when there is none yet.
     Unchanged,
@@ -256,6 +270,29 @@ pub fn compute_status(
             ),
             now,
         ),
+        Ingress::HttpRoutesNotServed => st.status.set(
+            condition(
+                INGRESS_READY,
+                ConditionStatus::False,
+                Some(gateway_api::HTTP_ROUTE_NOT_SERVED),
+                Some(format!(
+                    "The ingress class {} writes Gateway API HTTPRoutes, and the API server \
+                     does not serve them: install the Gateway API's CRD {}.",
+                    crate::config::network::GATEWAY_API_INGRESS_CLASS,
+                    gateway_api::HTTP_ROUTE_CRD
+                )),
+            ),
+            now,
+        ),
+        Ingress::Refused { reason, message } => st.status.set(
+            condition(
+                INGRESS_READY,
+                ConditionStatus::False,
+                Some(reason),
+                Some(message.clone()),
+            ),
+            now,
+        ),
         Ingress::NotOwned(message) => st.status.set(
             condition(
                 INGRESS_READY,
@@ -320,9 +357,9 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
 /// Applies `desired` unless an object of its name exists that is not the route's; a child
 /// equal to what is wanted (`same`) is not written again. `cached`: the child as the
 /// controller's store holds it. Returns the NotOwned message when it is someone else's.
-async fn apply_child<K>(
+pub(crate) async fn apply_child<P: Resource, K>(
     ctx: &Ctx,
-    route: &Route,
+    route: &P,
     desired: &K,
     cached: Option<Arc<K>>,
     same: impl Fn(&K, &K) -> bool,
@@ -350,7 +387,7 @@ where
     )
 }
 
-fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
+pub(crate) fn same_labels<K: Resource>(existing: &K, desired: &K) -> bool {
     let have = existing.meta().labels.clone().unwrap_or_default();
     desired
         .meta()
@@ -378,8 +415,9 @@ fn same_placeholder(existing: &KubeService, desired: &KubeService) -> bool {
         })
 }
 
-/// Writes the placeholder Services and the VirtualService of `traffic`; deletes placeholder
-/// Services of tags the route no longer has.
+/// Writes the placeholder Services and the ingress objects of `traffic` in the class in force
+/// (the other class's objects of the route are deleted); deletes placeholder Services of tags
+/// the route no longer has.
 async fn program(
     ctx: &Ctx,
     route: &Route,
@@ -398,7 +436,111 @@ async fn program(
             return Ok(Ingress::NotOwned(msg));
         }
     }
-    let vss = resources::virtual_services(route, traffic, net, default_timeout);
+    let desc = ingress::describe(route, traffic, net, default_timeout);
+    let ingress = match net.templates.ingress_class {
+        IngressClass::Istio => {
+            // HTTPRoutes left from the Gateway API class.
+            delete_owned(ctx, &ns, owned(&stores.http_routes, route)).await?;
+            program_istio(ctx, route, traffic, &desc, net, stores).await?
+        }
+        IngressClass::GatewayApi => {
+            // VirtualServices left from the Istio class; its prober's task is not needed.
+            delete_owned(ctx, &ns, owned(&stores.virtual_services, route)).await?;
+            stores.prober.forget(&ns, &route.name_any());
+            program_gateway_api(ctx, route, &desc, net, stores).await?
+        }
+    };
+    if matches!(ingress, Ingress::NotOwned(_)) {
+        return Ok(ingress);
+    }
+    // Placeholders of tags no longer named (ours only).
+    let stale = stores.placeholders.state_filter(|s| {
+        s.namespace().as_deref() == Some(ns.as_str())
+            && is_owned_by(&s.metadata, route)
+            && !placeholders.iter().any(|p| p.name_any() == s.name_any())
+    });
+    delete_owned(ctx, &ns, stale).await?;
+    Ok(ingress)
+}
+
+/// The objects of `store` that `route` owns.
+pub(crate) fn owned<P: Resource, K>(store: &Store<K>, route: &P) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store.state_filter(|o| o.meta().namespace == route.namespace() && is_owned_by(o.meta(), route))
+}
+
+/// Deletes `objects` (in `ns`); one already gone is no failure.
+pub(crate) async fn delete_owned<K>(ctx: &Ctx, ns: &str, objects: Vec<Arc<K>>) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = ctx.api::<K>(ns);
+    for old in objects {
+        match api
+            .delete(&old.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The Gateway API class: writes the route's HTTPRoutes, deletes those of groups no longer
+/// named, and reads their readiness from their status.
+async fn program_gateway_api(
+    ctx: &Ctx,
+    route: &Route,
+    desc: &ingress::IngressDesc,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<Ingress, Error> {
+    let ns = &desc.namespace;
+    let routes = gateway_api::http_routes(route, desc, net);
+    for hr in &routes {
+        let cached = stores
+            .http_routes
+            .get(&ObjectRef::new(&hr.name_any()).within(ns));
+        if let Some(msg) = apply_child(ctx, route, hr, cached, |e: &HTTPRoute, d| {
+            e.spec == d.spec && same_labels(e, d)
+        })
+        .await?
+        {
+            return Ok(Ingress::NotOwned(msg));
+        }
+    }
+    let stale: Vec<Arc<HTTPRoute>> = owned(&stores.http_routes, route)
+        .into_iter()
+        .filter(|o| !routes.iter().any(|r| r.name_any() == o.name_any()))
+        .collect();
+    delete_owned(ctx, ns, stale).await?;
+    let current = |name: &str| stores.http_routes.get(&ObjectRef::new(name).within(ns));
+    Ok(match gateway_api::readiness(&routes, current) {
+        gateway_api::Readiness::Ready => Ingress::Programmed,
+        gateway_api::Readiness::Pending(message) => Ingress::Probing(message),
+        gateway_api::Readiness::Refused { reason, message } => Ingress::Refused { reason, message },
+    })
+}
+
+/// The Istio class: writes the route's VirtualServices and asks the prober whether every
+/// gateway pod serves them.
+async fn program_istio(
+    ctx: &Ctx,
+    route: &Route,
+    traffic: &Traffic,
+    desc: &ingress::IngressDesc,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<Ingress, Error> {
+    let ns = desc.namespace.clone();
+    let vss = resources::istio_virtual_services(route, desc, net);
     for vs in [&vss.ingress, &vss.mesh] {
         let cached = stores
             .virtual_services
@@ -409,21 +551,6 @@ async fn program(
         .await?
         {
             return Ok(Ingress::NotOwned(msg));
-        }
-    }
-    // Placeholders of tags no longer named (ours only).
-    let api = ctx.api::<KubeService>(&ns);
-    let stale = stores.placeholders.state_filter(|s| {
-        s.namespace().as_deref() == Some(ns.as_str())
-            && is_owned_by(&s.metadata, route)
-            && !placeholders.iter().any(|p| p.name_any() == s.name_any())
-    });
-    for old in stale {
-        let name = old.name_any();
-        match api.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
         }
     }
     Ok(
@@ -566,9 +693,13 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     } else {
         Err(TargetError::Invalid(validate::render(&invalid)))
     };
-    let served = stores.virtual_services_served().await?;
+    let class = net.templates.ingress_class;
+    let served = stores.served(class).await?;
     let ingress = match &resolved {
-        Ok(_) if served == Served::Missing => Ingress::NotServed,
+        Ok(_) if served == Served::Missing => match class {
+            IngressClass::Istio => Ingress::NotServed,
+            IngressClass::GatewayApi => Ingress::HttpRoutesNotServed,
+        },
         Ok(t) => {
             let timeout = super::defaults_for(&settings, &ns)
                 .revision_timeout
@@ -594,10 +725,13 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     if let Err(TargetError::Invalid(msg)) = resolved {
         return Err(Error::Invalid(msg));
     }
-    if let Ingress::NotOwned(msg) = ingress {
-        return Err(Error::Other(msg));
+    match ingress {
+        Ingress::NotOwned(message) | Ingress::Refused { message, .. } => {
+            return Err(Error::Other(message));
+        }
+        _ => {}
     }
-    // Not served: the VirtualService watch re-queues every route when it lists.
+    // Not served: the kind's watch re-queues every route when it lists.
     Ok(Action::requeue(ctx.resync()))
 }
 
@@ -807,7 +941,72 @@ async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
     }
 }
 
-/// The Route controller: owns VirtualServices and placeholder Services; follows Revisions and
+/// The watch of a kind the ingress is written as (its objects labelled
+/// `serving.knative.dev/route` are not selected: a route's children are found by owner), with
+/// whether the API server serves it: its store, its stream of touched objects, the
+/// served-or-missing state, and a stream that yields each time it becomes served.
+#[allow(clippy::type_complexity)]
+pub(crate) fn served_watch<K>(
+    ctx: &Ctx,
+    crd: &'static str,
+    kinds: &'static str,
+    class: &'static str,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    tokio::sync::watch::Receiver<Served>,
+    impl futures::Stream<Item = ()> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let (served_tx, served) = tokio::sync::watch::channel(Served::Unknown);
+    let mut served_rx = served.clone();
+    served_rx.mark_unchanged();
+    let now_served = futures::stream::unfold(served_rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() == Served::Served {
+                return Some(((), rx));
+            }
+        }
+    });
+    let stream = reflector::reflector(
+        writer,
+        watcher(ctx.watched::<K>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .inspect(move |ev| match ev {
+        Err(e) if not_served(e) => {
+            let was = served_tx.send_replace(Served::Missing);
+            if was != Served::Missing {
+                tracing::warn!(
+                    crd,
+                    "the API server does not serve {kinds}; routes of the ingress class \
+                     {class} are IngressReady=False until it does"
+                );
+            }
+        }
+        Ok(watcher::Event::InitDone) => {
+            let was = served_tx.send_replace(Served::Served);
+            if was == Served::Missing {
+                tracing::info!(crd, "{kinds} are served again");
+            }
+        }
+        _ => {}
+    })
+    .touched_objects();
+    (store, stream, served, now_served)
+}
+
+/// The Route controller: owns VirtualServices, HTTPRoutes and placeholder Services; follows Revisions and
 /// Configurations through reflectors whose stores the reconciles read; only changes a route
 /// reads re-queue routes.
 pub async fn controller(ctx: Arc<Ctx>) {
@@ -855,50 +1054,24 @@ pub async fn controller(ctx: Arc<Ctx>) {
         _ => {}
     })
     .applied_objects();
-    // The VirtualService watch also tells whether the API server serves them: a 404 is
-    // `Missing` (the reconciles say so and end), its first list `Served` (every route is
-    // reconciled again: the CRD appeared, or was there from the start). It retries with
-    // kube's default backoff (up to 30 s apart) while the CRD is missing.
-    let (virtual_services, vs_writer) = reflector::store::<VirtualService>();
-    let (served_tx, served) = tokio::sync::watch::channel(Served::Unknown);
-    let mut served_rx = served.clone();
-    served_rx.mark_unchanged();
-    let now_served = futures::stream::unfold(served_rx, |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() == Served::Served {
-                return Some(((), rx));
-            }
-        }
-    });
-    let vs_stream = reflector::reflector(
-        vs_writer,
-        watcher(ctx.watched::<VirtualService>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .inspect(move |ev| match ev {
-        Err(e) if not_served(e) => {
-            let was = served_tx.send_replace(Served::Missing);
-            if was != Served::Missing {
-                tracing::warn!(
-                    crd = VIRTUAL_SERVICE_CRD,
-                    "the API server does not serve \
-                    VirtualServices; routes are IngressReady=False until it does"
-                );
-            }
-        }
-        Ok(watcher::Event::InitDone) => {
-            let was = served_tx.send_replace(Served::Served);
-            if was == Served::Missing {
-                tracing::info!(
-                    crd = VIRTUAL_SERVICE_CRD,
-                    "VirtualServices are served again"
-                );
-            }
-        }
-        _ => {}
-    })
-    .touched_objects();
+    // The VirtualService and HTTPRoute watches also tell whether the API server serves them:
+    // a 404 is `Missing` (the reconciles of that class say so and end), the first list
+    // `Served` (every route is reconciled again: the CRD appeared, or was there from the
+    // start). Each retries with kube's default backoff (up to 30 s apart) while its CRD is
+    // missing.
+    let (virtual_services, vs_stream, served, vs_now_served) = served_watch::<VirtualService>(
+        &ctx,
+        VIRTUAL_SERVICE_CRD,
+        "VirtualServices",
+        ISTIO_INGRESS_CLASS,
+    );
+    let (http_routes, hr_stream, http_routes_served, hr_now_served) = served_watch::<HTTPRoute>(
+        &ctx,
+        gateway_api::HTTP_ROUTE_CRD,
+        "HTTPRoutes",
+        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+    );
+    let now_served = futures::stream::select(vs_now_served, hr_now_served);
     // Routes whose probing finished or changed (bounded; a dropped one is read at resync).
     let (requeue_tx, mut requeue_rx) = tokio::sync::mpsc::channel::<ObjectRef<Route>>(1024);
     let probed = futures::stream::poll_fn(move |cx| requeue_rx.poll_recv(cx));
@@ -915,6 +1088,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .touched_objects();
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
+        .owns_stream(hr_stream)
         .owns_stream(svc_stream)
         .reconcile_on(probed)
         .reconcile_all_on(now_served);
@@ -936,9 +1110,11 @@ pub async fn controller(ctx: Arc<Ctx>) {
         revisions,
         configurations,
         virtual_services,
+        http_routes,
         placeholders,
         ready,
         served,
+        http_routes_served,
         prober,
     };
     let cleanup = forget_deleted_routes(

@@ -1,6 +1,7 @@
 //! What a Route becomes (pure builders from the route, its resolved [`Traffic`] and the
-//! [`NetworkConfig`]): its host names, the Istio VirtualService, the placeholder Services and
-//! the status fields (url, address, traffic).
+//! [`NetworkConfig`]): its host names, the Istio ingress class's VirtualServices (written from
+//! the route's [`super::ingress`] description), the placeholder Services and the status fields
+//! (url, address, traffic).
 //!
 //! - **Hosts** per target group (the default one, and one per tag named by `tag-template`):
 //!   external `{name}.{namespace}.{domain}` (`domain-template`, the domain from config-domain)
@@ -25,9 +26,10 @@
 //!   destination. A backend asked `K-Network-Probe: probe` echoes the hash, so the prober knows
 //!   which version of the route a gateway serves.
 //! - **Placeholder Services** `{route}` and `{tag}-{route}`: ExternalName to the first local
-//!   gateway's service, port 80 named `http2` (Knative's placeholder, pointed where Knative
-//!   points it once the ingress reports its private load balancer), so the cluster-local names
-//!   resolve and reach the gateway.
+//!   gateway's service of the ingress class in force (config-istio's, or config-gateway's),
+//!   port 80 named `http2` (Knative's placeholder, pointed where Knative points it once the
+//!   ingress reports its private load balancer), so the cluster-local names resolve and reach
+//!   the gateway.
 
 use std::collections::BTreeMap;
 
@@ -36,12 +38,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::traffic::{RevisionTarget, Traffic};
+use super::ingress::{IngressDesc, Split, describe, removed_headers};
+use super::traffic::Traffic;
 use super::virtual_service::{
-    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRoute, HttpRouteDestination,
-    PortSelector, StringMatch, VirtualService, VirtualServiceSpec,
+    Destination, HeaderOperations, Headers, HttpMatchRequest, HttpRewrite, HttpRoute,
+    HttpRouteDestination, PortSelector, StringMatch, VirtualService, VirtualServiceSpec,
 };
-use crate::config::network::{CLUSTER_LOCAL_DOMAIN, NetworkConfig, TemplateValues};
+use crate::config::network::{CLUSTER_LOCAL_DOMAIN, IngressClass, NetworkConfig, TemplateValues};
 use crate::controller::owner_ref;
 use crate::knative::duck::Addressable;
 use crate::knative::names::{child_name, labels};
@@ -135,7 +138,7 @@ fn child_labels(route: &Route) -> BTreeMap<String, String> {
     l
 }
 
-fn child_meta(route: &Route, name: String) -> ObjectMeta {
+pub(super) fn child_meta(route: &Route, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: route.namespace(),
@@ -160,40 +163,20 @@ fn authority_regex(host: &str) -> String {
     format!("^{}(?::\\d{{1,5}})?$", host.replace('.', "\\."))
 }
 
-/// The internal headers a destination removes from the client's request: all but those it
-/// sets (a set overwrites), and, on a probe route, but the two the prober sends.
-fn removed(probe: bool) -> Vec<String> {
-    use crate::knative::headers as h;
-    h::INTERNAL
-        .iter()
-        .filter(|n| {
-            !n.eq_ignore_ascii_case(NAMESPACE_HEADER)
-                && !n.eq_ignore_ascii_case(REVISION_HEADER)
-                && !(probe
-                    && (n.eq_ignore_ascii_case(h::NETWORK_PROBE)
-                        || n.eq_ignore_ascii_case(h::NETWORK_HASH)))
-        })
-        .map(|n| n.to_string())
-        .collect()
-}
-
-fn destination(ns: &str, t: &RevisionTarget) -> HttpRouteDestination {
+fn destination(ns: &str, split: &Split, remove: &[String]) -> HttpRouteDestination {
     HttpRouteDestination {
         destination: Destination {
-            host: format!("{}.{ns}.{CLUSTER_LOCAL_DOMAIN}", t.revision),
+            host: format!("{}.{ns}.{CLUSTER_LOCAL_DOMAIN}", split.service),
             port: Some(PortSelector {
-                number: if t.h2c { 81 } else { 80 },
+                number: u32::from(split.port),
             }),
             subset: None,
         },
-        weight: Some(t.percent.unwrap_or(0).clamp(0, 100) as i32),
+        weight: Some(split.percent as i32),
         headers: Some(Headers {
             request: Some(HeaderOperations {
-                set: BTreeMap::from([
-                    (NAMESPACE_HEADER.to_string(), ns.to_string()),
-                    (REVISION_HEADER.to_string(), t.revision.clone()),
-                ]),
-                remove: removed(false),
+                set: split.set_headers.clone(),
+                remove: remove.to_vec(),
                 ..HeaderOperations::default()
             }),
             response: None,
@@ -221,7 +204,30 @@ pub fn virtual_services(
     net: &NetworkConfig,
     default_timeout_seconds: u64,
 ) -> VirtualServices {
-    let ns = route.namespace().unwrap_or_default();
+    istio_virtual_services(
+        route,
+        &describe(route, traffic, net, default_timeout_seconds),
+        net,
+    )
+}
+
+/// The Istio ingress class's writer: the VirtualServices of `route`'s ingress description.
+pub fn istio_virtual_services(
+    route: &Route,
+    desc: &IngressDesc,
+    net: &NetworkConfig,
+) -> VirtualServices {
+    write_virtual_services(desc, net, |n| child_meta(route, n))
+}
+
+/// The VirtualServices of an ingress description, each with the metadata `meta` gives its
+/// name (the owner's labels and owner reference).
+pub fn write_virtual_services(
+    desc: &IngressDesc,
+    net: &NetworkConfig,
+    meta: impl Fn(String) -> ObjectMeta,
+) -> VirtualServices {
+    let ns = &desc.namespace;
     let external: Vec<String> = net
         .istio
         .external_gateways
@@ -235,14 +241,11 @@ pub fn virtual_services(
         .map(|g| g.reference())
         .collect();
     let mesh = vec![MESH_GATEWAY.to_string()];
-    let cluster_local = is_cluster_local(route, net);
+    let cluster_local = desc.cluster_local;
     let mut hosts = Vec::new();
     let mut mesh_hosts = Vec::new();
     let mut http = Vec::new();
     let mut mesh_http = Vec::new();
-    // Tags first, then the default group (hosts never overlap; the order only reads well).
-    let mut groups: Vec<(&Option<String>, &Vec<RevisionTarget>)> = traffic.groups.iter().collect();
-    groups.sort_by_key(|(tag, _)| tag.is_none());
     let authority = |host: &str, gateways: &[String]| HttpMatchRequest {
         authority: Some(StringMatch {
             regex: Some(authority_regex(host)),
@@ -251,8 +254,8 @@ pub fn virtual_services(
         gateways: gateways.to_vec(),
         ..HttpMatchRequest::default()
     };
-    for (tag, targets) in groups {
-        let h = group_hosts(route, tag.as_deref(), net);
+    for group in &desc.groups {
+        let h = &group.hosts;
         let mut matches = Vec::new();
         if let Some(ext) = &h.external {
             hosts.push(ext.clone());
@@ -262,27 +265,20 @@ pub fn virtual_services(
             hosts.push(l.clone());
             matches.push(authority(l, &local));
         }
-        mesh_hosts.push(h.local[2].clone());
-        let route_dests: Vec<HttpRouteDestination> = targets
+        mesh_hosts.extend(h.local.get(2).cloned());
+        let route_dests: Vec<HttpRouteDestination> = group
+            .splits
             .iter()
-            .filter(|t| t.percent.unwrap_or(0) > 0)
-            .map(|t| destination(&ns, t))
+            .map(|s| destination(ns, s, &desc.remove_headers))
             .collect();
-        let timeout = targets
-            .iter()
-            .filter(|t| t.percent.unwrap_or(0) > 0)
-            .map(|t| {
-                t.timeout_seconds
-                    .and_then(|s| u64::try_from(s).ok())
-                    .unwrap_or(default_timeout_seconds)
-            })
-            .max()
-            .unwrap_or(default_timeout_seconds);
         let group_route = HttpRoute {
             name: Some(h.name.clone()),
             match_: matches,
-            route: route_dests.clone(),
-            timeout: Some(format!("{timeout}s")),
+            route: route_dests,
+            timeout: Some(format!("{}s", group.timeout_seconds)),
+            rewrite: group.rewrite_host.as_ref().map(|a| HttpRewrite {
+                authority: Some(a.clone()),
+            }),
             ..HttpRoute::default()
         };
         mesh_http.push(HttpRoute {
@@ -295,9 +291,11 @@ pub fn virtual_services(
     if !cluster_local {
         gateways.extend(external);
     }
-    gateways.extend(local);
+    if desc.groups.iter().any(|g| !g.hosts.local.is_empty()) {
+        gateways.extend(local);
+    }
     let mut ingress = VirtualService {
-        metadata: child_meta(route, virtual_service_name(route)),
+        metadata: meta(child_name(&desc.name, VIRTUAL_SERVICE_SUFFIX)),
         spec: VirtualServiceSpec {
             hosts,
             gateways,
@@ -305,14 +303,14 @@ pub fn virtual_services(
         },
     };
     let mut mesh = VirtualService {
-        metadata: child_meta(route, mesh_virtual_service_name(route)),
+        metadata: meta(child_name(&desc.name, MESH_VIRTUAL_SERVICE_SUFFIX)),
         spec: VirtualServiceSpec {
             hosts: mesh_hosts,
             gateways: mesh,
             http: mesh_http,
         },
     };
-    let hash = ingress_hash(route, &ingress.spec, &mesh.spec);
+    let hash = description_hash(&desc.namespace, &desc.name, &ingress.spec, &mesh.spec);
     insert_probe(&mut ingress.spec, &hash);
     insert_probe(&mut mesh.spec, &hash);
     VirtualServices {
@@ -341,13 +339,27 @@ pub fn ingress_hash(
     ingress: &VirtualServiceSpec,
     mesh: &VirtualServiceSpec,
 ) -> String {
+    description_hash(
+        &route.namespace().unwrap_or_default(),
+        &route.name_any(),
+        ingress,
+        mesh,
+    )
+}
+
+fn description_hash(
+    namespace: &str,
+    name: &str,
+    ingress: &VirtualServiceSpec,
+    mesh: &VirtualServiceSpec,
+) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     // Serialising these plain structs (strings, numbers, sorted maps) cannot fail.
     h.update(serde_json::to_vec(ingress).unwrap_or_default());
     h.update(serde_json::to_vec(mesh).unwrap_or_default());
-    h.update(route.namespace().unwrap_or_default().as_bytes());
-    h.update(route.name_any().as_bytes());
+    h.update(namespace.as_bytes());
+    h.update(name.as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -377,7 +389,7 @@ fn insert_probe(spec: &mut VirtualServiceSpec, hash: &str) {
                 .get_or_insert_with(HeaderOperations::default);
             ops.set
                 .insert(h::NETWORK_HASH.to_string(), hash.to_string());
-            ops.remove = removed(true);
+            ops.remove = removed_headers(&[h::NETWORK_PROBE, h::NETWORK_HASH]);
         }
         probes.push(p);
     }
@@ -388,12 +400,7 @@ fn insert_probe(spec: &mut VirtualServiceSpec, hash: &str) {
 /// The placeholder Services: one per group (`{route}`, `{tag}-{route}`). A tag whose name
 /// would pass 63 characters gets none (Kubernetes would refuse the name).
 pub fn placeholder_services(route: &Route, traffic: &Traffic, net: &NetworkConfig) -> Vec<Service> {
-    let target = net
-        .istio
-        .local_gateways
-        .first()
-        .map(|g| g.service.clone())
-        .unwrap_or_default();
+    let target = local_gateway_service(net);
     let mut names: Vec<String> = vec![route.name_any()];
     names.extend(
         traffic
@@ -423,6 +430,20 @@ pub fn placeholder_services(route: &Route, traffic: &Traffic, net: &NetworkConfi
             status: None,
         })
         .collect()
+}
+
+/// The host of the first local gateway's Service of the ingress class in force: where the
+/// placeholder Services point.
+pub fn local_gateway_service(net: &NetworkConfig) -> String {
+    match net.templates.ingress_class {
+        IngressClass::Istio => net.istio.local_gateways.first().map(|g| g.service.clone()),
+        IngressClass::GatewayApi => net
+            .gateway
+            .local_gateways
+            .first()
+            .and_then(|g| g.service_host()),
+    }
+    .unwrap_or_default()
 }
 
 /// `status.url`.

@@ -62,6 +62,16 @@ pub struct HttpRoute {
     /// Header changes for every destination of this route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Headers>,
+    /// Istio's `HTTPRewrite`: the authority the request is forwarded with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<HttpRewrite>,
+}
+
+/// Istio's `HTTPRewrite` (the authority part).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct HttpRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
 }
 
 /// Istio's `HTTPMatchRequest`: all given conditions must hold.

@@ -1,0 +1,456 @@
+//! DomainMapping → the ingress of its domain (Knative's `domainmapping` reconciler, the
+//! ingress written directly through the Route reconciler's seam, [`super::route::ingress`]).
+//!
+//! One reconcile of a DomainMapping `{domain}` in namespace `ns`:
+//! 1. `status.url` and `status.address.url` are `http://{domain}`;
+//! 2. **the claim**: the ClusterDomainClaim `{domain}` must name `ns`. Missing, it is created
+//!    for `ns` when config-network's `autocreate-cluster-domain-claims` is true; else, or when
+//!    it names another namespace, `DomainClaimed=False DomainAlreadyClaimed` (Knative's reason)
+//!    and nothing else is written: one tenant cannot take another's domain. Claims are never
+//!    deleted by thaw (Knative's neither: an operator releases a domain);
+//! 3. **the reference**: `spec.ref` must be a `serving.knative.dev` Service or Route in `ns`
+//!    whose Route has a cluster-local address (`ReferenceResolved`, else False with why);
+//! 4. **the ingress**: one target group, the domain as its only (external) host, all traffic
+//!    to the Route's placeholder Service `{route}` (port 80: the local gateway) with the
+//!    `Host` rewritten to `{route}.{ns}.svc.cluster.local`, so the gateway serves it as the
+//!    Route (its splits, tags and headers apply); written in the ingress class in force
+//!    (`{domain}-ingress` VirtualService, or the `{domain}` HTTPRoute whose readiness is its
+//!    `Accepted`/`ResolvedRefs`); the Istio class is not probed for DomainMappings: written is
+//!    `IngressReady`. `IngressReady=False NotOwned` when the object is someone else's;
+//! 5. `CertificateProvisioned` True `TLSNotEnabled`; `Ready` from the four.
+//!
+//! Re-queued when its VirtualService or HTTPRoute changes (owned), when the ClusterDomainClaim
+//! of its domain changes, and when the Route it maps to changes.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::route::http_route::HTTPRoute;
+use super::route::ingress::{Group, IngressDesc, Split, removed_headers};
+use super::route::resources::GroupHosts;
+use super::route::virtual_service::VirtualService;
+use super::route::{Served, gateway_api};
+use super::{Ctx, Error, now, owner_ref};
+use crate::config::network::{CLUSTER_LOCAL_DOMAIN, IngressClass, NetworkConfig};
+use crate::knative::duck::{Addressable, Condition, ConditionStatus};
+use crate::knative::{ClusterDomainClaim, ClusterDomainClaimSpec, DomainMapping, Route, condition};
+
+/// The kind, in metrics and spans.
+pub const KIND: &str = "DomainMapping";
+/// Knative's reason for a domain claimed by another namespace (or by none).
+pub const DOMAIN_ALREADY_CLAIMED: &str = "DomainAlreadyClaimed";
+/// The label on a DomainMapping's ingress objects naming it.
+pub const DOMAIN_MAPPING_LABEL: &str = "serving.knative.dev/domainmapping";
+
+/// Knative's DomainMapping condition types.
+pub mod conditions {
+    pub const DOMAIN_CLAIMED: &str = "DomainClaimed";
+    pub const REFERENCE_RESOLVED: &str = "ReferenceResolved";
+    pub const INGRESS_READY: &str = "IngressReady";
+    pub const CERTIFICATE_PROVISIONED: &str = "CertificateProvisioned";
+}
+
+/// What the reconciles read: the claims and Routes (stores of their watches), the ingress
+/// objects, and whether each ingress kind is served.
+#[derive(Clone)]
+pub struct Stores {
+    pub claims: Store<ClusterDomainClaim>,
+    pub routes: Store<Route>,
+    pub virtual_services: Store<VirtualService>,
+    pub http_routes: Store<HTTPRoute>,
+    pub vs_served: tokio::sync::watch::Receiver<Served>,
+    pub hr_served: tokio::sync::watch::Receiver<Served>,
+    /// Open once the claims and Routes stores have their first list.
+    pub ready: super::StoresReady,
+}
+
+/// Whether the domain's claim lets `namespace` map it: `Ok(None)` claimed, `Ok(Some(message))`
+/// not (Knative's `DomainAlreadyClaimed`), creating the claim first when `autocreate`.
+pub async fn claim(
+    ctx: &Ctx,
+    claims: &Store<ClusterDomainClaim>,
+    domain: &str,
+    namespace: &str,
+    autocreate: bool,
+) -> Result<Option<String>, Error> {
+    let owner = match claims.get(&ObjectRef::new(domain)) {
+        Some(c) => c.spec.namespace.clone(),
+        None if autocreate => {
+            let api: Api<ClusterDomainClaim> = Api::all(ctx.client.clone());
+            let want = ClusterDomainClaim::new(
+                domain,
+                ClusterDomainClaimSpec {
+                    namespace: namespace.into(),
+                },
+            );
+            match api.create(&PostParams::default(), &want).await {
+                Ok(c) => c.spec.namespace,
+                // Created since the store saw it: whoever did decides.
+                Err(kube::Error::Api(s)) if s.code == 409 => api.get(domain).await?.spec.namespace,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        None => {
+            return Ok(Some(format!(
+                "no ClusterDomainClaim found for domain {domain:?} (and \
+                 autocreate-cluster-domain-claims is not true)"
+            )));
+        }
+    };
+    Ok((owner != namespace)
+        .then(|| "The domain name is already in use by another DomainMapping".to_string()))
+}
+
+/// The Route `dm.spec.ref` maps to, with its cluster-local host; `Err`: why it does not
+/// resolve (Knative's `ReferenceResolved=False` message).
+pub fn resolve(dm: &DomainMapping, routes: &Store<Route>) -> Result<(String, String), String> {
+    let ns = dm.namespace().unwrap_or_default();
+    let r = &dm.spec.ref_;
+    let group = r.api_version.split_once('/').map_or("", |(g, _)| g);
+    if group != "serving.knative.dev" || !matches!(r.kind.as_str(), "Service" | "Route") {
+        return Err(format!(
+            "{} {} is not a serving.knative.dev Service or Route",
+            r.api_version, r.kind
+        ));
+    }
+    if r.namespace.as_deref().is_some_and(|n| n != ns) {
+        return Err(format!(
+            "the referenced {} must be in the DomainMapping's namespace {ns}",
+            r.kind
+        ));
+    }
+    let host = format!("{}.{ns}.{CLUSTER_LOCAL_DOMAIN}", r.name);
+    let route = routes
+        .get(&ObjectRef::new(&r.name).within(&ns))
+        .ok_or_else(|| format!("{} {:?} has no Route yet", r.kind, r.name))?;
+    let address = route
+        .status
+        .as_ref()
+        .and_then(|s| s.fields.address.as_ref())
+        .and_then(|a| a.url.clone());
+    if address.as_deref() != Some(format!("http://{host}").as_str()) {
+        return Err(format!("the Route {:?} has no address yet", r.name));
+    }
+    Ok((r.name.clone(), host))
+}
+
+/// The ingress description of `dm` mapped to the Route `route` (host `host`).
+pub fn describe(dm: &DomainMapping, route: &str, host: &str, timeout_seconds: u64) -> IngressDesc {
+    let domain = dm.name_any();
+    IngressDesc {
+        namespace: dm.namespace().unwrap_or_default(),
+        name: domain.clone(),
+        cluster_local: false,
+        groups: vec![Group {
+            hosts: GroupHosts {
+                name: domain.clone(),
+                external: Some(domain),
+                local: Vec::new(),
+            },
+            splits: vec![Split {
+                service: route.into(),
+                port: 80,
+                h2c: false,
+                percent: 100,
+                set_headers: Default::default(),
+            }],
+            timeout_seconds,
+            rewrite_host: Some(host.into()),
+        }],
+        remove_headers: removed_headers(&[]),
+        tls: Vec::new(),
+    }
+}
+
+fn meta(
+    dm: &DomainMapping,
+    name: String,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: Some(name),
+        namespace: dm.namespace(),
+        labels: Some(
+            [(
+                DOMAIN_MAPPING_LABEL.to_string(),
+                crate::knative::names::labels::value(&dm.name_any()),
+            )]
+            .into(),
+        ),
+        owner_references: Some(vec![owner_ref(dm)]),
+        ..Default::default()
+    }
+}
+
+/// What the ingress of one reconcile came to: `(status, reason, message)` of `IngressReady`.
+async fn program(
+    ctx: &Ctx,
+    dm: &DomainMapping,
+    desc: &IngressDesc,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<(ConditionStatus, Option<String>, Option<String>), Error> {
+    use super::route::{apply_child, delete_owned, owned, same_labels};
+    let ns = desc.namespace.clone();
+    let class = net.templates.ingress_class;
+    let served = match class {
+        IngressClass::Istio => *stores.vs_served.borrow(),
+        IngressClass::GatewayApi => *stores.hr_served.borrow(),
+    };
+    if served != Served::Served {
+        return Ok((
+            ConditionStatus::Unknown,
+            Some("IngressNotConfigured".into()),
+            Some(format!(
+                "the ingress class {} is not served by the API server yet",
+                class.as_str()
+            )),
+        ));
+    }
+    let not_owned = |m: String| Ok((ConditionStatus::False, Some("NotOwned".into()), Some(m)));
+    match class {
+        IngressClass::Istio => {
+            delete_owned(ctx, &ns, owned(&stores.http_routes, dm)).await?;
+            let vs =
+                super::route::resources::write_virtual_services(desc, net, |n| meta(dm, n)).ingress;
+            let cached = stores
+                .virtual_services
+                .get(&ObjectRef::new(&vs.name_any()).within(&ns));
+            if let Some(m) = apply_child(ctx, dm, &vs, cached, |e: &VirtualService, d| {
+                e.spec == d.spec && same_labels(e, d)
+            })
+            .await?
+            {
+                return not_owned(m);
+            }
+            Ok((ConditionStatus::True, None, None))
+        }
+        IngressClass::GatewayApi => {
+            delete_owned(ctx, &ns, owned(&stores.virtual_services, dm)).await?;
+            let routes = gateway_api::write_http_routes(desc, net, &|n| meta(dm, n));
+            for hr in &routes {
+                let cached = stores
+                    .http_routes
+                    .get(&ObjectRef::new(&hr.name_any()).within(&ns));
+                if let Some(m) = apply_child(ctx, dm, hr, cached, |e: &HTTPRoute, d| {
+                    e.spec == d.spec && same_labels(e, d)
+                })
+                .await?
+                {
+                    return not_owned(m);
+                }
+            }
+            let current = |n: &str| stores.http_routes.get(&ObjectRef::new(n).within(&ns));
+            Ok(match gateway_api::readiness(&routes, current) {
+                gateway_api::Readiness::Ready => (ConditionStatus::True, None, None),
+                gateway_api::Readiness::Pending(m) => (
+                    ConditionStatus::Unknown,
+                    Some("Uninitialized".into()),
+                    Some(m),
+                ),
+                gateway_api::Readiness::Refused { reason, message } => {
+                    (ConditionStatus::False, Some(reason), Some(message))
+                }
+            })
+        }
+    }
+}
+
+fn set(
+    st: &mut crate::knative::duck::Status,
+    type_: &str,
+    status: ConditionStatus,
+    reason: Option<String>,
+    message: Option<String>,
+) {
+    st.set(
+        Condition {
+            reason,
+            message,
+            ..Condition::new(type_, status)
+        },
+        &now(),
+    );
+}
+
+/// Reconciles one DomainMapping (the module doc).
+pub async fn reconcile(
+    dm: Arc<DomainMapping>,
+    ctx: Arc<Ctx>,
+    stores: Stores,
+) -> Result<Action, Error> {
+    use conditions::*;
+    stores.ready.wait().await?;
+    let ns = dm.namespace().unwrap_or_default();
+    let domain = dm.name_any();
+    let settings = ctx.settings();
+    let net = &settings.network;
+    let mut status = dm.status.clone().unwrap_or_default();
+    status.status.observed_generation = dm.metadata.generation;
+    status.url = Some(format!("http://{domain}"));
+    status.address = Some(Addressable {
+        url: Some(format!("http://{domain}")),
+        ..Addressable::default()
+    });
+    let refused = claim(
+        &ctx,
+        &stores.claims,
+        &domain,
+        &ns,
+        net.templates.autocreate_cluster_domain_claims,
+    )
+    .await?;
+    let st = &mut status.status;
+    match &refused {
+        Some(message) => set(
+            st,
+            DOMAIN_CLAIMED,
+            ConditionStatus::False,
+            Some(DOMAIN_ALREADY_CLAIMED.into()),
+            Some(message.clone()),
+        ),
+        None => set(st, DOMAIN_CLAIMED, ConditionStatus::True, None, None),
+    }
+    if refused.is_none() {
+        match resolve(&dm, &stores.routes) {
+            Err(message) => set(
+                st,
+                REFERENCE_RESOLVED,
+                ConditionStatus::False,
+                Some("ResolveFailed".into()),
+                Some(message),
+            ),
+            Ok((route, host)) => {
+                set(st, REFERENCE_RESOLVED, ConditionStatus::True, None, None);
+                let timeout = super::defaults_for(&settings, &ns)
+                    .max_revision_timeout
+                    .as_secs();
+                let desc = describe(&dm, &route, &host, timeout);
+                let (s, reason, message) = program(&ctx, &dm, &desc, net, &stores).await?;
+                set(&mut status.status, INGRESS_READY, s, reason, message);
+            }
+        }
+    }
+    let st = &mut status.status;
+    if st.condition(INGRESS_READY).is_none() {
+        set(
+            st,
+            INGRESS_READY,
+            ConditionStatus::Unknown,
+            Some("IngressNotConfigured".into()),
+            Some("Ingress has not yet been reconciled.".into()),
+        );
+    }
+    if st.condition(REFERENCE_RESOLVED).is_none() {
+        set(st, REFERENCE_RESOLVED, ConditionStatus::Unknown, None, None);
+    }
+    set(
+        st,
+        CERTIFICATE_PROVISIONED,
+        ConditionStatus::True,
+        Some("TLSNotEnabled".into()),
+        Some("external-domain-tls is not enabled".into()),
+    );
+    st.set_ready_from(
+        condition::READY,
+        &[
+            DOMAIN_CLAIMED,
+            REFERENCE_RESOLVED,
+            INGRESS_READY,
+            CERTIFICATE_PROVISIONED,
+        ],
+        &now(),
+    );
+    if dm.status.as_ref() != Some(&status) {
+        let mut next = (*dm).clone();
+        next.status = Some(status);
+        ctx.api::<DomainMapping>(&ns)
+            .replace_status(&domain, &PostParams::default(), &next)
+            .await?;
+    }
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// The DomainMapping controller: owns its VirtualService or HTTPRoute; follows the claims
+/// and the Routes through stores whose changes re-queue the DomainMappings they concern.
+pub async fn controller(ctx: Arc<Ctx>) {
+    let (dms, dm_writer) = reflector::store::<DomainMapping>();
+    let dm_stream = reflector::reflector(
+        dm_writer,
+        watcher(ctx.watched::<DomainMapping>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let (claims, claim_writer) = reflector::store::<ClusterDomainClaim>();
+    let claim_stream = reflector::reflector(
+        claim_writer,
+        watcher(
+            Api::<ClusterDomainClaim>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (routes, route_writer) = reflector::store::<Route>();
+    let route_stream = reflector::reflector(
+        route_writer,
+        watcher(ctx.watched::<Route>(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (virtual_services, vs_stream, vs_served, vs_now) =
+        super::route::served_watch::<VirtualService>(
+            &ctx,
+            super::route::VIRTUAL_SERVICE_CRD,
+            "VirtualServices",
+            super::route::ISTIO_INGRESS_CLASS,
+        );
+    let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch::<HTTPRoute>(
+        &ctx,
+        gateway_api::HTTP_ROUTE_CRD,
+        "HTTPRoutes",
+        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+    );
+    let (dms2, dms3) = (dms.clone(), dms.clone());
+    let controller = Controller::for_stream(dm_stream, dms)
+        .owns_stream(vs_stream)
+        .owns_stream(hr_stream)
+        .reconcile_all_on(futures::stream::select(vs_now, hr_now))
+        .watches_stream(claim_stream, move |c: ClusterDomainClaim| {
+            dms2.state()
+                .into_iter()
+                .filter(|d| d.name_any() == c.name_any())
+                .map(|d| ObjectRef::from_obj(&*d))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(route_stream, move |r: Route| {
+            dms3.state()
+                .into_iter()
+                .filter(|d| d.namespace() == r.namespace() && d.spec.ref_.name == r.name_any())
+                .map(|d| ObjectRef::from_obj(&*d))
+                .collect::<Vec<_>>()
+        });
+    let (c, r) = (claims.clone(), routes.clone());
+    let ready = super::StoresReady::spawn(async move {
+        let dropped = |e: reflector::store::WriterDropped| e.to_string();
+        c.wait_until_ready().await.map_err(dropped)?;
+        r.wait_until_ready().await.map_err(dropped)
+    });
+    let stores = Stores {
+        ready,
+        claims,
+        routes,
+        virtual_services,
+        http_routes,
+        vs_served,
+        hr_served,
+    };
+    super::run(ctx.clone(), KIND, controller, move |dm, ctx| {
+        reconcile(dm, ctx, stores.clone())
+    })
+    .await;
+}
