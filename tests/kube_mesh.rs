@@ -33,6 +33,42 @@ async fn activator_endpoints(admin: u16, revision: &str) -> Vec<(String, Option<
         .collect()
 }
 
+/// The `http` address of each pod of `revision` the kubelet has published (each pod its own
+/// private slice).
+async fn pod_addrs(c: &Cluster, revision: &str) -> Vec<SocketAddr> {
+    let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        kube::Api::namespaced(c.client.clone(), NS);
+    let lp = kube::api::ListParams::default()
+        .labels(&format!("kubernetes.io/service-name={revision}-private"));
+    let items = slices.list(&lp).await.map(|l| l.items).unwrap_or_default();
+    items
+        .into_iter()
+        .filter_map(|s| {
+            let port = s
+                .ports?
+                .into_iter()
+                .find(|p| p.name.as_deref() == Some("http"))?
+                .port?;
+            Some(SocketAddr::from(([127, 0, 0, 1], port as u16)))
+        })
+        .collect()
+}
+
+async fn pod_slices(c: &Cluster, revision: &str) -> usize {
+    pod_addrs(c, revision).await.len()
+}
+
+/// Whether the autoscaler leader's `/revisions` says `revision`'s pod stats flow.
+async fn stats_flowing(admin: u16, revision: &str) -> bool {
+    let text = get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/revisions").await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["revisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["name"] == revision && r["podStatsFlowing"] == true)
+}
+
 fn kind(strict_mtls: bool) -> PodKind {
     PodKind {
         sidecar: Some(1),
@@ -45,8 +81,7 @@ fn kind(strict_mtls: bool) -> PodKind {
 /// revision's pod refuses as a mesh does, its private Service answers: that revision goes
 /// through the Service (one endpoint at `max(1, cc × ready / activators)`); the other's pod
 /// answers: it is reached directly. The autoscaler's pod-stats pulls follow the same split,
-/// so both revisions' stats flow and the strict one's pods serve traffic once it is served
-/// by them. Then `enabled` takes even the plain revision through its Service.
+/// so both revisions' stats flow. Then `enabled` takes even the plain revision through its Service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_pods_are_reached_through_the_private_service() {
     let c = Cluster::start(serde_json::json!({})).await;
@@ -79,45 +114,57 @@ async fn strict_pods_are_reached_through_the_private_service() {
         assert_eq!(status, 200, "{rev}: {body}");
     }
     // The strict pod's own address refuses plain text: only the Service reached it.
-    let strict_pod = until(LONG, "the strict pod's slice", || async {
-        let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-            kube::Api::namespaced(c.client.clone(), NS);
-        let s = slices.get_opt("strict-00001-pod1").await.ok().flatten()?;
-        let port = s.ports?.into_iter().find(|p| p.name.as_deref() == Some("http"))?.port?;
-        Some(SocketAddr::from(([127, 0, 0, 1], port as u16)))
-    })
-    .await;
+    let strict_pod = pod_addrs(&c, "strict-00001").await[0];
     let (status, _, _) = get(&client, strict_pod, "strict-00001", "/").await;
     assert_ne!(status, 200, "the strict pod answered plain text directly");
-    assert!(strict_proxy.forwarded().0 >= 2, "the probe and the request went through the Service");
-
-    // The activator's endpoints: the Service for the strict revision (cc 1 × 1 pod / 1
-    // activator), the pod for the plain one.
-    let strict_svc = format!("127.0.99.1:{}", strict_proxy.http);
-    assert_eq!(
-        activator_endpoints(aa, "strict-00001").await,
-        vec![(strict_svc, Some(1))]
+    assert!(
+        strict_proxy.forwarded().0 >= 2,
+        "the probe and the request went through the Service"
     );
-    let plain = activator_endpoints(aa, "plain-00001").await;
-    assert_eq!(plain.len(), 1, "{plain:?}");
-    assert!(plain[0].0.starts_with("127.0.0.1:"), "{plain:?}");
-    assert_eq!(plain_proxy.forwarded().0, 0, "the plain revision went through its Service");
 
-    // The autoscaler pulls the strict revision's stats through the Service (after its direct
-    // pulls were refused), the plain one's from the pod: both flow, so the swap serves both
-    // from their pods.
-    until(LONG, "stats pulled through the strict revision's Service", || async {
-        (strict_proxy.forwarded().1 > 0).then_some(())
+    // The activator's endpoints: the Service for the strict revision, its limit cc 1 × the
+    // ready pods / 1 activator; the pod for the plain one.
+    let strict_svc = format!("127.0.99.1:{}", strict_proxy.http);
+    until(LONG, "the Service at cc × ready pods", || async {
+        let pods = pod_slices(&c, "strict-00001").await as u64;
+        let eps = activator_endpoints(aa, "strict-00001").await;
+        (eps == vec![(strict_svc.clone(), Some(pods))]).then_some(())
     })
     .await;
+    let plain = activator_endpoints(aa, "plain-00001").await;
+    assert!(!plain.is_empty(), "{plain:?}");
+    assert!(
+        plain
+            .iter()
+            .all(|(a, limit)| a.starts_with("127.0.0.1:") && *limit == Some(1)),
+        "{plain:?}"
+    );
+    assert_eq!(
+        plain_proxy.forwarded().0,
+        0,
+        "the plain revision went through its Service"
+    );
+
+    // The autoscaler pulls the strict revision's stats through the Service (after its direct
+    // pulls were refused), the plain one's from the pod: both flow (what lets the swap serve a
+    // revision from its pods).
+    until(
+        LONG,
+        "stats pulled through the strict revision's Service",
+        || async { (strict_proxy.forwarded().1 > 0).then_some(()) },
+    )
+    .await;
     for rev in ["strict-00001", "plain-00001"] {
-        until(LONG, "the swap to the pods", || async {
-            let eps = c.public_endpoints(rev).await;
-            (!eps.is_empty() && !eps.contains(&act)).then_some(())
+        until(LONG, "pod stats flowing", || async {
+            stats_flowing(a1, rev).await.then_some(())
         })
         .await;
     }
-    assert_eq!(plain_proxy.forwarded().1, 0, "the plain revision's stats went through its Service");
+    assert_eq!(
+        plain_proxy.forwarded().1,
+        0,
+        "the plain revision's stats went through its Service"
+    );
     assert!(kubelet.peak.load(std::sync::atomic::Ordering::SeqCst) <= 1);
 
     // `enabled`: every revision through its Service, read when the roles start.
@@ -138,13 +185,23 @@ async fn strict_pods_are_reached_through_the_private_service() {
     let (status, _, body) = get(&client, act, "plain-00001", "/").await;
     assert_eq!(status, 200, "{body}");
     let plain_svc = format!("127.0.99.2:{}", plain_proxy.http);
-    assert_eq!(
-        activator_endpoints(aa2, "plain-00001").await,
-        vec![(plain_svc, Some(1))]
-    );
+    until(
+        LONG,
+        "the plain revision's Service at cc × ready pods",
+        || async {
+            let pods = pod_slices(&c, "plain-00001").await as u64;
+            let eps = activator_endpoints(aa2, "plain-00001").await;
+            (eps == vec![(plain_svc.clone(), Some(pods))]).then_some(())
+        },
+    )
+    .await;
     assert!(plain_proxy.forwarded().0 >= 1);
-    until(LONG, "stats pulled through the plain revision's Service", || async {
-        (plain_proxy.forwarded().1 > 0).then_some(())
-    })
+    until(
+        LONG,
+        "stats pulled through the plain revision's Service",
+        || async {
+            (plain_proxy.forwarded().1 > 0 && stats_flowing(a2, "plain-00001").await).then_some(())
+        },
+    )
     .await;
 }

@@ -23,14 +23,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::autoscaler::signal_stop;
-use super::serving::watch_public_slices;
 use super::mesh::{Mesh, watch_private_services};
+use super::serving::watch_public_slices;
 use super::share::{SharedEndpoints, Subsets};
-use crate::config::network::MeshMode;
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
+use crate::config::network::MeshMode;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;

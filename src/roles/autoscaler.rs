@@ -26,12 +26,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use super::mesh::{Mesh, watch_private_services};
-use crate::config::network::MeshMode;
 use super::serving::{self, Swap};
 use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
+use crate::config::network::MeshMode;
 use crate::leader::elect;
 use crate::platform::Platform;
 use crate::remote::server::{StatsPort, serve as serve_stats};

@@ -348,11 +348,7 @@ pub async fn probe(client: &ProbeClient, addr: SocketAddr) -> ProbeResult {
 
 /// The `auto` decision from probing a pod, then (when the pod refused as a mesh does) the
 /// Service: `Pods`, `Service`, or `Unknown` (try again later).
-pub async fn detect(
-    client: &ProbeClient,
-    pod: SocketAddr,
-    service: Option<SocketAddr>,
-) -> Reach {
+pub async fn detect(client: &ProbeClient, pod: SocketAddr, service: Option<SocketAddr>) -> Reach {
     match probe(client, pod).await {
         ProbeResult::Answered => Reach::Pods,
         ProbeResult::Other => Reach::Unknown,
@@ -378,7 +374,10 @@ mod tests {
 
     #[test]
     fn the_service_stands_for_the_ready_pods() {
-        let pods: Vec<SocketAddr> = vec!["10.0.0.1:8012".parse().unwrap(), "10.0.0.2:8012".parse().unwrap()];
+        let pods: Vec<SocketAddr> = vec![
+            "10.0.0.1:8012".parse().unwrap(),
+            "10.0.0.2:8012".parse().unwrap(),
+        ];
         let svc: SocketAddr = "10.96.0.9:80".parse().unwrap();
         let snap = EndpointSnapshot {
             ready: pods.clone(),
@@ -449,8 +448,14 @@ mod tests {
         assert_eq!(probe(&c, strict_addr).await, ProbeResult::MeshRefused);
         assert_eq!(probe(&c, closed).await, ProbeResult::Other);
         assert_eq!(detect(&c, sidecar_addr, None).await, Reach::Pods);
-        assert_eq!(detect(&c, strict_addr, Some(sidecar_addr)).await, Reach::Service);
-        assert_eq!(detect(&c, strict_addr, Some(strict_addr)).await, Reach::Unknown);
+        assert_eq!(
+            detect(&c, strict_addr, Some(sidecar_addr)).await,
+            Reach::Service
+        );
+        assert_eq!(
+            detect(&c, strict_addr, Some(strict_addr)).await,
+            Reach::Unknown
+        );
         assert_eq!(detect(&c, closed, Some(sidecar_addr)).await, Reach::Unknown);
     }
 }

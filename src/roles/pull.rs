@@ -179,7 +179,11 @@ impl StatsTargets for MeshTargets {
             }
         } else if answered {
             self.mesh.decide(revision, Reach::Pods);
-        } else if !results.is_empty() && results.iter().all(|r| matches!(r, Err(f) if f.mesh_refused())) {
+        } else if !results.is_empty()
+            && results
+                .iter()
+                .all(|r| matches!(r, Err(f) if f.mesh_refused()))
+        {
             self.trying.insert(revision.clone(), ());
         }
     }

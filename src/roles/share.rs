@@ -202,7 +202,9 @@ impl SharedEndpoints {
     /// How the revision's pods are reached, without probing (`Pods` when the mesh mode is
     /// `disabled`).
     fn reach(&self, key: &RevisionKey) -> Reach {
-        self.mesh.as_ref().map_or(Reach::Pods, |(m, _)| m.reach(key))
+        self.mesh
+            .as_ref()
+            .map_or(Reach::Pods, |(m, _)| m.reach(key))
     }
 
     /// Under `auto`, decides how an undecided revision with ready pods is reached by probing

@@ -3,7 +3,8 @@
 //! closes every plain-text connection unanswered (as Envoy does when it expects TLS); its
 //! sidecar's real ports are reachable only through the revision's private Service, whose
 //! cluster IP [`KubeProxy`] plays (as kube-proxy and the caller's mesh proxy would: each
-//! connection to a port of the cluster IP goes to the next ready strict pod's port).
+//! connection to a port of the cluster IP goes to the next ready pod's sidecar port, strict or
+//! not).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -17,10 +18,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::{NS, free_port, obj};
 
-/// Each revision's ready strict pods: the sidecar's (data, admin) ports.
+/// Each revision's ready pods with a sidecar: the sidecar's (data, admin) ports.
 static BEHIND_MESH: Mutex<BTreeMap<String, Vec<(u16, u16)>>> = Mutex::new(BTreeMap::new());
 
-/// Puts a strict pod's sidecar behind the mesh.
+/// Puts a pod's sidecar behind its revision's private Service.
 pub(super) fn join(revision: &str, data: u16, admin: u16) {
     BEHIND_MESH
         .lock()
@@ -30,7 +31,7 @@ pub(super) fn join(revision: &str, data: u16, admin: u16) {
         .push((data, admin));
 }
 
-/// Takes a strict pod's sidecar out (its pod is gone).
+/// Takes a pod's sidecar out (its pod is gone).
 pub(super) fn leave(revision: &str, data: u16) {
     if let Some(pods) = BEHIND_MESH.lock().unwrap().get_mut(revision) {
         pods.retain(|(d, _)| *d != data);

@@ -412,7 +412,7 @@ struct PodRun {
     app: Child,
     sidecar: Option<Child>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Behind the mesh: its revision and sidecar data port.
+    /// With a sidecar: its revision and the sidecar's data port (behind the private Service).
     meshed: Option<(String, u16)>,
 }
 
@@ -669,9 +669,10 @@ async fn start_pod(
             assert!(Instant::now() < deadline, "the sidecar never became ready");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // Any sidecar is reachable through the revision's private Service.
+        mesh::join(rev, data, admin);
+        meshed = Some((rev.to_string(), data));
         let (data_seen, admin_seen) = if kind.strict_mtls {
-            mesh::join(rev, data, admin);
-            meshed = Some((rev.to_string(), data));
             let (d, dt) = mesh::strict_port().await;
             let (a, at) = mesh::strict_port().await;
             tasks.extend([dt, at]);
