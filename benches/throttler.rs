@@ -28,6 +28,7 @@ fn throttler(endpoints: u16, cc: u32) -> Throttler {
         .collect();
     t.update(
         &EndpointSnapshot {
+            limit: None,
             ready,
             ..Default::default()
         },

@@ -15,34 +15,6 @@ use tokio::time::Instant;
 
 const LONG: Duration = Duration::from_secs(40);
 
-fn autoscaler(c: &Cluster, name: &str, stats: u16, admin: u16) -> Proc {
-    c.spawn(
-        name,
-        &[
-            "autoscaler".into(),
-            format!("--system-namespace={SYSTEM}"),
-            format!("--stats-listen=127.0.0.1:{stats}"),
-            format!("--admin-listen=127.0.0.1:{admin}"),
-            "--lease-duration=3s".into(),
-            "--renew-deadline=2s".into(),
-            "--retry-period=500ms".into(),
-        ],
-    )
-}
-
-fn activator(c: &Cluster, name: &str, data: SocketAddr, admin: u16) -> Proc {
-    c.spawn(
-        name,
-        &[
-            "activator".into(),
-            format!("--system-namespace={SYSTEM}"),
-            format!("--listen={data}"),
-            format!("--admin-listen=127.0.0.1:{admin}"),
-            format!("--name={name}"),
-        ],
-    )
-}
-
 async fn leader(c: &Cluster) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), SYSTEM);
     leases
@@ -52,10 +24,6 @@ async fn leader(c: &Cluster) -> Option<String> {
         .flatten()
         .and_then(|l| l.spec?.holder_identity)
         .filter(|h| !h.is_empty())
-}
-
-async fn ready(admin: u16) -> bool {
-    get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/readyz").await == "ok\n"
 }
 
 fn admin_addr(port: u16) -> SocketAddr {
@@ -177,6 +145,7 @@ async fn cold_start_split_swap_and_scale_to_zero() {
                 stats: true,
                 crash: false,
                 sidecar: None,
+                strict_mtls: false,
             },
         )],
     );
@@ -457,6 +426,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                     stats: false,
                     crash: false,
                     sidecar: None,
+                    strict_mtls: false,
                 },
             ),
             (
@@ -465,6 +435,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                     stats: false,
                     crash: true,
                     sidecar: None,
+                    strict_mtls: false,
                 },
             ),
             (
@@ -473,6 +444,7 @@ async fn crash_loop_failover_and_api_server_cut() {
                     stats: false,
                     crash: false,
                     sidecar: None,
+                    strict_mtls: false,
                 },
             ),
         ],
@@ -615,6 +587,7 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
                 stats: false,
                 crash: false,
                 sidecar: Some(2),
+                strict_mtls: false,
             },
         )],
     );

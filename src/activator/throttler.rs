@@ -286,7 +286,7 @@ impl Throttler {
                     e.set_limit(initial_burst, true)
                 }
                 0 => e.set_limit(UNLIMITED, false),
-                cc => e.set_limit(cc, false),
+                cc => e.set_limit(snapshot.limit.unwrap_or(cc), false),
             }
             ready.push(e);
         }

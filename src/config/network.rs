@@ -371,6 +371,45 @@ pub struct TemplateConfig {
     pub domain_template: Template,
     /// `tag-template`: the name part of a tagged target's host, from the tag and route name.
     pub tag_template: Template,
+    /// `mesh-compatibility-mode`: how the activator and the autoscaler reach a revision's pods
+    /// (read by them once, at start).
+    pub mesh_compatibility_mode: MeshMode,
+}
+
+/// Knative's `mesh-compatibility-mode`: whether the activator and the autoscaler reach a
+/// revision's pods at their own addresses or through the revision's private Service (its
+/// cluster IP), which a service mesh enforcing mutual TLS (Istio's STRICT mode) requires of
+/// callers that do not speak it to each pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MeshMode {
+    /// Pods directly, unless probing a revision's pods fails as a mesh refuses plain text
+    /// while its private Service answers: then that revision through the Service.
+    #[default]
+    Auto,
+    /// Always through the private Service.
+    Enabled,
+    /// Always the pods directly.
+    Disabled,
+}
+
+impl MeshMode {
+    /// The key's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Enabled => "enabled",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "enabled" => Ok(Self::Enabled),
+            "disabled" => Ok(Self::Disabled),
+            _ => Err("must be one of auto, enabled, disabled".into()),
+        }
+    }
 }
 
 impl Default for TemplateConfig {
@@ -382,6 +421,7 @@ impl Default for TemplateConfig {
                 .expect("the default domain template is valid"),
             tag_template: parse_tag_template(DEFAULT_TAG_TEMPLATE)
                 .expect("the default tag template is valid"),
+            mesh_compatibility_mode: MeshMode::Auto,
         }
     }
 }
@@ -478,18 +518,30 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
         },
         show: |c| show_text(c.tag_template.as_str()),
     },
+    Key {
+        name: "mesh-compatibility-mode",
+        unit: "auto, enabled or disabled",
+        help: "How the activator and the autoscaler reach pods: through the private Service \
+               (enabled), directly (disabled), or directly unless a mesh refuses it (auto). \
+               Read at their start: a change takes effect when they restart.",
+        parse: |c, s| {
+            c.mesh_compatibility_mode = MeshMode::parse(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.mesh_compatibility_mode.as_str()),
+    },
 ];
 
 impl ConfigMap for TemplateConfig {
     const NAME: &'static str = NETWORK_NAME;
-    /// Knative's other config-network keys: no TLS, mesh addressability or gradual rollout.
-    /// (`ingress.class`, the older spelling of `ingress-class`, is not read.)
+    /// Knative's other config-network keys: no TLS, mesh pod addressability (passthrough
+    /// load balancing) or gradual rollout. (`ingress.class`, the older spelling of
+    /// `ingress-class`, is not read.)
     const INERT: &'static [&'static str] = &[
         "ingress.class",
         "certificate-class",
         "certificate.class",
         "enable-mesh-pod-addressability",
-        "mesh-compatibility-mode",
         "system-internal-tls",
         "rollout-duration",
         "http-protocol",

@@ -72,6 +72,7 @@ impl Rev {
 
     fn publish(&self) {
         let snap = EndpointSnapshot {
+            limit: None,
             ready: self
                 .pods
                 .iter()

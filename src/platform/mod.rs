@@ -44,6 +44,10 @@ pub struct EndpointSnapshot {
     /// Endpoints that are going away: no new requests, in-flight ones finish.
     pub terminating: Vec<SocketAddr>,
     pub status: EndpointStatus,
+    /// Requests each ready endpoint may take at once, when that is not containerConcurrency:
+    /// set when one endpoint stands for several pods (a private Service in
+    /// mesh-compatibility mode, `crate::roles::mesh`). `None`: containerConcurrency.
+    pub limit: Option<u32>,
 }
 
 /// A source of per-revision endpoint snapshots (the platform, or a test feeding them directly).

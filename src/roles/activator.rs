@@ -23,12 +23,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::autoscaler::signal_stop;
+use super::mesh::{Mesh, watch_private_services};
 use super::serving::watch_public_slices;
 use super::share::{SharedEndpoints, Subsets};
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
+use crate::config::network::MeshMode;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
@@ -170,12 +172,26 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
             stop.clone(),
         )
     };
-    // The first sync: revisions, endpoints and the public slices listed once; and the token.
+    // mesh-compatibility-mode, read once (as Knative's activator does).
+    let mesh = Mesh::new(live.network.load().mesh_compatibility_mode);
+    info!(mode = mesh.mode().as_str(), "mesh-compatibility-mode");
+    let mut services_synced = match mesh.mode() {
+        MeshMode::Disabled => tokio::sync::watch::channel(true).1,
+        _ => watch_private_services(
+            client.clone(),
+            args.namespace.as_deref(),
+            mesh.clone(),
+            stop.clone(),
+        ),
+    };
+    // The first sync: revisions, endpoints, the public slices (and the private Services the
+    // mesh mode needs) listed once; and the token.
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
             let _ = public_synced.wait_for(|s| *s).await;
+            let _ = services_synced.wait_for(|s| *s).await;
             info!(revisions = catalog.load().len(), "first sync done");
             waiting.send_replace(
                 "the stats token (the Secret thaw-stats-token, which the autoscaler leader creates)",
@@ -191,7 +207,12 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("thaw activator: the admin port's starting server failed: {e}"))?;
 
-    let shared = SharedEndpoints::new(Arc::new(platform.clone()), subsets, catalog.clone());
+    let shared = SharedEndpoints::new(
+        Arc::new(platform.clone()),
+        subsets,
+        catalog.clone(),
+        Some(mesh),
+    );
     let activator = Activator::new(ActivatorDeps {
         catalog: catalog.clone(),
         endpoints: Arc::new(shared) as Arc<dyn EndpointSource>,

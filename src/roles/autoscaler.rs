@@ -25,11 +25,13 @@ use tokio::sync::{Mutex, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
+use super::mesh::{Mesh, watch_private_services};
 use super::serving::{self, Swap};
 use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
+use crate::config::network::MeshMode;
 use crate::leader::elect;
 use crate::platform::Platform;
 use crate::remote::server::{StatsPort, serve as serve_stats};
@@ -139,7 +141,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     info!(stats = %stats_addr, identity = %identity, admin = %args.admin_listen, "thaw autoscaler starting");
 
     let Some(super::Followed {
-        live: _,
+        live,
         platform,
         catalog,
         revisions: followed,
@@ -169,11 +171,25 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         None,
         stop.clone(),
     );
+    // mesh-compatibility-mode, read once: the pod-stats pull goes through the private Services
+    // when it says so.
+    let mesh = Mesh::new(live.network.load().mesh_compatibility_mode);
+    info!(mode = mesh.mode().as_str(), "mesh-compatibility-mode");
+    let mut services_synced = match mesh.mode() {
+        MeshMode::Disabled => tokio::sync::watch::channel(true).1,
+        _ => watch_private_services(
+            client.clone(),
+            args.namespace.as_deref(),
+            mesh.clone(),
+            stop.clone(),
+        ),
+    };
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
             let _ = public_synced.wait_for(|s| *s).await;
+            let _ = services_synced.wait_for(|s| *s).await;
         } => {}
         _ = signal_stop() => return Ok(()),
     }
@@ -225,6 +241,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         );
         let leading_now = leading_now.clone();
         move || {
+            let mesh = mesh.clone();
             let (catalog, platform, states, telemetry, options, stats_tx, flow, swap, stats_rx) = (
                 catalog.clone(),
                 platform.clone(),
@@ -277,7 +294,7 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                 scaler.sync_catalog(tokio::time::Instant::now()).await;
                 tokio::spawn(
                     pull::run(
-                        platform,
+                        pull::MeshTargets::new(platform, mesh),
                         catalog,
                         stats_tx,
                         flow,

@@ -58,9 +58,10 @@ use tokio::time::{Duration, Instant, MissedTickBehavior, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::mesh::{Mesh, Reach, SERVICE_PULL_TRIES};
 use crate::platform::kubernetes::KubePlatform;
 use crate::revision::{RevisionCatalog, RevisionKey};
-use crate::stats::{POD_STATS_PATH, PodStats, Stat, StatMessage};
+use crate::stats::{POD_STATS_PATH, POD_STATS_PORT_NAME, PodStats, Stat, StatMessage};
 use crate::telemetry::remote::RemoteMetrics;
 
 /// The source name of pulled stats (Knative's `service-scraper`).
@@ -109,6 +110,83 @@ impl Default for PullOptions {
 /// that serves stats. The Kubernetes platform reads them from the private EndpointSlices.
 pub trait StatsTargets: Send + Sync + 'static {
     fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)>;
+
+    /// The one address the revision's pods are pulled through, when they are not pulled at
+    /// their own (its private Service, `super::mesh`).
+    fn through(&self, _revision: &RevisionKey) -> Option<SocketAddr> {
+        None
+    }
+
+    /// Told of each ended sample: whether it went [`StatsTargets::through`] the Service, and
+    /// how its pulls ended.
+    fn sampled(
+        &self,
+        _revision: &RevisionKey,
+        _through: bool,
+        _results: &[Result<PodStats, PullFailure>],
+    ) {
+    }
+}
+
+/// The Kubernetes platform's targets under mesh-compatibility-mode (`super::mesh`): the pods,
+/// or their private Service. Under `auto`, a sample whose every pull was refused as a mesh
+/// refuses plain text is tried through the Service next; a successful sample decides.
+pub struct MeshTargets {
+    pub platform: KubePlatform,
+    pub mesh: Arc<Mesh>,
+    /// Revisions whose next sample tries the Service (`auto`).
+    trying: DashMap<RevisionKey, ()>,
+}
+
+impl MeshTargets {
+    pub fn new(platform: KubePlatform, mesh: Arc<Mesh>) -> Self {
+        Self {
+            platform,
+            mesh,
+            trying: DashMap::new(),
+        }
+    }
+}
+
+impl StatsTargets for MeshTargets {
+    fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
+        self.platform.stats_targets(revision)
+    }
+
+    fn through(&self, revision: &RevisionKey) -> Option<SocketAddr> {
+        let service = || self.mesh.service_addr(revision, POD_STATS_PORT_NAME);
+        match self.mesh.reach(revision) {
+            Reach::Service => service(),
+            Reach::Unknown if self.trying.contains_key(revision) => service(),
+            _ => None,
+        }
+    }
+
+    fn sampled(
+        &self,
+        revision: &RevisionKey,
+        through: bool,
+        results: &[Result<PodStats, PullFailure>],
+    ) {
+        if self.mesh.reach(revision) != Reach::Unknown {
+            return;
+        }
+        let answered = results.iter().any(Result::is_ok);
+        if through {
+            self.trying.remove(revision);
+            if answered {
+                self.mesh.decide(revision, Reach::Service);
+            }
+        } else if answered {
+            self.mesh.decide(revision, Reach::Pods);
+        } else if !results.is_empty()
+            && results
+                .iter()
+                .all(|r| matches!(r, Err(f) if f.mesh_refused()))
+        {
+            self.trying.insert(revision.clone(), ());
+        }
+    }
 }
 
 impl StatsTargets for KubePlatform {
@@ -144,6 +222,12 @@ pub enum PullFailure {
 }
 
 impl PullFailure {
+    /// Whether the pull was refused as a mesh refuses plain text (502 or 503, or the
+    /// connection lost before an answer).
+    pub fn mesh_refused(self) -> bool {
+        matches!(self, Self::Error | Self::Status(502 | 503))
+    }
+
     /// The `result` label of `thaw_autoscaler_pod_stats_pulls_total`.
     pub fn label(self) -> &'static str {
         match self {
@@ -392,6 +476,8 @@ struct Sampled {
     /// The second the sample is for.
     at: u64,
     started: Instant,
+    /// Pulled through the private Service.
+    through: bool,
     results: Vec<Result<PodStats, PullFailure>>,
 }
 
@@ -431,6 +517,7 @@ pub async fn run_with<T: StatsTargets>(
             busy.remove(&key);
         }
         if let Ok((_, sampled)) = done {
+            targets.sampled(&sampled.key, sampled.through, &sampled.results);
             record(sampled, &source, &stats, &flow, &metrics);
         }
     };
@@ -469,21 +556,30 @@ pub async fn run_with<T: StatsTargets>(
             }
             flow.see(key, generation);
             let n = sample_size(pods.len());
-            let addrs: Vec<SocketAddr> = pods
-                .sample(&mut rand::rng(), n)
-                .map(|(_, addr)| *addr)
-                .collect();
+            let through = targets.through(key);
+            let addrs: Vec<SocketAddr> = match through {
+                Some(service) => vec![service; n],
+                None => pods
+                    .sample(&mut rand::rng(), n)
+                    .map(|(_, addr)| *addr)
+                    .collect(),
+            };
             let (client, slots, metrics) = (client.clone(), slots.clone(), metrics.clone());
             let (key, population) = (key.clone(), pods.len());
             let handle = samples.spawn(
                 async move {
                     let started = Instant::now();
-                    let results = sample(&client, &slots, &addrs, deadline, &metrics).await;
+                    let results = if through.is_some() {
+                        sample_through(&client, &slots, &addrs, deadline, &metrics).await
+                    } else {
+                        sample(&client, &slots, &addrs, deadline, &metrics).await
+                    };
                     Sampled {
                         key,
                         population,
                         at,
                         started,
+                        through: through.is_some(),
                         results,
                     }
                 }
@@ -560,10 +656,64 @@ async fn sample(
     .await
 }
 
+/// [`sample`] through one address standing for several pods (a private Service): each of
+/// the `addrs` (the Service, once per pod sampled) is pulled on a new connection, up to
+/// [`SERVICE_PULL_TRIES`] times until it reaches a pod no other pull of the sample reached, as
+/// Knative's scraper does; a slot that only found pods already sampled counts as its last
+/// failure, or as [`PullFailure::Rejected`] when every try answered.
+async fn sample_through(
+    client: &PullClient,
+    slots: &Semaphore,
+    addrs: &[SocketAddr],
+    deadline: Instant,
+    metrics: &RemoteMetrics,
+) -> Vec<Result<PodStats, PullFailure>> {
+    let seen = std::sync::Mutex::new(HashSet::<String>::new());
+    let seen = &seen;
+    futures::future::join_all(addrs.iter().map(|&addr| async move {
+        let mut last = Err(PullFailure::Rejected);
+        for _ in 0..SERVICE_PULL_TRIES {
+            let result = match timeout_at(deadline, slots.acquire()).await {
+                Ok(Ok(_slot)) => timeout_at(deadline, pull_with(client, addr, true))
+                    .await
+                    .unwrap_or(Err(PullFailure::Timeout)),
+                _ => Err(PullFailure::Busy),
+            };
+            metrics.pulled(result.as_ref().err().map_or("ok", |f| f.label()));
+            match result {
+                Ok(stats) => {
+                    if seen
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(stats.pod.clone())
+                    {
+                        return Ok(stats);
+                    }
+                }
+                Err(f @ (PullFailure::Timeout | PullFailure::Busy)) => return Err(f),
+                Err(f) => last = Err(f),
+            }
+        }
+        last
+    }))
+    .await
+}
+
 async fn pull(client: &PullClient, addr: SocketAddr) -> Result<PodStats, PullFailure> {
-    let req = Request::get(format!("http://{addr}{POD_STATS_PATH}"))
-        .body(Empty::new())
-        .map_err(|_| PullFailure::Error)?;
+    pull_with(client, addr, false).await
+}
+
+/// One pull; `close`: on a connection of its own (`Connection: close`).
+async fn pull_with(
+    client: &PullClient,
+    addr: SocketAddr,
+    close: bool,
+) -> Result<PodStats, PullFailure> {
+    let mut req = Request::get(format!("http://{addr}{POD_STATS_PATH}"));
+    if close {
+        req = req.header(http::header::CONNECTION, "close");
+    }
+    let req = req.body(Empty::new()).map_err(|_| PullFailure::Error)?;
     let resp = client.request(req).await.map_err(|e| {
         if e.is_connect() {
             PullFailure::Connect

@@ -29,8 +29,15 @@ use tracing::Instrument;
 use crate::platform::{EndpointSnapshot, EndpointSource};
 use crate::revision::{RevisionCatalog, RevisionKey};
 
+use super::mesh::{Mesh, ProbeClient, Reach, detect, probe_client, through_service};
 use super::serving::Backend;
 use super::subset::Place;
+use crate::config::network::MeshMode;
+use crate::platform::kubernetes::{PORT_NAME_HTTP, PORT_NAME_HTTP2};
+use crate::revision::Protocol;
+
+/// How long an `auto` revision whose probes decided nothing waits before the next probe.
+const DETECT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The port name of `activator-service` whose endpoints are the activator set.
 pub const ACTIVATOR_PORT: &str = "http";
@@ -170,6 +177,8 @@ pub struct SharedEndpoints {
     subsets: Arc<Subsets>,
     catalog: Arc<RevisionCatalog>,
     channels: DashMap<RevisionKey, watch::Sender<Arc<EndpointSnapshot>>>,
+    /// mesh-compatibility-mode (`None`: `disabled`).
+    mesh: Option<(Arc<Mesh>, ProbeClient)>,
 }
 
 impl SharedEndpoints {
@@ -177,30 +186,82 @@ impl SharedEndpoints {
         inner: Arc<dyn EndpointSource>,
         subsets: Arc<Subsets>,
         catalog: Arc<RevisionCatalog>,
+        mesh: Option<Arc<Mesh>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             inner,
             subsets,
             catalog,
             channels: DashMap::new(),
+            mesh: mesh
+                .filter(|m| m.mode() != MeshMode::Disabled)
+                .map(|m| (m, probe_client())),
         })
     }
 
+    /// How the revision's pods are reached, without probing (`Pods` when the mesh mode is
+    /// `disabled`).
+    fn reach(&self, key: &RevisionKey) -> Reach {
+        self.mesh
+            .as_ref()
+            .map_or(Reach::Pods, |(m, _)| m.reach(key))
+    }
+
+    /// Under `auto`, decides how an undecided revision with ready pods is reached by probing
+    /// (bounded by [`super::mesh::PROBE_TIMEOUT`] per probe); the reach after it.
+    async fn detect(&self, key: &RevisionKey, snap: &EndpointSnapshot) -> Reach {
+        let reach = self.reach(key);
+        let (Some((mesh, client)), Reach::Unknown, Some(pod)) =
+            (&self.mesh, reach, snap.ready.first())
+        else {
+            return reach;
+        };
+        let found = detect(client, *pod, mesh.service_addr(key, self.port_name(key))).await;
+        mesh.decide(key, found);
+        mesh.reach(key)
+    }
+
+    fn port_name(&self, key: &RevisionKey) -> &'static str {
+        match self.catalog.load().get(key).map(|s| s.protocol) {
+            Some(Protocol::H2c) => PORT_NAME_HTTP2,
+            _ => PORT_NAME_HTTP,
+        }
+    }
+
+    /// The activator's view of the revision's pods `snap`: its share of them, reached as
+    /// `reach` says (`Unknown`: not probed yet, so nothing while pods are ready).
     fn split(
         &self,
         key: &RevisionKey,
         snap: &EndpointSnapshot,
         place: Option<Place>,
+        reach: Reach,
     ) -> EndpointSnapshot {
         let cc = self
             .catalog
             .load()
             .get(key)
             .map_or(0, |s| s.container_concurrency);
-        EndpointSnapshot {
-            ready: share(&snap.ready, cc, place, key),
-            terminating: snap.terminating.clone(),
-            status: snap.status.clone(),
+        match (&self.mesh, reach) {
+            (Some((mesh, _)), Reach::Service) => through_service(
+                snap,
+                mesh.service_addr(key, self.port_name(key)),
+                cc,
+                place.map_or(1, |p| p.of),
+            ),
+            // Not probed yet: nothing is sent before the probe tells how.
+            (Some(_), Reach::Unknown) if !snap.ready.is_empty() => EndpointSnapshot {
+                ready: Vec::new(),
+                terminating: snap.terminating.clone(),
+                status: snap.status.clone(),
+                limit: None,
+            },
+            _ => EndpointSnapshot {
+                ready: share(&snap.ready, cc, place, key),
+                terminating: snap.terminating.clone(),
+                status: snap.status.clone(),
+                limit: None,
+            },
         }
     }
 }
@@ -215,7 +276,7 @@ impl EndpointSource for Arc<SharedEndpoints> {
         let me_addr = self.subsets.me;
         let snap = platform.borrow_and_update().clone();
         let mut place = next_place(&listed.borrow_and_update(), &snap, me_addr, None);
-        let first = Arc::new(self.split(revision, &snap, place));
+        let first = Arc::new(self.split(revision, &snap, place, self.reach(revision)));
         let entry = self.channels.entry(revision.clone());
         let tx = match entry {
             dashmap::Entry::Occupied(o) => return o.get().subscribe(),
@@ -225,15 +286,30 @@ impl EndpointSource for Arc<SharedEndpoints> {
         let me = self.clone();
         let key = revision.clone();
         let mut catalog = self.catalog.subscribe();
+        let mut services = self.mesh.as_ref().map(|(m, _)| m.subscribe());
         tokio::spawn(
             async move {
+                // Under `auto`, an undecided revision with ready pods is probed at once, and
+                // again each second while the probes decide nothing.
+                let mut undecided = !snap.ready.is_empty() && me.reach(&key) == Reach::Unknown;
                 loop {
-                    tokio::select! {
-                        r = platform.changed() => if r.is_err() { return },
-                        r = listed.changed() => if r.is_err() { return },
-                        r = catalog.changed() => if r.is_err() { return },
+                    if !undecided {
+                        tokio::select! {
+                            r = platform.changed() => if r.is_err() { return },
+                            r = listed.changed() => if r.is_err() { return },
+                            r = catalog.changed() => if r.is_err() { return },
+                            Some(r) = async { Some(services.as_mut()?.changed().await) } => {
+                                if r.is_err() { return }
+                            }
+                        }
                     }
                     let snap = platform.borrow_and_update().clone();
+                    let mut reach = me.detect(&key, &snap).await;
+                    undecided = reach == Reach::Unknown && !snap.ready.is_empty();
+                    if undecided {
+                        // Probed without a decision: the pods as Kubernetes sees them.
+                        reach = Reach::Pods;
+                    }
                     let next_p = next_place(&listed.borrow_and_update(), &snap, me_addr, place);
                     if next_p != place {
                         tracing::debug!(
@@ -243,7 +319,7 @@ impl EndpointSource for Arc<SharedEndpoints> {
                         );
                         place = next_p;
                     }
-                    let next = me.split(&key, &snap, place);
+                    let next = me.split(&key, &snap, place, reach);
                     tx.send_if_modified(|cur| {
                         if **cur == next {
                             false
@@ -252,6 +328,9 @@ impl EndpointSource for Arc<SharedEndpoints> {
                             true
                         }
                     });
+                    if undecided {
+                        tokio::time::sleep(DETECT_RETRY).await;
+                    }
                 }
             }
             .instrument(tracing::debug_span!("share", revision = %revision)),

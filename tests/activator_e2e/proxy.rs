@@ -453,6 +453,7 @@ async fn terminating_endpoint_gets_no_new_requests_and_is_reported_drained() {
     h.endpoints.set(
         &rev("t"),
         thaw::platform::EndpointSnapshot {
+            limit: None,
             ready: vec![b.addr],
             terminating: vec![a.addr],
             ..Default::default()

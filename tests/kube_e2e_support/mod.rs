@@ -33,6 +33,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+pub mod mesh;
+
 use crate::kube_support::TestApi;
 use crate::kube_support::relay::Relay;
 
@@ -410,10 +412,15 @@ struct PodRun {
     app: Child,
     sidecar: Option<Child>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// With a sidecar: its revision and the sidecar's data port (behind the private Service).
+    meshed: Option<(String, u16)>,
 }
 
 impl Drop for PodRun {
     fn drop(&mut self) {
+        if let Some((rev, data)) = &self.meshed {
+            mesh::leave(rev, *data);
+        }
         let _ = self.app.kill();
         let _ = self.app.wait();
         if let Some(s) = self.sidecar.as_mut() {
@@ -427,7 +434,7 @@ impl Drop for PodRun {
 }
 
 /// What the kubelet does for one revision.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PodKind {
     /// Serve pod stats (as a queue sidecar would).
     pub stats: bool,
@@ -437,6 +444,9 @@ pub struct PodKind {
     /// the slice's `http` port is the sidecar's data port, `http-autometric` its admin port,
     /// and the counting proxy sits between the sidecar and the app.
     pub sidecar: Option<u32>,
+    /// With a sidecar: behind a mesh enforcing mutual TLS ([`mesh`]): the slice's addresses
+    /// refuse plain text, the sidecar is reachable through the private Service only.
+    pub strict_mtls: bool,
 }
 
 /// Events the kubelet and the public-slice observer saw, in order.
@@ -605,6 +615,7 @@ async fn start_pod(
             app,
             sidecar: None,
             tasks,
+            meshed: None,
         };
     }
     // Wait for the app to listen.
@@ -627,6 +638,7 @@ async fn start_pod(
         served,
     )));
     let mut sidecar = None;
+    let mut meshed = None;
     let mut ports = Vec::new();
     if let Some(cc) = kind.sidecar {
         let (data, admin) = (free_port(), free_port());
@@ -657,9 +669,21 @@ async fn start_pod(
             assert!(Instant::now() < deadline, "the sidecar never became ready");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        ports.push(serde_json::json!({"name": "http", "port": data, "protocol": "TCP"}));
-        ports
-            .push(serde_json::json!({"name": "http-autometric", "port": admin, "protocol": "TCP"}));
+        // Any sidecar is reachable through the revision's private Service.
+        mesh::join(rev, data, admin);
+        meshed = Some((rev.to_string(), data));
+        let (data_seen, admin_seen) = if kind.strict_mtls {
+            let (d, dt) = mesh::strict_port().await;
+            let (a, at) = mesh::strict_port().await;
+            tasks.extend([dt, at]);
+            (d, a)
+        } else {
+            (data, admin)
+        };
+        ports.push(serde_json::json!({"name": "http", "port": data_seen, "protocol": "TCP"}));
+        ports.push(
+            serde_json::json!({"name": "http-autometric", "port": admin_seen, "protocol": "TCP"}),
+        );
     } else {
         ports.push(serde_json::json!({"name": "http", "port": proxy_port, "protocol": "TCP"}));
         if kind.stats {
@@ -691,6 +715,7 @@ async fn start_pod(
         app,
         sidecar,
         tasks,
+        meshed,
     }
 }
 
@@ -780,6 +805,41 @@ async fn stats_endpoint(listener: TcpListener, pod: String, inflight: Arc<Atomic
                 .await;
         });
     }
+}
+
+/// `thaw autoscaler` with short Lease timings.
+pub fn autoscaler(c: &Cluster, name: &str, stats: u16, admin: u16) -> Proc {
+    c.spawn(
+        name,
+        &[
+            "autoscaler".into(),
+            format!("--system-namespace={SYSTEM}"),
+            format!("--stats-listen=127.0.0.1:{stats}"),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            "--lease-duration=3s".into(),
+            "--renew-deadline=2s".into(),
+            "--retry-period=500ms".into(),
+        ],
+    )
+}
+
+/// `thaw activator` on `data`.
+pub fn activator(c: &Cluster, name: &str, data: SocketAddr, admin: u16) -> Proc {
+    c.spawn(
+        name,
+        &[
+            "activator".into(),
+            format!("--system-namespace={SYSTEM}"),
+            format!("--listen={data}"),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            format!("--name={name}"),
+        ],
+    )
+}
+
+/// Whether the role's admin `/readyz` answers ok.
+pub async fn ready(admin: u16) -> bool {
+    get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/readyz").await == "ok\n"
 }
 
 /// `promtool check metrics` on `text`: its exit code and what it said.

@@ -11,6 +11,7 @@ fn addr(port: u16) -> SocketAddr {
 
 fn snapshot(ready: &[u16], terminating: &[u16]) -> EndpointSnapshot {
     EndpointSnapshot {
+        limit: None,
         ready: ready.iter().map(|p| addr(*p)).collect(),
         terminating: terminating.iter().map(|p| addr(*p)).collect(),
         status: EndpointStatus::Ok,

@@ -130,6 +130,11 @@ fn templates_render_and_bad_ones_are_rejected() {
         ),
         ("domain-template", "{{.Name", "not closed"),
         ("tag-template", "{{.Tag}}", "both"),
+        (
+            "mesh-compatibility-mode",
+            "strict",
+            "one of auto, enabled, disabled",
+        ),
         ("tag-template", "{{.Tag}}.{{.Name}}", "one DNS label"),
         (
             "tag-template",

@@ -144,6 +144,7 @@ impl RevState {
             EndpointStatus::Ok
         };
         EndpointSnapshot {
+            limit: None,
             ready,
             terminating,
             status,

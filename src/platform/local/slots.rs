@@ -78,6 +78,7 @@ impl RevState {
             (None, None) => EndpointStatus::Ok,
         };
         EndpointSnapshot {
+            limit: None,
             ready,
             terminating,
             status,

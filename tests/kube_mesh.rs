@@ -1,0 +1,207 @@
+//! Knative's `mesh-compatibility-mode` with `thaw activator` and `thaw autoscaler` as real
+//! processes against the in-process API server: pods behind a mesh enforcing mutual TLS (their
+//! slice addresses refuse plain text; only the private Service's cluster IP reaches them, as
+//! in an Istio `STRICT` namespace) and pods outside it, side by side.
+
+mod kube_e2e_support;
+mod kube_support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use kube_e2e_support::mesh::KubeProxy;
+use kube_e2e_support::*;
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// The activator's `/revisions` entry of `revision`: its endpoints' addresses and limits.
+async fn activator_endpoints(admin: u16, revision: &str) -> Vec<(String, Option<u64>)> {
+    let text = get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/revisions").await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["revisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["name"] == revision)
+        .flat_map(|r| r["endpoints"].as_array().cloned().unwrap_or_default())
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap_or_default().to_string(),
+                e["limit"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+/// The `http` address of each pod of `revision` the kubelet has published (each pod its own
+/// private slice).
+async fn pod_addrs(c: &Cluster, revision: &str) -> Vec<SocketAddr> {
+    let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        kube::Api::namespaced(c.client.clone(), NS);
+    let lp = kube::api::ListParams::default()
+        .labels(&format!("kubernetes.io/service-name={revision}-private"));
+    let items = slices.list(&lp).await.map(|l| l.items).unwrap_or_default();
+    items
+        .into_iter()
+        .filter_map(|s| {
+            let port = s
+                .ports?
+                .into_iter()
+                .find(|p| p.name.as_deref() == Some("http"))?
+                .port?;
+            Some(SocketAddr::from(([127, 0, 0, 1], port as u16)))
+        })
+        .collect()
+}
+
+async fn pod_slices(c: &Cluster, revision: &str) -> usize {
+    pod_addrs(c, revision).await.len()
+}
+
+/// Whether the autoscaler leader's `/revisions` says `revision`'s pod stats flow.
+async fn stats_flowing(admin: u16, revision: &str) -> bool {
+    let text = get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/revisions").await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["revisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["name"] == revision && r["podStatsFlowing"] == true)
+}
+
+fn kind(strict_mtls: bool) -> PodKind {
+    PodKind {
+        sidecar: Some(1),
+        strict_mtls,
+        ..PodKind::default()
+    }
+}
+
+/// `auto` (the default): the activator probes each revision's first ready pod. The strict
+/// revision's pod refuses as a mesh does, its private Service answers: that revision goes
+/// through the Service (one endpoint at `max(1, cc × ready / activators)`); the other's pod
+/// answers: it is reached directly. The autoscaler's pod-stats pulls follow the same split,
+/// so both revisions' stats flow. Then `enabled` takes even the plain revision through its Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_pods_are_reached_through_the_private_service() {
+    let c = Cluster::start(serde_json::json!({})).await;
+    let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    c.activator_service(&[act]).await;
+    for rev in ["strict-00001", "plain-00001"] {
+        c.revision(rev, 1, serde_json::json!({})).await;
+    }
+    let strict_proxy =
+        KubeProxy::start(&c.client, "strict-00001", Ipv4Addr::new(127, 0, 99, 1)).await;
+    let plain_proxy =
+        KubeProxy::start(&c.client, "plain-00001", Ipv4Addr::new(127, 0, 99, 2)).await;
+    let kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![
+            ("strict-00001".into(), kind(true)),
+            ("plain-00001".into(), kind(false)),
+        ],
+    );
+    let (s1, a1, aa) = (free_port(), free_port(), free_port());
+    let mut asc = autoscaler(&c, "autoscaler-1", s1, a1);
+    let mut acti = activator(&c, "activator-1", act, aa);
+    until(LONG, "activator ready", || async {
+        ready(aa).await.then_some(())
+    })
+    .await;
+    let client = http();
+    for rev in ["strict-00001", "plain-00001"] {
+        let (status, _, body) = get(&client, act, rev, "/").await;
+        assert_eq!(status, 200, "{rev}: {body}");
+    }
+    // The strict pod's own address refuses plain text: only the Service reached it.
+    let strict_pod = pod_addrs(&c, "strict-00001").await[0];
+    let (status, _, _) = get(&client, strict_pod, "strict-00001", "/").await;
+    assert_ne!(status, 200, "the strict pod answered plain text directly");
+    assert!(
+        strict_proxy.forwarded().0 >= 2,
+        "the probe and the request went through the Service"
+    );
+
+    // The activator's endpoints: the Service for the strict revision, its limit cc 1 × the
+    // ready pods / 1 activator; the pod for the plain one.
+    let strict_svc = format!("127.0.99.1:{}", strict_proxy.http);
+    until(LONG, "the Service at cc × ready pods", || async {
+        let pods = pod_slices(&c, "strict-00001").await as u64;
+        let eps = activator_endpoints(aa, "strict-00001").await;
+        (eps == vec![(strict_svc.clone(), Some(pods))]).then_some(())
+    })
+    .await;
+    let plain = activator_endpoints(aa, "plain-00001").await;
+    assert!(!plain.is_empty(), "{plain:?}");
+    assert!(
+        plain
+            .iter()
+            .all(|(a, limit)| a.starts_with("127.0.0.1:") && *limit == Some(1)),
+        "{plain:?}"
+    );
+    assert_eq!(
+        plain_proxy.forwarded().0,
+        0,
+        "the plain revision went through its Service"
+    );
+
+    // The autoscaler pulls the strict revision's stats through the Service (after its direct
+    // pulls were refused), the plain one's from the pod: both flow (what lets the swap serve a
+    // revision from its pods).
+    until(
+        LONG,
+        "stats pulled through the strict revision's Service",
+        || async { (strict_proxy.forwarded().1 > 0).then_some(()) },
+    )
+    .await;
+    for rev in ["strict-00001", "plain-00001"] {
+        until(LONG, "pod stats flowing", || async {
+            stats_flowing(a1, rev).await.then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        plain_proxy.forwarded().1,
+        0,
+        "the plain revision's stats went through its Service"
+    );
+    assert!(kubelet.peak.load(std::sync::atomic::Ordering::SeqCst) <= 1);
+
+    // `enabled`: every revision through its Service, read when the roles start.
+    c.config_map(
+        "config-network",
+        serde_json::json!({"mesh-compatibility-mode": "enabled"}),
+    )
+    .await;
+    asc.kill();
+    acti.kill();
+    let (s2, a2, aa2) = (free_port(), free_port(), free_port());
+    let _asc = autoscaler(&c, "autoscaler-2", s2, a2);
+    let _acti = activator(&c, "activator-2", act, aa2);
+    until(LONG, "activator ready", || async {
+        ready(aa2).await.then_some(())
+    })
+    .await;
+    let (status, _, body) = get(&client, act, "plain-00001", "/").await;
+    assert_eq!(status, 200, "{body}");
+    let plain_svc = format!("127.0.99.2:{}", plain_proxy.http);
+    until(
+        LONG,
+        "the plain revision's Service at cc × ready pods",
+        || async {
+            let pods = pod_slices(&c, "plain-00001").await as u64;
+            let eps = activator_endpoints(aa2, "plain-00001").await;
+            (eps == vec![(plain_svc.clone(), Some(pods))]).then_some(())
+        },
+    )
+    .await;
+    assert!(plain_proxy.forwarded().0 >= 1);
+    until(
+        LONG,
+        "stats pulled through the plain revision's Service",
+        || async {
+            (plain_proxy.forwarded().1 > 0 && stats_flowing(a2, "plain-00001").await).then_some(())
+        },
+    )
+    .await;
+}
