@@ -159,6 +159,15 @@ pub enum Target<'a> {
     Host(&'a str),
 }
 
+/// The host a request names, as routing reads it: an absolute-form target's authority (h2's
+/// `:authority`), else the first `Host`.
+pub fn request_host<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Option<&'a str> {
+    uri.authority()
+        .map(|a| a.as_str())
+        .or_else(|| seen.host.and_then(FieldRef::to_str))
+        .filter(|h| !h.is_empty())
+}
+
 /// The request's target, or why it has none: 400 for an ambiguous or missing host (RFC 9112
 /// §3.2: two `Host` fields, an HTTP/1.1 request without one; RFC 9113 §8.3.1: an h2 `host`
 /// that differs from `:authority`), 404 otherwise.

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod autoscaler;
 pub mod controller;
 pub mod pull;
+pub mod routes;
 pub mod serving;
 pub mod share;
 pub mod subset;

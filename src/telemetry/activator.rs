@@ -147,6 +147,10 @@ pub struct ActivatorMetrics {
     /// `thaw_activator_stats_dropped_total`: stats and pokes dropped because the channel to
     /// the autoscaler was full or closed.
     pub stats_dropped: Counter,
+    /// `thaw_activator_route_refused_total`: requests the route check refused (their host's
+    /// Route is another namespace's or does not route the revision; also counted as
+    /// `unmatched{reason="not_found"}`).
+    pub route_refused: Counter,
 }
 
 impl ActivatorMetrics {
@@ -170,6 +174,7 @@ impl ActivatorMetrics {
             unmatched: Family::default(),
             connections: Gauge::default(),
             stats_dropped: Counter::default(),
+            route_refused: Counter::default(),
         };
         let r = reg;
         r.register(
@@ -256,6 +261,11 @@ impl ActivatorMetrics {
             "activator_stats_dropped",
             "Stats and pokes dropped because the channel to the autoscaler was full or closed",
             m.stats_dropped.clone(),
+        );
+        r.register(
+            "activator_route_refused",
+            "Requests refused because their host's Route does not route the revision they name",
+            m.route_refused.clone(),
         );
         m
     }
