@@ -1933,6 +1933,18 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
     );
 }
 
+/// The documents of the kustomize Component in `dir` (its kustomization's resources).
+fn component_docs(dir: &Path) -> Vec<Value> {
+    let k = docs(&dir.join("kustomization.yaml")).remove(0);
+    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
+    k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
+        .collect()
+}
+
 /// The optional local gateway: config-istio's default local gateway (its Gateway's namespace
 /// and name, its Service's host), the Service's port 80 named as the prober reads it and
 /// pointing at the port the Gateway serves HTTP on, both selecting the same pods. Every
@@ -1941,14 +1953,7 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
 #[test]
 fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services_parse() {
     let dir = deploy().join("components/istio-local-gateway");
-    let k = docs(&dir.join("kustomization.yaml")).remove(0);
-    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
-    let all: Vec<Value> = k["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
-        .collect();
+    let all = component_docs(&dir);
     let gw = all.iter().find(|d| kind(d).1 == "Gateway").unwrap();
     let svc = all.iter().find(|d| kind(d).1 == "Service").unwrap();
     let local = thaw::config::network::IstioConfig::default().local_gateways[0].clone();
@@ -2027,14 +2032,7 @@ fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services
 #[test]
 fn the_istio_authorization_component_admits_the_gateways_and_the_mesh() {
     let dir = deploy().join("components/istio-authorization");
-    let k = docs(&dir.join("kustomization.yaml")).remove(0);
-    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
-    let all: Vec<Value> = k["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
-        .collect();
+    let all = component_docs(&dir);
     let ap = all
         .iter()
         .find(|d| kind(d) == ("security.istio.io/v1", "AuthorizationPolicy"))
