@@ -812,9 +812,21 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     c.config_map("config-activator", serde_json::json!({"routing-grace": "soon"}))
         .await;
     until(LONG, "the bad routing-grace rejected", || async {
-        activator.logs().contains("routing-grace").then_some(())
+        let text = get_text(admin_addr(aa), "/metrics").await;
+        let rejected = metric(
+            &text,
+            "thaw_config_reload_rejected_total",
+            &["config-activator"],
+        );
+        (rejected >= 1.0).then_some(())
     })
     .await;
+    let logs = activator.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("rejected") && l.contains("routing-grace") && l.contains("soon")),
+        "the rejection names the key and the value:\n{logs}"
+    );
     // hello's Route moves to other: once the activator sees it (other is served through
     // hello's host), hello is still served within the grace, and refused after it.
     c.route(NS, "hello-00001", &["other-00001"]).await;
