@@ -1085,11 +1085,10 @@ fn activator_service_carries_the_data_port_only() {
     let cm = find(&all, "ConfigMap", "config-istio");
     let data_cm: std::collections::BTreeMap<String, String> =
         serde_json::from_value(cm["data"].clone()).unwrap();
-    let istio = <thaw::config::network::IstioConfig as thaw::config::keys::ConfigMap>::parse(
-        &data_cm,
-    )
-    .unwrap()
-    .config;
+    let istio =
+        <thaw::config::network::IstioConfig as thaw::config::keys::ConfigMap>::parse(&data_cm)
+            .unwrap()
+            .config;
     let gateway_namespaces: std::collections::BTreeSet<String> = istio
         .external_gateways
         .iter()
@@ -1106,7 +1105,9 @@ fn activator_service_carries_the_data_port_only() {
             .map(|p| p["port"].as_i64().unwrap())
             .collect();
         if ports.contains(&data) {
-            let from = rule["from"].as_array().expect("the data port names its peers");
+            let from = rule["from"]
+                .as_array()
+                .expect("the data port names its peers");
             data_from.extend(from.iter().cloned());
         }
     }
@@ -1116,11 +1117,18 @@ fn activator_service_carries_the_data_port_only() {
         let labels = peer["namespaceSelector"]["matchLabels"]
             .as_object()
             .expect("a namespace by label");
-        assert!(!labels.is_empty(), "an empty namespaceSelector is every namespace");
+        assert!(
+            !labels.is_empty(),
+            "an empty namespaceSelector is every namespace"
+        );
         if let Some(ns) = labels.get("kubernetes.io/metadata.name") {
             admitted.insert(ns.as_str().unwrap().to_string());
         } else {
-            assert_eq!(labels.get("istio-injection"), Some(&json!("enabled")), "the mesh");
+            assert_eq!(
+                labels.get("istio-injection"),
+                Some(&json!("enabled")),
+                "the mesh"
+            );
         }
     }
     assert_eq!(admitted, gateway_namespaces, "the gateways' namespaces");
@@ -2069,9 +2077,15 @@ fn the_istio_authorization_component_admits_the_gateways_and_the_mesh() {
         "the gateways: {from_data:?}"
     );
     assert!(from_data.contains(&&json!("*")), "the mesh");
-    assert!(rules.iter().any(|r| r["to"] == port(admin)), "the admin port");
+    assert!(
+        rules.iter().any(|r| r["to"] == port(admin)),
+        "the admin port"
+    );
     assert_eq!(
-        rules.iter().filter(|r| r["to"] != port(data) && r["to"] != port(admin)).count(),
+        rules
+            .iter()
+            .filter(|r| r["to"] != port(data) && r["to"] != port(admin))
+            .count(),
         0,
         "no other port"
     );

@@ -723,8 +723,11 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_live() {
     let c = Cluster::start(serde_json::json!({})).await;
-    c.config_map("config-activator", serde_json::json!({"routing-grace": "5s"}))
-        .await;
+    c.config_map(
+        "config-activator",
+        serde_json::json!({"routing-grace": "5s"}),
+    )
+    .await;
     let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
     c.activator_service(&[act]).await;
     let warm = serde_json::json!({"autoscaling.knative.dev/min-scale": "1"});
@@ -789,7 +792,12 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     let reserve = format!("reserve-00001.{NS}.svc.cluster.local");
     assert_eq!(get_as(&client, act, &reserve, None, "/").await.0, 404);
     // hello's host naming other: refused from the gateway (127.0.0.1) ...
-    assert_eq!(get_as(&client, act, &hello, named("other-00001"), "/").await.0, 404);
+    assert_eq!(
+        get_as(&client, act, &hello, named("other-00001"), "/")
+            .await
+            .0,
+        404
+    );
     // ... and from a peer that is no gateway the headers are ignored: the host routes.
     let stranger = http_from([127, 0, 0, 2].into());
     let (status, _, body) = get_as(&stranger, act, &hello, named("other-00001"), "/").await;
@@ -798,7 +806,11 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     c.gateways_at(&[[127, 0, 0, 1].into(), [127, 0, 0, 2].into()])
         .await;
     until(LONG, "the new gateway endpoint trusted", || async {
-        (get_as(&stranger, act, &hello, named("other-00001"), "/").await.0 == 404).then_some(())
+        (get_as(&stranger, act, &hello, named("other-00001"), "/")
+            .await
+            .0
+            == 404)
+            .then_some(())
     })
     .await;
     let refused = metric(
@@ -809,8 +821,11 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     assert!(refused >= 4.0, "refusals counted: {refused}");
 
     // A bad routing-grace is rejected naming the key; the last good one (5 s) stays.
-    c.config_map("config-activator", serde_json::json!({"routing-grace": "soon"}))
-        .await;
+    c.config_map(
+        "config-activator",
+        serde_json::json!({"routing-grace": "soon"}),
+    )
+    .await;
     until(LONG, "the bad routing-grace rejected", || async {
         let text = get_text(admin_addr(aa), "/metrics").await;
         let rejected = metric(
@@ -831,14 +846,22 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     // hello's host), hello is still served within the grace, and refused after it.
     c.route(NS, "hello-00001", &["other-00001"]).await;
     until(LONG, "the route change seen", || async {
-        (get_as(&client, act, &hello, named("other-00001"), "/").await.0 == 200).then_some(())
+        (get_as(&client, act, &hello, named("other-00001"), "/")
+            .await
+            .0
+            == 200)
+            .then_some(())
     })
     .await;
     let moved = Instant::now();
     let (status, _, body) = get_as(&client, act, &hello, named("hello-00001"), "/").await;
     assert_eq!(status, 200, "within the grace: {body}");
     until(LONG, "hello refused after the grace", || async {
-        (get_as(&client, act, &hello, named("hello-00001"), "/").await.0 == 404).then_some(())
+        (get_as(&client, act, &hello, named("hello-00001"), "/")
+            .await
+            .0
+            == 404)
+            .then_some(())
     })
     .await;
     assert!(

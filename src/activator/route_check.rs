@@ -361,7 +361,12 @@ mod tests {
         let book = RouteBook::default();
         let t0 = Instant::now();
         book.set(
-            route("team-a", "web", &["web.team-a.example.com", "web.team-a"], &["web-1"]),
+            route(
+                "team-a",
+                "web",
+                &["web.team-a.example.com", "web.team-a"],
+                &["web-1"],
+            ),
             t0,
             GRACE,
         );
@@ -373,12 +378,25 @@ mod tests {
         let at = || (t0, GRACE);
         let a = RevisionKey::new("team-a", "web-1");
         let b = RevisionKey::new("team-b", "db-1");
-        assert_eq!(book.check("web.team-a.example.com", &a, at), Verdict::Allowed);
-        assert_eq!(book.check("WEB.team-a.example.com:80", &a, at), Verdict::Allowed);
-        assert_eq!(book.check("web.team-a", &a, at), Verdict::Allowed);
-        assert_eq!(book.check("web.team-a.example.com", &b, at), Verdict::Refused);
         assert_eq!(
-            book.check("web.team-a.example.com", &RevisionKey::new("team-a", "other"), at),
+            book.check("web.team-a.example.com", &a, at),
+            Verdict::Allowed
+        );
+        assert_eq!(
+            book.check("WEB.team-a.example.com:80", &a, at),
+            Verdict::Allowed
+        );
+        assert_eq!(book.check("web.team-a", &a, at), Verdict::Allowed);
+        assert_eq!(
+            book.check("web.team-a.example.com", &b, at),
+            Verdict::Refused
+        );
+        assert_eq!(
+            book.check(
+                "web.team-a.example.com",
+                &RevisionKey::new("team-a", "other"),
+                at
+            ),
             Verdict::Unknown
         );
         assert_eq!(book.check("nobody.example.com", &a, at), Verdict::Unknown);
@@ -392,16 +410,28 @@ mod tests {
         book.set(route("ns", "r", &["r.ns"], &["r-2"]), t0, GRACE);
         let old = RevisionKey::new("ns", "r-1");
         let within = t0 + GRACE - Duration::from_millis(1);
-        assert_eq!(book.check("r.ns", &old, || (within, GRACE)), Verdict::Allowed);
-        assert_eq!(book.check("r.ns", &old, || (t0 + GRACE, GRACE)), Verdict::Unknown);
+        assert_eq!(
+            book.check("r.ns", &old, || (within, GRACE)),
+            Verdict::Allowed
+        );
+        assert_eq!(
+            book.check("r.ns", &old, || (t0 + GRACE, GRACE)),
+            Verdict::Unknown
+        );
         // The grace is read at each request: a shorter one applies at once.
         assert_eq!(
-            book.check("r.ns", &old, || (t0 + Duration::from_secs(2), Duration::from_secs(1))),
+            book.check("r.ns", &old, || (
+                t0 + Duration::from_secs(2),
+                Duration::from_secs(1)
+            )),
             Verdict::Unknown
         );
         book.prune(t0 + GRACE, GRACE);
         let table = book.table.load();
-        assert_eq!(&*table.get("r.ns").unwrap().revisions, &[("r-2".into(), None)]);
+        assert_eq!(
+            &*table.get("r.ns").unwrap().revisions,
+            &[("r-2".into(), None)]
+        );
         // A deleted route keeps its revisions for the grace, then leaves the book.
         book.delete("ns", "r", t0 + GRACE, GRACE);
         let new = RevisionKey::new("ns", "r-2");
@@ -439,11 +469,15 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             writer.set(route("ns", "r", &["r.ns"], &["r-2"]), Instant::now(), GRACE);
         });
-        let v = book.catch_up("r.ns", &key, || (Instant::now(), GRACE)).await;
+        let v = book
+            .catch_up("r.ns", &key, || (Instant::now(), GRACE))
+            .await;
         assert_eq!(v, Verdict::Allowed);
         let started = Instant::now();
         let v = book
-            .catch_up("r.ns", &RevisionKey::new("ns", "nope"), || (Instant::now(), GRACE))
+            .catch_up("r.ns", &RevisionKey::new("ns", "nope"), || {
+                (Instant::now(), GRACE)
+            })
             .await;
         assert_eq!((v, started.elapsed()), (Verdict::Unknown, CATCH_UP));
     }

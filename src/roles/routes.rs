@@ -251,10 +251,7 @@ mod tests {
             service_of("istio-ingressgateway.istio-system.svc.cluster.local"),
             Some(("istio-system".into(), "istio-ingressgateway".into()))
         );
-        assert_eq!(
-            service_of("gw.ns.svc"),
-            Some(("ns".into(), "gw".into()))
-        );
+        assert_eq!(service_of("gw.ns.svc"), Some(("ns".into(), "gw".into())));
         assert_eq!(service_of("gw.ns"), Some(("ns".into(), "gw".into())));
         assert_eq!(service_of("gw"), None);
         let both = gateway_services(&IstioConfig::default());
@@ -284,7 +281,11 @@ mod tests {
             "old-web.team-a.example.com",
             "old-web.team-a",
         ] {
-            assert!(input.hosts.iter().any(|x| x == h), "{h} in {:?}", input.hosts);
+            assert!(
+                input.hosts.iter().any(|x| x == h),
+                "{h} in {:?}",
+                input.hosts
+            );
         }
         assert_eq!(input.revisions, ["web-2", "web-1"]);
     }
