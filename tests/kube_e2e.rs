@@ -748,10 +748,7 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     };
     let _kubelet = Kubelet::start(
         c.client.clone(),
-        vec![
-            ("hello-00001".into(), pod.clone()),
-            ("other-00001".into(), pod),
-        ],
+        vec![("hello-00001".into(), pod), ("other-00001".into(), pod)],
     );
     let (s1, a1, aa) = (free_port(), free_port(), free_port());
     let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);

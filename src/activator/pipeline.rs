@@ -4,7 +4,10 @@
 //! 1. probes (`routing::probe`): kubelet and Knative probes are answered before anything else,
 //!    so health never depends on a revision;
 //! 2. header limits (`headers::check_limits`): 431 before any work is spent on the request;
-//! 3. routing (`Activator::resolve`): 404 with a reason;
+//! 3. routing (`Activator::resolve`): 404 with a reason; then, on Kubernetes, the route check
+//!    (`route_check`: the host's Route must be of the revision's namespace and route it, else
+//!    404 without detail; a host or revision not known yet waits up to a second for the Route
+//!    watch);
 //! 4. accounting (`Ticket`): from here the request counts as concurrency — held time included,
 //!    as the autoscaler needs — until its response body ends;
 //! 5. cold-start poke (`ColdStart`): a revision without ready endpoints pokes the scaler now;

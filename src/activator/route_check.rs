@@ -58,6 +58,11 @@ struct Entry {
     revisions: Box<[Routed]>,
 }
 
+/// A Route's `(namespace, name)`.
+type RouteKey = (Box<str>, Box<str>);
+/// The writer's records, by Route.
+type Records = HashMap<RouteKey, Record>;
+
 /// One Route as the writer keeps it.
 #[derive(Debug, Default)]
 struct Record {
@@ -80,7 +85,7 @@ pub struct RouteInput {
 /// Every Route's hosts and routed revisions (the module doc).
 pub struct RouteBook {
     table: ArcSwap<PersistentMap<Box<str>, Arc<Entry>>>,
-    records: Mutex<HashMap<(Box<str>, Box<str>), Record>>,
+    records: Mutex<Records>,
     /// Bumped at each change of the table (the catch-up waits on it).
     version: watch::Sender<u64>,
     /// The Routes have been listed once.
@@ -206,7 +211,7 @@ impl RouteBook {
             .iter()
             .map(|r| (r.namespace.clone(), r.name.clone()))
             .collect();
-        let gone: Vec<(Box<str>, Box<str>)> = self
+        let gone: Vec<RouteKey> = self
             .lock()
             .keys()
             .filter(|(ns, n)| !listed.contains(&(ns.to_string(), n.to_string())))
@@ -224,7 +229,7 @@ impl RouteBook {
     /// Drops the revisions whose grace has passed (and deleted Routes left with none).
     pub fn prune(&self, now: Instant, grace: Duration) {
         let mut records = self.lock();
-        let expired: Vec<(Box<str>, Box<str>)> = records
+        let expired: Vec<RouteKey> = records
             .iter()
             .filter(|(_, r)| {
                 r.revisions
@@ -257,7 +262,7 @@ impl RouteBook {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<(Box<str>, Box<str>), Record>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -266,8 +271,8 @@ impl RouteBook {
     /// has (and only where they still point at this Route).
     fn publish(
         &self,
-        records: &mut HashMap<(Box<str>, Box<str>), Record>,
-        key: (Box<str>, Box<str>),
+        records: &mut Records,
+        key: RouteKey,
         old_hosts: Option<Vec<Box<str>>>,
         mut record: Record,
         now: Instant,
