@@ -1050,8 +1050,8 @@ fn activator_service_carries_the_data_port_only() {
         assert_eq!(to_admin, name(s) == "activator-metrics", "{}", name(s));
     }
 
-    // The NetworkPolicy opens the data port to all and the admin port to the autoscaler and
-    // labelled (Prometheus) namespaces only.
+    // The NetworkPolicy opens the admin port to the autoscaler and labelled (Prometheus)
+    // namespaces only.
     let np = find(&all, "NetworkPolicy", "activator");
     assert_eq!(
         np["spec"]["podSelector"]["matchLabels"],
@@ -1096,6 +1096,60 @@ fn activator_service_carries_the_data_port_only() {
         admin_from.iter().any(|p| p.get("podSelector").is_some()),
         "the autoscaler"
     );
+
+    // The data port: the container's `http` port, admitted from the namespace of every
+    // gateway Service config-istio names (as shipped) and from mesh namespaces, each peer a
+    // namespace selected by label (never every pod, never an empty selector).
+    let cm = find(&all, "ConfigMap", "config-istio");
+    let data_cm: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(cm["data"].clone()).unwrap();
+    let istio =
+        <thaw::config::network::IstioConfig as thaw::config::keys::ConfigMap>::parse(&data_cm)
+            .unwrap()
+            .config;
+    let gateway_namespaces: std::collections::BTreeSet<String> = istio
+        .external_gateways
+        .iter()
+        .chain(&istio.local_gateways)
+        .map(|g| g.service.split('.').nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(container_port(c, "http"), data);
+    let mut data_from = Vec::new();
+    for rule in np["spec"]["ingress"].as_array().unwrap() {
+        let ports: Vec<i64> = rule["ports"]
+            .as_array()
+            .expect("every rule names its ports")
+            .iter()
+            .map(|p| p["port"].as_i64().unwrap())
+            .collect();
+        if ports.contains(&data) {
+            let from = rule["from"]
+                .as_array()
+                .expect("the data port names its peers");
+            data_from.extend(from.iter().cloned());
+        }
+    }
+    let mut admitted = std::collections::BTreeSet::new();
+    for peer in &data_from {
+        assert!(peer.get("podSelector").is_none() && peer.get("ipBlock").is_none());
+        let labels = peer["namespaceSelector"]["matchLabels"]
+            .as_object()
+            .expect("a namespace by label");
+        assert!(
+            !labels.is_empty(),
+            "an empty namespaceSelector is every namespace"
+        );
+        if let Some(ns) = labels.get("kubernetes.io/metadata.name") {
+            admitted.insert(ns.as_str().unwrap().to_string());
+        } else {
+            assert_eq!(
+                labels.get("istio-injection"),
+                Some(&json!("enabled")),
+                "the mesh"
+            );
+        }
+    }
+    assert_eq!(admitted, gateway_namespaces, "the gateways' namespaces");
 }
 
 #[test]
@@ -1905,6 +1959,18 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
     );
 }
 
+/// The documents of the kustomize Component in `dir` (its kustomization's resources).
+fn component_docs(dir: &Path) -> Vec<Value> {
+    let k = docs(&dir.join("kustomization.yaml")).remove(0);
+    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
+    k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
+        .collect()
+}
+
 /// The optional local gateway: config-istio's default local gateway (its Gateway's namespace
 /// and name, its Service's host), the Service's port 80 named as the prober reads it and
 /// pointing at the port the Gateway serves HTTP on, both selecting the same pods. Every
@@ -1913,14 +1979,7 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
 #[test]
 fn the_local_gateway_component_is_config_istios_default_and_the_virtual_services_parse() {
     let dir = deploy().join("components/istio-local-gateway");
-    let k = docs(&dir.join("kustomization.yaml")).remove(0);
-    assert_eq!(kind(&k), ("kustomize.config.k8s.io/v1alpha1", "Component"));
-    let all: Vec<Value> = k["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| docs(&dir.join(r.as_str().unwrap())))
-        .collect();
+    let all = component_docs(&dir);
     let gw = all.iter().find(|d| kind(d).1 == "Gateway").unwrap();
     let svc = all.iter().find(|d| kind(d).1 == "Service").unwrap();
     let local = thaw::config::network::IstioConfig::default().local_gateways[0].clone();
@@ -2032,4 +2091,62 @@ fn the_gateway_api_examples_are_config_gateways_defaults_and_the_http_route_pars
             );
         }
     }
+}
+
+/// The optional mesh component: an Istio AuthorizationPolicy selecting the activator's pods,
+/// admitting its data port from the gateways' service account (in the namespace of
+/// config-istio's gateway Services) and from mesh principals, and its admin port (left to the
+/// NetworkPolicy); the ports are the activator's container ports.
+#[test]
+fn the_istio_authorization_component_admits_the_gateways_and_the_mesh() {
+    let dir = deploy().join("components/istio-authorization");
+    let all = component_docs(&dir);
+    let ap = all
+        .iter()
+        .find(|d| kind(d) == ("security.istio.io/v1", "AuthorizationPolicy"))
+        .unwrap();
+    let applied = applied();
+    let d = find(&applied, "Deployment", "activator");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(str_at(ap, "/metadata/namespace"), SYSTEM_NAMESPACE);
+    assert_eq!(
+        ap["spec"]["selector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(ap["spec"]["action"], "ALLOW");
+    let port = |p: i64| json!([{"operation": {"ports": [p.to_string()]}}]);
+    let (data, admin) = (container_port(c, "http"), container_port(c, "admin"));
+    let rules = ap["spec"]["rules"].as_array().unwrap();
+    let from_data: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["to"] == port(data))
+        .flat_map(|r| r["from"].as_array().unwrap())
+        .flat_map(|f| f["source"]["principals"].as_array().unwrap())
+        .collect();
+    let gateway_ns = thaw::config::network::IstioConfig::default().external_gateways[0]
+        .service
+        .split('.')
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert!(
+        from_data.iter().any(|p| p
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("cluster.local/ns/{gateway_ns}/sa/"))),
+        "the gateways: {from_data:?}"
+    );
+    assert!(from_data.contains(&&json!("*")), "the mesh");
+    assert!(
+        rules.iter().any(|r| r["to"] == port(admin)),
+        "the admin port"
+    );
+    assert_eq!(
+        rules
+            .iter()
+            .filter(|r| r["to"] != port(data) && r["to"] != port(admin))
+            .count(),
+        0,
+        "no other port"
+    );
 }

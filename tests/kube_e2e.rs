@@ -70,7 +70,7 @@ async fn the_stats_token_is_made_waited_for_and_rotated_live() {
     let act_admin = free_port();
     c.activator_service(&[data]).await;
     // The activator alone first: healthy at once, not ready, and saying why.
-    let act = activator(&c, "act-1", data, act_admin);
+    let act = activator(&c, "act-1", data, act_admin).await;
     let (code, body) = until(LONG, "the activator's /readyz", || async {
         let (code, body) = status_of(admin_addr(act_admin), "/readyz").await;
         (code != 0 && body.contains("stats token")).then_some((code, body))
@@ -159,8 +159,8 @@ async fn cold_start_split_swap_and_scale_to_zero() {
     );
     let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);
     let _as2 = autoscaler(&c, "autoscaler-2", s2, a2);
-    let act1 = activator(&c, "activator-1", acts[0], aa1);
-    let act2 = activator(&c, "activator-2", acts[1], aa2);
+    let act1 = activator(&c, "activator-1", acts[0], aa1).await;
+    let act2 = activator(&c, "activator-2", acts[1], aa2).await;
     until(LONG, "activators ready", || async {
         (ready(aa1).await && ready(aa2).await).then_some(())
     })
@@ -458,7 +458,7 @@ async fn crash_loop_failover_and_api_server_cut() {
     );
     let mut as1 = autoscaler(&c, "autoscaler-1", s1, a1);
     let mut as2 = autoscaler(&c, "autoscaler-2", s2, a2);
-    let activator = activator(&c, "activator-1", act, aa);
+    let activator = activator(&c, "activator-1", act, aa).await;
     until(LONG, "activator ready", || async {
         ready(aa).await.then_some(())
     })
@@ -593,7 +593,7 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
     );
     let (s1, a1, aa) = (free_port(), free_port(), free_port());
     let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);
-    let _act = activator(&c, "activator-1", act, aa);
+    let _act = activator(&c, "activator-1", act, aa).await;
     until(LONG, "activator ready", || async {
         ready(aa).await.then_some(())
     })
@@ -681,5 +681,158 @@ async fn sidecars_take_the_activator_out_of_the_path_and_back() {
             .iter()
             .any(|(_, s)| *s == Seen::Public("side-00001".into(), vec![act])),
         "the public endpoints went back to the activator before zero: {timeline:?}"
+    );
+}
+
+/// The route check and the gateways' trust (SECURITY.md, "Tenancy"): a request reaches a
+/// revision only through a host of a Route of its namespace that routes it (cluster-local
+/// short names included), a revision no Route routes is 404, a just-unrouted one is served
+/// for `routing-grace` and refused after it (the last good grace kept through a bad edit), and
+/// Knative's routing headers are believed from config-istio's gateway endpoints alone, a new
+/// one trusted without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_live() {
+    let c = Cluster::start(serde_json::json!({})).await;
+    c.config_map(
+        "config-activator",
+        serde_json::json!({"routing-grace": "5s"}),
+    )
+    .await;
+    let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    c.activator_service(&[act]).await;
+    let warm = serde_json::json!({"autoscaling.knative.dev/min-scale": "1"});
+    c.revision("hello-00001", 0, warm.clone()).await;
+    c.revision("other-00001", 0, warm).await;
+    c.unrouted_revision(
+        "reserve-00001",
+        0,
+        serde_json::json!({"autoscaling.knative.dev/initial-scale": "0"}),
+    )
+    .await;
+    // team-a's Route, naming a revision called as team-b's (this rig's namespace) is.
+    c.route("team-a", "web", &["hello-00001"]).await;
+    let pod = PodKind {
+        stats: false,
+        crash: false,
+        sidecar: None,
+    };
+    let _kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![("hello-00001".into(), pod), ("other-00001".into(), pod)],
+    );
+    let (s1, a1, aa) = (free_port(), free_port(), free_port());
+    let _as1 = autoscaler(&c, "autoscaler-1", s1, a1);
+    let activator = activator(&c, "activator-1", act, aa).await;
+    until(LONG, "activator ready", || async {
+        ready(aa).await.then_some(())
+    })
+    .await;
+    let client = http();
+    for rev in ["hello-00001", "other-00001"] {
+        until(LONG, "warm revisions serving", || async {
+            (get(&client, act, rev, "/").await.0 == 200).then_some(())
+        })
+        .await;
+    }
+    let hello = format!("hello-00001.{NS}.svc.cluster.local");
+    let named = |rev| Some((NS, rev));
+
+    // Cluster-local short names are the Route's hosts too.
+    for host in [format!("hello-00001.{NS}"), format!("hello-00001.{NS}.svc")] {
+        let (status, _, body) = get_as(&client, act, &host, named("hello-00001"), "/").await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    // team-a's host with team-b's revision named: 404 from a trusted peer, without detail.
+    let (status, _, body) = get_as(
+        &client,
+        act,
+        "web.team-a.svc.cluster.local",
+        named("hello-00001"),
+        "/",
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("hello") && !body.contains(NS), "{body}");
+    // A revision no Route routes: neither named through another route's host nor by its own.
+    let (status, _, body) = get_as(&client, act, &hello, named("reserve-00001"), "/").await;
+    assert_eq!(status, 404, "{body}");
+    let reserve = format!("reserve-00001.{NS}.svc.cluster.local");
+    assert_eq!(get_as(&client, act, &reserve, None, "/").await.0, 404);
+    // hello's host naming other: refused from the gateway (127.0.0.1) ...
+    assert_eq!(
+        get_as(&client, act, &hello, named("other-00001"), "/")
+            .await
+            .0,
+        404
+    );
+    // ... and from a peer that is no gateway the headers are ignored: the host routes.
+    let stranger = http_from([127, 0, 0, 2].into());
+    let (status, _, body) = get_as(&stranger, act, &hello, named("other-00001"), "/").await;
+    assert_eq!(status, 200, "{body}");
+    // Published as a gateway endpoint, the same peer is believed without a restart.
+    c.gateways_at(&[[127, 0, 0, 1].into(), [127, 0, 0, 2].into()])
+        .await;
+    until(LONG, "the new gateway endpoint trusted", || async {
+        (get_as(&stranger, act, &hello, named("other-00001"), "/")
+            .await
+            .0
+            == 404)
+            .then_some(())
+    })
+    .await;
+    let refused = metric(
+        &get_text(admin_addr(aa), "/metrics").await,
+        "thaw_activator_route_refused_total",
+        &[],
+    );
+    assert!(refused >= 4.0, "refusals counted: {refused}");
+
+    // A bad routing-grace is rejected naming the key; the last good one (5 s) stays.
+    c.config_map(
+        "config-activator",
+        serde_json::json!({"routing-grace": "soon"}),
+    )
+    .await;
+    until(LONG, "the bad routing-grace rejected", || async {
+        let text = get_text(admin_addr(aa), "/metrics").await;
+        let rejected = metric(
+            &text,
+            "thaw_config_reload_rejected_total",
+            &["config-activator"],
+        );
+        (rejected >= 1.0).then_some(())
+    })
+    .await;
+    let logs = activator.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("rejected") && l.contains("routing-grace") && l.contains("soon")),
+        "the rejection names the key and the value:\n{logs}"
+    );
+    // hello's Route moves to other: once the activator sees it (other is served through
+    // hello's host), hello is still served within the grace, and refused after it.
+    c.route(NS, "hello-00001", &["other-00001"]).await;
+    until(LONG, "the route change seen", || async {
+        (get_as(&client, act, &hello, named("other-00001"), "/")
+            .await
+            .0
+            == 200)
+            .then_some(())
+    })
+    .await;
+    let moved = Instant::now();
+    let (status, _, body) = get_as(&client, act, &hello, named("hello-00001"), "/").await;
+    assert_eq!(status, 200, "within the grace: {body}");
+    until(LONG, "hello refused after the grace", || async {
+        (get_as(&client, act, &hello, named("hello-00001"), "/")
+            .await
+            .0
+            == 404)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        moved.elapsed() < Duration::from_secs(30),
+        "the 5 s grace, not the 60 s default"
     );
 }

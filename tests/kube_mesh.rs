@@ -103,7 +103,7 @@ async fn strict_pods_are_reached_through_the_private_service() {
     );
     let (s1, a1, aa) = (free_port(), free_port(), free_port());
     let mut asc = autoscaler(&c, "autoscaler-1", s1, a1);
-    let mut acti = activator(&c, "activator-1", act, aa);
+    let mut acti = activator(&c, "activator-1", act, aa).await;
     until(LONG, "activator ready", || async {
         ready(aa).await.then_some(())
     })
@@ -177,7 +177,7 @@ async fn strict_pods_are_reached_through_the_private_service() {
     acti.kill();
     let (s2, a2, aa2) = (free_port(), free_port(), free_port());
     let _asc = autoscaler(&c, "autoscaler-2", s2, a2);
-    let _acti = activator(&c, "activator-2", act, aa2);
+    let _acti = activator(&c, "activator-2", act, aa2).await;
     until(LONG, "activator ready", || async {
         ready(aa2).await.then_some(())
     })

@@ -24,6 +24,7 @@ use super::error::ActivatorError;
 use super::headers::NextHop;
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
+use super::route_check::{RouteGuard, Verdict};
 use super::routing::Target;
 use super::throttler::HeldBudget;
 use crate::autoscaler::scaler::ScaleStates;
@@ -227,6 +228,9 @@ pub struct Activator {
     /// drain timeout.
     pub(crate) tunnels: TaskTracker,
     pub(crate) tunnel_cancel: CancellationToken,
+    /// Kubernetes: the Routes requests are checked against and the gateways believed by
+    /// default ([`Activator::guard_routes`]).
+    guard: OnceLock<RouteGuard>,
 }
 
 impl Activator {
@@ -250,6 +254,7 @@ impl Activator {
             draining: AtomicBool::new(false),
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
+            guard: OnceLock::new(),
         });
         {
             let _guard = act.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -265,6 +270,42 @@ impl Activator {
     /// call is ignored. Stop the workers only after `serve` has returned.
     pub fn use_workers(&self, workers: Arc<crate::percore::Workers>) {
         let _ = self.workers.set(workers);
+    }
+
+    /// Checks every request against `guard` from now on (`thaw activator`, see
+    /// [`super::route_check`]): a request reaches a revision only through a host of a Route
+    /// of its namespace that routes it, and `trusted-proxies`' default believes the gateways'
+    /// endpoints. Call before `serve`; a second call is ignored.
+    pub fn guard_routes(&self, guard: RouteGuard) {
+        let _ = self.guard.set(guard);
+    }
+
+    /// What the route check says of `host` reaching `key` (always allowed without a guard:
+    /// `thaw local` and embeddings, where the catalog's host table is the routes').
+    pub(crate) fn admits(&self, host: Option<&str>, key: &RevisionKey) -> Verdict {
+        let Some(g) = self.guard.get() else {
+            return Verdict::Allowed;
+        };
+        let Some(host) = host else {
+            return Verdict::Refused;
+        };
+        g.routes.check(host, key, || self.grace_now())
+    }
+
+    /// Waits (up to [`super::route_check::CATCH_UP`]) for the Route watch to allow `host`
+    /// reaching `key`: the request path's answer to [`Verdict::Unknown`].
+    pub(crate) async fn admits_after_catch_up(&self, host: &str, key: &RevisionKey) -> bool {
+        match self.guard.get() {
+            Some(g) => g.routes.catch_up(host, key, || self.grace_now()).await == Verdict::Allowed,
+            None => true,
+        }
+    }
+
+    fn grace_now(&self) -> (tokio::time::Instant, std::time::Duration) {
+        (
+            tokio::time::Instant::now(),
+            self.deps.config.load().routing_grace,
+        )
     }
 
     /// The upstream clients for the current thread: a worker's own pool when workers are in
@@ -498,16 +539,15 @@ impl Activator {
         (known, self.used_lock().len())
     }
 
-    /// Whether `peer` is a trusted proxy (`trusted-proxies`; by default every peer on
-    /// Kubernetes, where requests come through the ingress and the mesh, and none in `thaw
-    /// local`, where thaw is itself the ingress).
+    /// Whether `peer` is a trusted proxy (`trusted-proxies`; by default, on Kubernetes, the
+    /// ready endpoints of config-istio's gateway Services ([`Activator::guard_routes`]; every
+    /// peer for a sidecar-facing activator without a guard), and none in `thaw local`, where
+    /// thaw is itself the ingress).
     pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
-        let role_default = self.deps.next_hop == NextHop::Sidecar;
-        self.deps
-            .config
-            .load()
-            .trusted_proxies
-            .trusts(peer, role_default)
+        self.deps.config.load().trusted_proxies.trusts(peer, |p| {
+            self.deps.next_hop == NextHop::Sidecar
+                && self.guard.get().is_none_or(|g| g.gateways.contains(p))
+        })
     }
 
     /// Whether drain has begun (readiness fails from then on).

@@ -108,6 +108,11 @@ fn cold_target(
     let trusted = !seen.asks_for_trust() || stream.peer_addr().is_ok_and(|p| act.trusts(p.ip()));
     let target = routing::target(&seen, &head.uri, head.version, trusted).ok()?;
     let state = act.resolve(target).ok()?;
+    // Only what the route check allows now is held early; the rest is left to the pipeline.
+    let host = routing::request_host(&seen, &head.uri);
+    if act.admits(host, &state.key) != super::route_check::Verdict::Allowed {
+        return None;
+    }
     let cold = state.throttler.is_cold();
     cold.then_some(state)
 }

@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod report;
 pub mod request_fields;
 pub mod rev_state;
+pub mod route_check;
 pub mod routing;
 pub mod server;
 pub mod testing;

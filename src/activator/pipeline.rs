@@ -4,7 +4,10 @@
 //! 1. probes (`routing::probe`): kubelet and Knative probes are answered before anything else,
 //!    so health never depends on a revision;
 //! 2. header limits (`headers::check_limits`): 431 before any work is spent on the request;
-//! 3. routing (`Activator::resolve`): 404 with a reason;
+//! 3. routing (`Activator::resolve`): 404 with a reason; then, on Kubernetes, the route check
+//!    (`route_check`: the host's Route must be of the revision's namespace and route it, else
+//!    404 without detail; a host or revision not known yet waits up to a second for the Route
+//!    watch);
 //! 4. accounting (`Ticket`): from here the request counts as concurrency — held time included,
 //!    as the autoscaler needs — until its response body ends;
 //! 5. cold-start poke (`ColdStart`): a revision without ready endpoints pokes the scaler now;
@@ -35,6 +38,7 @@ use super::headers::{self as hdr, NextHop, SERVER_TIMING, X_REQUEST_ID};
 use super::proxy::{self, AttemptLimits, Outbound};
 use super::request_fields::{Prepare, Scan};
 use super::rev_state::RevisionState;
+use super::route_check::Verdict;
 use super::routing::{self, FieldRef, Probe};
 use super::throttler::{Admission, HoldLimits, Rejection};
 use super::ticket::Ticket;
@@ -107,15 +111,40 @@ impl Handler for Activator {
                 // An early hold routed this request already: it stays with the revision it was held
                 // for, as a request held here would, even if the catalog changed meanwhile.
                 match &early {
-                    Some(e) => Ok(e.state.clone()),
+                    Some(e) => Ok((e.state.clone(), None)),
                     None => {
                         // The peer is looked up only for a request that carries something
                         // believed from trusted peers alone.
                         let trusted = !seen.asks_for_trust() || act.trusts(peer.ip());
                         routing::target(&seen, req.uri(), req.version(), trusted)
                             .and_then(|t| act.resolve(t))
+                            .and_then(|state| {
+                                let host = routing::request_host(&seen, req.uri());
+                                match act.admits(host, &state.key) {
+                                    Verdict::Allowed => Ok((state, None)),
+                                    Verdict::Unknown => {
+                                        // Owned only here: the Route watch may be a moment
+                                        // behind the gateways.
+                                        let host = host.map(Box::<str>::from);
+                                        Ok((state, host))
+                                    }
+                                    Verdict::Refused => Err(not_routed(act)),
+                                }
+                            })
                     }
                 }
+            };
+            let routed = match routed {
+                Ok((state, Some(host))) => {
+                    // Boxed: a rare wait, kept out of every request future's size.
+                    if Box::pin(act.admits_after_catch_up(&host, &state.key)).await {
+                        Ok(state)
+                    } else {
+                        Err(not_routed(act))
+                    }
+                }
+                Ok((state, None)) => Ok(state),
+                Err(e) => Err(e),
             };
             let state = match routed {
                 Ok(state) => state,
@@ -177,6 +206,13 @@ impl Handler for Activator {
         }
         Ok(resp)
     }
+}
+
+/// A request the route check refused: counted, and answered 404 without saying why (the
+/// revision or namespace another tenant's host was tried with is not echoed).
+fn not_routed(act: &Activator) -> ActivatorError {
+    act.deps.telemetry.activator.route_refused.inc();
+    ActivatorError::NotFound("not found".into())
 }
 
 /// `HTTP2-Settings`, sent with `Upgrade: h2c`.

@@ -160,6 +160,15 @@ pub enum Target<'a> {
     Host(&'a str),
 }
 
+/// The host a request names, as routing reads it: an absolute-form target's authority (h2's
+/// `:authority`), else the first `Host`.
+pub fn request_host<'a>(seen: &Seen<'a>, uri: &'a Uri) -> Option<&'a str> {
+    uri.authority()
+        .map(|a| a.as_str())
+        .or_else(|| seen.host.and_then(FieldRef::to_str))
+        .filter(|h| !h.is_empty())
+}
+
 /// The request's target, or why it has none: 400 for an ambiguous or missing host (the engine's
 /// host rule, `http1::host`, which the queue sidecar applies too), 404 otherwise.
 ///

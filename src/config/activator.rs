@@ -56,6 +56,10 @@ pub struct ActivatorConfig {
     /// `trusted-proxies`: the peers whose `Knative-Serving-Namespace`/`-Revision` routing
     /// headers and `X-Forwarded-Proto`/`-Host`, `Forwarded` and `X-Real-IP` are believed.
     pub trusted_proxies: TrustedProxies,
+    /// `routing-grace`: how long a revision a Route stopped routing (or a deleted Route's
+    /// revision) is still served for that Route's hosts, so requests the gateways send while
+    /// they catch up with a rollout are not refused.
+    pub routing_grace: Duration,
     /// `allowed-upgrades`: the `Upgrade` protocols passed through as tunnels (lower case); any
     /// other is answered 501. `h2c` is never a tunnel: such a request is served over HTTP/1.1.
     pub allowed_upgrades: Vec<String>,
@@ -64,8 +68,8 @@ pub struct ActivatorConfig {
 /// Which peers the activator believes about routing and forwarding (`trusted-proxies`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TrustedProxies {
-    /// `""`: the role's default: every peer on Kubernetes (only the ingress and the mesh reach
-    /// the activator there), none in `thaw local` (where thaw is itself the ingress).
+    /// `""`: the role's default: on Kubernetes the ready endpoints of config-istio's gateway
+    /// Services (followed live), none in `thaw local` (where thaw is itself the ingress).
     #[default]
     RoleDefault,
     /// `"*"`: every peer.
@@ -75,10 +79,15 @@ pub enum TrustedProxies {
 }
 
 impl TrustedProxies {
-    /// Whether `peer` is trusted; `role_default` is the answer for [`TrustedProxies::RoleDefault`].
-    pub fn trusts(&self, peer: std::net::IpAddr, role_default: bool) -> bool {
+    /// Whether `peer` is trusted; `role_default` answers for [`TrustedProxies::RoleDefault`]
+    /// (called only then).
+    pub fn trusts(
+        &self,
+        peer: std::net::IpAddr,
+        role_default: impl FnOnce(std::net::IpAddr) -> bool,
+    ) -> bool {
         match self {
-            TrustedProxies::RoleDefault => role_default,
+            TrustedProxies::RoleDefault => role_default(peer),
             TrustedProxies::Every => true,
             TrustedProxies::Only(nets) => {
                 let peer = peer.to_canonical();
@@ -150,6 +159,7 @@ impl Default for ActivatorConfig {
             retry_after: Duration::from_secs(1),
             fast_lane: true,
             trusted_proxies: TrustedProxies::RoleDefault,
+            routing_grace: Duration::from_secs(60),
             allowed_upgrades: vec!["websocket".to_string()],
         }
     }
@@ -378,7 +388,8 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
         unit: "addresses and CIDR ranges, \"*\", \"none\" or empty",
         help: "Peers whose Knative-Serving-Namespace/-Revision headers route and whose \
                X-Forwarded-Proto/-Host, Forwarded and X-Real-IP are kept; from anyone else they \
-               are ignored and replaced. Empty: every peer on Kubernetes, none in thaw local.",
+               are ignored and replaced. Empty: the ready endpoints of config-istio's gateway \
+               Services on Kubernetes, none in thaw local.",
         parse: |c, s| {
             c.trusted_proxies = TrustedProxies::parse(s)?;
             Ok(())
@@ -387,6 +398,17 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             let v = c.trusted_proxies.show();
             (v.clone(), serde_json::Value::from(v))
         },
+    },
+    Key {
+        name: "routing-grace",
+        unit: "duration",
+        help: "On Kubernetes, how long a revision a Route stopped routing is still served for \
+               that Route's hosts (gateways catching up with a rollout); after it, 404.",
+        parse: |c, s| {
+            c.routing_grace = duration_in(s, Duration::ZERO, HOUR, false)?;
+            Ok(())
+        },
+        show: |c| keys::show_duration(c.routing_grace),
     },
     Key {
         name: "allowed-upgrades",

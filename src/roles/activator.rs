@@ -9,6 +9,10 @@
 //! server is away it keeps serving warm traffic and holding cold traffic (a held request still
 //! ends by its cold-wait deadline). `/readyz` depends on neither after the first sync.
 //!
+//! Every request is checked against the Routes ([`super::routes`]): it reaches a revision
+//! only through a host of a Route of the revision's namespace that routes it (or did, within
+//! `routing-grace`), and `trusted-proxies`' default believes the gateways' endpoints alone.
+//!
 //! The admin port answers from the start: `/healthz` at once, `/readyz` 503 saying what it
 //! waits for until the first sync is done and the stats token is known (the Secret, followed
 //! live, which the autoscaler leader creates when it is absent).
@@ -184,14 +188,22 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
             stop.clone(),
         ),
     };
-    // The first sync: revisions, endpoints, the public slices (and the private Services the
-    // mesh mode needs) listed once; and the token.
+    // The Routes requests are checked against, and the gateways believed by default.
+    let guard = super::routes::follow(
+        client.clone(),
+        args.namespace.as_deref(),
+        live.clone(),
+        stop.clone(),
+    );
+    // The first sync: revisions, endpoints, the public slices, the Routes (and the private
+    // Services the mesh mode needs) listed once; and the token.
     tokio::select! {
         _ = async {
             platform.wait_synced().await;
             followed.wait_synced().await;
             let _ = public_synced.wait_for(|s| *s).await;
             let _ = services_synced.wait_for(|s| *s).await;
+            guard.routes.wait_synced().await;
             info!(revisions = catalog.load().len(), "first sync done");
             waiting.send_replace(
                 "the stats token (the Secret thaw-stats-token, which the autoscaler leader creates)",
@@ -223,6 +235,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         source_name: name.into(),
         next_hop: NextHop::Sidecar,
     });
+    activator.guard_routes(guard);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = Arc::new(
         Workers::start(cores)

@@ -10,6 +10,7 @@ pub mod autoscaler;
 pub mod controller;
 pub mod mesh;
 pub mod pull;
+pub mod routes;
 pub mod serving;
 pub mod share;
 pub mod subset;

@@ -151,6 +151,10 @@ pub struct ActivatorMetrics {
     /// for `request-body-idle-timeout` (answered 408, or the connection closed once the
     /// response had started).
     pub request_body_timeouts: Counter,
+    /// `thaw_activator_route_refused_total`: requests the route check refused (their host's
+    /// Route is another namespace's or does not route the revision; also counted as
+    /// `unmatched{reason="not_found"}`).
+    pub route_refused: Counter,
 }
 
 impl ActivatorMetrics {
@@ -175,6 +179,7 @@ impl ActivatorMetrics {
             connections: Gauge::default(),
             stats_dropped: Counter::default(),
             request_body_timeouts: Counter::default(),
+            route_refused: Counter::default(),
         };
         let r = reg;
         r.register(
@@ -266,6 +271,11 @@ impl ActivatorMetrics {
             "activator_request_body_timeouts",
             "Request bodies cut after sending nothing for request-body-idle-timeout",
             m.request_body_timeouts.clone(),
+        );
+        r.register(
+            "activator_route_refused",
+            "Requests refused because their host's Route does not route the revision they name",
+            m.route_refused.clone(),
         );
         m
     }

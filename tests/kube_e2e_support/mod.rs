@@ -157,9 +157,56 @@ impl Cluster {
         }
     }
 
-    /// A revision as the controller would make it: the Revision, its Deployment (at 0), and
-    /// its public Service without a selector.
+    /// Publishes config-istio's default gateway Services (external and local) with one ready
+    /// endpoint per address in `peers`: the peers `thaw activator` believes by default.
+    pub async fn gateways_at(&self, peers: &[std::net::IpAddr]) {
+        let pods: Vec<SocketAddr> = peers.iter().map(|ip| SocketAddr::new(*ip, 80)).collect();
+        let istio = thaw::config::network::IstioConfig::default();
+        for g in istio.external_gateways.iter().chain(&istio.local_gateways) {
+            crate::kube_support::gateway::publish(&self.client, &g.service, &pods).await;
+        }
+    }
+
+    /// A Route `name` in `namespace` whose status routes `revisions` (the first at 100 %), as
+    /// the Route reconciler would leave it; replaced when it exists.
+    pub async fn route(&self, namespace: &str, name: &str, revisions: &[&str]) {
+        let api: Api<thaw::knative::Route> = Api::namespaced(self.client.clone(), namespace);
+        if api.get_opt(name).await.unwrap().is_none() {
+            api.create(
+                &PostParams::default(),
+                &obj(serde_json::json!({
+                    "apiVersion": "serving.knative.dev/v1", "kind": "Route",
+                    "metadata": {"name": name},
+                    "spec": {"traffic": [{"revisionName": revisions[0], "percent": 100}]},
+                })),
+            )
+            .await
+            .unwrap();
+        }
+        let traffic: Vec<serde_json::Value> = revisions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| serde_json::json!({"revisionName": r, "percent": if i == 0 { 100 } else { 0 }}))
+            .collect();
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"traffic": traffic}})),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// A revision as the controller would make it: the Revision, its Deployment (at 0), its
+    /// public Service without a selector, and a Route of the same name routing it (so
+    /// [`get`]'s host, `{name}.{NS}.svc.cluster.local`, reaches it).
     pub async fn revision(&self, name: &str, cc: u32, annotations: serde_json::Value) {
+        self.unrouted_revision(name, cc, annotations).await;
+        self.route(NS, name, &[name]).await;
+    }
+
+    /// [`Cluster::revision`] without its Route.
+    pub async fn unrouted_revision(&self, name: &str, cc: u32, annotations: serde_json::Value) {
         let revs: Api<thaw::knative::Revision> = Api::namespaced(self.client.clone(), NS);
         revs.create(
             &PostParams::default(),
@@ -351,19 +398,42 @@ pub fn http() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-/// GET `path` on `addr` for `revision` (routed by Knative's headers, as an ingress does).
-/// Status, `Server-Timing` and body.
+/// A client whose connections come from `source` (another loopback address: a peer that is
+/// no gateway until published as one).
+pub fn http_from(source: std::net::IpAddr) -> Client<HttpConnector, Full<Bytes>> {
+    let mut conn = HttpConnector::new();
+    conn.set_local_address(Some(source));
+    Client::builder(TokioExecutor::new()).build(conn)
+}
+
+/// GET `path` on `addr` for `revision` (routed by Knative's headers, as an ingress does, for
+/// the host of the Route [`Cluster::revision`] made). Status, `Server-Timing` and body.
 pub async fn get(
     client: &Client<HttpConnector, Full<Bytes>>,
     addr: SocketAddr,
     revision: &str,
     path: &str,
 ) -> (u16, Option<String>, String) {
-    let req = http::Request::get(format!("http://{addr}{path}"))
-        .header("Knative-Serving-Namespace", NS)
-        .header("Knative-Serving-Revision", revision)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let host = format!("{revision}.{NS}.svc.cluster.local");
+    get_as(client, addr, &host, Some((NS, revision)), path).await
+}
+
+/// GET `path` on `addr` with `Host: host` and, when given, Knative's routing headers naming
+/// `(namespace, revision)`. Status, `Server-Timing` and body.
+pub async fn get_as(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    host: &str,
+    named: Option<(&str, &str)>,
+    path: &str,
+) -> (u16, Option<String>, String) {
+    let mut req = http::Request::get(format!("http://{addr}{path}")).header("host", host);
+    if let Some((ns, revision)) = named {
+        req = req
+            .header("Knative-Serving-Namespace", ns)
+            .header("Knative-Serving-Revision", revision);
+    }
+    let req = req.body(Full::new(Bytes::new())).unwrap();
     match client.request(req).await {
         Ok(resp) => {
             let status = resp.status().as_u16();
@@ -823,8 +893,10 @@ pub fn autoscaler(c: &Cluster, name: &str, stats: u16, admin: u16) -> Proc {
     )
 }
 
-/// `thaw activator` on `data`.
-pub fn activator(c: &Cluster, name: &str, data: SocketAddr, admin: u16) -> Proc {
+/// `thaw activator` on `data`, believing Knative's routing headers from this host's
+/// clients (127.0.0.1, published as config-istio's gateways).
+pub async fn activator(c: &Cluster, name: &str, data: SocketAddr, admin: u16) -> Proc {
+    c.gateways_at(&[[127, 0, 0, 1].into()]).await;
     c.spawn(
         name,
         &[

@@ -256,6 +256,14 @@ fn activator_rows() -> Vec<Row> {
             "\"nope\" is not an IP address or CIDR range",
         ),
         (
+            "routing-grace",
+            json!(60),
+            "5s",
+            json!(5),
+            "2h",
+            "must be in",
+        ),
+        (
             "fast-lane",
             json!(true),
             "false",
