@@ -10,6 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tokio::time::Duration;
 
 use crate::http1::Protocol;
+use crate::knative::proxy_tag::Expected;
 
 /// The revision's namespace (required).
 pub const SERVING_NAMESPACE: &str = "SERVING_NAMESPACE";
@@ -47,6 +48,10 @@ pub const THAW_QUEUE_DEPTH: &str = "THAW_QUEUE_DEPTH";
 pub const THAW_DRAIN_DELAY: &str = "THAW_DRAIN_DELAY";
 /// thaw's: the user container's protocol, `http1` (default) or `h2c`.
 pub const THAW_USER_PROTOCOL: &str = "THAW_USER_PROTOCOL";
+/// thaw's: the revision's proxy tag ([`crate::knative::proxy_tag`]), which `K-Proxy-Request`
+/// must carry for a request to count as proxied and its `K-Original-Host` to be believed.
+/// Without it, no request is.
+pub const THAW_PROXY_TAG: &str = "THAW_PROXY_TAG";
 
 /// Every variable the sidecar reads, for `--help` and the README.
 pub const VARIABLES: &[&str] = &[
@@ -67,6 +72,7 @@ pub const VARIABLES: &[&str] = &[
     THAW_QUEUE_DEPTH,
     THAW_DRAIN_DELAY,
     THAW_USER_PROTOCOL,
+    THAW_PROXY_TAG,
 ];
 
 /// `thaw queue --help`'s list of variables.
@@ -83,6 +89,8 @@ Environment (Knative's queue-proxy names where one exists):
   USER_PORT                             the user container's port on 127.0.0.1 (default 8080)
   THAW_USER_HOST                        the user container's address instead of 127.0.0.1 (pods sharing a host)
   THAW_USER_PROTOCOL                    http1 (default) or h2c
+  THAW_PROXY_TAG                        the revision's K-Proxy-Request tag (without it no
+                                        request counts as proxied)
   SERVING_READINESS_PROBE               the container's readiness probe as JSON (default: TCP on USER_PORT)
   QUEUE_SERVING_PORT                    the data port (default 8012)
   THAW_QUEUE_ADMIN_PORT                 the admin port (default 9091)
@@ -164,6 +172,8 @@ pub struct Settings {
     /// The admin listener (flag, else `THAW_QUEUE_ADMIN_PORT` on every interface).
     pub admin: SocketAddr,
     pub drain_delay: Duration,
+    /// The tag an activator's `K-Proxy-Request` carries (`THAW_PROXY_TAG`).
+    pub proxy_tag: Option<Expected>,
 }
 
 /// A problem with one variable.
@@ -337,6 +347,11 @@ impl Settings {
                 ),
             );
         }
+        let proxy_tag = value(THAW_PROXY_TAG).and_then(|v| {
+            Expected::parse(&v)
+                .map_err(|reason| fail(THAW_PROXY_TAG, reason))
+                .ok()
+        });
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -355,6 +370,7 @@ impl Settings {
             data,
             admin,
             drain_delay,
+            proxy_tag,
         })
     }
 }
@@ -477,6 +493,7 @@ mod tests {
             (THAW_DRAIN_DELAY, "soon"),
             (THAW_USER_PROTOCOL, "h3"),
             (SERVING_READINESS_PROBE, "{\"exec\":{}}"),
+            (THAW_PROXY_TAG, "activator"),
         ])
         .unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -488,6 +505,7 @@ mod tests {
             "THAW_DRAIN_DELAY: expected a duration",
             "THAW_USER_PROTOCOL: expected http1 or h2c, got \"h3\"",
             "SERVING_READINESS_PROBE: expected a tcpSocket or httpGet probe",
+            "THAW_PROXY_TAG: must be 64 lowercase hex digits",
         ] {
             assert!(
                 text.iter().any(|t| t.contains(needle)),

@@ -202,6 +202,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         source_name: name.into(),
         next_hop: NextHop::Sidecar,
     });
+    activator.use_proxy_tags(tokens.tagger(stop.clone()));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = Arc::new(
         Workers::start(cores)

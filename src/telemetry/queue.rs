@@ -85,6 +85,9 @@ pub struct QueueMetrics {
     /// Failed exchanges with the user container: refused, closed, cut
     /// (`thaw_queue_user_errors_total`).
     pub user_errors: Counter,
+    /// Requests whose `K-Proxy-Request` lacked the revision's tag, counted as direct
+    /// (`thaw_queue_untagged_proxy_requests_total`).
+    pub untagged_proxy: Counter,
 }
 
 /// The sidecar's registry and its families.
@@ -176,6 +179,11 @@ impl QueueTelemetry {
                 "thaw_queue_user_errors",
                 "Failed exchanges with the user container (refused, closed, cut mid-body)",
             ),
+            untagged_proxy: counter(
+                reg,
+                "thaw_queue_untagged_proxy_requests",
+                "Requests whose K-Proxy-Request lacked the revision's tag: counted as direct, K-Original-Host ignored",
+            ),
         };
         Self { registry, queue }
     }
@@ -230,6 +238,7 @@ mod tests {
             "# TYPE queue_average_concurrent_requests gauge",
             "# TYPE revision_app_request_latencies histogram",
             "thaw_queue_overflow_total{",
+            "thaw_queue_untagged_proxy_requests_total{",
             "process_resident_memory_bytes",
             "thaw_build_info",
         ] {
