@@ -377,7 +377,10 @@ async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
             let q = q.clone();
             tokio::spawn(async move {
                 let proxied = [("k-proxy-request", tag)];
-                let (other, half) = ([("k-proxy-request", other)], [("k-proxy-request", &tag[..32])]);
+                let (other, half) = (
+                    [("k-proxy-request", other)],
+                    [("k-proxy-request", &tag[..32])],
+                );
                 let h: &[(&str, &str)] = match i {
                     0..3 => &proxied,
                     3 => &other,
@@ -395,7 +398,10 @@ async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
     let sum = |k: &str| seen.iter().map(|v| v[k].as_u64().unwrap()).sum::<u64>();
     assert_eq!(sum("requests"), 14, "{seen:#?}");
     assert_eq!(sum("proxiedRequests"), 5, "{seen:#?}");
-    assert_eq!(q.metric("thaw_queue_untagged_proxy_requests_total").await, 3.0);
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        3.0
+    );
     assert!(seen.iter().all(|v| v["pod"] == "hello-00001-pod"));
     // A second wholly inside the long requests: 4 on average, 2 of them proxied.
     let full = seen.iter().find(|v| {
@@ -685,6 +691,22 @@ async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
     (port, task)
 }
 
+/// `/echo` sent with `headers` as a bodiless request (the engine's lane and direct connection)
+/// and as one with a body (hyper's server and client), each answered 200: (method, body sent,
+/// what the container saw).
+async fn echo_both_ways(
+    q: &Queue,
+    headers: &[(&str, &str)],
+) -> Vec<(&'static str, &'static str, String)> {
+    let mut out = Vec::new();
+    for (method, body) in [("GET", ""), ("POST", "some body")] {
+        let (status, _, text) = q.send(method, "/echo", headers, body).await;
+        assert_eq!(status, 200, "{method}: {text}");
+        out.push((method, body, text));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
     let (port, server) = echo_server().await;
@@ -700,11 +722,7 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
         ("connection", "x-hop"),
         ("x-hop", "dropped"),
     ];
-    // A bodiless request (the engine's lane and direct connection) and one with a body
-    // (hyper's server and client).
-    for (method, body) in [("GET", ""), ("POST", "some body")] {
-        let (status, _, text) = q.send(method, "/echo", &sent, body).await;
-        assert_eq!(status, 200, "{text}");
+    for (method, body, text) in echo_both_ways(&q, &sent).await {
         assert!(
             text.contains("host=hello.default.example.com\n"),
             "{method}: {text}"
@@ -728,7 +746,10 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
     // Without K-Original-Host the client's Host stays.
     let (_, text) = q.get("/echo", &[("host", "direct.example.com")]).await;
     assert!(text.contains("host=direct.example.com\n"), "{text}");
-    assert_eq!(q.metric("thaw_queue_untagged_proxy_requests_total").await, 0.0);
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        0.0
+    );
     // A client's own K-Proxy-Request and K-Original-Host, without the tag (Knative's value, a
     // tag of another revision, none at all): its Host stays, neither header reaches the app.
     let other = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00002");
@@ -743,15 +764,19 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
             ("k-original-host", "victim.other.example.com"),
         ];
         h.extend_from_slice(proxy);
-        for (method, body) in [("GET", ""), ("POST", "some body")] {
-            let (status, _, text) = q.send(method, "/echo", &h, body).await;
-            assert_eq!(status, 200, "{text}");
-            assert!(text.contains("host=direct.example.com\n"), "{i} {method}: {text}");
+        for (method, _, text) in echo_both_ways(&q, &h).await {
+            assert!(
+                text.contains("host=direct.example.com\n"),
+                "{i} {method}: {text}"
+            );
             assert!(!text.contains("k-proxy-request"), "{text}");
             assert!(!text.contains("k-original-host"), "{text}");
         }
     }
-    assert_eq!(q.metric("thaw_queue_untagged_proxy_requests_total").await, 6.0);
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        6.0
+    );
 
     // An h2c client (prior knowledge): served, and forwarded as HTTP/1.1 with its authority
     // as the Host.

@@ -204,12 +204,8 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
     };
     // The stats token, the key of each revision's proxy tag (only tags go into pods). Not
     // waited for: until it is read, revisions get no tag, and they get theirs when it is.
-    let tokens = crate::remote::token::follow(
-        client.clone(),
-        &args.system_namespace,
-        None,
-        stop.clone(),
-    );
+    let tokens =
+        crate::remote::token::follow(client.clone(), &args.system_namespace, None, stop.clone());
     let settings = {
         let (live, image, tokens) = (live.clone(), image.clone(), tokens.clone());
         move || {
