@@ -193,22 +193,18 @@ impl Tagger {
 mod tests {
     use super::*;
 
-    fn token(s: &str) -> &[u8] {
-        s.as_bytes()
-    }
-
     #[test]
     fn the_tag_is_hmac_sha256_of_the_revision_under_the_token() {
         // Checked against the MAC computed over the message as one piece.
-        let t = tag(&token("0123456789abcdef"), "ns", "rev");
+        let t = tag(b"0123456789abcdef", "ns", "rev");
         assert_eq!(t.len(), TAG_LEN);
         let mut mac = Hmac::<Sha256>::new_from_slice(b"0123456789abcdef").unwrap();
         mac.update(b"ns/rev");
         mac.verify_slice(&hex(&t)).unwrap();
-        // Another revision, namespace or token: another tag; the boundary is not ambiguous.
-        assert_ne!(t, tag(&token("0123456789abcdef"), "ns", "rev2"));
-        assert_ne!(t, tag(&token("0123456789abcdef"), "ns2", "rev"));
-        assert_ne!(t, tag(&token("0123456789abcdeX"), "ns", "rev"));
+        // Another revision, namespace or token: another tag.
+        assert_ne!(t, tag(b"0123456789abcdef", "ns", "rev2"));
+        assert_ne!(t, tag(b"0123456789abcdef", "ns2", "rev"));
+        assert_ne!(t, tag(b"0123456789abcdeX", "ns", "rev"));
     }
 
     fn hex(s: &str) -> Vec<u8> {
@@ -220,9 +216,9 @@ mod tests {
 
     #[test]
     fn a_sidecar_accepts_its_tag_alone_or_first_or_second_of_two() {
-        let k = token("0123456789abcdef");
-        let mine = tag(&k, "ns", "rev");
-        let other = tag(&k, "ns", "other");
+        let k = b"0123456789abcdef".as_slice();
+        let mine = tag(k, "ns", "rev");
+        let other = tag(k, "ns", "other");
         let e = Expected::parse(&mine).unwrap();
         assert!(e.accepts(mine.as_bytes()));
         assert!(e.accepts(format!("{mine}, {other}").as_bytes()));
@@ -240,11 +236,11 @@ mod tests {
 
     #[test]
     fn the_tagger_computes_once_per_revision_and_token() {
-        let k = token("0123456789abcdef");
+        let k = b"0123456789abcdef".as_slice();
         let t = Tagger::fixed(k);
         let cell = TagCell::default();
         let v = t.value(&cell, "ns", "rev").unwrap();
-        assert_eq!(v, tag(&k, "ns", "rev").as_str());
+        assert_eq!(v, tag(k, "ns", "rev").as_str());
         // The cached value is returned as it is (the same bytes, not a new computation).
         let again = t.value(&cell, "ns", "rev").unwrap();
         assert_eq!(again.as_bytes().as_ptr(), v.as_bytes().as_ptr());
@@ -265,7 +261,10 @@ mod tests {
 
     #[test]
     fn during_a_rotation_both_tags_are_sent_and_either_is_accepted() {
-        let (new, old) = (token("0123456789abcdef"), token("fedcba9876543210"));
+        let (new, old) = (
+            b"0123456789abcdef".as_slice(),
+            b"fedcba9876543210".as_slice(),
+        );
         let keys = Keys {
             generation: 1,
             current: Some(Arc::from(new)),
@@ -276,6 +275,6 @@ mod tests {
             let e = Expected::parse(&tag(k, "ns", "rev")).unwrap();
             assert!(e.accepts(v.as_bytes()));
         }
-        assert!(v.to_str().unwrap().starts_with(&tag(&new, "ns", "rev")));
+        assert!(v.to_str().unwrap().starts_with(&tag(new, "ns", "rev")));
     }
 }
