@@ -519,12 +519,6 @@ async fn the_sidecar_gets_its_revisions_proxy_tag_not_the_token() {
         let q = pod.containers.into_iter().find(|c| c.name == "queue-proxy");
         q.unwrap().env.unwrap_or_default()
     };
-    let dep_tag = |name: &'static str| async move {
-        let d = h.api::<Deployment>().get_opt(name).await.unwrap()?;
-        let env = queue_env(d);
-        let found = env.iter().find(|e| e.name == "THAW_PROXY_TAG")?;
-        found.value.clone()
-    };
     for rev in ["hello-00001", "hello-00002"] {
         let dep = h.deployment(&format!("{rev}-deployment")).await;
         let env = queue_env(dep);
@@ -545,8 +539,12 @@ async fn the_sidecar_gets_its_revisions_proxy_tag_not_the_token() {
     settings.proxy_key = Some(Key::new(rotated));
     h.ctx.set_settings(settings);
     let want = tag(rotated, NS, "hello-00001");
+    let deps = h.api::<Deployment>();
     until("the rotated tag", || async {
-        (dep_tag("hello-00001-deployment").await.as_deref() == Some(want.as_str())).then_some(())
+        let d = deps.get_opt("hello-00001-deployment").await.unwrap()?;
+        let env = queue_env(d);
+        let found = env.iter().find(|e| e.name == "THAW_PROXY_TAG")?;
+        (found.value.as_deref() == Some(want.as_str())).then_some(())
     })
     .await;
 }
