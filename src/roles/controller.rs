@@ -37,6 +37,9 @@ use crate::knative::proxy_tag;
 use crate::leader::elect;
 use crate::telemetry::{Telemetry, init_tracing};
 
+/// How long the controller waits for the stats token before it starts reconciling.
+const TOKEN_WAIT: Duration = Duration::from_secs(5);
+
 /// Arguments of `thaw controller`.
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
@@ -202,10 +205,19 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         Some(pod) => own_image(&client, &args.system_namespace, pod).await,
         None => None,
     };
-    // The stats token, the key of each revision's proxy tag (only tags go into pods). Not
-    // waited for: until it is read, revisions get no tag, and they get theirs when it is.
+    // The stats token, the key of each revision's proxy tag (only tags go into pods). Waited
+    // for a little (one list when the Secret exists), so revisions are not built without a tag
+    // and rolled a moment later; past that, they get no tag until it is read.
     let tokens =
         crate::remote::token::follow(client.clone(), &args.system_namespace, None, stop.clone());
+    if tokio::time::timeout(TOKEN_WAIT, tokens.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            "no stats token yet (the Secret thaw-stats-token, which the autoscaler leader creates): revisions get their proxy tag once it is read"
+        );
+    }
     let settings = {
         let (live, image, tokens) = (live.clone(), image.clone(), tokens.clone());
         move || {
