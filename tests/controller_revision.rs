@@ -501,6 +501,54 @@ async fn h2c_revisions_get_the_http2_ports() {
     assert_eq!(ports(&public), [("http2".into(), 81, 8012, h2c)]);
 }
 
+/// The stats token known: each revision's sidecar gets its own proxy tag (HMAC of the token
+/// over `namespace/revision`) and never the token; a rotated token gives the revisions their
+/// new tags.
+#[tokio::test]
+async fn the_sidecar_gets_its_revisions_proxy_tag_not_the_token() {
+    use thaw::knative::proxy_tag::{Key, tag};
+    let h = Harness::start().await;
+    let token = b"the-stats-token-0123456789abcdef";
+    let mut settings = (*h.ctx.settings()).clone();
+    settings.proxy_key = Some(Key::new(token));
+    h.ctx.set_settings(settings.clone());
+    h.create_revision(helloworld("hello-00001")).await;
+    h.create_revision(helloworld("hello-00002")).await;
+    let queue_env = |dep: Deployment| {
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        let q = pod.containers.into_iter().find(|c| c.name == "queue-proxy");
+        q.unwrap().env.unwrap_or_default()
+    };
+    for rev in ["hello-00001", "hello-00002"] {
+        let dep = h.deployment(&format!("{rev}-deployment")).await;
+        let env = queue_env(dep);
+        let want = tag(token, NS, rev);
+        assert_eq!(
+            env.iter()
+                .find(|e| e.name == "THAW_PROXY_TAG")
+                .and_then(|e| e.value.as_deref()),
+            Some(want.as_str()),
+            "{rev}"
+        );
+        let text = serde_json::to_string(&env).unwrap();
+        assert!(!text.contains("the-stats-token"), "the token in {text}");
+    }
+    assert_ne!(tag(token, NS, "hello-00001"), tag(token, NS, "hello-00002"));
+    // A rotation: the next snapshot carries the new key, the Deployments their new tags.
+    let rotated = b"a-rotated-stats-token-fedcba9876";
+    settings.proxy_key = Some(Key::new(rotated));
+    h.ctx.set_settings(settings);
+    let want = tag(rotated, NS, "hello-00001");
+    let deps = h.api::<Deployment>();
+    until("the rotated tag", || async {
+        let d = deps.get_opt("hello-00001-deployment").await.unwrap()?;
+        let env = queue_env(d);
+        let found = env.iter().find(|e| e.name == "THAW_PROXY_TAG")?;
+        (found.value.as_deref() == Some(want.as_str())).then_some(())
+    })
+    .await;
+}
+
 /// Whether the field manager's entries of `dep` own `spec.replicas`, per operation.
 fn replicas_owners(dep: &Deployment) -> Vec<(String, String)> {
     dep.metadata

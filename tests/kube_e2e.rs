@@ -711,11 +711,7 @@ async fn requests_reach_only_what_their_hosts_route_and_gateways_are_trusted_liv
     .await;
     // team-a's Route, naming a revision called as team-b's (this rig's namespace) is.
     c.route("team-a", "web", &["hello-00001"]).await;
-    let pod = PodKind {
-        stats: false,
-        crash: false,
-        sidecar: None,
-    };
+    let pod = PodKind::default();
     let _kubelet = Kubelet::start(
         c.client.clone(),
         vec![("hello-00001".into(), pod), ("other-00001".into(), pod)],

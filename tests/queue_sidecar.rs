@@ -237,6 +237,15 @@ async fn send(
     (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The key the tests' revision tags are computed with (the stats token's place).
+const TAG_KEY: &[u8] = b"test-stats-token-0123456789";
+
+/// The proxy tag of the tests' revision (`default/hello-00001`), as the controller puts it in
+/// `THAW_PROXY_TAG` and the activator in `K-Proxy-Request`.
+fn revision_tag() -> String {
+    thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00001")
+}
+
 /// The sample app's own count: (in flight now, peak).
 async fn app_inflight(port: u16) -> (u64, u64) {
     let client: Client<HttpConnector, Full<Bytes>> =
@@ -319,8 +328,10 @@ async fn overflow_beyond_the_queue_answers_503_with_a_reason() {
 async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
     let port = free_port();
     let _app = app(port, &["--threads", "2"]).await;
-    let q = Arc::new(Queue::start(port, &[]));
+    let tag = revision_tag();
+    let q = Arc::new(Queue::start(port, &[("THAW_PROXY_TAG", &tag)]));
     q.admin_until("/readyz", 200).await;
+    let tag: &'static str = tag.leak();
     // Play the autoscaler: pull /stats five times a second (so no second is missed), keeping
     // each distinct second once.
     let puller = {
@@ -340,25 +351,42 @@ async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
             seen
         })
     };
-    // Four requests in flight for 4 s, two of them through an activator.
+    // Four requests in flight for 4 s, two of them through an activator (tagged), one that
+    // says so without the tag (direct).
     let long: Vec<_> = (0..4)
         .map(|i| {
             let q = q.clone();
             tokio::spawn(async move {
-                let proxied = [("k-proxy-request", "activator")];
-                let h: &[(&str, &str)] = if i % 2 == 0 { &proxied } else { &[] };
+                let proxied = [("k-proxy-request", tag)];
+                let forged = [("k-proxy-request", "activator")];
+                let h: &[(&str, &str)] = match i {
+                    0 | 2 => &proxied,
+                    1 => &forged,
+                    _ => &[],
+                };
                 q.get("/stream?chunks=2&delay=4s", h).await
             })
         })
         .collect();
-    // And a burst of ten quick ones, three through an activator.
+    // And a burst of ten quick ones, three through an activator, two forged (another
+    // revision's tag, and the tag's first half).
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let other: &'static str = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "other").leak();
     let quick: Vec<_> = (0..10)
         .map(|i| {
             let q = q.clone();
             tokio::spawn(async move {
-                let proxied = [("k-proxy-request", "activator")];
-                let h: &[(&str, &str)] = if i < 3 { &proxied } else { &[] };
+                let proxied = [("k-proxy-request", tag)];
+                let (other, half) = (
+                    [("k-proxy-request", other)],
+                    [("k-proxy-request", &tag[..32])],
+                );
+                let h: &[(&str, &str)] = match i {
+                    0..3 => &proxied,
+                    3 => &other,
+                    4 => &half,
+                    _ => &[],
+                };
                 q.get("/healthz", h).await
             })
         })
@@ -370,6 +398,10 @@ async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
     let sum = |k: &str| seen.iter().map(|v| v[k].as_u64().unwrap()).sum::<u64>();
     assert_eq!(sum("requests"), 14, "{seen:#?}");
     assert_eq!(sum("proxiedRequests"), 5, "{seen:#?}");
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        3.0
+    );
     assert!(seen.iter().all(|v| v["pod"] == "hello-00001-pod"));
     // A second wholly inside the long requests: 4 on average, 2 of them proxied.
     let full = seen.iter().find(|v| {
@@ -660,25 +692,38 @@ async fn echo_server_speaking(h2: bool) -> (u16, tokio::task::JoinHandle<()>) {
     (port, task)
 }
 
+/// `/echo` sent with `headers` as a bodiless request (the engine's lane and direct connection)
+/// and as one with a body (hyper's server and client), each answered 200: (method, body sent,
+/// what the container saw).
+async fn echo_both_ways(
+    q: &Queue,
+    headers: &[(&str, &str)],
+) -> Vec<(&'static str, &'static str, String)> {
+    let mut out = Vec::new();
+    for (method, body) in [("GET", ""), ("POST", "some body")] {
+        let (status, _, text) = q.send(method, "/echo", headers, body).await;
+        assert_eq!(status, 200, "{method}: {text}");
+        out.push((method, body, text));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
     let (port, server) = echo_server().await;
-    let q = Queue::start(port, &[]);
+    let tag = revision_tag();
+    let q = Queue::start(port, &[("THAW_PROXY_TAG", &tag)]);
     q.admin_until("/readyz", 200).await;
     let sent = [
         ("host", "10.0.0.7:8012"),
         ("k-original-host", "hello.default.example.com"),
-        ("k-proxy-request", "activator"),
+        ("k-proxy-request", &tag),
         ("k-network-hash", "set-by-a-client"),
         ("x-custom", "1"),
         ("connection", "x-hop"),
         ("x-hop", "dropped"),
     ];
-    // A bodiless request (the engine's lane and direct connection) and one with a body
-    // (hyper's server and client).
-    for (method, body) in [("GET", ""), ("POST", "some body")] {
-        let (status, _, text) = q.send(method, "/echo", &sent, body).await;
-        assert_eq!(status, 200, "{text}");
+    for (method, body, text) in echo_both_ways(&q, &sent).await {
         assert!(
             text.contains("host=hello.default.example.com\n"),
             "{method}: {text}"
@@ -702,6 +747,37 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
     // Without K-Original-Host the client's Host stays.
     let (_, text) = q.get("/echo", &[("host", "direct.example.com")]).await;
     assert!(text.contains("host=direct.example.com\n"), "{text}");
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        0.0
+    );
+    // A client's own K-Proxy-Request and K-Original-Host, without the tag (Knative's value, a
+    // tag of another revision, none at all): its Host stays, neither header reaches the app.
+    let other = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00002");
+    let forged: [&[(&str, &str)]; 3] = [
+        &[("k-proxy-request", "activator")],
+        &[("k-proxy-request", &other)],
+        &[],
+    ];
+    for (i, proxy) in forged.into_iter().enumerate() {
+        let mut h = vec![
+            ("host", "direct.example.com"),
+            ("k-original-host", "victim.other.example.com"),
+        ];
+        h.extend_from_slice(proxy);
+        for (method, _, text) in echo_both_ways(&q, &h).await {
+            assert!(
+                text.contains("host=direct.example.com\n"),
+                "{i} {method}: {text}"
+            );
+            assert!(!text.contains("k-proxy-request"), "{text}");
+            assert!(!text.contains("k-original-host"), "{text}");
+        }
+    }
+    assert_eq!(
+        q.metric("thaw_queue_untagged_proxy_requests_total").await,
+        6.0
+    );
 
     // An h2c client (prior knowledge): served, and forwarded as HTTP/1.1 with its authority
     // as the Host.

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arc_swap::ArcSwap;
+use http::HeaderValue;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,6 +30,7 @@ use super::routing::Target;
 use super::throttler::HeldBudget;
 use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
+use crate::knative::proxy_tag::Tagger;
 use crate::percore::{LocalArc, PerCoreArc};
 use crate::platform::EndpointSource;
 use crate::revision::{
@@ -231,6 +233,8 @@ pub struct Activator {
     /// Kubernetes: the Routes requests are checked against and the gateways believed by
     /// default ([`Activator::guard_routes`]).
     guard: OnceLock<RouteGuard>,
+    /// The revisions' `K-Proxy-Request` tags, when [`Activator::use_proxy_tags`] was called.
+    proxy_tags: OnceLock<Arc<Tagger>>,
 }
 
 impl Activator {
@@ -255,6 +259,7 @@ impl Activator {
             tunnels: TaskTracker::new(),
             tunnel_cancel: CancellationToken::new(),
             guard: OnceLock::new(),
+            proxy_tags: OnceLock::new(),
         });
         {
             let _guard = act.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -548,6 +553,22 @@ impl Activator {
             self.deps.next_hop == NextHop::Sidecar
                 && self.guard.get().is_none_or(|g| g.gateways.contains(p))
         })
+    }
+
+    /// Tags what it forwards to a queue sidecar with the revision's tag from `tagger`
+    /// ([`crate::knative::proxy_tag`]); without one, `K-Proxy-Request` says `activator`, which
+    /// no sidecar counts as proxied. Set once, before serving; later calls are ignored.
+    pub fn use_proxy_tags(&self, tagger: Arc<Tagger>) {
+        let _ = self.proxy_tags.set(tagger);
+    }
+
+    /// The `K-Proxy-Request` value for `state`'s revision: computed once per revision and
+    /// token, cached in the state.
+    pub(crate) fn proxy_tag(&self, state: &RevisionState) -> Option<HeaderValue> {
+        let key = &state.key;
+        self.proxy_tags
+            .get()?
+            .value(&state.proxy_tag, &key.namespace, &key.name)
     }
 
     /// Whether drain has begun (readiness fails from then on).

@@ -135,6 +135,14 @@ pub fn upstream_additions(
     add
 }
 
+/// Puts the revision's tag ([`crate::knative::proxy_tag`]) in the additions'
+/// `K-Proxy-Request` (there for a [`NextHop::Sidecar`]), in place of `activator`.
+pub fn set_proxy_tag(additions: &mut Additions, tag: HeaderValue) {
+    if let Some((_, v)) = additions.iter_mut().find(|(n, _)| *n == K_PROXY_REQUEST) {
+        *v = tag;
+    }
+}
+
 /// [`upstream_additions`], merged into the map (the tests' view of the forwarded headers;
 /// `proxy::forward` merges them itself for hyper's client).
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! metrics, the stats it reports, its admin port and drain. It is a [`crate::http1::Handler`]:
 //! connections, HTTP/1 parsing and writing, hyper and the upstream pool are the engine's.
 //! May use: `http1` (the engine), `limiter` (its wait queue), `percore`, `stats`, `revision`,
-//! `platform` (the endpoint seam), `config`, `telemetry`, `clock`, and the autoscaler's
+//! `platform` (the endpoint seam), `config`, `telemetry`, `clock`, `knative::proxy_tag`, and the autoscaler's
 //! `ScaleState` feed. Nothing outside it imports its internals but `local` (which wires it).
 
 pub mod admin;

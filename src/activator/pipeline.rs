@@ -466,6 +466,11 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
         };
         let mut additions =
             headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade, trusted);
+        if next_hop == NextHop::Sidecar
+            && let Some(tag) = act.proxy_tag(state)
+        {
+            hdr::set_proxy_tag(&mut additions, tag);
+        }
         if generated {
             additions.push((X_REQUEST_ID, request_id.clone()));
         }

@@ -20,6 +20,7 @@ use super::cold_start::ColdStart;
 use super::concurrency::ShardedWindow;
 use super::throttler::{HeldBudget, Rejection, Throttler};
 use crate::autoscaler::scaler::ScaleStates;
+use crate::knative::proxy_tag::TagCell;
 use crate::platform::{EndpointSnapshot, EndpointSource, EndpointStatus};
 use crate::revision::{RevisionKey, RevisionSpec};
 use crate::telemetry::activator::{ActivatorMetrics, RevisionMetrics};
@@ -49,6 +50,8 @@ pub struct RevisionState {
     watcher: Mutex<Option<AbortHandle>>,
     all_metrics: ActivatorMetrics,
     scale_states: Option<Arc<ScaleStates>>,
+    /// The revision's `K-Proxy-Request` tag, computed on first use per token.
+    pub proxy_tag: TagCell,
 }
 
 impl RevisionState {
@@ -89,6 +92,7 @@ impl RevisionState {
             watcher: Mutex::new(None),
             all_metrics: metrics.clone(),
             scale_states,
+            proxy_tag: TagCell::default(),
         });
         state.apply(&first);
         let task = runtime.spawn(

@@ -30,6 +30,7 @@ pub mod duck;
 pub mod fieldmask;
 pub mod headers;
 pub mod names;
+pub mod proxy_tag;
 mod revision;
 mod route;
 mod service;

@@ -14,8 +14,9 @@
 //! 4. containerConcurrency ([`Limiter`]): a place at once, else a wait in the bounded queue
 //!    (503 with a reason when it is full, 504 past the revision's timeout);
 //! 5. header hygiene: hop-by-hop fields, `K-Proxy-Request`, `K-Original-Host` and
-//!    `K-Network-Hash` removed; exactly one `Host`: `K-Original-Host`'s, else the target's
-//!    authority (absolute form, h2's `:authority`), else the client's one `Host`;
+//!    `K-Network-Hash` removed; exactly one `Host`: `K-Original-Host`'s when the request is
+//!    proxied (below), else the target's authority (absolute form, h2's `:authority`), else
+//!    the client's one `Host`;
 //! 6. forward to 127.0.0.1:`USER_PORT` over the engine's pool (a bodiless HTTP/1.1 request on a
 //!    direct connection, anything else through hyper's client), the response head within the
 //!    response-start timeout;
@@ -25,6 +26,12 @@
 //! 7. the body streamed under the idle and total timeouts ([`TimedBody`]); the place and the
 //!    count are released when it ends. An upgrade (websocket) answered 101 becomes a tunnel
 //!    (`http1::tunnel`) holding the place and the count while it lives (idle timeout only).
+//!
+//! A request is proxied (through an activator: counted apart in the pod's stats, its
+//! `K-Original-Host` believed) only when `K-Proxy-Request` carries the revision's tag
+//! ([`crate::knative::proxy_tag`], `THAW_PROXY_TAG`). Without it the request is direct, its
+//! `Host` is its own, and `thaw_queue_untagged_proxy_requests_total` counts the attempt; either
+//! header is removed all the same.
 //!
 //! Errors are answered here, generically (the log has the detail): 502 when the user container
 //! refused or dropped the connection (and it is probed at once), 504 on a timeout.
@@ -57,6 +64,7 @@ use crate::http1::pool::{
 };
 use crate::http1::timed::TimedBody;
 use crate::http1::{ClientRequest, Handler, Limits, Protocol, ResponseBody};
+use crate::knative::proxy_tag::Expected;
 use crate::limiter::{Limiter, Rejected};
 use crate::telemetry::queue::QueueTelemetry;
 
@@ -177,7 +185,17 @@ impl Sidecar {
         req: Request<B>,
     ) -> Response<QueueBody> {
         let started = Instant::now();
-        let seen = Seen::read(B::fields(&req), req.uri(), req.version());
+        let mut seen = Seen::read(
+            B::fields(&req),
+            req.uri(),
+            req.version(),
+            self.settings.proxy_tag.as_ref(),
+        );
+        if seen.untagged {
+            // Direct, whatever it says: its `K-Original-Host` is not believed either.
+            self.telemetry.queue.untagged_proxy.inc();
+            seen.original_host = None;
+        }
         if let Some(p) = seen.network_probe {
             return self.answer_probe(p.as_bytes(), seen.network_hash);
         }
@@ -456,7 +474,10 @@ struct Seen {
     /// Read only when present (a probe's, or one to strip): no allocation otherwise.
     network_hash: Option<HeaderValue>,
     kubelet_probe: bool,
+    /// `K-Proxy-Request` carried the revision's tag.
     proxied: bool,
+    /// `K-Proxy-Request` or `K-Original-Host` came without the revision's tag.
+    untagged: bool,
     original_host: Option<HeaderValue>,
     /// Where the host the application gets comes from, or why the request is refused
     /// (`http1::host`, the activator's rule).
@@ -464,12 +485,16 @@ struct Seen {
 }
 
 impl Seen {
-    fn read(fields: HeadersRef<'_>, uri: &Uri, version: Version) -> Self {
+    /// Reads `fields`; `K-Proxy-Request` counts only when its first field carries `tag`.
+    fn read(fields: HeadersRef<'_>, uri: &Uri, version: Version, tag: Option<&Expected>) -> Self {
+        let tagged = |v: &[u8]| tag.is_some_and(|t| t.accepts(v));
+        let mut proxy: Option<bool> = None;
         let mut s = Seen {
             network_probe: None,
             network_hash: None,
             kubelet_probe: false,
             proxied: false,
+            untagged: false,
             original_host: None,
             host: Ok(HostSource::None),
         };
@@ -487,7 +512,9 @@ impl Seen {
                         }
                         Known::KubeletProbe => s.kubelet_probe = true,
                         Known::UserAgent => s.kubelet_probe |= value.starts_with(b"kube-probe/"),
-                        Known::ProxyRequest => s.proxied = true,
+                        Known::ProxyRequest => {
+                            proxy = proxy.or_else(|| Some(tagged(value)));
+                        }
                         Known::OriginalHost => {
                             s.original_host = s.original_host.or_else(|| raw.value(value));
                         }
@@ -502,7 +529,7 @@ impl Seen {
                     || map
                         .get(header::USER_AGENT)
                         .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"));
-                s.proxied = map.contains_key(K_PROXY_REQUEST);
+                proxy = map.get(K_PROXY_REQUEST).map(|v| tagged(v.as_bytes()));
                 s.original_host = map.get(K_ORIGINAL_HOST).cloned();
                 for value in map.get_all(header::HOST) {
                     hosts.saw(value.as_bytes());
@@ -510,6 +537,8 @@ impl Seen {
             }
         }
         s.host = host::source(hosts, uri.authority().map(Authority::as_str), version);
+        s.proxied = proxy == Some(true);
+        s.untagged = proxy == Some(false) || (!s.proxied && s.original_host.is_some());
         s
     }
 }

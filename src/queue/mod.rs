@@ -12,7 +12,8 @@
 //! connections, HTTP/1 parsing and writing, hyper, the upstream pool and the timed response
 //! body are the engine's; the concurrency limit and its queue are [`crate::limiter`]'s.
 //! May use: `http1`, `limiter`, `stats` (the pull format), `telemetry` (its registry),
-//! `config` (the engine's default limits, duration syntax), `cli`. Never the activator or the
+//! `config` (the engine's default limits, duration syntax), `cli`, `knative::proxy_tag` (the
+//! proxy tag it checks). Never the activator or the
 //! autoscaler (`tests/import_cycles.rs` checks).
 
 pub mod admin;

@@ -10,6 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tokio::time::Duration;
 
 use crate::http1::Protocol;
+use crate::knative::proxy_tag::Expected;
 
 /// The revision's namespace (required).
 pub const SERVING_NAMESPACE: &str = "SERVING_NAMESPACE";
@@ -50,6 +51,10 @@ pub const THAW_USER_PROTOCOL: &str = "THAW_USER_PROTOCOL";
 /// thaw's: a request body that sends nothing for this long while forwarded is cut (408);
 /// config-deployment's `request-body-idle-timeout` (Go duration in [1ms, 1h], default 60s).
 pub const THAW_REQUEST_BODY_IDLE_TIMEOUT: &str = "THAW_REQUEST_BODY_IDLE_TIMEOUT";
+/// thaw's: the revision's proxy tag ([`crate::knative::proxy_tag`]), which `K-Proxy-Request`
+/// must carry for a request to count as proxied and its `K-Original-Host` to be believed.
+/// Without it, no request is.
+pub const THAW_PROXY_TAG: &str = "THAW_PROXY_TAG";
 
 /// Every variable the sidecar reads, for `--help` and the README.
 pub const VARIABLES: &[&str] = &[
@@ -71,6 +76,7 @@ pub const VARIABLES: &[&str] = &[
     THAW_DRAIN_DELAY,
     THAW_USER_PROTOCOL,
     THAW_REQUEST_BODY_IDLE_TIMEOUT,
+    THAW_PROXY_TAG,
 ];
 
 /// `thaw queue --help`'s list of variables.
@@ -88,6 +94,8 @@ Environment (Knative's queue-proxy names where one exists):
   USER_PORT                             the user container's port on 127.0.0.1 (default 8080)
   THAW_USER_HOST                        the user container's address instead of 127.0.0.1 (pods sharing a host)
   THAW_USER_PROTOCOL                    http1 (default) or h2c
+  THAW_PROXY_TAG                        the revision's K-Proxy-Request tag (without it no
+                                        request counts as proxied)
   SERVING_READINESS_PROBE               the container's readiness probe as JSON (default: TCP on USER_PORT)
   QUEUE_SERVING_PORT                    the data port (default 8012)
   THAW_QUEUE_ADMIN_PORT                 the admin port (default 9091)
@@ -171,6 +179,8 @@ pub struct Settings {
     pub drain_delay: Duration,
     /// `THAW_REQUEST_BODY_IDLE_TIMEOUT`: a stalled request body is cut after this.
     pub request_body_idle: Duration,
+    /// The tag an activator's `K-Proxy-Request` carries (`THAW_PROXY_TAG`).
+    pub proxy_tag: Option<Expected>,
 }
 
 /// A problem with one variable.
@@ -357,6 +367,11 @@ impl Settings {
                 ),
             );
         }
+        let proxy_tag = value(THAW_PROXY_TAG).and_then(|v| {
+            Expected::parse(&v)
+                .map_err(|reason| fail(THAW_PROXY_TAG, reason))
+                .ok()
+        });
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -376,6 +391,7 @@ impl Settings {
             admin,
             drain_delay,
             request_body_idle,
+            proxy_tag,
         })
     }
 }
@@ -498,6 +514,7 @@ mod tests {
             (THAW_DRAIN_DELAY, "soon"),
             (THAW_USER_PROTOCOL, "h3"),
             (SERVING_READINESS_PROBE, "{\"exec\":{}}"),
+            (THAW_PROXY_TAG, "activator"),
         ])
         .unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -509,6 +526,7 @@ mod tests {
             "THAW_DRAIN_DELAY: expected a duration",
             "THAW_USER_PROTOCOL: expected http1 or h2c, got \"h3\"",
             "SERVING_READINESS_PROBE: expected a tcpSocket or httpGet probe",
+            "THAW_PROXY_TAG: must be 64 lowercase hex digits",
         ] {
             assert!(
                 text.iter().any(|t| t.contains(needle)),

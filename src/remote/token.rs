@@ -78,6 +78,11 @@ impl Token {
         Self::new(&data)
     }
 
+    /// The secret's bytes (the proxy tags' HMAC key, [`crate::knative::proxy_tag`]).
+    pub(crate) fn secret(&self) -> &[u8] {
+        &self.0
+    }
+
     /// A new random token: 32 bytes from the thread's CSPRNG, hex (64 characters).
     pub fn random() -> Self {
         let bytes: [u8; 32] = rand::random();
@@ -175,11 +180,53 @@ impl Tokens {
                 .is_some_and(|(t, until)| now < *until && t.accepts(authorization))
     }
 
+    /// Completes when the token in force changes; `false` once the follower ended.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+
     /// Completes once a token is known (at once when one is); `false` if the follower
     /// ended first.
     pub async fn wait(&self) -> bool {
         let mut rx = self.0.clone();
         rx.wait_for(Option::is_some).await.is_ok()
+    }
+}
+
+/// How often [`Tokens::tagger`]'s follower looks whether the previous token's grace has ended.
+const GRACE_CHECK: Duration = Duration::from_secs(5);
+
+impl Tokens {
+    /// An activator's proxy tagger ([`crate::knative::proxy_tag::Tagger`]) keyed by the token in
+    /// force and, within its grace, the previous one; follows them until `stop`.
+    pub fn tagger(&self, stop: CancellationToken) -> Arc<crate::knative::proxy_tag::Tagger> {
+        let tagger = Arc::new(crate::knative::proxy_tag::Tagger::default());
+        let set = |t: &crate::knative::proxy_tag::Tagger, tokens: &Tokens| {
+            let (current, previous) = (tokens.current(), tokens.previous());
+            t.set(
+                current.as_ref().map(Token::secret),
+                previous.as_ref().map(Token::secret),
+            );
+        };
+        set(&tagger, self);
+        let (weak, mut tokens) = (Arc::downgrade(&tagger), self.clone());
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        changed = tokens.changed() => if !changed {
+                            std::future::pending::<()>().await;
+                        },
+                        _ = tokio::time::sleep(GRACE_CHECK) => {}
+                    }
+                    let Some(t) = weak.upgrade() else { return };
+                    set(&t, &tokens);
+                }
+            }
+            .instrument(tracing::debug_span!("proxy-tags")),
+        );
+        tagger
     }
 }
 

@@ -236,6 +236,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         next_hop: NextHop::Sidecar,
     });
     activator.guard_routes(guard);
+    activator.use_proxy_tags(tokens.tagger(stop.clone()));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = Arc::new(
         Workers::start(cores)

@@ -11,6 +11,9 @@
 //! At start it refuses to run beside Knative Serving ([`crate::webhook::coexist`]): both would
 //! reconcile the same objects.
 //!
+//! It follows the stats token's Secret (read only) to put each revision's proxy tag into its
+//! sidecar's environment ([`crate::knative::proxy_tag`]).
+//!
 //! The queue sidecar runs the controller's own image (read from its Pod, `--name`) unless
 //! `config-deployment` sets `queue-sidecar-image`: retagging the roles' image retags the
 //! sidecar too.
@@ -30,8 +33,12 @@ use crate::cli::{parse_duration, parse_listen};
 use crate::config::deployment::DEFAULT_QUEUE_SIDECAR_IMAGE;
 use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::controller::{CONTROLLER_NAME, Ctx, CtxOptions, DEFAULT_WORKERS, Settings};
+use crate::knative::proxy_tag;
 use crate::leader::elect;
 use crate::telemetry::{Telemetry, init_tracing};
+
+/// How long the controller waits for the stats token before it starts reconciling.
+const TOKEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Arguments of `thaw controller`.
 #[derive(Debug, clap::Args)]
@@ -92,6 +99,7 @@ pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
         },
         deployment,
         features: (**live.features.load()).clone(),
+        proxy_key: None,
     }
 }
 
@@ -199,9 +207,30 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         Some(pod) => own_image(&client, &args.system_namespace, pod).await,
         None => None,
     };
+    // The stats token, the key of each revision's proxy tag (only tags go into pods). Waited
+    // for a little (one list when the Secret exists), so revisions are not built without a tag
+    // and rolled a moment later; past that, they get no tag until it is read.
+    let tokens =
+        crate::remote::token::follow(client.clone(), &args.system_namespace, None, stop.clone());
+    if tokio::time::timeout(TOKEN_WAIT, tokens.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            "no stats token yet (the Secret thaw-stats-token, which the autoscaler leader creates): revisions get their proxy tag once it is read"
+        );
+    }
+    let settings = {
+        let (live, image, tokens) = (live.clone(), image.clone(), tokens.clone());
+        move || {
+            let mut s = snapshot(&live, image.as_deref());
+            s.proxy_key = tokens.current().map(|t| proxy_tag::Key::new(t.secret()));
+            s
+        }
+    };
     let ctx = Ctx::with_options(
         client.clone(),
-        snapshot(&live, image.as_deref()),
+        settings(),
         CtxOptions {
             system_namespace: args.system_namespace.clone(),
             namespace: args.namespace.clone(),
@@ -211,17 +240,19 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
             metrics: Some(telemetry.controller.clone()),
         },
     );
-    // Each ConfigMap change puts a new snapshot in force (and re-queues everything).
+    // Each ConfigMap change, and a new stats token, puts a new snapshot in force (and
+    // re-queues everything: a rotated token rolls the revisions to their new tags).
     {
-        let (ctx, live, stop, image) = (ctx.clone(), live.clone(), stop.clone(), image.clone());
+        let (ctx, stop, mut tokens) = (ctx.clone(), stop.clone(), tokens);
         tokio::spawn(
             async move {
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         r = events.changed() => if r.is_err() { return },
+                        changed = tokens.changed() => if !changed { return },
                     }
-                    ctx.set_settings(snapshot(&live, image.as_deref()));
+                    ctx.set_settings(settings());
                 }
             }
             .instrument(tracing::info_span!("settings")),

@@ -65,6 +65,7 @@ fn network(live: &LiveConfig) -> NetworkConfig {
         domain: (**live.domain.load()).clone(),
         templates: (**live.network.load()).clone(),
         istio: IstioConfig::default(),
+        gateway: crate::config::network::GatewayConfig::default(),
     }
 }
 

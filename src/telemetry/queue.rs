@@ -88,6 +88,9 @@ pub struct QueueMetrics {
     /// Request bodies cut after the request-body idle timeout
     /// (`thaw_queue_request_body_timeouts_total`).
     pub request_body_timeouts: Counter,
+    /// Requests whose `K-Proxy-Request` lacked the revision's tag, counted as direct
+    /// (`thaw_queue_untagged_proxy_requests_total`).
+    pub untagged_proxy: Counter,
 }
 
 /// The sidecar's registry and its families.
@@ -184,6 +187,11 @@ impl QueueTelemetry {
                 "thaw_queue_request_body_timeouts",
                 "Request bodies cut after sending nothing for the request-body idle timeout",
             ),
+            untagged_proxy: counter(
+                reg,
+                "thaw_queue_untagged_proxy_requests",
+                "Requests whose K-Proxy-Request lacked the revision's tag: counted as direct, K-Original-Host ignored",
+            ),
         };
         Self { registry, queue }
     }
@@ -238,6 +246,7 @@ mod tests {
             "# TYPE queue_average_concurrent_requests gauge",
             "# TYPE revision_app_request_latencies histogram",
             "thaw_queue_overflow_total{",
+            "thaw_queue_untagged_proxy_requests_total{",
             "process_resident_memory_bytes",
             "thaw_build_info",
         ] {

@@ -535,3 +535,39 @@ async fn the_container_gets_the_clients_host_and_no_sidecar_headers() {
     }
     h.shutdown();
 }
+
+/// With the stats token's tagger, what the activator forwards to a sidecar carries each
+/// revision's own tag in `K-Proxy-Request` (a client's own value replaced), on the direct and
+/// the hyper path alike.
+#[tokio::test]
+async fn forwarded_requests_carry_the_revisions_proxy_tag() {
+    use thaw::knative::proxy_tag::{Tagger, tag};
+    let key = b"the-stats-token-0123456789abcdef";
+    let up = Upstream::start().await;
+    let mut h = Harness::start(
+        vec![spec("tagged-a", 0), spec("tagged-b", 0)],
+        ActivatorConfig::default(),
+    )
+    .await;
+    h.activator
+        .use_proxy_tags(std::sync::Arc::new(Tagger::fixed(key)));
+    let c = client();
+    for name in ["tagged-a", "tagged-b"] {
+        h.endpoints.set_ready(&rev(name), vec![up.addr]);
+        for method in ["GET", "POST"] {
+            let mut req = h.get(&rev(name), "/headers");
+            *req.method_mut() = method.parse().unwrap();
+            req.headers_mut()
+                .insert("k-proxy-request", "forged".parse().unwrap());
+            let (status, _, body) = send(&c, req).await;
+            assert_eq!(status, 200, "{name} {method}: {body}");
+            let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(
+                seen["k-proxy-request"],
+                tag(key, "default", name).as_str(),
+                "{name} {method}: {seen}"
+            );
+        }
+    }
+    h.shutdown();
+}

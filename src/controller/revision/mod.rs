@@ -82,12 +82,18 @@ pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
     let defaults = settings
         .defaults
         .for_namespace(&rev.namespace().unwrap_or_default());
-    resolve::resolve(rev, defaults, &settings.autoscaler, &settings.deployment).map_err(|p| {
-        p.0.iter()
-            .map(|p| p.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
+    let mut r = resolve::resolve(rev, defaults, &settings.autoscaler, &settings.deployment)
+        .map_err(|p| {
+            p.0.iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })?;
+    r.proxy_tag = settings
+        .proxy_key
+        .as_ref()
+        .map(|k| k.tag(&r.namespace, &r.name));
+    Ok(r)
 }
 
 /// Applies `desired` unless an object of its name exists that the revision does not control.

@@ -162,7 +162,7 @@ fn resources(r: &SidecarResources) -> Option<ResourceRequirements> {
 /// The sidecar container of revision `r`.
 pub fn queue_container(r: &Resolved, cfg: &DeploymentConfig, probe: &MovedProbe) -> Container {
     let t = &r.timeouts;
-    let env = vec![
+    let mut env = vec![
         var(env::SERVING_NAMESPACE, &r.namespace),
         var(env::SERVING_REVISION, &r.name),
         var(env::SERVING_CONFIGURATION, &r.configuration),
@@ -208,6 +208,10 @@ pub fn queue_container(r: &Resolved, cfg: &DeploymentConfig, probe: &MovedProbe)
             crate::config::parse::format_duration(cfg.request_body_idle_timeout),
         ),
     ];
+    // The revision's tag, never the key it is computed with.
+    if let Some(tag) = &r.proxy_tag {
+        env.push(var(env::THAW_PROXY_TAG, tag));
+    }
     let admin = IntOrString::Int(i32::from(DEFAULT_ADMIN_PORT));
     let timing = probe.timing.clone().unwrap_or_default();
     let readiness = Probe {

@@ -51,6 +51,8 @@ pub struct Resolved {
     pub autoscaling: Arc<AutoscalingSpec>,
     /// `serving.knative.dev/progress-deadline`, else config-deployment's `progress-deadline`.
     pub progress_deadline: Duration,
+    /// The revision's proxy tag (the sidecar's `THAW_PROXY_TAG`), when the key is known.
+    pub proxy_tag: Option<String>,
 }
 
 /// The serving container of a pod spec: the first container with a port, else the first.
@@ -164,6 +166,7 @@ pub fn resolve(
         timeouts: spec.timeouts,
         autoscaling: spec.autoscaling,
         progress_deadline,
+        proxy_tag: None,
     })
 }
 
