@@ -81,7 +81,8 @@ fn kind(strict_mtls: bool) -> PodKind {
 /// revision's pod refuses as a mesh does, its private Service answers: that revision goes
 /// through the Service (one endpoint at `max(1, cc × ready / activators)`); the other's pod
 /// answers: it is reached directly. The autoscaler's pod-stats pulls follow the same split,
-/// so both revisions' stats flow. Then `enabled` takes even the plain revision through its Service.
+/// so both revisions' stats flow. Then `enabled` takes even the plain revision through its Service,
+/// and the route check still refuses another namespace's host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_pods_are_reached_through_the_private_service() {
     let c = Cluster::start(serde_json::json!({})).await;
@@ -184,6 +185,19 @@ async fn strict_pods_are_reached_through_the_private_service() {
     .await;
     let (status, _, body) = get(&client, act, "plain-00001", "/").await;
     assert_eq!(status, 200, "{body}");
+    // The route check holds whichever way pods are reached: another namespace's host naming
+    // this namespace's revision is 404, with no detail.
+    c.route("team-a", "web", &["strict-00001"]).await;
+    let (status, _, body) = get_as(
+        &client,
+        act,
+        "web.team-a.svc.cluster.local",
+        Some((NS, "strict-00001")),
+        "/",
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("strict"), "{body}");
     let plain_svc = format!("127.0.99.2:{}", plain_proxy.http);
     until(
         LONG,
