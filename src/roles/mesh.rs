@@ -13,10 +13,10 @@
 //! - `disabled`: the pods directly.
 //! - `auto` (the default): the pods directly unless they refuse as a mesh does. The activator
 //!   probes a revision's first ready pod (`K-Network-Probe: queue`, which the queue sidecar
-//!   answers `queue`) before it sends the revision anything: an answer means the pods are
-//!   reachable; a refusal as a mesh answers plain text (502 or 503, or a connection closed
-//!   before any answer) sends the same probe to the private Service, and an answer there moves
-//!   the revision to the Service. The autoscaler decides from its pulls: a sample whose every
+//!   answers `queue`) before it sends the revision anything: an answer (any but 502 or 503)
+//!   means the pods are reachable; a refusal as a mesh answers plain text (502 or 503, or a
+//!   connection closed before any answer) sends the same probe to the private Service, and the
+//!   sidecar's answer there moves the revision to the Service. The autoscaler decides from its pulls: a sample whose every
 //!   pull was refused that way is tried through the Service next. A revision's decision sticks
 //!   for the life of the process (Knative's too); anything else (a timeout, a refused
 //!   connection) decides nothing and is tried again.
@@ -285,12 +285,14 @@ pub fn service_capacity(cc: u32, ready: usize, activators: usize) -> u32 {
 /// What one probe found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeResult {
-    /// The queue sidecar answered.
+    /// The queue sidecar answered (200 `queue`).
     Answered,
+    /// Another HTTP answer (not 502 or 503): the address speaks plain HTTP to the activator.
+    Reachable,
     /// Refused as a mesh refuses plain text: 502 or 503, or the connection closed (or reset)
     /// before any answer.
     MeshRefused,
-    /// Anything else (a timeout, a refused connection, another answer).
+    /// No answer: a timeout, a refused connection.
     Other,
 }
 
@@ -328,17 +330,17 @@ pub async fn probe(client: &ProbeClient, addr: SocketAddr) -> ProbeResult {
                 return ProbeResult::MeshRefused;
             }
             StatusCode::OK => {}
-            _ => return ProbeResult::Other,
+            _ => return ProbeResult::Reachable,
         }
         match Limited::new(resp.into_body(), 64).collect().await {
             Ok(b) => {
                 if b.to_bytes() == "queue" {
                     ProbeResult::Answered
                 } else {
-                    ProbeResult::Other
+                    ProbeResult::Reachable
                 }
             }
-            Err(_) => ProbeResult::Other,
+            Err(_) => ProbeResult::Reachable,
         }
     };
     tokio::time::timeout(PROBE_TIMEOUT, answer)
@@ -347,10 +349,11 @@ pub async fn probe(client: &ProbeClient, addr: SocketAddr) -> ProbeResult {
 }
 
 /// The `auto` decision from probing a pod, then (when the pod refused as a mesh does) the
-/// Service: `Pods`, `Service`, or `Unknown` (try again later).
+/// Service: `Pods` when the pod answers anything but 502 or 503 (it speaks plain HTTP to the
+/// activator), `Service` when the Service's sidecar answers, or `Unknown` (try again later).
 pub async fn detect(client: &ProbeClient, pod: SocketAddr, service: Option<SocketAddr>) -> Reach {
     match probe(client, pod).await {
-        ProbeResult::Answered => Reach::Pods,
+        ProbeResult::Answered | ProbeResult::Reachable => Reach::Pods,
         ProbeResult::Other => Reach::Unknown,
         ProbeResult::MeshRefused => match service {
             Some(s) if probe(client, s).await == ProbeResult::Answered => Reach::Service,
@@ -443,8 +446,25 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
+        // Another plain-HTTP server: 404.
+        let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let other_addr = other.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = other.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf).await;
+                let _ = c
+                    .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
         let c = probe_client();
         assert_eq!(probe(&c, sidecar_addr).await, ProbeResult::Answered);
+        assert_eq!(probe(&c, other_addr).await, ProbeResult::Reachable);
+        assert_eq!(
+            detect(&c, other_addr, Some(sidecar_addr)).await,
+            Reach::Pods
+        );
         assert_eq!(probe(&c, strict_addr).await, ProbeResult::MeshRefused);
         assert_eq!(probe(&c, closed).await, ProbeResult::Other);
         assert_eq!(detect(&c, sidecar_addr, None).await, Reach::Pods);

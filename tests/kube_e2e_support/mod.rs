@@ -789,7 +789,8 @@ async fn start_pod(
     }
 }
 
-/// Forwards to the app, counting requests in flight and keeping the peak.
+/// Forwards to the app, counting requests in flight and keeping the peak; answers the
+/// activator's pod probe (`K-Network-Probe: queue`) itself, as the sidecar it stands in for.
 async fn counting_proxy(
     listener: TcpListener,
     app_port: u16,
@@ -818,6 +819,17 @@ async fn counting_proxy(
                     served.clone(),
                 );
                 async move {
+                    if req
+                        .headers()
+                        .get("k-network-probe")
+                        .is_some_and(|v| v == "queue")
+                    {
+                        // The activator's pod probe: answered as the queue sidecar would,
+                        // without reaching the app.
+                        return Ok::<_, Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(b"queue"),
+                        )));
+                    }
                     let now = inflight.fetch_add(1, Ordering::SeqCst) + 1;
                     peak.fetch_max(now, Ordering::SeqCst);
                     *req.uri_mut() = format!("http://127.0.0.1:{app_port}{}", req.uri().path())
