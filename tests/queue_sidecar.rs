@@ -1079,7 +1079,8 @@ async fn h2_get(addr: SocketAddr, uri: &str, host: Option<&str>) -> (u16, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_activators_host_rules_hold_in_the_sidecar() {
     let (port, server) = echo_server().await;
-    let q = Queue::start(port, &[]);
+    let tag = revision_tag();
+    let q = Queue::start(port, &[("THAW_PROXY_TAG", &tag)]);
     q.admin_until("/readyz", 200).await;
     let body = "Content-Length: 2\r\n\r\nhi";
     for (what, req) in [
@@ -1119,12 +1120,13 @@ async fn the_activators_host_rules_hold_in_the_sidecar() {
         assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
         assert!(got.contains("\nhost=right.example.com\nhosts=1\n"), "{got}");
     }
-    // K-Original-Host (the activator's) still replaces Host, once.
+    // K-Original-Host (the activator's, on a tagged request) still replaces Host, once.
     let (_, text) = q
         .get(
             "/echo",
             &[
                 ("host", "10.0.0.7:8012"),
+                ("k-proxy-request", &tag),
                 ("k-original-host", "orig.example.com"),
             ],
         )

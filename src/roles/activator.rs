@@ -27,14 +27,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::autoscaler::signal_stop;
-use super::mesh::{Mesh, watch_private_services};
 use super::serving::watch_public_slices;
 use super::share::{SharedEndpoints, Subsets};
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
 use crate::autoscaler::scaler::ScaleStates;
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
-use crate::config::network::MeshMode;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
@@ -177,17 +175,8 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         )
     };
     // mesh-compatibility-mode, read once (as Knative's activator does).
-    let mesh = Mesh::new(live.network.load().mesh_compatibility_mode);
-    info!(mode = mesh.mode().as_str(), "mesh-compatibility-mode");
-    let mut services_synced = match mesh.mode() {
-        MeshMode::Disabled => tokio::sync::watch::channel(true).1,
-        _ => watch_private_services(
-            client.clone(),
-            args.namespace.as_deref(),
-            mesh.clone(),
-            stop.clone(),
-        ),
-    };
+    let (mesh, mut services_synced) =
+        super::mesh::start(&client, args.namespace.as_deref(), &live, &stop);
     // The Routes requests are checked against, and the gateways believed by default.
     let guard = super::routes::follow(
         client.clone(),

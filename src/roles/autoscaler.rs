@@ -25,13 +25,11 @@ use tokio::sync::{Mutex, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use super::mesh::{Mesh, watch_private_services};
 use super::serving::{self, Swap};
 use super::{admin, pull};
 use crate::autoscaler::scaler::{ActivatorPath, InPath, ScaleStates, Scaler, ScalerOptions};
 use crate::cli::parse_listen;
 use crate::config::live::SYSTEM_NAMESPACE;
-use crate::config::network::MeshMode;
 use crate::leader::elect;
 use crate::platform::Platform;
 use crate::remote::server::{StatsPort, serve as serve_stats};
@@ -173,17 +171,8 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     );
     // mesh-compatibility-mode, read once: the pod-stats pull goes through the private Services
     // when it says so.
-    let mesh = Mesh::new(live.network.load().mesh_compatibility_mode);
-    info!(mode = mesh.mode().as_str(), "mesh-compatibility-mode");
-    let mut services_synced = match mesh.mode() {
-        MeshMode::Disabled => tokio::sync::watch::channel(true).1,
-        _ => watch_private_services(
-            client.clone(),
-            args.namespace.as_deref(),
-            mesh.clone(),
-            stop.clone(),
-        ),
-    };
+    let (mesh, mut services_synced) =
+        super::mesh::start(&client, args.namespace.as_deref(), &live, &stop);
     tokio::select! {
         _ = async {
             platform.wait_synced().await;

@@ -185,6 +185,23 @@ fn service_addr(svc: &Service) -> Option<(RevisionKey, Option<ServiceAddr>)> {
     Some((key, addr))
 }
 
+/// The role's mesh mode, read once from `live` config-network, and (unless `disabled`) the
+/// private Services followed into it; the receiver says when they have been listed once.
+pub fn start(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    live: &crate::config::live::LiveConfig,
+    stop: &CancellationToken,
+) -> (Arc<Mesh>, watch::Receiver<bool>) {
+    let mesh = Mesh::new(live.network.load().mesh_compatibility_mode);
+    tracing::info!(mode = mesh.mode().as_str(), "mesh-compatibility-mode");
+    let synced = match mesh.mode() {
+        MeshMode::Disabled => watch::channel(true).1,
+        _ => watch_private_services(client.clone(), namespace, mesh.clone(), stop.clone()),
+    };
+    (mesh, synced)
+}
+
 /// Follows the private Services (label `networking.internal.knative.dev/serviceType=Private`)
 /// in `namespace` (all when `None`) into `mesh`. Returns whether they have been listed once.
 /// Not needed (and not to be started) under `disabled`.
