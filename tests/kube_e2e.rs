@@ -187,19 +187,31 @@ async fn cold_start_split_swap_and_scale_to_zero() {
     }
 
     // The replica that does not lead answers 503 even with the token: the sender moves on.
-    let other = if lead_addr.port() == s1 { s2 } else { s1 };
-    let resp = client
-        .request(
-            http::Request::post(format!("http://127.0.0.1:{other}/stats"))
-                .header("authorization", format!("Bearer {TOKEN}"))
-                .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                    br#"{"source":"x","stats":[]}"#,
-                )))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 503);
+    // (Its answer counts only while the Lease names the same leader before and after it: on a
+    // starved machine a 3 s Lease can change hands between the two reads.)
+    let code = until(
+        LONG,
+        "an answer from the replica that does not lead",
+        || async {
+            let before: SocketAddr = leader(&c).await?.parse().ok()?;
+            let other = if before.port() == s1 { s2 } else { s1 };
+            let resp = client
+                .request(
+                    http::Request::post(format!("http://127.0.0.1:{other}/stats"))
+                        .header("authorization", format!("Bearer {TOKEN}"))
+                        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                            br#"{"source":"x","stats":[]}"#,
+                        )))
+                        .unwrap(),
+                )
+                .await
+                .ok()?;
+            let after: SocketAddr = leader(&c).await?.parse().ok()?;
+            (before == after).then_some(resp.status())
+        },
+    )
+    .await;
+    assert_eq!(code, 503);
 
     // A request at zero is held, the leader scales up, the kubelet publishes pods, 200.
     assert_eq!(c.replicas("hello-00001").await, 0);
