@@ -11,8 +11,8 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -201,7 +201,11 @@ pub(super) async fn pods(inner: Arc<Inner>) {
         let Some(key) = revision_of(pod) else { return };
         let name = pod.name_any();
         let rs = controller_uid(pod.metadata.owner_references.as_deref(), "ReplicaSet");
-        if owners_full(inner, inner.owners.put_pod(&key.namespace, &name, rs), "pods") && !listed
+        if owners_full(
+            inner,
+            inner.owners.put_pod(&key.namespace, &name, rs),
+            "pods",
+        ) && !listed
         {
             inner.refilter(&key);
         }
@@ -323,8 +327,8 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
 pub(super) async fn replica_sets(inner: Arc<Inner>) {
     // `Api<PartialObjectMeta<_>>` asks for metadata only (lists and watch events alike).
     let api = api::<PartialObjectMeta<ReplicaSet>>(&inner);
-    let s = watch_stream(api, watcher::Config::default().labels(labels::REVISION))
-        .default_backoff();
+    let s =
+        watch_stream(api, watcher::Config::default().labels(labels::REVISION)).default_backoff();
     let mut listing: Option<Vec<PartialObjectMeta<ReplicaSet>>> = None;
     let apply = |inner: &Inner, rs: &PartialObjectMeta<ReplicaSet>, listed: bool| {
         let (Some(uid), Some(key)) = (rs.uid(), revision_of(rs)) else {
