@@ -70,7 +70,8 @@ fn slice(name: &str, revision: &str, ready: &[&str], terminating: &[&str]) -> En
         "addressType": "IPv4",
         "ports": [
             {"name": "http", "port": 8012, "protocol": "TCP"},
-            {"name": "http2", "port": 8013, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}
+            {"name": "http2", "port": 8013, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+            {"name": thaw::stats::POD_STATS_PORT_NAME, "port": 9091, "protocol": "TCP"}
         ],
         "endpoints": endpoints,
     }))
@@ -601,9 +602,10 @@ async fn a_slice_whose_pods_are_not_the_revisions_is_ignored_and_counted() {
     assert_eq!(counted(), 2);
     // Left out of the activator's endpoints and the autoscaler's stats targets alike.
     assert_eq!(rx.borrow().ready, own_only);
-    let targets: Vec<SocketAddr> = p.stats_targets(&rev).into_iter().map(|t| t.1).collect();
-    assert_eq!(targets.len(), 1, "{targets:?}");
-    assert_eq!(targets[0].ip(), own_only[0].ip());
+    assert_eq!(
+        p.stats_targets(&rev),
+        [(pod_of("10.0.3.1"), "10.0.3.1:9091".parse().unwrap())]
+    );
     p.shutdown();
 }
 
