@@ -128,6 +128,21 @@ async fn slice_to_held_request(api: &kube_support::TestApi) {
             }
         }
     });
+    // The revision's Deployment and one pod of it: endpoints count only by ownership.
+    let deps: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), NS);
+    let labels = serde_json::json!({"serving.knative.dev/revision": "held-00001"});
+    deps.create(
+        &PostParams::default(),
+        &obj(serde_json::json!({
+            "metadata": {"name": "held-00001-deployment", "labels": labels},
+            "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "user-container", "image": "app"}]}}},
+        })),
+    )
+    .await
+    .unwrap();
+    kube_support::owned_pod(&client, NS, "held-00001-deployment", "held-pod", labels).await;
     let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
     let http: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut lat = Vec::new();
@@ -152,7 +167,8 @@ async fn slice_to_held_request(api: &kube_support::TestApi) {
                         "networking.internal.knative.dev/serviceType": "Private"}},
                     "addressType": "IPv4",
                     "ports": [{"name": "http", "port": up.port(), "protocol": "TCP"}],
-                    "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+                    "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                        "targetRef": kube_support::pod_target(NS, "held-pod")}],
                 })),
             )
             .await

@@ -143,15 +143,17 @@ impl Harness {
     /// Plays the scheduler and kubelet: a pod of `rev` (its template's labels) with
     /// `statuses` as its container statuses.
     async fn pod(&self, rev: &Revision, name: &str, statuses: serde_json::Value) -> Pod {
-        let dep = self
-            .deployment(&child_name(&rev.name_any(), "-deployment"))
-            .await;
+        let dep_name = child_name(&rev.name_any(), "-deployment");
+        let dep = self.deployment(&dep_name).await;
         let template = dep.spec.unwrap().template;
+        // Owned as the Deployment controller owns its pods: through its ReplicaSet.
+        let owners = kube_support::pod_owner_refs(&self.client, NS, &dep_name).await;
         let pods = self.api::<Pod>();
         let pod = Pod {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.into()),
                 labels: template.metadata.unwrap().labels,
+                owner_references: Some(serde_json::from_value(owners).unwrap()),
                 ..Default::default()
             },
             spec: template.spec,

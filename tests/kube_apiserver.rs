@@ -6,22 +6,8 @@ mod kube_support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_support::revision_deployment as deployment;
 use thaw::knative::{Revision, RevisionStatus, Service};
-
-fn deployment(name: &str, revision: &str) -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"serving.knative.dev/revision": revision}},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"serving.knative.dev/revision": revision}},
-            "template": {
-                "metadata": {"labels": {"serving.knative.dev/revision": revision}},
-                "spec": {"containers": [{"name": "user-container", "image": "img"}]}
-            }
-        }
-    }))
-    .unwrap()
-}
 
 #[tokio::test]
 async fn knative_service_and_revision_status_round_trip() {

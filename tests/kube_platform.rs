@@ -13,6 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_support::revision_deployment as deployment;
 use thaw::platform::kubernetes::{KubeOptions, KubePlatform, KubeRevision};
 use thaw::platform::{EndpointSnapshot, EndpointSource, EndpointStatus, Platform};
 use thaw::revision::{Protocol, RevisionKey};
@@ -40,31 +41,25 @@ async fn platform(client: kube::Client, opts: KubeOptions) -> KubePlatform {
     p
 }
 
-/// A Deployment of `revision` whose name is unrelated to the revision's: the platform must
-/// find it by label.
-fn deployment(name: &str, revision: &str) -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"serving.knative.dev/revision": revision}},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"serving.knative.dev/revision": revision}},
-            "template": {
-                "metadata": {"labels": {"serving.knative.dev/revision": revision}},
-                "spec": {"containers": [{"name": "user-container", "image": "img"}]}
-            }
-        }
-    }))
-    .unwrap()
+/// The pod the endpoint at `addr` targets in [`slice`].
+fn pod_of(addr: &str) -> String {
+    format!("pod-{}", addr.replace('.', "-"))
 }
 
+/// A private slice of `revision`, each endpoint's `targetRef` naming pod [`pod_of`] its
+/// address (see [`own`]).
 fn slice(name: &str, revision: &str, ready: &[&str], terminating: &[&str]) -> EndpointSlice {
     let mut endpoints = Vec::new();
     for a in ready {
-        endpoints.push(serde_json::json!({"addresses": [a], "conditions": {"ready": true}}));
+        endpoints.push(
+            serde_json::json!({"addresses": [a], "conditions": {"ready": true},
+            "targetRef": kube_support::pod_target(NS, &pod_of(a))}),
+        );
     }
     for a in terminating {
         endpoints.push(serde_json::json!({"addresses": [a],
-            "conditions": {"ready": false, "serving": true, "terminating": true}}));
+            "conditions": {"ready": false, "serving": true, "terminating": true},
+            "targetRef": kube_support::pod_target(NS, &pod_of(a))}));
     }
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {
@@ -75,11 +70,37 @@ fn slice(name: &str, revision: &str, ready: &[&str], terminating: &[&str]) -> En
         "addressType": "IPv4",
         "ports": [
             {"name": "http", "port": 8012, "protocol": "TCP"},
-            {"name": "http2", "port": 8013, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}
+            {"name": "http2", "port": 8013, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+            {"name": thaw::stats::POD_STATS_PORT_NAME, "port": 9091, "protocol": "TCP"}
         ],
         "endpoints": endpoints,
     }))
     .unwrap()
+}
+
+/// Plays the Deployment controller for the pods at `addrs` ([`pod_of`]): each is owned, through
+/// a ReplicaSet, by `revision`'s Deployment (found by label; `{revision}` created when it has
+/// none), as endpoints by ownership require.
+async fn own(client: &kube::Client, revision: &str, addrs: &[&str]) {
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let label = format!("serving.knative.dev/revision={revision}");
+    let found = deps
+        .list(&kube::api::ListParams::default().labels(&label))
+        .await
+        .unwrap();
+    let name = match found.items.first() {
+        Some(d) => d.metadata.name.clone().unwrap(),
+        None => {
+            deps.create(&PostParams::default(), &deployment(revision, revision))
+                .await
+                .unwrap();
+            revision.to_string()
+        }
+    };
+    for a in addrs {
+        let labels = serde_json::json!({"serving.knative.dev/revision": revision});
+        kube_support::owned_pod(client, NS, &name, &pod_of(a), labels).await;
+    }
 }
 
 fn addrs(list: &[&str]) -> Vec<SocketAddr> {
@@ -156,6 +177,8 @@ async fn slices_of_a_revision_are_merged_and_deduplicated_and_updates_arrive_on_
     let rev = RevisionKey::new(NS, "hello-00001");
     let mut rx = p.endpoints(&rev);
     assert!(rx.borrow().ready.is_empty());
+    let ips = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"];
+    own(&api.client(), "hello-00001", &ips).await;
 
     slices
         .create(
@@ -381,6 +404,7 @@ async fn no_ready_pod_within_the_activation_timeout_is_failing_timed_out() {
         }
     );
     // A ready endpoint ends it.
+    own(&api.client(), "slow-00001", &["10.0.1.1"]).await;
     slices
         .create(
             &PostParams::default(),
@@ -403,6 +427,7 @@ async fn watches_resume_from_their_resource_version_after_the_connection_is_cut(
     let p = platform(kube_support::client_at(relay.addr()), opts()).await;
     let rev = RevisionKey::new(NS, "cut-00001");
     let mut rx = p.endpoints(&rev);
+    own(&api.client(), "cut-00001", &["10.0.2.1", "10.0.2.2"]).await;
     let created = slices
         .create(
             &PostParams::default(),
@@ -513,6 +538,77 @@ async fn conflicts_and_server_errors_are_retried_without_holding_up_other_revisi
     p.shutdown();
 }
 
+#[tokio::test]
+async fn a_slice_whose_pods_are_not_the_revisions_is_ignored_and_counted() {
+    let api = kube_support::TestApi::start().await;
+    let client = api.client();
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let metrics = PlatformMetrics::default();
+    let p = KubePlatform::start(client.clone(), opts(), metrics.clone());
+    timeout(DEADLINE, p.wait_synced()).await.unwrap();
+    let rev = RevisionKey::new(NS, "fa-00001");
+    p.upsert(KubeRevision {
+        key: rev.clone(),
+        protocol: Protocol::Http1,
+        progress_deadline: None,
+    });
+    let mut rx = p.endpoints(&rev);
+    // A namespace user's own Deployment whose pods (and ReplicaSet) copy the revision's label,
+    // created first: the watches have seen its pod once they have seen the revision's.
+    let mut mine = deployment("mine", "fa-00001");
+    mine.metadata.labels = Some([("app".to_string(), "mine".to_string())].into());
+    deps.create(&PostParams::default(), &mine).await.unwrap();
+    let labels = serde_json::json!({"serving.knative.dev/revision": "fa-00001"});
+    kube_support::owned_pod(&client, NS, "mine", &pod_of("10.0.3.9"), labels).await;
+    own(&client, "fa-00001", &["10.0.3.1"]).await;
+    slices
+        .create(
+            &PostParams::default(),
+            &slice("fa-00001-private", "fa-00001", &["10.0.3.1"], &[]),
+        )
+        .await
+        .unwrap();
+    let own_only = addrs(&["10.0.3.1:8012"]);
+    wait_snapshot(&mut rx, "the revision's pod", |s| s.ready == own_only).await;
+
+    // The user's slice with the revision's labels: one endpoint of the user's pod, one naming
+    // no pod at all.
+    let mut foreign = slice("mine-private", "fa-00001", &["10.0.3.9"], &[]);
+    foreign
+        .endpoints
+        .push(serde_json::from_value(serde_json::json!({"addresses": ["10.0.3.8"]})).unwrap());
+    slices
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let counted = || {
+        metrics
+            .foreign_endpoints
+            .get_or_create(&thaw::telemetry::platform::RevisionLabels {
+                namespace: NS.into(),
+                revision: "fa-00001".into(),
+            })
+            .get()
+    };
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while counted() < 2 {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "foreign endpoints never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counted(), 2);
+    // Left out of the activator's endpoints and the autoscaler's stats targets alike.
+    assert_eq!(rx.borrow().ready, own_only);
+    assert_eq!(
+        p.stats_targets(&rev),
+        [(pod_of("10.0.3.1"), "10.0.3.1:9091".parse().unwrap())]
+    );
+    p.shutdown();
+}
+
 /// Not a check but a measurement (docs/benchmarks.md): from sending an EndpointSlice update
 /// to the API server to the platform's subscriber holding the new snapshot, over real HTTP
 /// and the server's watch. Run: `cargo test --release --test kube_platform -- --ignored
@@ -525,6 +621,7 @@ async fn measure_slice_update_to_subscriber() {
     let p = platform(api.client(), opts()).await;
     let rev = RevisionKey::new(NS, "m-00001");
     let mut rx = p.endpoints(&rev);
+    own(&api.client(), "m-00001", &["10.9.0.0"]).await;
     let mut s = slices
         .create(
             &PostParams::default(),
@@ -536,6 +633,7 @@ async fn measure_slice_update_to_subscriber() {
     let mut took = Vec::new();
     for i in 1..=300u32 {
         let ip = format!("10.9.{}.{}", i / 250, i % 250);
+        own(&api.client(), "m-00001", &[&ip]).await;
         s.endpoints = slice("x", "m-00001", &[&ip], &[]).endpoints;
         let want: SocketAddr = format!("{ip}:8012").parse().unwrap();
         let start = tokio::time::Instant::now();

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, ContainerPort, PodSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -78,7 +79,8 @@ fn slice(name: &str, revision: &str, ip: &str) -> EndpointSlice {
             {"name": "http", "port": 8012, "protocol": "TCP"},
             {"name": "http2", "port": 8013, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}
         ],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true},
+            "targetRef": kube_support::pod_target(NS, "p1")}],
     }))
     .unwrap()
 }
@@ -227,7 +229,13 @@ async fn revisions_created_changed_and_deleted_follow_into_the_catalog_and_the_p
     ] {
         assert_eq!(snap.route_host(host).map(|s| &s.key), Some(&key), "{host}");
     }
-    // The platform reads the h2c port of the revision's slices: it knows the protocol.
+    // The platform reads the h2c port of the revision's slices: it knows the protocol. (The
+    // endpoint's pod is the revision's Deployment's: endpoints count by ownership.)
+    let deps: Api<Deployment> = Api::namespaced(api.client(), NS);
+    let dep = kube_support::revision_deployment("hello-00001-deployment", "hello-00001");
+    deps.create(&PostParams::default(), &dep).await.unwrap();
+    let labels = serde_json::json!({"serving.knative.dev/revision": "hello-00001"});
+    kube_support::owned_pod(&api.client(), NS, "hello-00001-deployment", "p1", labels).await;
     let slices: Api<EndpointSlice> = Api::namespaced(api.client(), NS);
     slices
         .create(

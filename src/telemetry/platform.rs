@@ -194,6 +194,13 @@ pub struct PlatformMetrics {
     /// re-resolution after a ConfigMap change) found invalid and skipped; the revision's last
     /// valid spec, if any, stays in force.
     pub revisions_rejected: Family<RevisionLabels, Counter>,
+    /// `thaw_platform_foreign_endpoints_total{namespace,revision}`: endpoints of a revision's
+    /// private slices whose pod does not belong to the revision's Deployment (or that name no
+    /// pod), left out; counted each time a slice carrying them is received.
+    pub foreign_endpoints: Family<RevisionLabels, Counter>,
+    /// `thaw_platform_owners_refused_total{resource}`: pods or ReplicaSets the ownership index
+    /// refused because it was full (their endpoints stay pending).
+    pub owners_refused: Family<WatchLabels, Counter>,
 }
 
 impl Default for PlatformMetrics {
@@ -207,6 +214,8 @@ impl Default for PlatformMetrics {
             watch_errors: Family::default(),
             scale_patches: Family::default(),
             revisions_rejected: Family::default(),
+            foreign_endpoints: Family::default(),
+            owners_refused: Family::default(),
         }
     }
 }
@@ -264,6 +273,16 @@ impl PlatformMetrics {
             "platform_revisions_rejected",
             "Revisions found invalid and skipped (the last valid spec stays)",
             super::Listed(m.revisions_rejected.clone()),
+        );
+        reg.register(
+            "platform_foreign_endpoints",
+            "Endpoints of a revision's private slices whose pod is not the revision's Deployment's, left out",
+            super::Listed(m.foreign_endpoints.clone()),
+        );
+        reg.register(
+            "platform_owners_refused",
+            "Pods or ReplicaSets the ownership index refused because it was full",
+            m.owners_refused.clone(),
         );
         m
     }

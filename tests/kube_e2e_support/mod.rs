@@ -659,11 +659,15 @@ async fn start_pod(
     } else {
         serde_json::json!({"running": {}})
     };
+    // Owned as the Deployment controller owns its pods: through the Deployment's ReplicaSet.
+    let owners =
+        crate::kube_support::pod_owner_refs(client, NS, &format!("{rev}-deployment")).await;
     let _ = pods
         .create(
             &PostParams::default(),
             &obj(serde_json::json!({
-                "metadata": {"name": name, "labels": {"serving.knative.dev/revision": rev}},
+                "metadata": {"name": name, "labels": {"serving.knative.dev/revision": rev},
+                    "ownerReferences": owners},
                 "spec": {"containers": [{"name": "user-container", "image": "sample-app"}]},
             })),
         )

@@ -158,3 +158,127 @@ fn crd_handler(
         .with_printer_columns(&columns),
     )
 }
+
+/// Plays the Deployment controller's ownership chain for a pod of Deployment `deployment` in
+/// `ns`: its ReplicaSet [`replica_set_name`] (created once: controlled by the Deployment by UID,
+/// labelled and selected as the Deployment's template) and the `ownerReferences` a pod of it
+/// carries (controlled by that ReplicaSet by UID). Kubernetes' endpoints by ownership
+/// (`src/platform/kubernetes/owners.rs`) count only pods owned this way.
+pub async fn pod_owner_refs(
+    client: &kube::Client,
+    ns: &str,
+    deployment: &str,
+) -> serde_json::Value {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    use kube::api::{Api, PostParams};
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d = deps
+        .get(deployment)
+        .await
+        .expect("the pod's Deployment exists");
+    let uid = d.metadata.uid.clone().expect("Deployment uid");
+    let rs_name = replica_set_name(deployment);
+    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+    let mut found = rss.get_opt(&rs_name).await.expect("get ReplicaSet");
+    // One left by an earlier Deployment of the name: the garbage collector's part.
+    if let Some(old) = found.as_ref()
+        && old
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|r| r.uid != uid)
+    {
+        let _ = rss.delete(&rs_name, &Default::default()).await;
+        found = None;
+    }
+    let rs = match found {
+        Some(rs) => rs,
+        None => {
+            let spec = d.spec.as_ref().expect("Deployment spec");
+            let template_labels = spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.labels.clone())
+                .unwrap_or_default();
+            let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": rs_name,
+                    "labels": template_labels,
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "Deployment",
+                        "name": deployment, "uid": uid,
+                        "controller": true, "blockOwnerDeletion": true,
+                    }],
+                },
+                "spec": {"selector": spec.selector, "template": spec.template},
+            }))
+            .unwrap();
+            match rss.create(&PostParams::default(), &rs).await {
+                Ok(rs) => rs,
+                // Another pod of the Deployment made it meanwhile.
+                Err(kube::Error::Api(e)) if e.code == 409 => rss.get(&rs_name).await.unwrap(),
+                Err(e) => panic!("create ReplicaSet {rs_name}: {e}"),
+            }
+        }
+    };
+    serde_json::json!([{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs_name,
+        "uid": rs.metadata.uid.expect("ReplicaSet uid"),
+        "controller": true, "blockOwnerDeletion": true,
+    }])
+}
+
+/// The name of Deployment `deployment`'s one ReplicaSet in [`pod_owner_refs`].
+pub fn replica_set_name(deployment: &str) -> String {
+    format!("{deployment}-rs")
+}
+
+/// A pod `name` of Deployment `deployment` in `ns`, owned through its ReplicaSet
+/// ([`pod_owner_refs`]), carrying `labels`; created unless a pod of the name exists.
+pub async fn owned_pod(
+    client: &kube::Client,
+    ns: &str,
+    deployment: &str,
+    name: &str,
+    labels: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    if let Some(pod) = pods.get_opt(name).await.unwrap() {
+        return pod;
+    }
+    let owners = pod_owner_refs(client, ns, deployment).await;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+        "spec": {"containers": [{"name": "user-container", "image": "img"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+}
+
+/// The `targetRef` of an EndpointSlice endpoint for pod `name` in `ns`.
+pub fn pod_target(ns: &str, name: &str) -> serde_json::Value {
+    serde_json::json!({"kind": "Pod", "name": name, "namespace": ns})
+}
+
+/// A Deployment `name` of `revision` at zero replicas (its labels, selector and template's
+/// labels carry the revision's label; the platform finds it by label, whatever its name).
+pub fn revision_deployment(name: &str, revision: &str) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"serving.knative.dev/revision": revision}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"serving.knative.dev/revision": revision}},
+            "template": {
+                "metadata": {"labels": {"serving.knative.dev/revision": revision}},
+                "spec": {"containers": [{"name": "user-container", "image": "img"}]}
+            }
+        }
+    }))
+    .unwrap()
+}

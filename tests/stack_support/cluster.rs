@@ -16,8 +16,9 @@
 //! it), unless the stack runs with graceful deletion ([`KUBELET_FINALIZER`]): then a deleted
 //! pod stays terminating, its endpoints too, until its containers have stopped.
 //!
-//! Not played: ReplicaSets (pods are the Deployment's own), liveness and startup probes,
-//! resources, volumes.
+//! Each Deployment has one ReplicaSet (no surge), which controls its pods
+//! (`kube_support::pod_owner_refs`), as endpoints by ownership require. Not played: liveness
+//! and startup probes, resources, volumes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Container, Pod, Probe, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -317,13 +318,12 @@ async fn deployment_controller(
                     .and_then(|m| m.labels.clone())
                     .unwrap_or_default();
                 labels.insert("pod-template-hash".into(), hash.clone());
+                let owners = crate::kube_support::pod_owner_refs(&client, &ns, &name).await;
                 let pod: Pod = serde_json::from_value(serde_json::json!({
                     "metadata": {
                         "name": pod_name, "namespace": ns, "labels": labels,
                         "annotations": spec.template.metadata.as_ref().and_then(|m| m.annotations.clone()),
-                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
-                            "name": name, "uid": d.uid().unwrap_or_default(),
-                            "controller": true, "blockOwnerDeletion": true}],
+                        "ownerReferences": owners,
                         "finalizers": finalizers,
                     },
                     "spec": template["spec"],
@@ -426,6 +426,9 @@ async fn deployment_controller(
             for p in owned.remove(&key).unwrap_or_default() {
                 let _ = podapi.delete(&p, &DeleteParams::default()).await;
             }
+            let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), &key.0);
+            let rs = crate::kube_support::replica_set_name(&key.1);
+            let _ = rss.delete(&rs, &DeleteParams::default()).await;
             statuses.remove(&key);
         }
     }

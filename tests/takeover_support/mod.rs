@@ -116,6 +116,10 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
         .await
         .unwrap();
     if warm {
+        let pod = format!("{name}-pod");
+        let labels = serde_json::json!({"serving.knative.dev/revision": name});
+        let deployment = format!("{name}-deployment");
+        crate::kube_support::owned_pod(&client, NS, &deployment, &pod, labels).await;
         let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
         slices
             .create(
@@ -128,7 +132,8 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
                     "addressType": "IPv4",
                     "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}],
                     "endpoints": [{"addresses": [format!("10.1.{}.{}", i / 250, i % 250 + 1)],
-                        "conditions": {"ready": true}}],
+                        "conditions": {"ready": true},
+                        "targetRef": crate::kube_support::pod_target(NS, &pod)}],
                 })),
             )
             .await

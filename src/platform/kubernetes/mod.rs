@@ -1,21 +1,25 @@
 //! The Kubernetes platform: a revision's replicas are its Deployment's pods.
 //!
-//! [`KubePlatform`] implements [`Platform`] and [`EndpointSource`] with three watches, each
+//! [`KubePlatform`] implements [`Platform`] and [`EndpointSource`] with four watches, each
 //! one for all revisions, selected by label (never by recomputed names):
 //! - **EndpointSlices** labelled `networking.internal.knative.dev/serviceType=Private` and
 //!   carrying `serving.knative.dev/revision`: the revision's private Service's slices. Merged
 //!   per revision across all its slices, deduplicated, `ready`/`terminating` from the slice
 //!   conditions, the port chosen by the revision's protocol (`http`, or `http2` / appProtocol
-//!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel.
+//!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel. Only
+//!   endpoints whose pod belongs to the revision's Deployment count ([`owners`]).
 //! - **Pods** carrying `serving.knative.dev/revision`: a container waiting in
 //!   `CrashLoopBackOff`, or restarted [`KubeOptions::restart_limit`] times, makes the revision
 //!   `Failing` while it has no ready endpoint. Image pull and container config errors do not
 //!   ([`DEADLINE_WAITING_REASONS`]): as in Knative they count against the progress deadline,
-//!   so requests stay held until the activation timeout.
+//!   so requests stay held until the activation timeout. Each pod's controlling ReplicaSet
+//!   (by UID) goes into the ownership index.
 //! - **Deployments** carrying `serving.knative.dev/revision`: which Deployment scales which
-//!   revision.
+//!   revision (its UID: the one whose pods are the revision's).
+//! - **ReplicaSets** carrying `serving.knative.dev/revision`, metadata only: each one's
+//!   controlling Deployment (by UID), for the ownership index.
 //!
-//! The Revisions themselves are followed by [`revisions::follow_revisions`] (a fourth watch,
+//! The Revisions themselves are followed by [`revisions::follow_revisions`] (a fifth watch,
 //! into the catalog and [`KubePlatform::upsert`] / [`KubePlatform::remove`]).
 //!
 //! [`Platform::scale`] records the latest replica count and returns at once; the revision's
@@ -36,6 +40,7 @@
 //! with backoff) and re-list only after a 410. [`EndpointSource::drained`] is ignored: on
 //! Kubernetes the pod's preStop hook waits for its own drain.
 
+mod owners;
 mod pods;
 pub mod revisions;
 mod scaler;
@@ -74,6 +79,8 @@ pub struct DeploymentRef {
     pub name: String,
     /// Its `spec.replicas` (what the scale subresource holds).
     pub replicas: Option<u32>,
+    /// Its UID: the revision's pods are those of its ReplicaSets ([`owners`]).
+    pub uid: Option<String>,
 }
 
 /// When `/scale` may be written.
@@ -179,6 +186,8 @@ pub(crate) struct Inner {
     /// Set once each watch has finished its first list.
     pub synced: tokio_watch::Sender<u8>,
     pub shutdown: CancellationToken,
+    /// Pods and ReplicaSets by UID: which endpoints are the revisions' own.
+    pub owners: owners::Owners,
 }
 
 impl fmt::Debug for KubePlatform {
@@ -190,11 +199,11 @@ impl fmt::Debug for KubePlatform {
     }
 }
 
-/// The three watches; [`KubePlatform::wait_synced`] waits for all of them.
-const WATCHES: u8 = 3;
+/// The four watches; [`KubePlatform::wait_synced`] waits for all of them.
+const WATCHES: u8 = 4;
 
 impl KubePlatform {
-    /// Starts the three watches on `client`. `metrics` are the registered families
+    /// Starts the four watches on `client`. `metrics` are the registered families
     /// (`Telemetry::platform`).
     pub fn start(client: kube::Client, opts: KubeOptions, metrics: PlatformMetrics) -> Self {
         let inner = Arc::new(Inner {
@@ -210,8 +219,10 @@ impl KubePlatform {
             deployments_changed: tokio_watch::channel(0).0,
             synced: tokio_watch::channel(0).0,
             shutdown: CancellationToken::new(),
+            owners: owners::Owners::default(),
         });
         tokio::spawn(watch::endpoint_slices(inner.clone()));
+        tokio::spawn(watch::replica_sets(inner.clone()));
         tokio::spawn(watch::pods(inner.clone()));
         tokio::spawn(watch::deployments(inner.clone()));
         Self { inner }
@@ -231,8 +242,9 @@ impl KubePlatform {
             .progress_deadline
             .unwrap_or(self.inner.opts.progress_deadline)
             + self.inner.opts.activation_buffer;
+        let verdict = self.inner.verdict_of(&rev.key);
         entry.update(|st| {
-            st.set_protocol(rev.protocol);
+            st.set_protocol(rev.protocol, &verdict);
             st.activation_timeout = Some(timeout);
         });
     }
@@ -258,6 +270,7 @@ impl KubePlatform {
         let Some(entry) = self.inner.revisions.get(revision).map(|e| e.clone()) else {
             return Vec::new();
         };
+        let verdict = self.inner.verdict_of(revision);
         entry.read(|st| {
             let mut out: Vec<(String, SocketAddr)> = Vec::new();
             for (slice, _) in st.slices.values() {
@@ -272,7 +285,8 @@ impl KubePlatform {
                 };
                 for ep in &slice.endpoints {
                     let cond = ep.conditions.as_ref();
-                    if !cond.and_then(|c| c.ready).unwrap_or(true)
+                    if verdict(ep) != owners::Verdict::Owned
+                        || !cond.and_then(|c| c.ready).unwrap_or(true)
                         || cond.and_then(|c| c.terminating).unwrap_or(false)
                     {
                         continue;
@@ -350,6 +364,35 @@ impl Inner {
             .entry(key.clone())
             .or_insert_with(|| Arc::new(RevEntry::new(key.clone())))
             .clone()
+    }
+
+    /// What an endpoint of `key`'s slices is to it: owned by its Deployment, foreign, or not
+    /// known yet ([`owners`]).
+    pub fn verdict_of(
+        &self,
+        key: &RevisionKey,
+    ) -> impl Fn(&k8s_openapi::api::discovery::v1::Endpoint) -> owners::Verdict + '_ {
+        let deployment = self.deployments.get(key).and_then(|d| d.uid.clone());
+        let namespace = key.namespace.to_string();
+        move |ep| self.owners.verdict(&namespace, deployment.as_deref(), ep)
+    }
+
+    /// Re-reduces `key`'s slices after its ownership changed (a pod, ReplicaSet or Deployment
+    /// seen, changed or gone). Revisions not known yet: nothing to do.
+    pub fn refilter(&self, key: &RevisionKey) {
+        let Some(entry) = self.revisions.get(key).map(|e| e.clone()) else {
+            return;
+        };
+        let verdict = self.verdict_of(key);
+        entry.update(|st| st.refilter(&verdict));
+    }
+
+    /// Re-reduces every revision's slices (a watch listed anew).
+    pub fn refilter_all(&self) {
+        let keys: Vec<RevisionKey> = self.revisions.iter().map(|e| e.key().clone()).collect();
+        for key in keys {
+            self.refilter(&key);
+        }
     }
 
     /// The activation timeout of `entry`.

@@ -5,8 +5,9 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
+use super::owners::Verdict;
 use crate::revision::Protocol;
 
 /// The appProtocol Kubernetes defines for HTTP/2 without TLS.
@@ -44,12 +45,32 @@ pub fn serving_port(slice: &EndpointSlice, protocol: Protocol) -> Option<u16> {
 /// so, ready when `ready` is true or unset (Kubernetes: "nil should be interpreted as
 /// true") and it is not terminating, and left out otherwise (starting, failing probes).
 /// Addresses that do not parse as IPs (an FQDN slice) are skipped.
+#[cfg(test)]
 pub fn slice_endpoints(slice: &EndpointSlice, protocol: Protocol) -> SliceEndpoints {
+    owned_endpoints(slice, protocol, &|_| Verdict::Owned).0
+}
+
+/// [`slice_endpoints`], keeping only the endpoints `verdict` finds [`Verdict::Owned`]; with
+/// how many it found [`Verdict::Foreign`] (pending ones are left out, not counted).
+pub fn owned_endpoints(
+    slice: &EndpointSlice,
+    protocol: Protocol,
+    verdict: &dyn Fn(&Endpoint) -> Verdict,
+) -> (SliceEndpoints, usize) {
     let mut out = SliceEndpoints::default();
+    let mut foreign = 0;
     let Some(port) = serving_port(slice, protocol) else {
-        return out;
+        return (out, foreign);
     };
     for ep in &slice.endpoints {
+        match verdict(ep) {
+            Verdict::Owned => {}
+            Verdict::Foreign => {
+                foreign += 1;
+                continue;
+            }
+            Verdict::Pending => continue,
+        }
         let cond = ep.conditions.as_ref();
         let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
         let ready = cond.and_then(|c| c.ready).unwrap_or(true);
@@ -65,7 +86,7 @@ pub fn slice_endpoints(slice: &EndpointSlice, protocol: Protocol) -> SliceEndpoi
             }
         }
     }
-    out
+    (out, foreign)
 }
 
 /// Every slice of one revision merged: the union of `ready` and of `terminating`, sorted and

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use tokio::sync::watch;
 
+use super::owners::Verdict;
 use super::pods::PodFailure;
 use super::slices::{self, SliceEndpoints};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
@@ -96,22 +97,33 @@ impl RevEntry {
     }
 }
 
+/// What an endpoint is to the revision ([`super::owners`]).
+pub(crate) type VerdictFn<'a> = &'a dyn Fn(&Endpoint) -> Verdict;
+
 impl RevState {
-    /// Stores (or replaces) one slice.
-    pub fn put_slice(&mut self, slice: EndpointSlice) {
+    /// Stores (or replaces) one slice, keeping the endpoints `verdict` finds owned; returns
+    /// how many it found foreign.
+    pub fn put_slice(&mut self, slice: EndpointSlice, verdict: VerdictFn<'_>) -> usize {
         let name = slice.metadata.name.clone().unwrap_or_default();
-        let eps = slices::slice_endpoints(&slice, self.protocol);
+        let (eps, foreign) = slices::owned_endpoints(&slice, self.protocol, verdict);
         self.slices.insert(name, (slice, eps));
+        foreign
     }
 
     /// Changes the protocol, re-reducing every slice for the new port.
-    pub fn set_protocol(&mut self, protocol: Protocol) {
+    pub fn set_protocol(&mut self, protocol: Protocol, verdict: VerdictFn<'_>) {
         if self.protocol == protocol {
             return;
         }
         self.protocol = protocol;
+        self.refilter(verdict);
+    }
+
+    /// Re-reduces every slice (ownership became known or changed).
+    pub fn refilter(&mut self, verdict: VerdictFn<'_>) {
+        let protocol = self.protocol;
         for (slice, eps) in self.slices.values_mut() {
-            *eps = slices::slice_endpoints(slice, protocol);
+            *eps = slices::owned_endpoints(slice, protocol, verdict).0;
         }
     }
 

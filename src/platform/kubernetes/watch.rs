@@ -1,5 +1,5 @@
-//! The platform's three watches (EndpointSlices, Pods, Deployments), one each for every
-//! revision, selected by label. Each runs until shutdown; kube-runtime's watcher resumes from
+//! The platform's four watches (EndpointSlices, Pods, Deployments, ReplicaSets' metadata), one
+//! each for every revision, selected by label. Each runs until shutdown; kube-runtime's watcher resumes from
 //! the last resourceVersion after an error (with backoff) and re-lists only after a 410.
 
 use std::collections::{BTreeMap, HashMap};
@@ -7,21 +7,23 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
+use super::owners::{Stored, controller_uid};
 use super::pods::pod_failure;
 use super::{DeploymentRef, Inner};
 use crate::knative::names::labels;
 use crate::revision::RevisionKey;
-use crate::telemetry::platform::WatchLabels;
+use crate::telemetry::platform::{RevisionLabels, WatchLabels};
 
 fn api<K>(inner: &Inner) -> Api<K>
 where
@@ -124,12 +126,15 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
                 for s in &listed {
                     owner.insert((key.namespace.to_string(), s.name_any()), key.clone());
                 }
-                inner.entry(&key).update(|st| {
+                let verdict = inner.verdict_of(&key);
+                let foreign = inner.entry(&key).update(|st| {
                     st.slices.clear();
-                    for s in listed {
-                        st.put_slice(s);
-                    }
+                    listed
+                        .into_iter()
+                        .map(|s| st.put_slice(s, &verdict))
+                        .sum::<usize>()
                 });
+                count_foreign(inner, &key, foreign);
             }
         }
         Event::Apply(s) => {
@@ -140,7 +145,9 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
             {
                 inner.entry(&old).update(|st| st.slices.remove(&id.1));
             }
-            inner.entry(&key).update(|st| st.put_slice(s));
+            let verdict = inner.verdict_of(&key);
+            let foreign = inner.entry(&key).update(|st| st.put_slice(s, &verdict));
+            count_foreign(inner, &key, foreign);
         }
         Event::Delete(s) => {
             let id = (s.namespace().unwrap_or_default(), s.name_any());
@@ -154,14 +161,54 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
         .await
 }
 
-/// The pods of every revision -> each revision's failing pods.
+/// Counts `foreign` endpoints found in a slice of `key` (and says so once per slice event).
+fn count_foreign(inner: &Inner, key: &RevisionKey, foreign: usize) {
+    if foreign == 0 {
+        return;
+    }
+    tracing::warn!(revision = %key, foreign, "endpoints whose pod is not the revision's Deployment's: left out");
+    inner
+        .metrics
+        .foreign_endpoints
+        .get_or_create(&RevisionLabels {
+            namespace: key.namespace.to_string(),
+            revision: key.name.to_string(),
+        })
+        .inc_by(foreign as u64);
+}
+
+/// Counts an owner the index refused (full).
+fn owners_full(inner: &Inner, stored: Stored, resource: &str) -> bool {
+    if stored == Stored::Full {
+        inner
+            .metrics
+            .owners_refused
+            .get_or_create(&WatchLabels {
+                resource: resource.to_string(),
+            })
+            .inc();
+    }
+    stored == Stored::Changed
+}
+
+/// The pods of every revision -> each revision's failing pods, and each pod's ReplicaSet.
 pub(super) async fn pods(inner: Arc<Inner>) {
     let s = stream::<Pod>(&inner, labels::REVISION);
     let restart_limit = inner.opts.restart_limit;
     let mut listing: Option<Vec<Pod>> = None;
-    let apply = move |inner: &Inner, pod: &Pod| {
+    // `listed`: part of a list, after which every revision is re-reduced at once.
+    let apply = move |inner: &Inner, pod: &Pod, listed: bool| {
         let Some(key) = revision_of(pod) else { return };
         let name = pod.name_any();
+        let rs = controller_uid(pod.metadata.owner_references.as_deref(), "ReplicaSet");
+        if owners_full(
+            inner,
+            inner.owners.put_pod(&key.namespace, &name, rs),
+            "pods",
+        ) && !listed
+        {
+            inner.refilter(&key);
+        }
         // A pod being deleted is on its way out: its state says nothing about the revision.
         let failure = if pod.metadata.deletion_timestamp.is_some() {
             None
@@ -193,16 +240,20 @@ pub(super) async fn pods(inner: Arc<Inner>) {
             for e in inner.revisions.iter() {
                 e.value().update(|st| st.failing_pods.clear());
             }
+            inner.owners.clear_pods();
             for p in listing.take().unwrap_or_default() {
-                apply(inner, &p);
+                apply(inner, &p, true);
             }
+            inner.refilter_all();
         }
-        Event::Apply(p) => apply(inner, &p),
+        Event::Apply(p) => apply(inner, &p, false),
         Event::Delete(p) => {
             if let Some(key) = revision_of(&p) {
+                inner.owners.remove_pod(&key.namespace, &p.name_any());
                 inner
                     .entry(&key)
                     .update(|st| st.failing_pods.remove(&p.name_any()));
+                inner.refilter(&key);
             }
         }
     };
@@ -217,6 +268,7 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
     let mut listing: Option<Vec<(RevisionKey, DeploymentRef)>> = None;
     let of = |d: &Deployment| DeploymentRef {
         name: d.name_any(),
+        uid: d.uid(),
         replicas: d
             .spec
             .as_ref()
@@ -240,10 +292,18 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
                 for (k, d) in listing.take().unwrap_or_default() {
                     inner.deployments.insert(k, d);
                 }
+                inner.refilter_all();
             }
             Event::Apply(d) => {
                 if let Some(key) = revision_of(&d) {
-                    inner.deployments.insert(key, of(&d));
+                    let new = of(&d);
+                    let uid_changed = inner
+                        .deployments
+                        .insert(key.clone(), new.clone())
+                        .is_none_or(|old| old.uid != new.uid);
+                    if uid_changed {
+                        inner.refilter(&key);
+                    }
                 }
             }
             Event::Delete(d) => {
@@ -251,6 +311,7 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
                     inner
                         .deployments
                         .remove_if(&key, |_, known| known.name == d.name_any());
+                    inner.refilter(&key);
                 }
             }
         }
@@ -258,5 +319,52 @@ pub(super) async fn deployments(inner: Arc<Inner>) {
     };
     drive(inner.clone(), "deployments", s, on_event)
         .instrument(tracing::info_span!("watch", resource = "deployments"))
+        .await
+}
+
+/// The ReplicaSets of every revision, metadata only (`PartialObjectMetadata`: names, labels,
+/// owners; no pod template) -> each one's controlling Deployment in the ownership index.
+pub(super) async fn replica_sets(inner: Arc<Inner>) {
+    // `Api<PartialObjectMeta<_>>` asks for metadata only (lists and watch events alike).
+    let api = api::<PartialObjectMeta<ReplicaSet>>(&inner);
+    let s =
+        watch_stream(api, watcher::Config::default().labels(labels::REVISION)).default_backoff();
+    let mut listing: Option<Vec<PartialObjectMeta<ReplicaSet>>> = None;
+    let apply = |inner: &Inner, rs: &PartialObjectMeta<ReplicaSet>, listed: bool| {
+        let (Some(uid), Some(key)) = (rs.uid(), revision_of(rs)) else {
+            return;
+        };
+        let deployment = controller_uid(rs.metadata.owner_references.as_deref(), "Deployment");
+        let stored = inner.owners.put_replica_set(&uid, deployment);
+        if owners_full(inner, stored, "replicasets") && !listed {
+            inner.refilter(&key);
+        }
+    };
+    let on_event = move |inner: &Inner, ev: Event<PartialObjectMeta<ReplicaSet>>| match ev {
+        Event::Init => listing = Some(Vec::new()),
+        Event::InitApply(rs) => {
+            if let Some(l) = listing.as_mut() {
+                l.push(rs);
+            }
+        }
+        Event::InitDone => {
+            inner.owners.clear_replica_sets();
+            for rs in listing.take().unwrap_or_default() {
+                apply(inner, &rs, true);
+            }
+            inner.refilter_all();
+        }
+        Event::Apply(rs) => apply(inner, &rs, false),
+        Event::Delete(rs) => {
+            if let Some(uid) = rs.uid() {
+                inner.owners.remove_replica_set(&uid);
+            }
+            if let Some(key) = revision_of(&rs) {
+                inner.refilter(&key);
+            }
+        }
+    };
+    drive(inner.clone(), "replicasets", s, on_event)
+        .instrument(tracing::info_span!("watch", resource = "replicasets"))
         .await
 }
