@@ -11,7 +11,7 @@ use super::headers::{
     KNATIVE_SERVING_REVISION, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP, X_REQUEST_ID,
 };
 use crate::http1::fields::RawFields;
-use crate::http1::host::{self, HostFields, HostSource};
+use crate::http1::host::{self, HostFields};
 
 /// The request headers the activator reads, found in one pass over the fields (a request
 /// carries a handful of headers; nine hashed lookups cost more than looking at each once). For
@@ -204,14 +204,10 @@ pub fn target<'a>(
         count: seen.host_count,
         first: seen.host.map(FieldRef::as_bytes),
     };
-    let source = host::source(fields, authority, version)
-        .map_err(|e| ActivatorError::BadRequest(e.reason()))?;
-    let host = match source {
-        HostSource::Authority => authority,
-        HostSource::Field => seen.host.and_then(FieldRef::to_str),
-        HostSource::None => None,
-    };
-    match host.filter(|h| !h.is_empty()) {
+    // The rule decides whether the host is usable; `request_host` reads it as the rule says
+    // (the authority when there is one, else the one `Host`).
+    host::source(fields, authority, version).map_err(|e| ActivatorError::BadRequest(e.reason()))?;
+    match request_host(seen, uri) {
         Some(host) => Ok(Target::Host(host)),
         None => Err(ActivatorError::NotFound(
             "no Host header and no Knative-Serving-Revision header".into(),
