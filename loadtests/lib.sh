@@ -110,7 +110,8 @@ write_configmaps() {
         >"$dir/config-defaults.yaml"
 }
 
-# service_yaml NAME ANNOTATIONS_FLOW_MAP SAMPLE_APP_ARGS_FLOW_LIST: one Service entry of local.yaml.
+# service_yaml NAME ANNOTATIONS_FLOW_MAP SAMPLE_APP_ARGS_FLOW_LIST [PORT_NAME]: one Service entry
+# of local.yaml; PORT_NAME is http1 (the default) or h2c (the replica is reached over h2c).
 # e.g. service_yaml hello '{autoscaling.knative.dev/min-scale: "1"}' '["--response-delay", "10ms"]'
 service_yaml() {
     cat <<EOF
@@ -127,7 +128,7 @@ service_yaml() {
             - command: [thaw, sample-app]
               args: $3
               env: [{name: TARGET, value: $1}]
-              ports: [{name: http1}]
+              ports: [{name: ${4:-http1}}]
 EOF
 }
 
@@ -235,6 +236,24 @@ hey_summary() {
         s && /\[[0-9]+\]/ { code = $1; gsub(/[\[\]]/, "", code); if (code !~ /^2/) err += $2 }
         e && /\[[0-9]+\]/ { n = $1; gsub(/[\[\]]/, "", n); err += n }
         END { printf "%s %s %s %d\n", rps, p50, p99, err }' "$f"
+}
+
+# h2load_summary FILE LOG: "req/s p50_ms p99_ms errors" from h2load's output and its
+# --log-file (one line per request: start us, status, duration us; h2load prints no
+# percentiles itself). Errors: failed + errored + timed-out requests, and non-2xx answers.
+h2load_summary() {
+    local rps errs pct
+    rps=$(awk '/^finished in/ { gsub(",", ""); print $4 }' "$1")
+    errs=$(awk '/^requests:/ { gsub(",", ""); print $10 + $12 + $14 }' "$1")
+    pct=$(awk -F'\t' '$2 !~ /^2/ { bad++ } { print $3 }
+        END { print bad + 0 > "/dev/stderr" }' "$2" 2>"$2.bad" | sort -n | awk '
+        { v[NR] = $1 } END {
+            if (NR == 0) { print "n/a n/a"; exit }
+            i50 = int(NR * 0.50); if (i50 < 1) i50 = 1
+            i99 = int(NR * 0.99); if (i99 < 1) i99 = 1
+            printf "%.3f %.3f\n", v[i50] / 1000, v[i99] / 1000 }')
+    printf '%s %s %s\n' "$rps" "$pct" "$((errs + $(cat "$2.bad")))"
+    rm -f "$2" "$2.bad"
 }
 
 # The noise check. A run records what share of the machine's CPU time went to anything but the

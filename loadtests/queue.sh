@@ -12,12 +12,17 @@
 # in which others (steal and other processes: lib.sh's noise check) used more than MAX_OTHERS
 # percent of the CPU are left out, as in warm.sh.
 #
+# The h2c row: h2load (H2C_SHAPE connections x streams, over h2c prior knowledge) against the
+# same three targets; nginx as an h2c sidecar is a second `listen ... http2` server proxying to
+# the app over HTTP/1.1 with keepalive (thaw queue and the app take h2c on their one port).
+# p50/p99 come from h2load's per-request log. H2C_SHAPE= (empty) leaves the row out.
+#
 # Both sidecars get SIDECAR_WORKERS (1) workers: `thaw queue --threads`, nginx `worker_processes`
 # (a sidecar gets a fraction of a core; one worker each is the fair comparison). The sidecar runs
 # with containerConcurrency 0 (CC>0 adds one uncontended limiter admission per request).
 #
 # Knobs (environment): ROUNDS (7), DURATION (4s), CONNS ("32 64"), HEY_CONNS (64),
-# SIDECAR_WORKERS (1), REPLICA_THREADS (1), MAX_OTHERS (3), HELD (1000), HOLD_DELAY (6s: how long
+# H2C_SHAPE (16x32), SIDECAR_WORKERS (1), REPLICA_THREADS (1), MAX_OTHERS (3), HELD (1000), HOLD_DELAY (6s: how long
 # the app holds each of the HELD requests). THAW (target/release/thaw).
 # Run time ~ ROUNDS * (3 * (len(CONNS) + 1)) * DURATION + 30 s (about 5 minutes by default).
 set -euo pipefail
@@ -32,11 +37,13 @@ REPLICA_THREADS=${REPLICA_THREADS:-1}
 MAX_OTHERS=${MAX_OTHERS:-3}
 HELD=${HELD:-1000}
 HOLD_DELAY=${HOLD_DELAY:-6s}
+H2C_SHAPE=${H2C_SHAPE-16x32}
 
 lt_init queue
 need wrk
 need nginx nginx-light
 SECOND=$(second_opinion_tool)
+[ -z "$H2C_SHAPE" ] || need h2load nghttp2-client
 ulimit -n 65536 2>/dev/null || true
 
 # start_app PORT ARGS...: `thaw sample-app` on PORT, once it answers.
@@ -69,6 +76,7 @@ log "app $APP_PORT (pid $APP_PID), thaw queue $Q_PORT/$Q_ADMIN (pid $QUEUE_PID, 
 NGX="$OUT/nginx"
 mkdir -p "$NGX/tmp"
 NGINX_PORT=$(free_port)
+NGINX_H2C_PORT=$(free_port)
 cat >"$NGX/nginx.conf" <<EOF
 worker_processes $SIDECAR_WORKERS;
 pid $NGX/nginx.pid;
@@ -94,6 +102,17 @@ http {
             proxy_set_header Host \$host;
         }
     }
+    server {
+        listen 127.0.0.1:$NGINX_H2C_PORT http2;
+        http2_max_concurrent_streams 128;
+        keepalive_requests 1000000;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+        }
+    }
 }
 EOF
 lt_bg nginx -p "$NGX" -c "$NGX/nginx.conf" -g 'daemon off;'
@@ -104,12 +123,18 @@ NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | tr '\n' ' ')
 
 declare -A TARGET=([direct]="http://127.0.0.1:$APP_PORT/" [queue]="http://127.0.0.1:$Q_PORT/"
     [nginx]="http://127.0.0.1:$NGINX_PORT/")
+declare -A TARGET_H2C=([direct]="${TARGET[direct]}" [queue]="${TARGET[queue]}"
+    [nginx]="http://127.0.0.1:$NGINX_H2C_PORT/")
 declare -A PIDS=([direct]="$APP_PID" [queue]="$QUEUE_PID" [nginx]="$NGINX_PID $NGINX_WORKERS")
 # The benchmark's own processes, for the noise check.
 OWN_PIDS="$APP_PID $QUEUE_PID $NGINX_PID $NGINX_WORKERS"
 for t in direct queue nginx; do
     body=$(curl -sf "${TARGET[$t]}") || die "$t failed"
     [ "$body" = "Hello from thaw!" ] || die "$t answered: $body"
+    [ -z "$H2C_SHAPE" ] || {
+        body=$(curl -sf --http2-prior-knowledge "${TARGET_H2C[$t]}") || die "$t (h2c) failed"
+        [ "$body" = "Hello from thaw!" ] || die "$t (h2c) answered: $body"
+    }
 done
 
 proxy_cpu() {  # name ms_before requests: CPU us per request of that target's processes
@@ -141,6 +166,14 @@ run() {  # tool target conns
                 /^Failed requests:/ { e += $3 } /^Non-2xx responses:/ { e += $3 }
                 END { printf "%s %.3f %.3f %d\n", rps, p50, p99, e }' "$f")
             ;;
+        h2load)
+            local t=$(nproc)
+            [ "$t" -le "${3%x*}" ] || t=${3%x*}
+            h2load -c "${3%x*}" -m "${3#*x}" -t "$t" -D "${DURATION%s}" --log-file="$f.log" \
+                "${TARGET_H2C[$2]}" >"$f"
+            n=$(awk '/^requests:/ { gsub(",", ""); print $8 }' "$f")
+            s=$(h2load_summary "$f" "$f.log")
+            ;;
     esac
     ROWS+=("$1 c$3 $2 $s $(proxy_cpu "$2" "$cpu0" "$n") $ROUND $(others_pct_since "$ticks")")
 }
@@ -148,12 +181,16 @@ run() {  # tool target conns
 # Warm-up (not measured): every upstream pool holds the connections the runs need.
 WARM_CONNS=$(printf '%s\n' $CONNS "$HEY_CONNS" | sort -n | tail -1)
 for t in direct queue nginx; do wrk -t"$(nproc)" -c"$WARM_CONNS" -d2s "${TARGET[$t]}" >/dev/null; done
+[ -z "$H2C_SHAPE" ] || for t in direct queue nginx; do
+    h2load -c "${H2C_SHAPE%x*}" -m "${H2C_SHAPE#*x}" -D 2 "${TARGET_H2C[$t]}" >/dev/null
+done
 
 ORDERS=("direct queue nginx" "queue nginx direct" "nginx direct queue")
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     order=${ORDERS[$(((ROUND - 1) % 3))]}
     for c in $CONNS; do for t in $order; do run wrk "$t" "$c"; done; done
     for t in $order; do run "$SECOND" "$t" "$HEY_CONNS"; done
+    [ -z "$H2C_SHAPE" ] || for t in $order; do run h2load "$t" "$H2C_SHAPE"; done
 done
 
 # Idle RSS after the load (connections closed, pools idle).
