@@ -60,6 +60,10 @@ pub struct ActivatorConfig {
     /// revision) is still served for that Route's hosts, so requests the gateways send while
     /// they catch up with a rollout are not refused.
     pub routing_grace: Duration,
+    /// `pod-probe-budget`: on Kubernetes, how many of a revision's not-yet-ready pods the
+    /// activator probes at once, to send to them as soon as their sidecar answers instead of
+    /// when the kubelet marks them ready (`crate::roles::early_ready`); 0 turns that off.
+    pub pod_probe_budget: u32,
     /// `allowed-upgrades`: the `Upgrade` protocols passed through as tunnels (lower case); any
     /// other is answered 501. `h2c` is never a tunnel: such a request is served over HTTP/1.1.
     pub allowed_upgrades: Vec<String>,
@@ -160,6 +164,7 @@ impl Default for ActivatorConfig {
             fast_lane: true,
             trusted_proxies: TrustedProxies::RoleDefault,
             routing_grace: Duration::from_secs(60),
+            pod_probe_budget: 8,
             allowed_upgrades: vec!["websocket".to_string()],
         }
     }
@@ -409,6 +414,19 @@ pub static KEYS: &[Key<ActivatorConfig>] = &[
             Ok(())
         },
         show: |c| keys::show_duration(c.routing_grace),
+    },
+    Key {
+        name: "pod-probe-budget",
+        unit: "pods",
+        help: "On Kubernetes, how many of a revision's not-yet-ready pods each activator probes \
+               at once (K-Network-Probe: queue, every 25 ms at first) to send to them as soon as \
+               their sidecar answers, before the kubelet marks them ready. 0: off (wait for the \
+               kubelet).",
+        parse: |c, s| {
+            c.pod_probe_budget = int_in(s, 0, 1000)?;
+            Ok(())
+        },
+        show: |c| keys::show_u32(c.pod_probe_budget),
     },
     Key {
         name: "allowed-upgrades",

@@ -80,6 +80,12 @@ impl Rev {
                 .map(|p| p.addr)
                 .collect(),
             terminating: self.terminating.clone(),
+            starting: self
+                .pods
+                .iter()
+                .filter(|p| !p.ready)
+                .map(|p| p.addr)
+                .collect(),
             status: match &self.failing {
                 Some(reason) => EndpointStatus::Failing {
                     reason: reason.clone(),

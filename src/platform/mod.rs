@@ -43,6 +43,11 @@ pub struct EndpointSnapshot {
     pub ready: Vec<SocketAddr>,
     /// Endpoints that are going away: no new requests, in-flight ones finish.
     pub terminating: Vec<SocketAddr>,
+    /// Endpoints of pods that are up but not ready yet in the platform's view (a Kubernetes
+    /// EndpointSlice's `ready: false`): never sent to as such. The activator may probe them
+    /// and send to the ones that answer before the kubelet marks them ready
+    /// (`crate::roles::early_ready`). Sorted.
+    pub starting: Vec<SocketAddr>,
     pub status: EndpointStatus,
     /// Requests each ready endpoint may take at once, when that is not containerConcurrency:
     /// set when one endpoint stands for several pods (a private Service in

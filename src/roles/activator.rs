@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::autoscaler::signal_stop;
+use super::early_ready::{EarlyReady, EarlyReadyMetrics};
 use super::serving::watch_public_slices;
 use super::share::{SharedEndpoints, Subsets};
 use crate::activator::{Activator, ActivatorDeps, NextHop, raise_nofile_limit};
@@ -208,12 +209,27 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("thaw activator: the admin port's starting server failed: {e}"))?;
 
-    let shared = SharedEndpoints::new(
-        Arc::new(platform.clone()),
-        subsets,
-        catalog.clone(),
-        Some(mesh),
-    );
+    // Starting pods probed and sent to once they answer, unless mesh-compatibility-mode is
+    // `enabled` (pods are then reached through their Service only).
+    let mesh_enabled = mesh.mode() == crate::config::network::MeshMode::Enabled;
+    let early = {
+        let config = live.activator.clone();
+        EarlyReady::new(
+            Arc::new(platform.clone()),
+            move || {
+                if mesh_enabled {
+                    0
+                } else {
+                    config.load().pod_probe_budget
+                }
+            },
+            EarlyReadyMetrics {
+                probes: telemetry.activator.starting_pod_probes.clone(),
+                early: telemetry.activator.early_ready_pods.clone(),
+            },
+        )
+    };
+    let shared = SharedEndpoints::new(Arc::new(early), subsets, catalog.clone(), Some(mesh));
     let activator = Activator::new(ActivatorDeps {
         catalog: catalog.clone(),
         endpoints: Arc::new(shared) as Arc<dyn EndpointSource>,

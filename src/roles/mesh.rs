@@ -289,6 +289,7 @@ pub fn through_service(
         limit: (cc > 0).then(|| service_capacity(cc, snap.ready.len(), activators)),
         ready,
         terminating: Vec::new(),
+        starting: Vec::new(),
         status: snap.status.clone(),
     }
 }

@@ -8,6 +8,7 @@ pub mod activator;
 pub mod admin;
 pub mod autoscaler;
 pub mod controller;
+pub mod early_ready;
 pub mod mesh;
 pub mod pull;
 pub mod routes;

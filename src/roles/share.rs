@@ -253,12 +253,14 @@ impl SharedEndpoints {
             (Some(_), Reach::Unknown) if !snap.ready.is_empty() => EndpointSnapshot {
                 ready: Vec::new(),
                 terminating: snap.terminating.clone(),
+                starting: Vec::new(),
                 status: snap.status.clone(),
                 limit: None,
             },
             _ => EndpointSnapshot {
                 ready: share(&snap.ready, cc, place, key),
                 terminating: snap.terminating.clone(),
+                starting: Vec::new(),
                 status: snap.status.clone(),
                 limit: None,
             },

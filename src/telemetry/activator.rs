@@ -155,6 +155,12 @@ pub struct ActivatorMetrics {
     /// Route is another namespace's or does not route the revision; also counted as
     /// `unmatched{reason="not_found"}`).
     pub route_refused: Counter,
+    /// `thaw_activator_starting_pod_probes_total`: probes sent to pods not ready yet
+    /// (`pod-probe-budget`).
+    pub starting_pod_probes: Counter,
+    /// `thaw_activator_early_ready_pods_total`: pods sent to on their own probe's answer,
+    /// before the platform marked them ready.
+    pub early_ready_pods: Counter,
 }
 
 impl ActivatorMetrics {
@@ -180,6 +186,8 @@ impl ActivatorMetrics {
             stats_dropped: Counter::default(),
             request_body_timeouts: Counter::default(),
             route_refused: Counter::default(),
+            starting_pod_probes: Counter::default(),
+            early_ready_pods: Counter::default(),
         };
         let r = reg;
         r.register(
@@ -276,6 +284,16 @@ impl ActivatorMetrics {
             "activator_route_refused",
             "Requests refused because their host's Route does not route the revision they name",
             m.route_refused.clone(),
+        );
+        r.register(
+            "activator_starting_pod_probes",
+            "Probes sent to pods not ready yet, to send to them as soon as their sidecar answers",
+            m.starting_pod_probes.clone(),
+        );
+        r.register(
+            "activator_early_ready_pods",
+            "Pods sent to on their own probe's answer, before the platform marked them ready",
+            m.early_ready_pods.clone(),
         );
         m
     }

@@ -90,6 +90,8 @@ pub struct Records {
     pub t0: Instant,
     scale: Mutex<Vec<ScaleChange>>,
     public: Mutex<Vec<PublicChange>>,
+    /// `namespace/pod` -> when the endpoints controller first wrote a slice listing it.
+    listed: Mutex<BTreeMap<String, Instant>>,
 }
 
 impl Records {
@@ -98,7 +100,17 @@ impl Records {
             t0: Instant::now(),
             scale: Mutex::default(),
             public: Mutex::default(),
+            listed: Mutex::default(),
         }
+    }
+
+    /// When the endpoints controller first wrote a slice listing pod `namespace/name`.
+    pub fn listed(&self, namespace: &str, name: &str) -> Option<Instant> {
+        self.listed
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .copied()
     }
 
     pub fn scale(&self) -> Vec<ScaleChange> {
@@ -234,6 +246,7 @@ impl Cluster {
             client.clone(),
             services,
             pods.clone(),
+            records.clone(),
         )));
         tasks.push(tokio::spawn(record_public_slices(
             client.clone(),
@@ -457,7 +470,12 @@ fn target_port(pod: &Pod, target: Option<&IntOrString>, port: i32) -> Option<i32
 /// resolved ports; the Service's labels copied, `kubernetes.io/service-name` and
 /// `endpointslice.kubernetes.io/managed-by` set; a slice with no endpoints and no ports when
 /// no pod matches. Written by server-side apply when they change.
-async fn endpoints_controller(client: kube::Client, services: Store<Service>, pods: Store<Pod>) {
+async fn endpoints_controller(
+    client: kube::Client,
+    services: Store<Service>,
+    pods: Store<Pod>,
+    records: Arc<Records>,
+) {
     // (namespace, service) -> slice name -> the body last applied.
     let mut written: BTreeMap<(String, String), BTreeMap<String, serde_json::Value>> =
         BTreeMap::new();
@@ -551,6 +569,14 @@ async fn endpoints_controller(client: kube::Client, services: Store<Service>, po
                 let pp = PatchParams::apply(ENDPOINTSLICE_CONTROLLER).force();
                 match api.patch(slice_name, &pp, &Patch::Apply(body)).await {
                     Ok(_) => {
+                        let now = Instant::now();
+                        let mut listed = records.listed.lock().unwrap();
+                        for e in body["endpoints"].as_array().into_iter().flatten() {
+                            if let Some(pod) = e["targetRef"]["name"].as_str() {
+                                listed.entry(format!("{ns}/{pod}")).or_insert(now);
+                            }
+                        }
+                        drop(listed);
                         had.insert(slice_name.clone(), body.clone());
                     }
                     Err(e) => eprintln!("endpoints controller: {slice_name}: {e}"),
@@ -706,6 +732,34 @@ pub struct AdoptedPod {
     pub readiness: (String, String),
 }
 
+/// When the kubelet lets a pod it runs (not an adopted one) turn Ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadyGate {
+    /// As its containers' readiness probes say, each at its probe's period (a kubelet).
+    #[default]
+    Probes,
+    /// This long after its containers' readiness probes first all passed (watched every
+    /// [`ANSWER_POLL`], so [`PodTimes::first_answer`] is when the sidecar first answered).
+    After(Duration),
+    /// Never while the gate holds: the test keeps new pods not ready.
+    Held,
+}
+
+/// How often a gated pod's readiness probes are tried until they first all pass.
+pub const ANSWER_POLL: Duration = Duration::from_millis(2);
+
+/// A pod's start and readiness as the kubelet saw them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodTimes {
+    /// Its first container was started.
+    pub started: Option<Instant>,
+    /// Its readiness probes first all passed (recorded under a [`ReadyGate`] other than
+    /// `Probes` only).
+    pub first_answer: Option<Instant>,
+    /// Its Ready condition was first written True.
+    pub ready: Option<Instant>,
+}
+
 /// One container process, shared by its pod's task and the kubelet (which kills every one
 /// when dropped).
 type Proc = Arc<Mutex<Option<Child>>>;
@@ -724,6 +778,9 @@ struct KubeletInner {
     logs: Mutex<Vec<(String, PathBuf)>>,
     /// Every pod's task (aborted on drop).
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    gate: Mutex<ReadyGate>,
+    /// `namespace/pod` -> its times.
+    times: Mutex<BTreeMap<String, PodTimes>>,
 }
 
 struct PodHandle {
@@ -764,6 +821,8 @@ impl Kubelet {
                 procs: Mutex::default(),
                 logs: Mutex::default(),
                 tasks: Mutex::default(),
+                gate: Mutex::default(),
+                times: Mutex::default(),
             }),
         }
     }
@@ -803,6 +862,21 @@ impl Kubelet {
             stop,
         ));
         k.tasks.lock().unwrap().push(task);
+    }
+
+    /// Sets when pods the kubelet runs may turn Ready (pods already Ready stay so).
+    pub fn set_gate(&self, gate: ReadyGate) {
+        *self.inner.gate.lock().unwrap() = gate;
+    }
+
+    /// The times of pod `namespace/name`, if the kubelet ran it.
+    pub fn times(&self, namespace: &str, name: &str) -> Option<PodTimes> {
+        self.inner
+            .times
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .copied()
     }
 
     /// Every container's log.
@@ -1126,6 +1200,9 @@ async fn run_pod(
             .max(0) as u64,
     );
     let mut terminating: Option<JoinHandle<()>> = None;
+    let times_key = format!("{ns}/{name}");
+    // Under a gate, a task watching for the readiness probes' first pass.
+    let mut answer_watch: Option<JoinHandle<()>> = None;
     loop {
         // Start (or restart) what is due.
         for c in cs.iter_mut() {
@@ -1134,6 +1211,13 @@ async fn run_pod(
                 match start(&c.spec) {
                     Ok(p) => {
                         c.proc = Some(p);
+                        k.times
+                            .lock()
+                            .unwrap()
+                            .entry(times_key.clone())
+                            .or_default()
+                            .started
+                            .get_or_insert_with(Instant::now);
                         c.waiting = None;
                         c.started_at = Some(now_rfc3339());
                         c.started = Some(Instant::now());
@@ -1241,7 +1325,46 @@ async fn run_pod(
             }
         }
         // Status.
-        let all_ready = cs.iter().all(|c| c.ready);
+        let gate = *k.gate.lock().unwrap();
+        if gate != ReadyGate::Probes && !adopted && answer_watch.is_none() {
+            let specs: Vec<Container> = cs.iter().map(|c| c.spec.clone()).collect();
+            let (k, key) = (k.clone(), times_key.clone());
+            answer_watch = Some(tokio::spawn(async move {
+                loop {
+                    let all = futures::future::join_all(specs.iter().map(|c| async move {
+                        match &c.readiness_probe {
+                            Some(p) => probe(p, ip, c).await,
+                            None => true,
+                        }
+                    }))
+                    .await;
+                    if all.iter().all(|ok| *ok) {
+                        let now = Instant::now();
+                        let mut times = k.times.lock().unwrap();
+                        times
+                            .entry(key)
+                            .or_default()
+                            .first_answer
+                            .get_or_insert(now);
+                        return;
+                    }
+                    tokio::time::sleep(ANSWER_POLL).await;
+                }
+            }));
+        }
+        let first_answer = k
+            .times
+            .lock()
+            .unwrap()
+            .get(&times_key)
+            .and_then(|t| t.first_answer);
+        let gate_open = adopted
+            || match gate {
+                ReadyGate::Probes => true,
+                ReadyGate::After(d) => first_answer.is_some_and(|t| t.elapsed() >= d),
+                ReadyGate::Held => false,
+            };
+        let all_ready = cs.iter().all(|c| c.ready) && (gate_open || written_ready(&written));
         let cond = |t: &str, ok: bool| serde_json::json!({"type": t, "status": if ok { "True" } else { "False" }});
         let statuses: Vec<serde_json::Value> = cs
             .iter()
@@ -1287,7 +1410,18 @@ async fn run_pod(
                 )
                 .await
             {
-                Ok(_) => written = Some(status),
+                Ok(_) => {
+                    if all_ready {
+                        let now = Instant::now();
+                        let mut times = k.times.lock().unwrap();
+                        times
+                            .entry(times_key.clone())
+                            .or_default()
+                            .ready
+                            .get_or_insert(now);
+                    }
+                    written = Some(status)
+                }
                 // Gone (deleted at once): nothing to report to.
                 Err(kube::Error::Api(e)) if e.code == 404 => written = Some(status),
                 Err(e) => eprintln!("kubelet: status of {ns}/{name}: {e}"),
@@ -1316,6 +1450,9 @@ async fn run_pod(
             () = tokio::time::sleep(TICK) => {}
         }
     }
+    if let Some(w) = answer_watch {
+        w.abort();
+    }
     // The pod goes once its containers have stopped (the finalizer stands in for the API
     // server's graceful deletion).
     let _ = api
@@ -1325,6 +1462,16 @@ async fn run_pod(
             &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
         )
         .await;
+}
+
+/// Whether the pod status last written says Ready (a gate holds only pods not Ready yet).
+fn written_ready(written: &Option<serde_json::Value>) -> bool {
+    written.as_ref().is_some_and(|s| {
+        s["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    })
 }
 
 /// Every container at once: its preStop hook (HTTP), then SIGTERM, SIGKILL at the end of the

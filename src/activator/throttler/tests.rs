@@ -14,6 +14,7 @@ fn snapshot(ready: &[u16], terminating: &[u16]) -> EndpointSnapshot {
         limit: None,
         ready: ready.iter().map(|p| addr(*p)).collect(),
         terminating: terminating.iter().map(|p| addr(*p)).collect(),
+        starting: Vec::new(),
         status: EndpointStatus::Ok,
     }
 }

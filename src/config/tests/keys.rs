@@ -256,6 +256,14 @@ fn activator_rows() -> Vec<Row> {
             "\"nope\" is not an IP address or CIDR range",
         ),
         (
+            "pod-probe-budget",
+            json!(8),
+            "0",
+            json!(0),
+            "1001",
+            "must be in",
+        ),
+        (
             "routing-grace",
             json!(60),
             "5s",

@@ -24,6 +24,8 @@ pub struct SliceEndpoints {
     pub ready: BTreeSet<SocketAddr>,
     /// Terminating (whether or not still serving).
     pub terminating: BTreeSet<SocketAddr>,
+    /// Not ready (starting, or failing its readiness probe) and not terminating.
+    pub starting: BTreeSet<SocketAddr>,
 }
 
 /// The serving port of a slice for `protocol`: for h2c the port named `http2` or with
@@ -43,7 +45,8 @@ pub fn serving_port(slice: &EndpointSlice, protocol: Protocol) -> Option<u16> {
 
 /// One slice's endpoints for `protocol`. An endpoint is terminating when its condition says
 /// so, ready when `ready` is true or unset (Kubernetes: "nil should be interpreted as
-/// true") and it is not terminating, and left out otherwise (starting, failing probes).
+/// true") and it is not terminating, and starting otherwise (not ready yet, or failing its
+/// readiness probe).
 /// Addresses that do not parse as IPs (an FQDN slice) are skipped.
 #[cfg(test)]
 pub fn slice_endpoints(slice: &EndpointSlice, protocol: Protocol) -> SliceEndpoints {
@@ -83,26 +86,45 @@ pub fn owned_endpoints(
                 out.terminating.insert(addr);
             } else if ready {
                 out.ready.insert(addr);
+            } else {
+                out.starting.insert(addr);
             }
         }
     }
     (out, foreign)
 }
 
-/// Every slice of one revision merged: the union of `ready` and of `terminating`, sorted and
-/// without duplicates. An address ready in one slice and terminating in another (a pod moving
-/// between slices) counts as ready.
-pub fn merge<'a>(
-    slices: impl IntoIterator<Item = &'a SliceEndpoints>,
-) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
+/// Every slice of one revision merged: the union of `ready`, of `terminating` and of
+/// `starting`, sorted and without duplicates. An address ready in one slice and terminating
+/// or starting in another (a pod moving between slices) counts as ready; one terminating in
+/// one and starting in another, as terminating.
+pub fn merge<'a>(slices: impl IntoIterator<Item = &'a SliceEndpoints>) -> Merged {
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
+    let mut starting = BTreeSet::new();
     for s in slices {
         ready.extend(s.ready.iter().copied());
         terminating.extend(s.terminating.iter().copied());
+        starting.extend(s.starting.iter().copied());
     }
-    let terminating = terminating.difference(&ready).copied().collect();
-    (ready.into_iter().collect(), terminating)
+    let terminating: BTreeSet<SocketAddr> = terminating.difference(&ready).copied().collect();
+    let starting = starting
+        .into_iter()
+        .filter(|a| !ready.contains(a) && !terminating.contains(a))
+        .collect();
+    Merged {
+        ready: ready.into_iter().collect(),
+        terminating: terminating.into_iter().collect(),
+        starting,
+    }
+}
+
+/// A revision's endpoints across its slices ([`merge`]), each list sorted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Merged {
+    pub ready: Vec<SocketAddr>,
+    pub terminating: Vec<SocketAddr>,
+    pub starting: Vec<SocketAddr>,
 }
 
 #[cfg(test)]
@@ -166,6 +188,10 @@ mod tests {
             e.terminating.into_iter().collect::<Vec<_>>(),
             [addr("10.0.0.4:8012")]
         );
+        assert_eq!(
+            e.starting.into_iter().collect::<Vec<_>>(),
+            [addr("10.0.0.3:8012")]
+        );
         // No serving port for the protocol: nothing.
         assert_eq!(
             slice_endpoints(&s, Protocol::H2c),
@@ -178,12 +204,18 @@ mod tests {
         let a = SliceEndpoints {
             ready: [addr("10.0.0.1:80"), addr("10.0.0.2:80")].into(),
             terminating: [addr("10.0.0.9:80")].into(),
+            starting: [addr("10.0.0.3:80"), addr("10.0.0.5:80")].into(),
         };
         let b = SliceEndpoints {
             ready: [addr("10.0.0.2:80"), addr("10.0.0.3:80")].into(),
-            terminating: [addr("10.0.0.1:80")].into(),
+            terminating: [addr("10.0.0.1:80"), addr("10.0.0.6:80")].into(),
+            starting: [addr("10.0.0.4:80"), addr("10.0.0.6:80")].into(),
         };
-        let (ready, terminating) = merge([&a, &b]);
+        let Merged {
+            ready,
+            terminating,
+            starting,
+        } = merge([&a, &b]);
         assert_eq!(
             ready,
             [
@@ -192,6 +224,8 @@ mod tests {
                 addr("10.0.0.3:80")
             ]
         );
-        assert_eq!(terminating, [addr("10.0.0.9:80")]);
+        assert_eq!(terminating, [addr("10.0.0.6:80"), addr("10.0.0.9:80")]);
+        // Ready or terminating elsewhere wins over starting.
+        assert_eq!(starting, [addr("10.0.0.4:80"), addr("10.0.0.5:80")]);
     }
 }

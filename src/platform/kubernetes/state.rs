@@ -133,7 +133,11 @@ impl RevState {
     }
 
     fn snapshot(&self) -> EndpointSnapshot {
-        let (ready, terminating) = slices::merge(self.slices.values().map(|(_, e)| e));
+        let slices::Merged {
+            ready,
+            terminating,
+            starting,
+        } = slices::merge(self.slices.values().map(|(_, e)| e));
         let status = if self.removed {
             EndpointStatus::Failing {
                 reason: failing_reason("Removed"),
@@ -159,6 +163,7 @@ impl RevState {
             limit: None,
             ready,
             terminating,
+            starting,
             status,
         }
     }

@@ -81,6 +81,7 @@ impl RevState {
             limit: None,
             ready,
             terminating,
+            starting: Vec::new(),
             status,
         }
     }
