@@ -37,21 +37,21 @@ pub async fn serve<H: Handler>(
     let clock = HeadClock::new();
     // The connection's first request, if it was held before hyper read it (`early`).
     let early_slot: Arc<Mutex<Option<H::Early>>> = Arc::default();
-    let service = {
+    let handle = {
         let (handler, activity, early_slot, clock) = (
             handler.clone(),
             activity.clone(),
             early_slot.clone(),
             clock.clone(),
         );
-        service_fn(move |req: hyper::Request<Incoming>| {
+        move |req: hyper::Request<Incoming>| {
             // The head is complete. The connection counts as busy from here (so its body bytes
             // do not start the next head's clock) until the request's answer has been sent: the
             // handler keeps the guard through the response body.
             clock.head_received();
             let early = early_slot.lock().unwrap_or_else(|p| p.into_inner()).take();
             H::handle(handler.clone(), peer, activity.begin(), req, early)
-        })
+        }
     };
     // Until its first bytes, a connection is idle: the keep-alive timeout and drain close it.
     // A new connection must start its first head within the header-read timeout (the clock
@@ -119,12 +119,17 @@ pub async fn serve<H: Handler>(
     // Boxed once the protocol is known: the task holds only what its protocol needs.
     match speaks {
         Ok(Speaks::Http1) => {
+            // HTTP/1 polls the handler's future in place, inside the connection's task.
             let conn = http1_builder(&watch.cfg)
-                .serve_connection(io, service)
+                .serve_connection(io, service_fn(handle))
                 .with_upgrades();
             Box::pin(watch.run(conn)).await;
         }
         Ok(Speaks::H2c) => {
+            // h2 spawns a task per stream around the handler's future and moves it on the way
+            // (into the spawn, into the task's cell): boxed, what moves is a pointer, not the
+            // whole future (copying it was most of the memcpy in an h2c request's profile).
+            let service = service_fn(move |req| Box::pin(handle(req)));
             let conn = http2_builder(&watch.cfg).serve_connection(io, service);
             Box::pin(watch.run(conn)).await;
         }
