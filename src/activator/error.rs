@@ -77,12 +77,19 @@ pub enum ActivatorError {
         endpoint: SocketAddr,
         waited: Duration,
     },
-    /// The revision's total timeout passed before a response head arrived.
+    /// The revision's total timeout (or a gRPC call's shorter `grpc-timeout`) passed before a
+    /// response head arrived.
     #[error("revision {revision}: request timed out after {waited:?}")]
     TotalTimeout {
         revision: RevisionKey,
         waited: Duration,
     },
+    /// A gRPC call to a revision whose container speaks HTTP/1.1 only: it cannot carry the
+    /// call (no trailers, no streams), so it is refused rather than broken.
+    #[error(
+        "revision {revision} serves HTTP/1.1 only: a gRPC call needs an h2c port (ports[].name: h2c)"
+    )]
+    GrpcToHttp1 { revision: RevisionKey },
 }
 
 impl ActivatorError {
@@ -95,7 +102,7 @@ impl ActivatorError {
                 StatusCode::REQUEST_TIMEOUT
             }
             Self::BadRequest(_) | Self::ClientBody { .. } => StatusCode::BAD_REQUEST,
-            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::NotImplemented(_) | Self::GrpcToHttp1 { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::Rejected { rejection, .. } => match rejection {
                 Rejection::HoldTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 Rejection::QueueFull { .. }
@@ -118,7 +125,8 @@ impl ActivatorError {
             Self::NotFound(_)
             | Self::HeadersTooLarge { .. }
             | Self::BadRequest(_)
-            | Self::NotImplemented(_) => self.to_string(),
+            | Self::NotImplemented(_)
+            | Self::GrpcToHttp1 { .. } => self.to_string(),
             Self::Rejected {
                 revision,
                 rejection,
@@ -153,16 +161,19 @@ impl ActivatorError {
 
     /// The answer: the status, [`Self::public_reason`] and a fresh request id as the body (the
     /// id also in `X-Request-Id`), and `Retry-After` on 503s. The full error is logged under
-    /// that id.
-    pub fn into_response(self, retry_after: Duration) -> Response<ActivatorBody> {
+    /// that id. To a gRPC call (`grpc`, [`crate::http1::grpc`]) the same reason and id go as
+    /// a trailers-only gRPC error, its status mapped from the HTTP status.
+    pub fn into_response(self, retry_after: Duration, grpc: bool) -> Response<ActivatorBody> {
         let status = self.status();
         let id = new_request_id();
         let id_text = id.to_str().unwrap_or_default();
-        tracing::debug!(request_id = id_text, status = status.as_u16(), error = %self, "answered by the activator");
-        let mut resp = plain(
-            status,
-            format!("{} (request id {id_text})\n", self.public_reason()),
-        );
+        tracing::debug!(request_id = id_text, status = status.as_u16(), grpc, error = %self, "answered by the activator");
+        let text = format!("{} (request id {id_text})\n", self.public_reason());
+        let mut resp = if grpc {
+            crate::http1::grpc::trailers_only(status, &text, ActivatorBody::empty())
+        } else {
+            plain(status, text)
+        };
         resp.headers_mut().insert(X_REQUEST_ID, id);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             let secs = retry_after.as_secs().max(1);
@@ -189,7 +200,7 @@ mod tests {
             revision: rev.clone(),
             rejection: Rejection::QueueFull { depth: 3 },
         }
-        .into_response(Duration::from_secs(2));
+        .into_response(Duration::from_secs(2), false);
         assert_eq!(queue_full.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(queue_full.headers()[header::RETRY_AFTER], "2");
         let timeout = ActivatorError::Rejected {
@@ -198,10 +209,10 @@ mod tests {
                 waited: Duration::from_secs(5),
             },
         }
-        .into_response(Duration::from_secs(2));
+        .into_response(Duration::from_secs(2), false);
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert!(timeout.headers().get(header::RETRY_AFTER).is_none());
-        let nf = ActivatorError::NotFound("no route".into()).into_response(Duration::ZERO);
+        let nf = ActivatorError::NotFound("no route".into()).into_response(Duration::ZERO, false);
         assert_eq!(nf.status(), StatusCode::NOT_FOUND);
     }
 
@@ -235,7 +246,7 @@ mod tests {
             for secret in ["hunter2", "10.1.2.3", "8012", "parse error"] {
                 assert!(!reason.contains(secret), "{reason} (from {detail})");
             }
-            let resp = e.into_response(Duration::from_secs(1));
+            let resp = e.into_response(Duration::from_secs(1), false);
             let id = resp.headers()[X_REQUEST_ID].to_str().unwrap().to_string();
             let ActivatorBody::Full(Some(body)) = resp.into_body() else {
                 panic!("a full body");

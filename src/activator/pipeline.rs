@@ -46,6 +46,7 @@ use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::http1::activity::ConnActive;
 use crate::http1::fields::{ClientHeaders, Known};
+use crate::http1::grpc;
 use crate::http1::{ClientRequest, FirstRequest, Handler, ResponseBody};
 use crate::percore::LocalArc;
 use crate::revision::{Protocol, RevisionSpec};
@@ -102,11 +103,13 @@ impl Handler for Activator {
                         actual,
                         limit,
                     };
-                    return err.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), fields);
+                    return err.into_response(cfg.retry_after, grpc);
                 }
                 if let Err(e) = supported(act, req.method(), fields) {
                     act.deps.telemetry.activator.unmatched(e.status().as_u16());
-                    return e.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), fields);
+                    return e.into_response(cfg.retry_after, grpc);
                 }
                 // An early hold routed this request already: it stays with the revision it was held
                 // for, as a request held here would, even if the catalog changed meanwhile.
@@ -151,11 +154,14 @@ impl Handler for Activator {
                 Err(e) => {
                     act.deps.telemetry.activator.unmatched(e.status().as_u16());
                     tracing::debug!(%method, %path, error = %e, "not routed");
-                    return e.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), B::fields(&req));
+                    return e.into_response(cfg.retry_after, grpc);
                 }
             };
             let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-            let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
+            // A gRPC call's deadline and error form (an HTTP/1.x request: a version compare).
+            let call = grpc::call(req.version(), B::fields(&req));
+            let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early, call)
                 .instrument(span)
                 .await;
             let resp = result.unwrap_or_else(|e| {
@@ -169,7 +175,7 @@ impl Handler for Activator {
                 } else if matches!(e, ActivatorError::ClientBody { .. }) {
                     state.metrics.client_errors.inc();
                 }
-                e.into_response(cfg.retry_after)
+                e.into_response(cfg.retry_after, call.is_some())
             });
             let code = resp.status().as_u16();
             let elapsed = started.elapsed();
@@ -266,9 +272,9 @@ fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
             r
         }
         Probe::Network(None) => ActivatorError::BadRequest("K-Network-Hash header is missing")
-            .into_response(Default::default()),
+            .into_response(Default::default(), false),
         Probe::Unknown => ActivatorError::BadRequest("unexpected K-Network-Probe value")
-            .into_response(Default::default()),
+            .into_response(Default::default(), false),
     }
 }
 
@@ -392,16 +398,26 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
     started: Instant,
     cfg: &'a RequestConfig,
     early: Option<EarlyHold>,
+    call: Option<grpc::Call>,
 ) -> impl Future<Output = Result<Response<ActivatorBody>, ActivatorError>> + Send + 'a {
     async move {
         // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
-        let (terms, protocol) = {
+        let (mut terms, protocol) = {
             let spec = state.spec.load();
             (
                 HoldTerms::new(&spec, cfg.max_held_requests, cfg.max_held_namespace),
                 spec.protocol,
             )
         };
+        if call.is_some() {
+            if protocol == Protocol::Http1 {
+                return Err(ActivatorError::GrpcToHttp1 {
+                    revision: state.key.clone(),
+                });
+            }
+            // The call's deadline bounds its hold and its whole exchange.
+            terms.timeouts.total = grpc::Call::bound(call, terms.timeouts.total);
+        }
         let timeouts = terms.timeouts;
         let deadline = started + timeouts.total;
         // Arrived on this request's head (no early hold): `started` is a fresh reading.
@@ -557,7 +573,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             return Ok(resp.map(|_| ActivatorBody::empty()));
         }
         let (head, incoming) = resp.into_parts();
-        let body = ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn);
+        let body = ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn)
+            .grpc(call.is_some());
         Ok(Response::from_parts(
             head,
             ActivatorBody::Proxied(Box::new(body)),
