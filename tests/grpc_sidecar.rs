@@ -1,0 +1,188 @@
+//! gRPC through `thaw queue`: the real binary as the sidecar in front of a real tonic server
+//! (h2c), a real tonic client on the sidecar's data port. Every wait polls with a deadline; no
+//! speed is asserted.
+
+mod grpc_support;
+mod queue_support;
+
+use grpc_support::{Client, Msg, Server, UNARY, drain, messages, next, raw_call};
+use queue_support::{Queue, app, free_port};
+use tonic::Code;
+
+/// The sidecar in front of `server` speaking h2c, ready, with `env` added.
+async fn sidecar(server: &Server, env: &[(&str, &str)]) -> Queue {
+    let mut all = vec![("THAW_USER_PROTOCOL", "h2c")];
+    all.extend_from_slice(env);
+    let q = Queue::start(server.addr.port(), &all);
+    q.admin_until("/readyz", 200).await;
+    q
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_streaming_and_status_pass_through_the_sidecar() {
+    let server = Server::start().await;
+    let q = sidecar(&server, &[]).await;
+    let mut c = Client::connect(q.data, &[]).await;
+
+    assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
+    // The replica's own error status and message reach the client intact (trailers).
+    let err = c.unary(Msg::new("fail")).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(err.message(), "the replica refused: ünïcode, 100%");
+
+    let mut stream = c.server_stream(Msg::new("count:5")).await.unwrap();
+    let (texts, end) = drain(&mut stream).await;
+    assert_eq!(texts, ["0", "1", "2", "3", "4"]);
+    end.unwrap();
+
+    let sum = c.client_stream(messages(10, 1000)).await.unwrap();
+    assert_eq!(sum.text, "10 messages, 10000 bytes");
+
+    let mut echoes = c.bidi(messages(3, 10)).await.unwrap();
+    let (texts, end) = drain(&mut echoes).await;
+    assert_eq!(texts, ["echo:0", "echo:1", "echo:2"]);
+    end.unwrap();
+
+    // A 4 MiB message each way.
+    let big = Msg {
+        text: "echo".into(),
+        payload: (0..4 << 20).map(|i| (i % 253) as u8).collect(),
+    };
+    let back = c.unary(big.clone()).await.unwrap();
+    assert!(back == big, "the 4 MiB message came back changed");
+    let sum = c.client_stream(messages(1, 4 << 20)).await.unwrap();
+    assert_eq!(sum.text, format!("1 messages, {} bytes", 4 << 20));
+}
+
+/// Dropping a call mid-stream reaches the replica: its stream is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cancel_reaches_the_replica() {
+    let server = Server::start().await;
+    let q = sidecar(&server, &[]).await;
+    let mut c = Client::connect(q.data, &[]).await;
+    let mut stream = c.server_stream(Msg::new("tick:20")).await.unwrap();
+    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "tick");
+    drop(stream);
+    server
+        .seen
+        .until("the replica saw the cancel", |s| {
+            s.cancelled.load(std::sync::atomic::Ordering::SeqCst) == 1
+        })
+        .await;
+}
+
+/// A long stream holds its place under containerConcurrency while it lives: with cc 1 and no
+/// queue, a second call is refused by the sidecar as a gRPC error (UNAVAILABLE, the HTTP
+/// answer's reason, trailers-only), and the stream still finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_stream_holds_its_place_and_overflow_is_a_grpc_error() {
+    let server = Server::start().await;
+    let q = sidecar(
+        &server,
+        &[("CONTAINER_CONCURRENCY", "1"), ("THAW_QUEUE_DEPTH", "0")],
+    )
+    .await;
+    let mut c = Client::connect(q.data, &[]).await;
+    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
+    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
+    server
+        .seen
+        .until("the stream waits", |s| {
+            s.waiting.load(std::sync::atomic::Ordering::SeqCst) == 1
+        })
+        .await;
+
+    let err = c.unary(Msg::new("echo")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(err.message(), "overloaded: the request queue is full");
+    let raw = raw_call(q.data, UNARY, &[], &Msg::new("echo")).await;
+    raw.assert_trailers_only();
+    assert_eq!(
+        raw.grpc_status(),
+        (
+            Some("14".into()),
+            Some("overloaded: the request queue is full".into())
+        )
+    );
+    // The HTTP answer to a plain request says the same.
+    let (status, text) = q.get("/", &[]).await;
+    assert_eq!((status, text.as_str()), (503, "overloaded: the request queue is full\n"));
+
+    server.seen.release.notify_waiters();
+    let (texts, end) = drain(&mut stream).await;
+    assert_eq!(texts, ["done"]);
+    end.unwrap();
+    assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
+}
+
+/// A call is cut at the shorter of its `grpc-timeout` and the revision's timeout, with
+/// DEADLINE_EXCEEDED: before the response starts, a trailers-only answer; mid-stream, the
+/// status in trailers after the messages already sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_cut_at_its_deadline_with_deadline_exceeded() {
+    let server = Server::start().await;
+    let q = sidecar(&server, &[("REVISION_TIMEOUT_SECONDS", "1")]).await;
+    // grpc-timeout shorter than the revision's: the sidecar cuts the call at it.
+    let raw = raw_call(
+        q.data,
+        UNARY,
+        &[("grpc-timeout", "200m")],
+        &Msg::new("sleep:20000"),
+    )
+    .await;
+    raw.assert_trailers_only();
+    assert_eq!(
+        raw.grpc_status(),
+        (
+            Some("4".into()),
+            Some("the application did not answer in time".into())
+        )
+    );
+    // An invalid grpc-timeout is ignored: the revision's timeout (1 s) cuts the call.
+    let raw = raw_call(
+        q.data,
+        UNARY,
+        &[("grpc-timeout", "soon")],
+        &Msg::new("sleep:20000"),
+    )
+    .await;
+    assert_eq!(raw.grpc_status().0.as_deref(), Some("4"), "{raw:?}");
+
+    // Mid-stream: the revision's timeout ends the stream with status 4 in trailers.
+    let mut c = Client::connect(q.data, &[]).await;
+    let mut stream = c.server_stream(Msg::new("tick:50")).await.unwrap();
+    let (texts, end) = drain(&mut stream).await;
+    assert!(!texts.is_empty(), "messages before the cut");
+    let err = end.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert_eq!(err.message(), "request exceeded its total timeout");
+    // The cut call's place is free again.
+    assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
+}
+
+/// A user container that speaks HTTP/1.1 only (the default protocol): a gRPC call is refused
+/// at once with UNIMPLEMENTED and a reason saying what to change, while plain requests over
+/// h2c to the same sidecar still reach it over HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_to_an_http1_application_is_refused_with_a_reason() {
+    let port = free_port();
+    let _app = app(port, &[]).await;
+    let q = Queue::start(port, &[]);
+    q.admin_until("/readyz", 200).await;
+    let mut c = Client::connect(q.data, &[]).await;
+    let err = c.unary(Msg::new("echo")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert_eq!(
+        err.message(),
+        "the application serves HTTP/1.1 only: a gRPC call needs an h2c port (ports[].name: h2c)"
+    );
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let resp = h2
+        .get(format!("http://{}/", q.data).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+}

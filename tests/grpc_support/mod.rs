@@ -1,0 +1,425 @@
+//! A real gRPC service and client for the gRPC tests: tonic's generic server (`tonic::server::Grpc`)
+//! served by hyper's HTTP/2 server on a loopback port, tonic's generic client over a
+//! `tonic::transport::Channel`, and one hand-written prost message (no code generation). A raw
+//! h2c client reads thaw's own answers field by field.
+#![allow(dead_code)] // each test binary uses its part
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use tonic::codec::Streaming;
+use tonic::{Request, Response, Status};
+use tonic_prost::ProstCodec;
+
+/// Generous: the suite shares 2 cores with other test binaries.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The one message of the test service, both ways.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Msg {
+    /// What the server is asked to do (see [`Server`]), or what it answers.
+    #[prost(string, tag = "1")]
+    pub text: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload: Vec<u8>,
+}
+
+impl Msg {
+    pub fn new(text: &str) -> Self {
+        Msg {
+            text: text.into(),
+            payload: Vec::new(),
+        }
+    }
+}
+
+/// The largest message either side accepts (tonic's default is 4 MiB, under a 4 MiB payload
+/// and its framing).
+pub const MAX_MESSAGE: usize = 16 << 20;
+
+/// The service's methods.
+pub const UNARY: &str = "/thaw.test.Test/Unary";
+pub const SERVER_STREAM: &str = "/thaw.test.Test/ServerStream";
+pub const CLIENT_STREAM: &str = "/thaw.test.Test/ClientStream";
+pub const BIDI: &str = "/thaw.test.Test/Bidi";
+
+/// What the server saw, for the tests to wait on.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Server streams that found their client gone (the response stream was dropped: the
+    /// client's cancel reached the server).
+    pub cancelled: AtomicU32,
+    /// Calls received.
+    pub calls: AtomicU32,
+    /// Streams waiting on `release` right now.
+    pub waiting: AtomicU32,
+    /// Lets `wait` streams finish.
+    pub release: Notify,
+    changed: Notify,
+}
+
+impl Seen {
+    /// Waits until `f` holds (polled on each change, and every 10 ms).
+    pub async fn until(&self, what: &str, f: impl Fn(&Seen) -> bool) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while !f(self) {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            let _ = tokio::time::timeout(Duration::from_millis(10), self.changed.notified()).await;
+        }
+    }
+}
+
+/// A gRPC server on loopback speaking h2c (prior knowledge), as a replica.
+///
+/// Unary: `echo` answers the request (payload included); `fail` answers FAILED_PRECONDITION
+/// with a message; `sleep:MS` echoes after MS milliseconds. Server stream: `count:N` sends N
+/// messages; `tick:MS` sends one every MS until the client goes (counted in
+/// [`Seen::cancelled`]); `wait` sends `first`, waits for [`Seen::release`], sends `done`.
+/// Client stream: answers `N messages, B bytes`. Bidirectional: answers each message with
+/// `echo:TEXT` and the payload, and ends when the client does.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener)
+    }
+
+    /// Serves on `listener` (bound earlier: a cold start's replica comes up on a known port).
+    pub fn serve(listener: TcpListener) -> Self {
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let s = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, Infallible>(route(s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Server { addr, seen, task }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn grpc() -> tonic::server::Grpc<ProstCodec<Msg, Msg>> {
+    tonic::server::Grpc::new(ProstCodec::default())
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
+
+async fn route(seen: Arc<Seen>, req: http::Request<Incoming>) -> http::Response<tonic::body::Body> {
+    seen.calls.fetch_add(1, SeqCst);
+    seen.changed.notify_waiters();
+    let svc = Svc(seen);
+    match req.uri().path() {
+        UNARY => grpc().unary(svc, req).await,
+        SERVER_STREAM => grpc().server_streaming(svc, req).await,
+        CLIENT_STREAM => grpc().client_streaming(svc, req).await,
+        BIDI => grpc().streaming(svc, req).await,
+        _ => Status::unimplemented("no such method").into_http(),
+    }
+}
+
+type Fut<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send>>;
+type MsgStream = Pin<Box<dyn Stream<Item = Result<Msg, Status>> + Send>>;
+
+struct Svc(Arc<Seen>);
+
+impl tonic::server::UnaryService<Msg> for Svc {
+    type Response = Msg;
+    type Future = Fut<Msg>;
+
+    fn call(&mut self, req: Request<Msg>) -> Self::Future {
+        Box::pin(async move {
+            let msg = req.into_inner();
+            if msg.text == "fail" {
+                return Err(Status::failed_precondition("the replica refused: ünïcode, 100%"));
+            }
+            if let Some(ms) = msg.text.strip_prefix("sleep:") {
+                tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+            }
+            Ok(Response::new(msg))
+        })
+    }
+}
+
+impl tonic::server::ServerStreamingService<Msg> for Svc {
+    type Response = Msg;
+    type ResponseStream = MsgStream;
+    type Future = Fut<MsgStream>;
+
+    fn call(&mut self, req: Request<Msg>) -> Self::Future {
+        let seen = self.0.clone();
+        Box::pin(async move {
+            let text = req.into_inner().text;
+            let (tx, rx) = mpsc::channel::<Result<Msg, Status>>(1);
+            tokio::spawn(async move {
+                if let Some(n) = text.strip_prefix("count:") {
+                    for i in 0..n.parse::<u32>().unwrap() {
+                        let _ = tx.send(Ok(Msg::new(&i.to_string()))).await;
+                    }
+                } else if let Some(ms) = text.strip_prefix("tick:") {
+                    let every = Duration::from_millis(ms.parse().unwrap());
+                    loop {
+                        if tx.send(Ok(Msg::new("tick"))).await.is_err() {
+                            seen.cancelled.fetch_add(1, SeqCst);
+                            seen.changed.notify_waiters();
+                            return;
+                        }
+                        tokio::time::sleep(every).await;
+                    }
+                } else if text == "wait" {
+                    let _ = tx.send(Ok(Msg::new("first"))).await;
+                    let released = seen.release.notified();
+                    seen.waiting.fetch_add(1, SeqCst);
+                    seen.changed.notify_waiters();
+                    released.await;
+                    seen.waiting.fetch_sub(1, SeqCst);
+                    let _ = tx.send(Ok(Msg::new("done"))).await;
+                }
+            });
+            let stream = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|m| (m, rx))
+            });
+            Ok(Response::new(Box::pin(stream) as MsgStream))
+        })
+    }
+}
+
+impl tonic::server::ClientStreamingService<Msg> for Svc {
+    type Response = Msg;
+    type Future = Fut<Msg>;
+
+    fn call(&mut self, req: Request<Streaming<Msg>>) -> Self::Future {
+        Box::pin(async move {
+            let mut stream = req.into_inner();
+            let (mut n, mut bytes) = (0, 0);
+            while let Some(m) = stream.message().await? {
+                n += 1;
+                bytes += m.payload.len();
+            }
+            Ok(Response::new(Msg::new(&format!("{n} messages, {bytes} bytes"))))
+        })
+    }
+}
+
+impl tonic::server::StreamingService<Msg> for Svc {
+    type Response = Msg;
+    type ResponseStream = MsgStream;
+    type Future = Fut<MsgStream>;
+
+    fn call(&mut self, req: Request<Streaming<Msg>>) -> Self::Future {
+        Box::pin(async move {
+            let stream = req.into_inner().map(|m| {
+                m.map(|m| Msg {
+                    text: format!("echo:{}", m.text),
+                    payload: m.payload,
+                })
+            });
+            Ok(Response::new(Box::pin(stream) as MsgStream))
+        })
+    }
+}
+
+/// tonic's generic client on one channel, adding `metadata` (Knative's routing headers through
+/// an activator) to every call.
+#[derive(Clone)]
+pub struct Client {
+    grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    metadata: Vec<(&'static str, String)>,
+}
+
+impl Client {
+    /// A client of `addr` (h2c).
+    pub async fn connect(addr: SocketAddr, metadata: &[(&'static str, &str)]) -> Self {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let grpc = tonic::client::Grpc::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Client {
+            grpc,
+            metadata: metadata.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+        }
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut req = Request::new(message);
+        for (k, v) in &self.metadata {
+            req.metadata_mut().insert(*k, v.parse().unwrap());
+        }
+        req
+    }
+
+    async fn ready(&mut self) -> &mut tonic::client::Grpc<tonic::transport::Channel> {
+        self.grpc.ready().await.expect("channel ready");
+        &mut self.grpc
+    }
+
+    pub async fn unary(&mut self, msg: Msg) -> Result<Msg, Status> {
+        let req = self.request(msg);
+        let path = http::uri::PathAndQuery::from_static(UNARY);
+        let resp = self.ready().await.unary(req, path, ProstCodec::default());
+        bounded(resp).await.map(Response::into_inner)
+    }
+
+    pub async fn server_stream(&mut self, msg: Msg) -> Result<Streaming<Msg>, Status> {
+        let req = self.request(msg);
+        let path = http::uri::PathAndQuery::from_static(SERVER_STREAM);
+        let resp = self.ready().await.server_streaming(req, path, ProstCodec::default());
+        bounded(resp).await.map(Response::into_inner)
+    }
+
+    pub async fn client_stream(
+        &mut self,
+        msgs: impl Stream<Item = Msg> + Send + 'static,
+    ) -> Result<Msg, Status> {
+        let req = self.request(msgs);
+        let path = http::uri::PathAndQuery::from_static(CLIENT_STREAM);
+        let resp = self.ready().await.client_streaming(req, path, ProstCodec::default());
+        bounded(resp).await.map(Response::into_inner)
+    }
+
+    pub async fn bidi(
+        &mut self,
+        msgs: impl Stream<Item = Msg> + Send + 'static,
+    ) -> Result<Streaming<Msg>, Status> {
+        let req = self.request(msgs);
+        let path = http::uri::PathAndQuery::from_static(BIDI);
+        let resp = self.ready().await.streaming(req, path, ProstCodec::default());
+        bounded(resp).await.map(Response::into_inner)
+    }
+}
+
+/// A call's answer within [`DEADLINE`] (a hang fails the test).
+async fn bounded<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, f).await.expect("no answer in time")
+}
+
+/// The next message of a stream within [`DEADLINE`].
+pub async fn next(stream: &mut Streaming<Msg>) -> Result<Option<Msg>, Status> {
+    bounded(stream.message()).await
+}
+
+/// All messages' texts until the stream ends, and how it ended.
+pub async fn drain(stream: &mut Streaming<Msg>) -> (Vec<String>, Result<(), Status>) {
+    let mut texts = Vec::new();
+    loop {
+        match next(stream).await {
+            Ok(Some(m)) => texts.push(m.text),
+            Ok(None) => return (texts, Ok(())),
+            Err(s) => return (texts, Err(s)),
+        }
+    }
+}
+
+/// One message in gRPC's length-prefixed framing.
+pub fn frame(msg: &Msg) -> Bytes {
+    let body = prost::Message::encode_to_vec(msg);
+    let mut b = BytesMut::with_capacity(5 + body.len());
+    b.put_u8(0);
+    b.put_u32(body.len() as u32);
+    b.put_slice(&body);
+    b.freeze()
+}
+
+/// What a raw h2c exchange got: the HTTP status, the head's fields, the body's length and the
+/// trailers (if any).
+#[derive(Debug)]
+pub struct Raw {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body_len: usize,
+    pub trailers: Option<http::HeaderMap>,
+}
+
+impl Raw {
+    /// `grpc-status` and `grpc-message` from the trailers, else the head (trailers-only).
+    pub fn grpc_status(&self) -> (Option<String>, Option<String>) {
+        let from = |h: &http::HeaderMap, n: &str| h.get(n).map(|v| v.to_str().unwrap().to_string());
+        match &self.trailers {
+            Some(t) if t.contains_key("grpc-status") => {
+                (from(t, "grpc-status"), from(t, "grpc-message"))
+            }
+            _ => (
+                from(&self.headers, "grpc-status"),
+                from(&self.headers, "grpc-message"),
+            ),
+        }
+    }
+
+    /// A trailers-only gRPC answer: 200, `application/grpc`, no body, no trailers.
+    pub fn assert_trailers_only(&self) {
+        assert_eq!(self.status, 200, "{self:?}");
+        assert_eq!(self.headers["content-type"], "application/grpc", "{self:?}");
+        assert_eq!(self.body_len, 0, "{self:?}");
+        assert!(self.trailers.is_none(), "{self:?}");
+    }
+}
+
+/// One POST of a unary call over h2c (prior knowledge), with `headers`, read whole.
+pub async fn raw_call(addr: SocketAddr, path: &str, headers: &[(&str, &str)], msg: &Msg) -> Raw {
+    let client = HyperClient::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let mut req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(frame(msg))).unwrap();
+    let resp = bounded(client.request(req)).await.expect("h2c exchange");
+    let (parts, body) = resp.into_parts();
+    let collected = bounded(body.collect()).await.expect("body");
+    let trailers = collected.trailers().cloned();
+    Raw {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body_len: collected.to_bytes().len(),
+        trailers,
+    }
+}
+
+/// `n` messages of `size` bytes each, as a stream.
+pub fn messages(n: usize, size: usize) -> impl Stream<Item = Msg> + Send + 'static {
+    futures::stream::iter((0..n).map(move |i| Msg {
+        text: i.to_string(),
+        payload: vec![(i % 251) as u8; size],
+    }))
+}
