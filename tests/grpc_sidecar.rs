@@ -23,35 +23,7 @@ async fn unary_streaming_and_status_pass_through_the_sidecar() {
     let server = Server::start().await;
     let q = sidecar(&server, &[]).await;
     let mut c = Client::connect(q.data, &[]).await;
-
-    assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
-    // The replica's own error status and message reach the client intact (trailers).
-    let err = c.unary(Msg::new("fail")).await.unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert_eq!(err.message(), "the replica refused: ünïcode, 100%");
-
-    let mut stream = c.server_stream(Msg::new("count:5")).await.unwrap();
-    let (texts, end) = drain(&mut stream).await;
-    assert_eq!(texts, ["0", "1", "2", "3", "4"]);
-    end.unwrap();
-
-    let sum = c.client_stream(messages(10, 1000)).await.unwrap();
-    assert_eq!(sum.text, "10 messages, 10000 bytes");
-
-    let mut echoes = c.bidi(messages(3, 10)).await.unwrap();
-    let (texts, end) = drain(&mut echoes).await;
-    assert_eq!(texts, ["echo:0", "echo:1", "echo:2"]);
-    end.unwrap();
-
-    // A 4 MiB message each way.
-    let big = Msg {
-        text: "echo".into(),
-        payload: (0..4 << 20).map(|i| (i % 253) as u8).collect(),
-    };
-    let back = c.unary(big.clone()).await.unwrap();
-    assert!(back == big, "the 4 MiB message came back changed");
-    let sum = c.client_stream(messages(1, 4 << 20)).await.unwrap();
-    assert_eq!(sum.text, format!("1 messages, {} bytes", 4 << 20));
+    grpc_support::four_kinds_status_and_4mib(&mut c).await;
 }
 
 /// Dropping a call mid-stream reaches the replica: its stream is cancelled.
@@ -60,15 +32,7 @@ async fn a_client_cancel_reaches_the_replica() {
     let server = Server::start().await;
     let q = sidecar(&server, &[]).await;
     let mut c = Client::connect(q.data, &[]).await;
-    let mut stream = c.server_stream(Msg::new("tick:20")).await.unwrap();
-    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "tick");
-    drop(stream);
-    server
-        .seen
-        .until("the replica saw the cancel", |s| {
-            s.cancelled.load(std::sync::atomic::Ordering::SeqCst) == 1
-        })
-        .await;
+    grpc_support::a_cancel_reaches(&mut c, &server).await;
 }
 
 /// A long stream holds its place under containerConcurrency while it lives: with cc 1 and no

@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use tonic::codec::Streaming;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 /// Generous: the suite shares 2 cores with other test binaries.
@@ -422,4 +422,89 @@ pub fn messages(n: usize, size: usize) -> impl Stream<Item = Msg> + Send + 'stat
         text: i.to_string(),
         payload: vec![(i % 251) as u8; size],
     }))
+}
+
+/// Each kind of call through `c`: unary, server-, client- and bidirectional streaming; the
+/// replica's error status and message arriving intact; a 4 MiB message each way.
+pub async fn four_kinds_status_and_4mib(c: &mut Client) {
+    assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
+    // The replica's own error status and message reach the client intact (trailers).
+    let err = c.unary(Msg::new("fail")).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(err.message(), "the replica refused: ünïcode, 100%");
+
+    let mut stream = c.server_stream(Msg::new("count:5")).await.unwrap();
+    let (texts, end) = drain(&mut stream).await;
+    assert_eq!(texts, ["0", "1", "2", "3", "4"]);
+    end.unwrap();
+
+    let sum = c.client_stream(messages(10, 1000)).await.unwrap();
+    assert_eq!(sum.text, "10 messages, 10000 bytes");
+
+    let mut echoes = c.bidi(messages(3, 10)).await.unwrap();
+    let (texts, end) = drain(&mut echoes).await;
+    assert_eq!(texts, ["echo:0", "echo:1", "echo:2"]);
+    end.unwrap();
+
+    // A 4 MiB message each way.
+    let big = Msg {
+        text: "echo".into(),
+        payload: (0..4 << 20).map(|i| (i % 253) as u8).collect(),
+    };
+    let back = c.unary(big.clone()).await.unwrap();
+    assert!(back == big, "the 4 MiB message came back changed");
+    let sum = c.client_stream(messages(1, 4 << 20)).await.unwrap();
+    assert_eq!(sum.text, format!("1 messages, {} bytes", 4 << 20));
+}
+
+/// Dropping a call mid-stream reaches `server`: its stream sees the client gone.
+pub async fn a_cancel_reaches(c: &mut Client, server: &Server) {
+    let mut stream = c.server_stream(Msg::new("tick:20")).await.unwrap();
+    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "tick");
+    let before = server.seen.cancelled.load(SeqCst);
+    drop(stream);
+    server
+        .seen
+        .until("the replica saw the cancel", |s| s.cancelled.load(SeqCst) == before + 1)
+        .await;
+}
+
+/// A TCP relay to `target` counting the bytes that come back from it: an h2 connection with
+/// no stream sending anything shows its PINGs here.
+pub async fn counting_relay(target: SocketAddr) -> (SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let back = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = back.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                return;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut ur, mut uw) = upstream.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut uw).await;
+                let _ = uw.shutdown().await;
+            });
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    match ur.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            counted.fetch_add(n as u64, SeqCst);
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = cw.shutdown().await;
+            });
+        }
+    });
+    (addr, back)
 }
