@@ -5,7 +5,7 @@
 mod grpc_support;
 mod queue_support;
 
-use grpc_support::{Client, Msg, Server, UNARY, drain, messages, next, raw_call};
+use grpc_support::{Client, Msg, Server, UNARY, drain, next, raw_call};
 use queue_support::{Queue, app, free_port};
 use tonic::Code;
 
@@ -149,4 +149,53 @@ async fn a_grpc_call_to_an_http1_application_is_refused_with_a_reason() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);
+}
+
+/// A `grpc` readiness probe runs in the sidecar: `grpc.health.v1.Health/Check` for the
+/// probe's service over h2c; ready while it answers SERVING, not ready on NOT_SERVING or an
+/// unknown service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_readiness_probe_runs_in_the_sidecar() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let server = Server::start().await;
+    let probe = format!(
+        r#"{{"grpc":{{"port":{},"service":"thaw.test.Test"}}}}"#,
+        server.addr.port()
+    );
+    let q = sidecar(&server, &[("SERVING_READINESS_PROBE", &probe)]).await;
+    assert!(
+        server.seen.health_checks.lock().unwrap().iter().all(|s| s == "thaw.test.Test"),
+        "the probe names its service"
+    );
+    server.seen.not_serving.store(true, SeqCst);
+    q.admin_until("/readyz", 503).await;
+    server.seen.not_serving.store(false, SeqCst);
+    q.admin_until("/readyz", 200).await;
+    drop(q);
+
+    // A service the server does not know (NOT_FOUND): never ready, however often probed.
+    let probe = format!(
+        r#"{{"grpc":{{"port":{},"service":"unknown.Service"}}}}"#,
+        server.addr.port()
+    );
+    let q = Queue::start(
+        server.addr.port(),
+        &[
+            ("THAW_USER_PROTOCOL", "h2c"),
+            ("SERVING_READINESS_PROBE", &probe),
+        ],
+    );
+    server
+        .seen
+        .until("the unknown service is probed three times", |s| {
+            s.health_checks
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|n| *n == "unknown.Service")
+                .count()
+                >= 3
+        })
+        .await;
+    assert_eq!(q.admin("/readyz").await.0, 503);
 }

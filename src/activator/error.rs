@@ -216,6 +216,49 @@ mod tests {
         assert_eq!(nf.status(), StatusCode::NOT_FOUND);
     }
 
+    /// To a gRPC call the answer is a trailers-only gRPC error with the same reason and id.
+    #[test]
+    fn a_grpc_call_gets_a_trailers_only_grpc_error() {
+        use crate::http1::grpc::{GRPC_MESSAGE, GRPC_STATUS};
+        let rev = RevisionKey::new("ns", "r");
+        let cases = [
+            (
+                ActivatorError::Rejected {
+                    revision: rev.clone(),
+                    rejection: Rejection::QueueFull { depth: 3 },
+                },
+                "14",
+            ),
+            (
+                ActivatorError::TotalTimeout {
+                    revision: rev.clone(),
+                    waited: Duration::from_secs(1),
+                },
+                "4",
+            ),
+            (ActivatorError::NotFound("no route".into()), "12"),
+            (
+                ActivatorError::HeadersTooLarge {
+                    what: "header count",
+                    actual: 200,
+                    limit: 100,
+                },
+                "8",
+            ),
+        ];
+        for (e, code) in cases {
+            let reason = e.public_reason();
+            let resp = e.into_response(Duration::from_secs(2), true);
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/grpc");
+            assert_eq!(resp.headers()[GRPC_STATUS], code);
+            let id = resp.headers()[X_REQUEST_ID].to_str().unwrap();
+            let message = resp.headers()[GRPC_MESSAGE].to_str().unwrap();
+            assert_eq!(message, format!("{reason} (request id {id})"));
+            assert!(matches!(resp.into_body(), ActivatorBody::Full(None)), "no body");
+        }
+    }
+
     /// Finding 3: no replica output, upstream address or connector text reaches the client.
     #[test]
     fn client_reasons_carry_nothing_internal() {

@@ -17,7 +17,9 @@
 //!    `Server-Timing` tells a held client how long it waited.
 //!
 //! Every error goes through `ActivatorError::into_response`, the one place that maps errors to
-//! status codes.
+//! status codes (and, for a gRPC call, to a trailers-only gRPC error: `http1::grpc`). A gRPC
+//! call is held and forwarded under the shorter of its `grpc-timeout` and the revision's
+//! timeout; to a revision that speaks HTTP/1.1 only it is refused before any hold.
 
 use std::future::Future;
 use std::net::SocketAddr;

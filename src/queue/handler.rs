@@ -35,6 +35,12 @@
 //!
 //! Errors are answered here, generically (the log has the detail): 502 when the user container
 //! refused or dropped the connection (and it is probed at once), 504 on a timeout.
+//!
+//! A gRPC call (`http1::grpc`: HTTP/2, `content-type: application/grpc*`) gets each of these
+//! answers as a trailers-only gRPC error with the same reason, runs under the shorter of its
+//! `grpc-timeout` and the revision's timeout (queueing included), ends with `grpc-status` 4 in
+//! trailers when a timeout cuts its response body, and is refused (UNIMPLEMENTED) when the
+//! user container speaks HTTP/1.1 only.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -45,6 +45,23 @@ impl Msg {
     }
 }
 
+/// `grpc.health.v1.HealthCheckRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    pub service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse` (`status`: 1 SERVING, 2 NOT_SERVING).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    pub status: i32,
+}
+
+/// The health-checking protocol's method.
+pub const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
 /// The largest message either side accepts (tonic's default is 4 MiB, under a 4 MiB payload
 /// and its framing).
 pub const MAX_MESSAGE: usize = 16 << 20;
@@ -67,6 +84,10 @@ pub struct Seen {
     pub waiting: AtomicU32,
     /// Lets `wait` streams finish.
     pub release: Notify,
+    /// The health service answers NOT_SERVING.
+    pub not_serving: std::sync::atomic::AtomicBool,
+    /// Health checks received, by the service they named: "" and `thaw.test.Test` are known.
+    pub health_checks: std::sync::Mutex<Vec<String>>,
     changed: Notify,
 }
 
@@ -148,6 +169,11 @@ async fn route(seen: Arc<Seen>, req: http::Request<Incoming>) -> http::Response<
         SERVER_STREAM => grpc().server_streaming(svc, req).await,
         CLIENT_STREAM => grpc().client_streaming(svc, req).await,
         BIDI => grpc().streaming(svc, req).await,
+        HEALTH_CHECK => {
+            tonic::server::Grpc::new(ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default())
+                .unary(svc, req)
+                .await
+        }
         _ => Status::unimplemented("no such method").into_http(),
     }
 }
@@ -171,6 +197,25 @@ impl tonic::server::UnaryService<Msg> for Svc {
                 tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
             }
             Ok(Response::new(msg))
+        })
+    }
+}
+
+impl tonic::server::UnaryService<HealthCheckRequest> for Svc {
+    type Response = HealthCheckResponse;
+    type Future = Fut<HealthCheckResponse>;
+
+    fn call(&mut self, req: Request<HealthCheckRequest>) -> Self::Future {
+        let seen = self.0.clone();
+        Box::pin(async move {
+            let service = req.into_inner().service;
+            seen.health_checks.lock().unwrap().push(service.clone());
+            seen.changed.notify_waiters();
+            if !["", "thaw.test.Test"].contains(&service.as_str()) {
+                return Err(Status::not_found("unknown service"));
+            }
+            let status = if seen.not_serving.load(SeqCst) { 2 } else { 1 };
+            Ok(Response::new(HealthCheckResponse { status }))
         })
     }
 }
