@@ -81,11 +81,18 @@ async fn the_activators_own_errors_are_grpc_errors() {
     slow.timeouts.total = Duration::from_secs(3);
     slow.timeouts.response_start = Duration::from_secs(1);
     slow.timeouts.cold_wait = Duration::from_secs(1);
-    let specs = vec![h2c_spec("cold", 0), h2c_spec("failing", 0), h2c_spec("dead", 0), slow];
+    let specs = vec![
+        h2c_spec("cold", 0),
+        h2c_spec("failing", 0),
+        h2c_spec("dead", 0),
+        slow,
+    ];
     let h = Harness::start(specs, ActivatorConfig::default()).await;
     let server = Server::start().await;
-    h.endpoints
-        .set_failing(&RevisionKey::new("default", "failing"), "exit status 1: secret output");
+    h.endpoints.set_failing(
+        &RevisionKey::new("default", "failing"),
+        "exit status 1: secret output",
+    );
     let dead = harness::dead_addr("127.0.0.1").await;
     h.endpoints
         .set_ready(&RevisionKey::new("default", "dead"), vec![dead]);
@@ -95,8 +102,20 @@ async fn the_activators_own_errors_are_grpc_errors() {
     // (revision, extra headers, the request's text) -> (grpc-status, the reason's start).
     let cases: [(&str, &[(&str, &str)], &str, &str, &str); 6] = [
         ("nope", &[], "echo", "12", "revision default/nope not found"),
-        ("failing", &[], "echo", "14", "revision default/failing is unavailable"),
-        ("dead", &[], "echo", "14", "revision default/dead: upstream failed"),
+        (
+            "failing",
+            &[],
+            "echo",
+            "14",
+            "revision default/failing is unavailable",
+        ),
+        (
+            "dead",
+            &[],
+            "echo",
+            "14",
+            "revision default/dead: upstream failed",
+        ),
         // Held past the call's own deadline (grpc-timeout, shorter than the revision's).
         (
             "cold",
@@ -137,7 +156,8 @@ async fn the_activators_own_errors_are_grpc_errors() {
         }
         // The same reason over HTTP.
         if extra.is_empty() && text == "echo" {
-            let (_, _, body) = send(&h2_client(), h.get(&RevisionKey::new("default", name), "/")).await;
+            let (_, _, body) =
+                send(&h2_client(), h.get(&RevisionKey::new("default", name), "/")).await;
             assert!(body.starts_with(reason), "{body}");
         }
     }
@@ -145,7 +165,10 @@ async fn the_activators_own_errors_are_grpc_errors() {
     let mut c = client(&h, "nope").await;
     let err = c.unary(Msg::new("echo")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
-    assert!(err.message().starts_with("revision default/nope not found (request id "));
+    assert!(
+        err.message()
+            .starts_with("revision default/nope not found (request id ")
+    );
 }
 
 /// A long stream holds its containerConcurrency slot while it lives (a second call overflows a
@@ -281,7 +304,10 @@ async fn keepalive_pings_keep_an_idle_stream_alive() {
     // Idle for five keep-alive timeouts: PINGs (17 bytes each) are all that comes back.
     tokio::time::sleep(keep_alive * 5).await;
     let pinged = back.load(SeqCst) - before;
-    assert!(pinged >= 17, "no PING in five keep-alive periods ({pinged} bytes)");
+    assert!(
+        pinged >= 17,
+        "no PING in five keep-alive periods ({pinged} bytes)"
+    );
     server.seen.release.notify_waiters();
     let (texts, end) = drain(&mut stream).await;
     assert_eq!(texts, ["done"]);
@@ -296,10 +322,7 @@ async fn through_the_activator_and_the_sidecar_together() {
     let server = Server::start().await;
     let q = queue_support::Queue::start(
         server.addr.port(),
-        &[
-            ("THAW_USER_PROTOCOL", "h2c"),
-            ("SERVING_REVISION", "g"),
-        ],
+        &[("THAW_USER_PROTOCOL", "h2c"), ("SERVING_REVISION", "g")],
     );
     q.admin_until("/readyz", 200).await;
     let h = Harness::start(vec![h2c_spec("g", 0)], ActivatorConfig::default()).await;

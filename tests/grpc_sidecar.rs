@@ -70,7 +70,10 @@ async fn a_long_stream_holds_its_place_and_overflow_is_a_grpc_error() {
     );
     // The HTTP answer to a plain request says the same.
     let (status, text) = q.get("/", &[]).await;
-    assert_eq!((status, text.as_str()), (503, "overloaded: the request queue is full\n"));
+    assert_eq!(
+        (status, text.as_str()),
+        (503, "overloaded: the request queue is full\n")
+    );
 
     server.seen.release.notify_waiters();
     let (texts, end) = drain(&mut stream).await;
@@ -164,7 +167,13 @@ async fn a_grpc_readiness_probe_runs_in_the_sidecar() {
     );
     let q = sidecar(&server, &[("SERVING_READINESS_PROBE", &probe)]).await;
     assert!(
-        server.seen.health_checks.lock().unwrap().iter().all(|s| s == "thaw.test.Test"),
+        server
+            .seen
+            .health_checks
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|s| s == "thaw.test.Test"),
         "the probe names its service"
     );
     server.seen.not_serving.store(true, SeqCst);

@@ -255,7 +255,10 @@ mod tests {
             let id = resp.headers()[X_REQUEST_ID].to_str().unwrap();
             let message = resp.headers()[GRPC_MESSAGE].to_str().unwrap();
             assert_eq!(message, format!("{reason} (request id {id})"));
-            assert!(matches!(resp.into_body(), ActivatorBody::Full(None)), "no body");
+            assert!(
+                matches!(resp.into_body(), ActivatorBody::Full(None)),
+                "no body"
+            );
         }
     }
 

@@ -575,8 +575,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             return Ok(resp.map(|_| ActivatorBody::empty()));
         }
         let (head, incoming) = resp.into_parts();
-        let body = ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn)
-            .grpc(call.is_some());
+        let body =
+            ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn).grpc(call.is_some());
         Ok(Response::from_parts(
             head,
             ActivatorBody::Proxied(Box::new(body)),

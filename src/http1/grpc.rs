@@ -177,7 +177,10 @@ mod tests {
         assert_eq!(parse_timeout(b"2M"), Some(Duration::from_secs(120)));
         assert_eq!(parse_timeout(b"3S"), Some(Duration::from_secs(3)));
         assert_eq!(parse_timeout(b"250m"), Some(ms(250)));
-        assert_eq!(parse_timeout(b"99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(
+            parse_timeout(b"99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
         assert_eq!(parse_timeout(b"7n"), Some(Duration::from_nanos(7)));
         for bad in [
             &b""[..],
@@ -190,14 +193,22 @@ mod tests {
             b"10 S",
             b"1x",
         ] {
-            assert_eq!(parse_timeout(bad), None, "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
     #[test]
     fn only_http2_requests_with_a_grpc_content_type_are_calls() {
         let mut map = HeaderMap::new();
-        map.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        map.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         map.insert(GRPC_TIMEOUT, HeaderValue::from_static("150m"));
         let fields = HeadersRef::Map(&map);
         assert_eq!(
@@ -215,9 +226,16 @@ mod tests {
             ("application/json", false),
         ] {
             map.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-            assert_eq!(is_call(Version::HTTP_2, HeadersRef::Map(&map)), grpc, "{ct}");
+            assert_eq!(
+                is_call(Version::HTTP_2, HeadersRef::Map(&map)),
+                grpc,
+                "{ct}"
+            );
         }
-        map.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        map.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         map.insert(GRPC_TIMEOUT, HeaderValue::from_static("soon"));
         assert_eq!(
             call(Version::HTTP_2, HeadersRef::Map(&map)),
@@ -225,11 +243,21 @@ mod tests {
             "an invalid grpc-timeout is ignored"
         );
         assert_eq!(
-            Call::bound(Some(Call { timeout: Some(Duration::from_secs(1)) }), Duration::from_secs(300)),
+            Call::bound(
+                Some(Call {
+                    timeout: Some(Duration::from_secs(1))
+                }),
+                Duration::from_secs(300)
+            ),
             Duration::from_secs(1)
         );
         assert_eq!(
-            Call::bound(Some(Call { timeout: Some(Duration::from_secs(900)) }), Duration::from_secs(300)),
+            Call::bound(
+                Some(Call {
+                    timeout: Some(Duration::from_secs(900))
+                }),
+                Duration::from_secs(300)
+            ),
             Duration::from_secs(300)
         );
     }
@@ -251,7 +279,11 @@ mod tests {
             (403, 7),
             (500, 2),
         ] {
-            assert_eq!(code_for(StatusCode::from_u16(http).unwrap()) as u8, code, "{http}");
+            assert_eq!(
+                code_for(StatusCode::from_u16(http).unwrap()) as u8,
+                code,
+                "{http}"
+            );
         }
     }
 

@@ -236,13 +236,20 @@ impl Sidecar {
         if let Err(e) = seen.host {
             tracing::debug!(error = %e, "refused: the request's host");
             let grpc = grpc::is_call(req.version(), fields);
-            return self.count(started, own(StatusCode::BAD_REQUEST, format!("{e}\n"), grpc));
+            return self.count(
+                started,
+                own(StatusCode::BAD_REQUEST, format!("{e}\n"), grpc),
+            );
         }
         let span =
             tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
         // A gRPC call's deadline and error form (an HTTP/1.x request: a version compare).
         let call = grpc::call(req.version(), fields);
-        let resp = match self.proxy(conn, req, seen, started, call).instrument(span).await {
+        let resp = match self
+            .proxy(conn, req, seen, started, call)
+            .instrument(span)
+            .await
+        {
             Ok(resp) => resp,
             Err(e) => self.failed(e, call.is_some()),
         };

@@ -289,14 +289,20 @@ mod tests {
     #[test]
     fn health_messages_are_encoded_and_read() {
         assert_eq!(&health_request("")[..], &[0, 0, 0, 0, 0]);
-        assert_eq!(&health_request("ab")[..], &[0, 0, 0, 0, 4, 0x0a, 2, b'a', b'b']);
+        assert_eq!(
+            &health_request("ab")[..],
+            &[0, 0, 0, 0, 4, 0x0a, 2, b'a', b'b']
+        );
         let long = "s".repeat(200);
         assert_eq!(&health_request(&long)[5..8], &[0x0a, 0xc8, 0x01]);
         assert_eq!(health_status(&[0, 0, 0, 0, 2, 0x08, 1]), Some(SERVING));
         assert_eq!(health_status(&[0, 0, 0, 0, 2, 0x08, 2]), Some(2));
         assert_eq!(health_status(&[0, 0, 0, 0, 0]), Some(0), "absent: UNKNOWN");
         // An unknown field before it is skipped.
-        assert_eq!(health_status(&[0, 0, 0, 0, 5, 0x12, 1, b'x', 0x08, 1]), Some(SERVING));
+        assert_eq!(
+            health_status(&[0, 0, 0, 0, 5, 0x12, 1, b'x', 0x08, 1]),
+            Some(SERVING)
+        );
         assert_eq!(health_status(&[1, 0, 0, 0, 2, 0x08, 1]), None, "compressed");
         assert_eq!(health_status(&[0, 0, 0, 0, 3, 0x08, 1]), None, "short");
         assert_eq!(health_status(&[]), None);

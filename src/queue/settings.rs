@@ -476,7 +476,10 @@ fn parse_probe(json: &str, host: IpAddr, user_port: u16) -> Result<UserProbe, St
             service,
         });
     }
-    Err("expected a tcpSocket, httpGet or grpc probe (exec probes are not run by the sidecar)".into())
+    Err(
+        "expected a tcpSocket, httpGet or grpc probe (exec probes are not run by the sidecar)"
+            .into(),
+    )
 }
 
 #[cfg(test)]
@@ -592,9 +595,17 @@ mod tests {
             }
         );
         v.pop();
-        v.push((SERVING_READINESS_PROBE, r#"{"grpc":{"port":9000,"service":7}}"#));
+        v.push((
+            SERVING_READINESS_PROBE,
+            r#"{"grpc":{"port":9000,"service":7}}"#,
+        ));
         let errs = settings(&v).unwrap_err();
-        assert!(errs[0].to_string().contains("grpc.service must be a string"), "{errs:?}");
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("grpc.service must be a string"),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -170,9 +170,11 @@ async fn route(seen: Arc<Seen>, req: http::Request<Incoming>) -> http::Response<
         CLIENT_STREAM => grpc().client_streaming(svc, req).await,
         BIDI => grpc().streaming(svc, req).await,
         HEALTH_CHECK => {
-            tonic::server::Grpc::new(ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default())
-                .unary(svc, req)
-                .await
+            tonic::server::Grpc::new(
+                ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default(),
+            )
+            .unary(svc, req)
+            .await
         }
         _ => Status::unimplemented("no such method").into_http(),
     }
@@ -191,7 +193,9 @@ impl tonic::server::UnaryService<Msg> for Svc {
         Box::pin(async move {
             let msg = req.into_inner();
             if msg.text == "fail" {
-                return Err(Status::failed_precondition("the replica refused: ünïcode, 100%"));
+                return Err(Status::failed_precondition(
+                    "the replica refused: ünïcode, 100%",
+                ));
             }
             if let Some(ms) = msg.text.strip_prefix("sleep:") {
                 tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
@@ -255,9 +259,11 @@ impl tonic::server::ServerStreamingService<Msg> for Svc {
                     let _ = tx.send(Ok(Msg::new("done"))).await;
                 }
             });
-            let stream = futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|m| (m, rx))
-            });
+            let stream =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+                );
             Ok(Response::new(Box::pin(stream) as MsgStream))
         })
     }
@@ -275,7 +281,9 @@ impl tonic::server::ClientStreamingService<Msg> for Svc {
                 n += 1;
                 bytes += m.payload.len();
             }
-            Ok(Response::new(Msg::new(&format!("{n} messages, {bytes} bytes"))))
+            Ok(Response::new(Msg::new(&format!(
+                "{n} messages, {bytes} bytes"
+            ))))
         })
     }
 }
@@ -346,7 +354,10 @@ impl Client {
     pub async fn server_stream(&mut self, msg: Msg) -> Result<Streaming<Msg>, Status> {
         let req = self.request(msg);
         let path = http::uri::PathAndQuery::from_static(SERVER_STREAM);
-        let resp = self.ready().await.server_streaming(req, path, ProstCodec::default());
+        let resp = self
+            .ready()
+            .await
+            .server_streaming(req, path, ProstCodec::default());
         bounded(resp).await.map(Response::into_inner)
     }
 
@@ -356,7 +367,10 @@ impl Client {
     ) -> Result<Msg, Status> {
         let req = self.request(msgs);
         let path = http::uri::PathAndQuery::from_static(CLIENT_STREAM);
-        let resp = self.ready().await.client_streaming(req, path, ProstCodec::default());
+        let resp = self
+            .ready()
+            .await
+            .client_streaming(req, path, ProstCodec::default());
         bounded(resp).await.map(Response::into_inner)
     }
 
@@ -366,14 +380,19 @@ impl Client {
     ) -> Result<Streaming<Msg>, Status> {
         let req = self.request(msgs);
         let path = http::uri::PathAndQuery::from_static(BIDI);
-        let resp = self.ready().await.streaming(req, path, ProstCodec::default());
+        let resp = self
+            .ready()
+            .await
+            .streaming(req, path, ProstCodec::default());
         bounded(resp).await.map(Response::into_inner)
     }
 }
 
 /// A call's answer within [`DEADLINE`] (a hang fails the test).
 async fn bounded<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(DEADLINE, f).await.expect("no answer in time")
+    tokio::time::timeout(DEADLINE, f)
+        .await
+        .expect("no answer in time")
 }
 
 /// The next message of a stream within [`DEADLINE`].
@@ -510,7 +529,9 @@ pub async fn a_cancel_reaches(c: &mut Client, server: &Server) {
     drop(stream);
     server
         .seen
-        .until("the replica saw the cancel", |s| s.cancelled.load(SeqCst) == before + 1)
+        .until("the replica saw the cancel", |s| {
+            s.cancelled.load(SeqCst) == before + 1
+        })
         .await;
 }
 

@@ -236,4 +236,3 @@ pub async fn send(
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
-
