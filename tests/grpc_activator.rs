@@ -11,7 +11,7 @@ mod queue_support;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use grpc_support::{Client, Msg, Server, UNARY, drain, next, raw_call};
+use grpc_support::{Client, Msg, Server, UNARY, drain, raw_call};
 use harness::{Harness, admin_get, h2_client, send, spec};
 use thaw::config::ActivatorConfig;
 use thaw::revision::{Protocol, RevisionKey, RevisionSpec};
@@ -100,7 +100,8 @@ async fn the_activators_own_errors_are_grpc_errors() {
         .set_ready(&RevisionKey::new("default", "slow"), vec![server.addr]);
 
     // (revision, extra headers, the request's text) -> (grpc-status, the reason's start).
-    let cases: [(&str, &[(&str, &str)], &str, &str, &str); 6] = [
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str, &'a str);
+    let cases: [Case; 6] = [
         ("nope", &[], "echo", "12", "revision default/nope not found"),
         (
             "failing",
@@ -187,12 +188,7 @@ async fn a_long_stream_holds_its_slot_and_is_cut_by_the_revision_timeout() {
             .set_ready(&RevisionKey::new("default", name), vec![server.addr]);
     }
     let mut c = client(&h, "held").await;
-    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
-    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
-    server
-        .seen
-        .until("the stream waits", |s| s.waiting.load(SeqCst) == 1)
-        .await;
+    let mut stream = grpc_support::open_waiting(&mut c, &server).await;
     let err = c.unary(Msg::new("echo")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(
@@ -200,19 +196,11 @@ async fn a_long_stream_holds_its_slot_and_is_cut_by_the_revision_timeout() {
             .starts_with("revision default/held is overloaded: its queue is full"),
         "{err:?}"
     );
-    server.seen.release.notify_waiters();
-    let (texts, end) = drain(&mut stream).await;
-    assert_eq!(texts, ["done"]);
-    end.unwrap();
+    grpc_support::finish_waiting(&server, &mut stream).await;
     assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
 
     let mut c = client(&h, "short").await;
-    let mut stream = c.server_stream(Msg::new("tick:50")).await.unwrap();
-    let (texts, end) = drain(&mut stream).await;
-    assert!(!texts.is_empty(), "messages before the cut");
-    let err = end.unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
-    assert_eq!(err.message(), "request exceeded its total timeout");
+    grpc_support::cut_mid_stream(&mut c).await;
 }
 
 /// A revision declared HTTP/1.1 only: a gRPC call is refused at once with UNIMPLEMENTED and a
@@ -251,12 +239,7 @@ async fn drain_sends_goaway_and_open_streams_finish() {
     let server = Server::start().await;
     h.endpoints.set_ready(&rev, vec![server.addr]);
     let mut c = client(&h, "g").await;
-    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
-    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
-    server
-        .seen
-        .until("the stream waits", |s| s.waiting.load(SeqCst) == 1)
-        .await;
+    let mut stream = grpc_support::open_waiting(&mut c, &server).await;
     h.shutdown();
     // Calls succeed until the GOAWAY and the listener's close; then a new call is refused:
     // one the client still sent on the connection after its GOAWAY is not served (tonic reads
@@ -272,10 +255,7 @@ async fn drain_sends_goaway_and_open_streams_finish() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(admin_get(h.admin, "/readyz").await.0, 503);
-    server.seen.release.notify_waiters();
-    let (texts, end) = drain(&mut stream).await;
-    assert_eq!(texts, ["done"]);
-    end.unwrap();
+    grpc_support::finish_waiting(&server, &mut stream).await;
 }
 
 /// A stream that sends nothing for several keep-alive timeouts stays open: the activator PINGs
@@ -294,12 +274,7 @@ async fn keepalive_pings_keep_an_idle_stream_alive() {
     h.endpoints.set_ready(&rev, vec![server.addr]);
     let (relay, back) = grpc_support::counting_relay(h.data).await;
     let mut c = Client::connect(relay, &route("g")).await;
-    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
-    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
-    server
-        .seen
-        .until("the stream waits", |s| s.waiting.load(SeqCst) == 1)
-        .await;
+    let mut stream = grpc_support::open_waiting(&mut c, &server).await;
     let before = back.load(SeqCst);
     // Idle for five keep-alive timeouts: PINGs (17 bytes each) are all that comes back.
     tokio::time::sleep(keep_alive * 5).await;
@@ -308,10 +283,7 @@ async fn keepalive_pings_keep_an_idle_stream_alive() {
         pinged >= 17,
         "no PING in five keep-alive periods ({pinged} bytes)"
     );
-    server.seen.release.notify_waiters();
-    let (texts, end) = drain(&mut stream).await;
-    assert_eq!(texts, ["done"]);
-    end.unwrap();
+    grpc_support::finish_waiting(&server, &mut stream).await;
 }
 
 /// The whole data path: the activator forwards to `thaw queue` (h2c to its tonic replica);

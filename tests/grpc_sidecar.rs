@@ -5,7 +5,7 @@
 mod grpc_support;
 mod queue_support;
 
-use grpc_support::{Client, Msg, Server, UNARY, drain, next, raw_call};
+use grpc_support::{Client, Msg, Server, UNARY, raw_call};
 use queue_support::{Queue, app, free_port};
 use tonic::Code;
 
@@ -47,14 +47,7 @@ async fn a_long_stream_holds_its_place_and_overflow_is_a_grpc_error() {
     )
     .await;
     let mut c = Client::connect(q.data, &[]).await;
-    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
-    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
-    server
-        .seen
-        .until("the stream waits", |s| {
-            s.waiting.load(std::sync::atomic::Ordering::SeqCst) == 1
-        })
-        .await;
+    let mut stream = grpc_support::open_waiting(&mut c, &server).await;
 
     let err = c.unary(Msg::new("echo")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
@@ -75,10 +68,7 @@ async fn a_long_stream_holds_its_place_and_overflow_is_a_grpc_error() {
         (503, "overloaded: the request queue is full\n")
     );
 
-    server.seen.release.notify_waiters();
-    let (texts, end) = drain(&mut stream).await;
-    assert_eq!(texts, ["done"]);
-    end.unwrap();
+    grpc_support::finish_waiting(&server, &mut stream).await;
     assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
 }
 
@@ -117,12 +107,7 @@ async fn a_call_is_cut_at_its_deadline_with_deadline_exceeded() {
 
     // Mid-stream: the revision's timeout ends the stream with status 4 in trailers.
     let mut c = Client::connect(q.data, &[]).await;
-    let mut stream = c.server_stream(Msg::new("tick:50")).await.unwrap();
-    let (texts, end) = drain(&mut stream).await;
-    assert!(!texts.is_empty(), "messages before the cut");
-    let err = end.unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
-    assert_eq!(err.message(), "request exceeded its total timeout");
+    grpc_support::cut_mid_stream(&mut c).await;
     // The cut call's place is free again.
     assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
 }

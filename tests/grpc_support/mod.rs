@@ -574,3 +574,34 @@ pub async fn counting_relay(target: SocketAddr) -> (SocketAddr, Arc<std::sync::a
     });
     (addr, back)
 }
+
+/// Opens a `wait` server stream through `c` and returns it once `server` holds it open.
+pub async fn open_waiting(c: &mut Client, server: &Server) -> Streaming<Msg> {
+    let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
+    assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
+    let before = server.seen.waiting.load(SeqCst);
+    server
+        .seen
+        .until("the stream waits", |s| s.waiting.load(SeqCst) > before)
+        .await;
+    stream
+}
+
+/// Lets `server`'s waiting streams finish, and checks that `stream` ends normally with `done`.
+pub async fn finish_waiting(server: &Server, stream: &mut Streaming<Msg>) {
+    server.seen.release.notify_waiters();
+    let (texts, end) = drain(stream).await;
+    assert_eq!(texts, ["done"]);
+    end.unwrap();
+}
+
+/// A server stream through `c` cut mid-way by a revision timeout: messages, then
+/// DEADLINE_EXCEEDED from thaw in trailers.
+pub async fn cut_mid_stream(c: &mut Client) {
+    let mut stream = c.server_stream(Msg::new("tick:50")).await.unwrap();
+    let (texts, end) = drain(&mut stream).await;
+    assert!(!texts.is_empty(), "messages before the cut");
+    let err = end.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert_eq!(err.message(), "request exceeded its total timeout");
+}
