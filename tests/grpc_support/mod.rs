@@ -577,9 +577,9 @@ pub async fn counting_relay(target: SocketAddr) -> (SocketAddr, Arc<std::sync::a
 
 /// Opens a `wait` server stream through `c` and returns it once `server` holds it open.
 pub async fn open_waiting(c: &mut Client, server: &Server) -> Streaming<Msg> {
+    let before = server.seen.waiting.load(SeqCst);
     let mut stream = c.server_stream(Msg::new("wait")).await.unwrap();
     assert_eq!(next(&mut stream).await.unwrap().unwrap().text, "first");
-    let before = server.seen.waiting.load(SeqCst);
     server
         .seen
         .until("the stream waits", |s| s.waiting.load(SeqCst) > before)
