@@ -81,11 +81,14 @@ async fn the_activators_own_errors_are_grpc_errors() {
     slow.timeouts.total = Duration::from_secs(3);
     slow.timeouts.response_start = Duration::from_secs(1);
     slow.timeouts.cold_wait = Duration::from_secs(1);
+    let mut cold_wait = h2c_spec("coldwait", 0);
+    cold_wait.timeouts.cold_wait = Duration::from_millis(300);
     let specs = vec![
         h2c_spec("cold", 0),
         h2c_spec("failing", 0),
         h2c_spec("dead", 0),
         slow,
+        cold_wait,
     ];
     let h = Harness::start(specs, ActivatorConfig::default()).await;
     let server = Server::start().await;
@@ -101,7 +104,7 @@ async fn the_activators_own_errors_are_grpc_errors() {
 
     // (revision, extra headers, the request's text) -> (grpc-status, the reason's start).
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str, &'a str);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         ("nope", &[], "echo", "12", "revision default/nope not found"),
         (
             "failing",
@@ -123,7 +126,15 @@ async fn the_activators_own_errors_are_grpc_errors() {
             &[("grpc-timeout", "300m")],
             "echo",
             "4",
-            "revision default/cold did not become ready within",
+            "revision default/cold: the call's deadline passed after",
+        ),
+        // Held past the revision's cold wait: no replica, UNAVAILABLE (the HTTP answer is 504).
+        (
+            "coldwait",
+            &[],
+            "echo",
+            "14",
+            "revision default/coldwait did not become ready within",
         ),
         // The revision's response-start timeout.
         (

@@ -15,6 +15,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use super::body::ActivatorBody;
 use super::headers::{X_REQUEST_ID, new_request_id};
 use super::throttler::Rejection;
+use crate::http1::grpc;
 use crate::http1::pool::ClientBodyError;
 use crate::revision::RevisionKey;
 
@@ -90,6 +91,15 @@ pub enum ActivatorError {
         "revision {revision} serves HTTP/1.1 only: a gRPC call needs an h2c port (ports[].name: h2c)"
     )]
     GrpcToHttp1 { revision: RevisionKey },
+    /// A gRPC call's own deadline (`grpc-timeout`, shorter than the revision's cold wait)
+    /// passed while it was held for a replica.
+    #[error(
+        "revision {revision}: the call's deadline passed after {waited:?} waiting for a replica"
+    )]
+    CallDeadline {
+        revision: RevisionKey,
+        waited: Duration,
+    },
 }
 
 impl ActivatorError {
@@ -112,9 +122,22 @@ impl ActivatorError {
                 | Rejection::Removed => StatusCode::SERVICE_UNAVAILABLE,
             },
             Self::UpstreamConnect { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::ResponseStartTimeout { .. } | Self::TotalTimeout { .. } => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            Self::ResponseStartTimeout { .. }
+            | Self::TotalTimeout { .. }
+            | Self::CallDeadline { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The gRPC status a gRPC call is answered with: the one mapped from [`Self::status`],
+    /// except that a revision that did not become ready within its cold wait is UNAVAILABLE
+    /// (no replica; worth retrying), not the client's deadline.
+    pub fn grpc_code(&self) -> grpc::Code {
+        match self {
+            Self::Rejected {
+                rejection: Rejection::HoldTimeout { .. },
+                ..
+            } => grpc::Code::Unavailable,
+            _ => grpc::code_for(self.status()),
         }
     }
 
@@ -151,7 +174,7 @@ impl ActivatorError {
             Self::ResponseStartTimeout {
                 revision, waited, ..
             } => format!("revision {revision}: upstream sent no response within {waited:?}"),
-            Self::TotalTimeout { .. } => self.to_string(),
+            Self::TotalTimeout { .. } | Self::CallDeadline { .. } => self.to_string(),
             Self::ClientBody { source, .. } if ClientBodyError::is_stall_in(&**source) => {
                 "the request body stalled".to_string()
             }
@@ -170,7 +193,7 @@ impl ActivatorError {
         tracing::debug!(request_id = id_text, status = status.as_u16(), grpc, error = %self, "answered by the activator");
         let text = format!("{} (request id {id_text})\n", self.public_reason());
         let mut resp = if grpc {
-            crate::http1::grpc::trailers_only(status, &text, ActivatorBody::empty())
+            grpc::trailers_only(self.grpc_code(), &text, ActivatorBody::empty())
         } else {
             plain(status, text)
         };
@@ -237,6 +260,22 @@ mod tests {
                 "4",
             ),
             (ActivatorError::NotFound("no route".into()), "12"),
+            (
+                ActivatorError::Rejected {
+                    revision: rev.clone(),
+                    rejection: Rejection::HoldTimeout {
+                        waited: Duration::from_secs(5),
+                    },
+                },
+                "14",
+            ),
+            (
+                ActivatorError::CallDeadline {
+                    revision: rev.clone(),
+                    waited: Duration::from_secs(1),
+                },
+                "4",
+            ),
             (
                 ActivatorError::HeadersTooLarge {
                     what: "header count",

@@ -411,6 +411,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 spec.protocol,
             )
         };
+        // Whether the call's own deadline, not the revision's cold wait, ends its hold.
+        let mut call_ends_hold = false;
         if call.is_some() {
             if protocol == Protocol::Http1 {
                 return Err(ActivatorError::GrpcToHttp1 {
@@ -418,7 +420,10 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 });
             }
             // The call's deadline bounds its hold and its whole exchange.
-            terms.timeouts.total = grpc::Call::bound(call, terms.timeouts.total);
+            let t = &mut terms.timeouts;
+            let bound = grpc::Call::bound(call, t.total);
+            call_ends_hold = bound < t.cold_wait.min(t.total);
+            t.total = bound;
         }
         let timeouts = terms.timeouts;
         let deadline = started + timeouts.total;
@@ -436,7 +441,13 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 (ticket, cold, outcome)
             }
         };
-        let admission = outcome.map_err(|r| rejected(state, r))?;
+        let admission = outcome.map_err(|r| match rejected(state, r) {
+            ActivatorError::Rejected {
+                revision,
+                rejection: Rejection::HoldTimeout { waited },
+            } if call_ends_hold => ActivatorError::CallDeadline { revision, waited },
+            e => e,
+        })?;
         if let Some(held) = admission.held_for {
             state.metrics.hold_seconds.observe(held.as_secs_f64());
         }

@@ -9,7 +9,8 @@
 //! thaw's own errors go to a gRPC client as gRPC errors: an HTTP 200 "trailers-only" response
 //! (one HEADERS frame with `content-type: application/grpc`, `grpc-status` and `grpc-message`,
 //! ending the stream, no body), the status mapped from the HTTP status thaw would answer with
-//! ([`code_for`]) and the message the same reason text as the HTTP answer's body.
+//! ([`code_for`]; the caller may know better, as the activator does for a revision that did not
+//! become ready) and the message the same reason text as the HTTP answer's body.
 
 use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
@@ -152,17 +153,16 @@ pub fn status_fields(code: Code, message: &str) -> HeaderMap {
     h
 }
 
-/// A trailers-only gRPC answer: HTTP 200, `content-type: application/grpc`, the status of an
-/// HTTP answer `status` ([`code_for`]) with `message`, and `body` (empty: the stream ends
-/// with the head).
-pub fn trailers_only<B>(status: StatusCode, message: &str, body: B) -> Response<B> {
+/// A trailers-only gRPC answer: HTTP 200, `content-type: application/grpc`, `code` with
+/// `message`, and `body` (empty: the stream ends with the head).
+pub fn trailers_only<B>(code: Code, message: &str, body: B) -> Response<B> {
     let mut resp = Response::new(body);
     let headers = resp.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/grpc"),
     );
-    headers.extend(status_fields(code_for(status), message));
+    headers.extend(status_fields(code, message));
     resp
 }
 
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_trailers_only_answer_carries_the_status_and_an_encoded_message() {
-        let resp = trailers_only(StatusCode::SERVICE_UNAVAILABLE, "overloaded: 100% é\n", ());
+        let resp = trailers_only(Code::Unavailable, "overloaded: 100% é\n", ());
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/grpc");
         assert_eq!(resp.headers()[GRPC_STATUS], "14");

@@ -480,7 +480,7 @@ fn own(status: StatusCode, text: impl Into<bytes::Bytes>, grpc: bool) -> Respons
     if grpc {
         let text = text.into();
         let message = std::str::from_utf8(&text).unwrap_or_default();
-        grpc::trailers_only(status, message, QueueBody::empty())
+        grpc::trailers_only(grpc::code_for(status), message, QueueBody::empty())
     } else {
         plain(status, text)
     }
