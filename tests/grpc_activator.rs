@@ -70,6 +70,20 @@ async fn a_call_is_held_through_a_cold_start_then_answered() {
     let (texts, end) = stream.await.unwrap().unwrap();
     assert_eq!(texts, ["0", "1", "2"]);
     end.unwrap();
+    // A call with a deadline held through the cold start: the replica is told what is left.
+    let h = Harness::start(vec![h2c_spec("cold", 0)], ActivatorConfig::default()).await;
+    let headers = [route("cold").as_slice(), &[("grpc-timeout", "20S")]].concat();
+    let addr = h.data;
+    let held = tokio::spawn(async move {
+        grpc_support::raw_call(addr, UNARY, &headers, &Msg::new("deadline")).await
+    });
+    h.wait_held(&rev, 1).await;
+    h.endpoints.set_ready(&rev, vec![server.addr]);
+    let raw = held.await.unwrap();
+    assert_eq!(raw.grpc_status().0.as_deref(), Some("0"), "{raw:?}");
+    let told = grpc_support::unary_answer(&raw);
+    let ms: u64 = told.strip_suffix('m').unwrap().parse().unwrap();
+    assert!(ms < 20_000, "{told}");
     assert_eq!(c.unary(Msg::new("echo")).await.unwrap().text, "echo");
 }
 

@@ -493,6 +493,14 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             NextHop::Sidecar => (original_host, None),
             NextHop::Container => (None, original_host),
         };
+        if held_for.is_some()
+            && call.is_some_and(|c| c.timeout.is_some())
+            && let ClientHeaders::Map(map) = &mut headers
+        {
+            // A held call's deadline moved closer: the replica is told what is left of it.
+            let left = deadline.saturating_duration_since(Instant::now());
+            map.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
+        }
         let mut additions =
             headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade, trusted);
         if next_hop == NextHop::Sidecar

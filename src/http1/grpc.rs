@@ -112,6 +112,18 @@ pub fn parse_timeout(v: &[u8]) -> Option<Duration> {
     })
 }
 
+/// `d` as a `grpc-timeout` value: whole milliseconds (at least 1), or whole seconds when that
+/// takes more than 8 digits.
+pub fn timeout_value(d: Duration) -> HeaderValue {
+    let ms = d.as_millis().max(1);
+    let text = if ms <= 99_999_999 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", d.as_secs().min(99_999_999))
+    };
+    HeaderValue::from_str(&text).expect("digits and a unit")
+}
+
 /// The gRPC status for an answer thaw would give with `status` (gRPC's "HTTP to gRPC Status
 /// Code Mapping", with thaw's own choices where it is silent or where thaw knows more: 429
 /// and the header limits are resource exhaustion, 504 and 408 a deadline, 404 and 501 a
@@ -199,6 +211,18 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    #[test]
+    fn deadlines_are_written_back_as_grpc_timeouts() {
+        let ms = Duration::from_millis;
+        assert_eq!(timeout_value(ms(1500)), "1500m");
+        assert_eq!(timeout_value(Duration::from_micros(10)), "1m");
+        assert_eq!(timeout_value(Duration::from_secs(200_000)), "200000S");
+        for d in [ms(7), ms(99_999_999), Duration::from_secs(100_000)] {
+            let back = parse_timeout(timeout_value(d).as_bytes()).unwrap();
+            assert!(back <= d && d - back < Duration::from_secs(1), "{d:?}");
         }
     }
 

@@ -105,7 +105,8 @@ impl Seen {
 /// A gRPC server on loopback speaking h2c (prior knowledge), as a replica.
 ///
 /// Unary: `echo` answers the request (payload included); `fail` answers FAILED_PRECONDITION
-/// with a message; `sleep:MS` echoes after MS milliseconds. Server stream: `count:N` sends N
+/// with a message; `sleep:MS` echoes after MS milliseconds; `deadline` answers the
+/// `grpc-timeout` it received (or `none`). Server stream: `count:N` sends N
 /// messages; `tick:MS` sends one every MS until the client goes (counted in
 /// [`Seen::cancelled`]); `wait` sends `first`, waits for [`Seen::release`], sends `done`.
 /// Client stream: answers `N messages, B bytes`. Bidirectional: answers each message with
@@ -191,7 +192,12 @@ impl tonic::server::UnaryService<Msg> for Svc {
 
     fn call(&mut self, req: Request<Msg>) -> Self::Future {
         Box::pin(async move {
+            let deadline = req.metadata().get("grpc-timeout").cloned();
             let msg = req.into_inner();
+            if msg.text == "deadline" {
+                let text = deadline.map_or("none".into(), |v| v.to_str().unwrap().to_string());
+                return Ok(Response::new(Msg::new(&text)));
+            }
             if msg.text == "fail" {
                 return Err(Status::failed_precondition(
                     "the replica refused: ünïcode, 100%",
@@ -429,6 +435,7 @@ pub struct Raw {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body_len: usize,
+    pub body: Bytes,
     pub trailers: Option<http::HeaderMap>,
 }
 
@@ -472,12 +479,21 @@ pub async fn raw_call(addr: SocketAddr, path: &str, headers: &[(&str, &str)], ms
     let (parts, body) = resp.into_parts();
     let collected = bounded(body.collect()).await.expect("body");
     let trailers = collected.trailers().cloned();
+    let body = collected.to_bytes();
     Raw {
         status: parts.status.as_u16(),
         headers: parts.headers,
-        body_len: collected.to_bytes().len(),
+        body_len: body.len(),
+        body,
         trailers,
     }
+}
+
+/// The text of the one message a raw unary call got back.
+pub fn unary_answer(raw: &Raw) -> String {
+    assert!(raw.body.len() >= 5 && raw.body[0] == 0, "{raw:?}");
+    let msg: Msg = prost::Message::decode(&raw.body[5..]).unwrap();
+    msg.text
 }
 
 /// `n` messages of `size` bytes each, as a stream.
