@@ -193,3 +193,24 @@ async fn a_grpc_readiness_probe_runs_in_the_sidecar() {
         .await;
     assert_eq!(q.admin("/readyz").await.0, 503);
 }
+
+/// A user container that does not answer (nothing listens on its port): a call gets the
+/// sidecar's 502 as UNAVAILABLE, with the HTTP answer's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_application_is_unavailable() {
+    let q = Queue::start(free_port(), &[("THAW_USER_PROTOCOL", "h2c")]);
+    let raw = raw_call(q.data, UNARY, &[], &Msg::new("echo")).await;
+    raw.assert_trailers_only();
+    assert_eq!(
+        raw.grpc_status(),
+        (
+            Some("14".into()),
+            Some("the application did not answer".into())
+        )
+    );
+    let (status, text) = q.get("/", &[]).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (502, "the application did not answer\n")
+    );
+}
