@@ -15,6 +15,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use super::body::ActivatorBody;
 use super::headers::{X_REQUEST_ID, new_request_id};
 use super::throttler::Rejection;
+use crate::http1::grpc;
 use crate::http1::pool::ClientBodyError;
 use crate::revision::RevisionKey;
 
@@ -77,9 +78,25 @@ pub enum ActivatorError {
         endpoint: SocketAddr,
         waited: Duration,
     },
-    /// The revision's total timeout passed before a response head arrived.
+    /// The revision's total timeout (or a gRPC call's shorter `grpc-timeout`) passed before a
+    /// response head arrived.
     #[error("revision {revision}: request timed out after {waited:?}")]
     TotalTimeout {
+        revision: RevisionKey,
+        waited: Duration,
+    },
+    /// A gRPC call to a revision whose container speaks HTTP/1.1 only: it cannot carry the
+    /// call (no trailers, no streams), so it is refused rather than broken.
+    #[error(
+        "revision {revision} serves HTTP/1.1 only: a gRPC call needs an h2c port (ports[].name: h2c)"
+    )]
+    GrpcToHttp1 { revision: RevisionKey },
+    /// A gRPC call's own deadline (`grpc-timeout`, shorter than the revision's cold wait)
+    /// passed while it was held for a replica.
+    #[error(
+        "revision {revision}: the call's deadline passed after {waited:?} waiting for a replica"
+    )]
+    CallDeadline {
         revision: RevisionKey,
         waited: Duration,
     },
@@ -95,7 +112,7 @@ impl ActivatorError {
                 StatusCode::REQUEST_TIMEOUT
             }
             Self::BadRequest(_) | Self::ClientBody { .. } => StatusCode::BAD_REQUEST,
-            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::NotImplemented(_) | Self::GrpcToHttp1 { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::Rejected { rejection, .. } => match rejection {
                 Rejection::HoldTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 Rejection::QueueFull { .. }
@@ -105,9 +122,22 @@ impl ActivatorError {
                 | Rejection::Removed => StatusCode::SERVICE_UNAVAILABLE,
             },
             Self::UpstreamConnect { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::ResponseStartTimeout { .. } | Self::TotalTimeout { .. } => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            Self::ResponseStartTimeout { .. }
+            | Self::TotalTimeout { .. }
+            | Self::CallDeadline { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The gRPC status a gRPC call is answered with: the one mapped from [`Self::status`],
+    /// except that a revision that did not become ready within its cold wait is UNAVAILABLE
+    /// (no replica; worth retrying), not the client's deadline.
+    pub fn grpc_code(&self) -> grpc::Code {
+        match self {
+            Self::Rejected {
+                rejection: Rejection::HoldTimeout { .. },
+                ..
+            } => grpc::Code::Unavailable,
+            _ => grpc::code_for(self.status()),
         }
     }
 
@@ -118,7 +148,8 @@ impl ActivatorError {
             Self::NotFound(_)
             | Self::HeadersTooLarge { .. }
             | Self::BadRequest(_)
-            | Self::NotImplemented(_) => self.to_string(),
+            | Self::NotImplemented(_)
+            | Self::GrpcToHttp1 { .. } => self.to_string(),
             Self::Rejected {
                 revision,
                 rejection,
@@ -143,7 +174,7 @@ impl ActivatorError {
             Self::ResponseStartTimeout {
                 revision, waited, ..
             } => format!("revision {revision}: upstream sent no response within {waited:?}"),
-            Self::TotalTimeout { .. } => self.to_string(),
+            Self::TotalTimeout { .. } | Self::CallDeadline { .. } => self.to_string(),
             Self::ClientBody { source, .. } if ClientBodyError::is_stall_in(&**source) => {
                 "the request body stalled".to_string()
             }
@@ -153,16 +184,19 @@ impl ActivatorError {
 
     /// The answer: the status, [`Self::public_reason`] and a fresh request id as the body (the
     /// id also in `X-Request-Id`), and `Retry-After` on 503s. The full error is logged under
-    /// that id.
-    pub fn into_response(self, retry_after: Duration) -> Response<ActivatorBody> {
+    /// that id. To a gRPC call (`grpc`, [`crate::http1::grpc`]) the same reason and id go as
+    /// a trailers-only gRPC error, its status mapped from the HTTP status.
+    pub fn into_response(self, retry_after: Duration, grpc: bool) -> Response<ActivatorBody> {
         let status = self.status();
         let id = new_request_id();
         let id_text = id.to_str().unwrap_or_default();
-        tracing::debug!(request_id = id_text, status = status.as_u16(), error = %self, "answered by the activator");
-        let mut resp = plain(
-            status,
-            format!("{} (request id {id_text})\n", self.public_reason()),
-        );
+        tracing::debug!(request_id = id_text, status = status.as_u16(), grpc, error = %self, "answered by the activator");
+        let text = format!("{} (request id {id_text})\n", self.public_reason());
+        let mut resp = if grpc {
+            grpc::trailers_only(self.grpc_code(), &text, ActivatorBody::empty())
+        } else {
+            plain(status, text)
+        };
         resp.headers_mut().insert(X_REQUEST_ID, id);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             let secs = retry_after.as_secs().max(1);
@@ -189,7 +223,7 @@ mod tests {
             revision: rev.clone(),
             rejection: Rejection::QueueFull { depth: 3 },
         }
-        .into_response(Duration::from_secs(2));
+        .into_response(Duration::from_secs(2), false);
         assert_eq!(queue_full.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(queue_full.headers()[header::RETRY_AFTER], "2");
         let timeout = ActivatorError::Rejected {
@@ -198,11 +232,73 @@ mod tests {
                 waited: Duration::from_secs(5),
             },
         }
-        .into_response(Duration::from_secs(2));
+        .into_response(Duration::from_secs(2), false);
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert!(timeout.headers().get(header::RETRY_AFTER).is_none());
-        let nf = ActivatorError::NotFound("no route".into()).into_response(Duration::ZERO);
+        let nf = ActivatorError::NotFound("no route".into()).into_response(Duration::ZERO, false);
         assert_eq!(nf.status(), StatusCode::NOT_FOUND);
+    }
+
+    /// To a gRPC call the answer is a trailers-only gRPC error with the same reason and id.
+    #[test]
+    fn a_grpc_call_gets_a_trailers_only_grpc_error() {
+        use crate::http1::grpc::{GRPC_MESSAGE, GRPC_STATUS};
+        let rev = RevisionKey::new("ns", "r");
+        let cases = [
+            (
+                ActivatorError::Rejected {
+                    revision: rev.clone(),
+                    rejection: Rejection::QueueFull { depth: 3 },
+                },
+                "14",
+            ),
+            (
+                ActivatorError::TotalTimeout {
+                    revision: rev.clone(),
+                    waited: Duration::from_secs(1),
+                },
+                "4",
+            ),
+            (ActivatorError::NotFound("no route".into()), "12"),
+            (
+                ActivatorError::Rejected {
+                    revision: rev.clone(),
+                    rejection: Rejection::HoldTimeout {
+                        waited: Duration::from_secs(5),
+                    },
+                },
+                "14",
+            ),
+            (
+                ActivatorError::CallDeadline {
+                    revision: rev.clone(),
+                    waited: Duration::from_secs(1),
+                },
+                "4",
+            ),
+            (
+                ActivatorError::HeadersTooLarge {
+                    what: "header count",
+                    actual: 200,
+                    limit: 100,
+                },
+                "8",
+            ),
+        ];
+        for (e, code) in cases {
+            let reason = e.public_reason();
+            let resp = e.into_response(Duration::from_secs(2), true);
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/grpc");
+            assert_eq!(resp.headers()[GRPC_STATUS], code);
+            let id = resp.headers()[X_REQUEST_ID].to_str().unwrap();
+            let message = resp.headers()[GRPC_MESSAGE].to_str().unwrap();
+            assert_eq!(message, format!("{reason} (request id {id})"));
+            assert!(
+                matches!(resp.into_body(), ActivatorBody::Full(None)),
+                "no body"
+            );
+        }
     }
 
     /// Finding 3: no replica output, upstream address or connector text reaches the client.
@@ -235,7 +331,7 @@ mod tests {
             for secret in ["hunter2", "10.1.2.3", "8012", "parse error"] {
                 assert!(!reason.contains(secret), "{reason} (from {detail})");
             }
-            let resp = e.into_response(Duration::from_secs(1));
+            let resp = e.into_response(Duration::from_secs(1), false);
             let id = resp.headers()[X_REQUEST_ID].to_str().unwrap().to_string();
             let ActivatorBody::Full(Some(body)) = resp.into_body() else {
                 panic!("a full body");

@@ -17,7 +17,9 @@
 //!    `Server-Timing` tells a held client how long it waited.
 //!
 //! Every error goes through `ActivatorError::into_response`, the one place that maps errors to
-//! status codes.
+//! status codes (and, for a gRPC call, to a trailers-only gRPC error: `http1::grpc`). A gRPC
+//! call is held and forwarded under the shorter of its `grpc-timeout` and the revision's
+//! timeout; to a revision that speaks HTTP/1.1 only it is refused before any hold.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -46,6 +48,7 @@ use crate::clock;
 use crate::config::ActivatorConfig;
 use crate::http1::activity::ConnActive;
 use crate::http1::fields::{ClientHeaders, Known};
+use crate::http1::grpc;
 use crate::http1::{ClientRequest, FirstRequest, Handler, ResponseBody};
 use crate::percore::LocalArc;
 use crate::revision::{Protocol, RevisionSpec};
@@ -102,11 +105,13 @@ impl Handler for Activator {
                         actual,
                         limit,
                     };
-                    return err.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), fields);
+                    return err.into_response(cfg.retry_after, grpc);
                 }
                 if let Err(e) = supported(act, req.method(), fields) {
                     act.deps.telemetry.activator.unmatched(e.status().as_u16());
-                    return e.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), fields);
+                    return e.into_response(cfg.retry_after, grpc);
                 }
                 // An early hold routed this request already: it stays with the revision it was held
                 // for, as a request held here would, even if the catalog changed meanwhile.
@@ -151,11 +156,14 @@ impl Handler for Activator {
                 Err(e) => {
                     act.deps.telemetry.activator.unmatched(e.status().as_u16());
                     tracing::debug!(%method, %path, error = %e, "not routed");
-                    return e.into_response(cfg.retry_after);
+                    let grpc = grpc::is_call(req.version(), B::fields(&req));
+                    return e.into_response(cfg.retry_after, grpc);
                 }
             };
             let span = tracing::debug_span!("request", revision = %state.key, %method, %path);
-            let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early)
+            // A gRPC call's deadline and error form (an HTTP/1.x request: a version compare).
+            let call = grpc::call(req.version(), B::fields(&req));
+            let result = proxy_request(act, &state, peer, conn, req, started, &cfg, early, call)
                 .instrument(span)
                 .await;
             let resp = result.unwrap_or_else(|e| {
@@ -169,7 +177,7 @@ impl Handler for Activator {
                 } else if matches!(e, ActivatorError::ClientBody { .. }) {
                     state.metrics.client_errors.inc();
                 }
-                e.into_response(cfg.retry_after)
+                e.into_response(cfg.retry_after, call.is_some())
             });
             let code = resp.status().as_u16();
             let elapsed = started.elapsed();
@@ -266,9 +274,9 @@ fn answer_probe(probe: Probe, draining: bool) -> Response<ActivatorBody> {
             r
         }
         Probe::Network(None) => ActivatorError::BadRequest("K-Network-Hash header is missing")
-            .into_response(Default::default()),
+            .into_response(Default::default(), false),
         Probe::Unknown => ActivatorError::BadRequest("unexpected K-Network-Probe value")
-            .into_response(Default::default()),
+            .into_response(Default::default(), false),
     }
 }
 
@@ -392,16 +400,31 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
     started: Instant,
     cfg: &'a RequestConfig,
     early: Option<EarlyHold>,
+    call: Option<grpc::Call>,
 ) -> impl Future<Output = Result<Response<ActivatorBody>, ActivatorError>> + Send + 'a {
     async move {
         // The spec's values this request needs, read through a short-lived guard (no `Arc` clone).
-        let (terms, protocol) = {
+        let (mut terms, protocol) = {
             let spec = state.spec.load();
             (
                 HoldTerms::new(&spec, cfg.max_held_requests, cfg.max_held_namespace),
                 spec.protocol,
             )
         };
+        // Whether the call's own deadline, not the revision's cold wait, ends its hold.
+        let mut call_ends_hold = false;
+        if call.is_some() {
+            if protocol == Protocol::Http1 {
+                return Err(ActivatorError::GrpcToHttp1 {
+                    revision: state.key.clone(),
+                });
+            }
+            // The call's deadline bounds its hold and its whole exchange.
+            let t = &mut terms.timeouts;
+            let bound = grpc::Call::bound(call, t.total);
+            call_ends_hold = bound < t.cold_wait.min(t.total);
+            t.total = bound;
+        }
         let timeouts = terms.timeouts;
         let deadline = started + timeouts.total;
         // Arrived on this request's head (no early hold): `started` is a fresh reading.
@@ -418,7 +441,13 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 (ticket, cold, outcome)
             }
         };
-        let admission = outcome.map_err(|r| rejected(state, r))?;
+        let admission = outcome.map_err(|r| match rejected(state, r) {
+            ActivatorError::Rejected {
+                revision,
+                rejection: Rejection::HoldTimeout { waited },
+            } if call_ends_hold => ActivatorError::CallDeadline { revision, waited },
+            e => e,
+        })?;
         if let Some(held) = admission.held_for {
             state.metrics.hold_seconds.observe(held.as_secs_f64());
         }
@@ -464,6 +493,14 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             NextHop::Sidecar => (original_host, None),
             NextHop::Container => (None, original_host),
         };
+        if held_for.is_some()
+            && call.is_some_and(|c| c.timeout.is_some())
+            && let ClientHeaders::Map(map) = &mut headers
+        {
+            // A held call's deadline moved closer: the replica is told what is left of it.
+            let left = deadline.saturating_duration_since(Instant::now());
+            map.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
+        }
         let mut additions =
             headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade, trusted);
         if next_hop == NextHop::Sidecar
@@ -557,7 +594,8 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             return Ok(resp.map(|_| ActivatorBody::empty()));
         }
         let (head, incoming) = resp.into_parts();
-        let body = ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn);
+        let body =
+            ProxiedBody::new(incoming, timeouts.idle, deadline, ticket, conn).grpc(call.is_some());
         Ok(Response::from_parts(
             head,
             ActivatorBody::Proxied(Box::new(body)),

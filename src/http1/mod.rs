@@ -34,6 +34,7 @@ pub mod activity;
 pub mod conn;
 pub mod direct;
 pub mod fields;
+pub mod grpc;
 pub mod head_clock;
 pub mod host;
 pub mod lane;

@@ -56,6 +56,11 @@ pub struct TimedBody<G: BodyGuard> {
     /// counter handle of its own: cloning one would move a shared refcount on every request).
     ticket: Option<G>,
     conn: Option<Reusable>,
+    /// A gRPC call's body: a timeout ends it with `grpc-status` 4 in trailers rather than an
+    /// error (a reset stream), so the client reads why ([`Self::grpc`]).
+    grpc: bool,
+    /// Ended by a gRPC status of its own: nothing more is read from the upstream.
+    cut: bool,
 }
 
 impl<G: BodyGuard> TimedBody<G> {
@@ -83,7 +88,16 @@ impl<G: BodyGuard> TimedBody<G> {
             },
             ticket: Some(ticket),
             conn,
+            grpc: false,
+            cut: false,
         }
+    }
+
+    /// The body of a gRPC call: cut by a timeout, it ends with trailers carrying
+    /// `grpc-status: 4` (DEADLINE_EXCEEDED) and the reason, and the upstream stream is dropped.
+    pub fn grpc(mut self, grpc: bool) -> Self {
+        self.grpc = grpc;
+        self
     }
 
     /// The earlier of the total deadline and the idle deadline.
@@ -93,12 +107,17 @@ impl<G: BodyGuard> TimedBody<G> {
     }
 
     fn fail(&mut self, err: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.give_up();
+        Poll::Ready(Some(Err(err)))
+    }
+
+    /// The body failed or was cut: counted, its accounting released, its connection not reused.
+    fn give_up(&mut self) {
         // Only a body still in progress fails: the ticket is taken when it ends.
         if let Some(ticket) = self.ticket.take() {
             ticket.body_failed();
         }
         self.conn = None;
-        Poll::Ready(Some(Err(err)))
     }
 
     /// A direct upstream response's header fields, while not taken (see
@@ -134,7 +153,7 @@ impl<G: BodyGuard> Body for TimedBody<G> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if this.ticket.is_none() && this.inner.is_end_stream() {
+        if this.ticket.is_none() && (this.cut || this.inner.is_end_stream()) {
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -163,18 +182,28 @@ impl<G: BodyGuard> Body for TimedBody<G> {
                     .timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
                 ready!(timer.as_mut().poll(cx));
-                let err: BoxError = if Instant::now() >= this.deadline {
-                    Box::new(BodyError::Total)
+                let err = if Instant::now() >= this.deadline {
+                    BodyError::Total
                 } else {
-                    Box::new(BodyError::Idle(this.idle.unwrap_or_default()))
+                    BodyError::Idle(this.idle.unwrap_or_default())
                 };
-                this.fail(err)
+                if this.grpc {
+                    // Counted as cut, the upstream stream dropped; the client is told why.
+                    this.give_up();
+                    this.cut = true;
+                    let status = super::grpc::status_fields(
+                        super::grpc::Code::DeadlineExceeded,
+                        &err.to_string(),
+                    );
+                    return Poll::Ready(Some(Ok(Frame::trailers(status))));
+                }
+                this.fail(Box::new(err))
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.cut || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -35,6 +35,12 @@
 //!
 //! Errors are answered here, generically (the log has the detail): 502 when the user container
 //! refused or dropped the connection (and it is probed at once), 504 on a timeout.
+//!
+//! A gRPC call (`http1::grpc`: HTTP/2, `content-type: application/grpc*`) gets each of these
+//! answers as a trailers-only gRPC error with the same reason, runs under the shorter of its
+//! `grpc-timeout` and the revision's timeout (queueing included), ends with `grpc-status` 4 in
+//! trailers when a timeout cuts its response body, and is refused (UNIMPLEMENTED) when the
+//! user container speaks HTTP/1.1 only.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -58,6 +64,7 @@ use super::settings::Settings;
 use crate::http1::activity::ConnActive;
 use crate::http1::direct::{self, DirectError, ExchangeError};
 use crate::http1::fields::{ClientHeaders, HeadersRef, Known};
+use crate::http1::grpc;
 use crate::http1::host::{self, HostError, HostFields, HostSource};
 use crate::http1::pool::{
     BoxError, ClientBodyError, ConnectError, ReqBody, RespBody, Reusable, SendError, Upstream,
@@ -209,27 +216,42 @@ impl Sidecar {
             tracing::debug!(what, actual, limit, "request headers too large");
             return self.count(
                 started,
-                plain(
+                own(
                     StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                     format!("request headers too large ({what})\n"),
+                    grpc::is_call(req.version(), fields),
                 ),
             );
         }
         if req.method() == Method::CONNECT {
             return self.count(
                 started,
-                plain(StatusCode::NOT_IMPLEMENTED, "CONNECT is not supported\n"),
+                own(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "CONNECT is not supported\n",
+                    grpc::is_call(req.version(), fields),
+                ),
             );
         }
         if let Err(e) = seen.host {
             tracing::debug!(error = %e, "refused: the request's host");
-            return self.count(started, plain(StatusCode::BAD_REQUEST, format!("{e}\n")));
+            let grpc = grpc::is_call(req.version(), fields);
+            return self.count(
+                started,
+                own(StatusCode::BAD_REQUEST, format!("{e}\n"), grpc),
+            );
         }
         let span =
             tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
-        let resp = match self.proxy(conn, req, seen, started).instrument(span).await {
+        // A gRPC call's deadline and error form (an HTTP/1.x request: a version compare).
+        let call = grpc::call(req.version(), fields);
+        let resp = match self
+            .proxy(conn, req, seen, started, call)
+            .instrument(span)
+            .await
+        {
             Ok(resp) => resp,
-            Err(e) => self.failed(e),
+            Err(e) => self.failed(e, call.is_some()),
         };
         self.count(started, resp)
     }
@@ -243,8 +265,9 @@ impl Sidecar {
         resp
     }
 
-    /// The answer for an error (generic: the log has the detail), counted.
-    fn failed(&self, e: Failure) -> Response<QueueBody> {
+    /// The answer for an error (generic: the log has the detail), counted; a gRPC error to a
+    /// gRPC call (`grpc`).
+    fn failed(&self, e: Failure, grpc: bool) -> Response<QueueBody> {
         let m = &self.telemetry.queue;
         let (status, text) = match &e {
             Failure::QueueFull { .. } => {
@@ -282,12 +305,16 @@ impl Sidecar {
                 (StatusCode::REQUEST_TIMEOUT, "the request body stalled\n")
             }
             Failure::ClientBody(_) => (StatusCode::BAD_REQUEST, "malformed request body\n"),
+            Failure::GrpcToHttp1 => (
+                StatusCode::NOT_IMPLEMENTED,
+                "the application serves HTTP/1.1 only: a gRPC call needs an h2c port (ports[].name: h2c)\n",
+            ),
         };
         // Overflow is expected under load: not logged per request (it is counted).
         if !matches!(e, Failure::QueueFull { .. }) {
             tracing::info!(error = %e, status = status.as_u16(), "request failed");
         }
-        let mut r = plain(status, text);
+        let mut r = own(status, text, grpc);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -302,7 +329,11 @@ impl Sidecar {
         mut req: Request<B>,
         seen: Seen,
         started: Instant,
+        call: Option<grpc::Call>,
     ) -> Result<Response<QueueBody>, Failure> {
+        if call.is_some() && self.settings.user_protocol == Protocol::Http1 {
+            return Err(Failure::GrpcToHttp1);
+        }
         // A protocol upgrade (websocket) is forwarded over HTTP/1.1 and becomes a tunnel;
         // `Upgrade: h2c` is not followed (served over HTTP/1.1 without it).
         let upgrade = req.version() == Version::HTTP_11
@@ -311,7 +342,8 @@ impl Sidecar {
             });
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let t = self.settings.timeouts;
-        let deadline = started + t.total;
+        // A gRPC call's own deadline, when shorter, bounds its queueing and its exchange.
+        let deadline = started + grpc::Call::bound(call, t.total);
         let in_flight = self.window.arrive(seen.proxied, started);
         let permit = match self.limiter.try_acquire() {
             Some(p) => p,
@@ -434,11 +466,23 @@ impl Sidecar {
         }
         crate::http1::fields::strip_hop_by_hop(resp.headers_mut(), false);
         let (head, incoming) = resp.into_parts();
-        let body = TimedBody::new(incoming, t.idle, deadline, held, reusable);
+        let body = TimedBody::new(incoming, t.idle, deadline, held, reusable).grpc(call.is_some());
         Ok(Response::from_parts(
             head,
             QueueBody::Proxied(Box::new(body)),
         ))
+    }
+}
+
+/// An answer of the sidecar's own: `text/plain`, or to a gRPC call (`grpc`) a trailers-only
+/// gRPC error with the same text ([`crate::http1::grpc`]).
+fn own(status: StatusCode, text: impl Into<bytes::Bytes>, grpc: bool) -> Response<QueueBody> {
+    if grpc {
+        let text = text.into();
+        let message = std::str::from_utf8(&text).unwrap_or_default();
+        grpc::trailers_only(grpc::code_for(status), message, QueueBody::empty())
+    } else {
+        plain(status, text)
     }
 }
 
@@ -465,6 +509,8 @@ enum Failure {
     ClientBody(BoxError),
     #[error("no response head before the response-start or total timeout")]
     Timeout,
+    #[error("a gRPC call to an application that serves HTTP/1.1 only")]
+    GrpcToHttp1,
 }
 
 /// What the sidecar reads of a request's fields, in one pass.

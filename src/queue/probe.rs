@@ -1,5 +1,5 @@
-//! Readiness of the user container: probed by TCP connect or `GET path` (Knative's
-//! `SERVING_READINESS_PROBE`), aggressively while it is not ready and once a second while it
+//! Readiness of the user container: probed by TCP connect, `GET path` or a gRPC health check
+//! (`grpc.health.v1.Health/Check` over h2c; Knative's `SERVING_READINESS_PROBE`), aggressively while it is not ready and once a second while it
 //! is, and at once when a request finds it gone.
 //!
 //! Backoff while not ready (the local platform's rule): 250 µs doubling, capped at 1 ms for the
@@ -73,8 +73,10 @@ async fn attempt(probe: &UserProbe) -> bool {
     let Ok(mut stream) = TcpStream::connect(probe.addr()).await else {
         return false;
     };
-    let UserProbe::Http { path, headers, .. } = probe else {
-        return true;
+    let (path, headers) = match probe {
+        UserProbe::Tcp { .. } => return true,
+        UserProbe::Grpc { service, .. } => return grpc_health(stream, probe.addr(), service).await,
+        UserProbe::Http { path, headers, .. } => (path, headers),
     };
     let mut req = format!(
         "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: Knative-Queue-Proxy-Probe\r\nK-Network-Probe: queue\r\nConnection: close\r\n",
@@ -100,6 +102,114 @@ async fn attempt(probe: &UserProbe) -> bool {
         .ok()
         .and_then(|c| c.parse::<u16>().ok());
     buf.starts_with(b"HTTP/1.") && code.is_some_and(|c| (200..400).contains(&c))
+}
+
+/// The gRPC health-checking protocol's method.
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+/// `HealthCheckResponse.ServingStatus.SERVING`.
+const SERVING: u64 = 1;
+
+/// One `grpc.health.v1.Health/Check` for `service` over h2c on `stream`: ready when the call
+/// ends with `grpc-status` 0 and its answer's `status` (field 1) is SERVING. The messages are
+/// a string field out and a varint field back, encoded and read here.
+async fn grpc_health(stream: TcpStream, addr: std::net::SocketAddr, service: &str) -> bool {
+    use http_body_util::BodyExt;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let Ok((mut send, conn)) = hyper::client::conn::http2::handshake(executor, io).await else {
+        return false;
+    };
+    let exchange = async move {
+        let req = http::Request::post(format!("http://{addr}{HEALTH_CHECK}"))
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .header(http::header::USER_AGENT, "Knative-Queue-Proxy-Probe")
+            .body(http_body_util::Full::new(health_request(service)))
+            .ok()?;
+        let resp = send.send_request(req).await.ok()?;
+        if resp.status() != http::StatusCode::OK {
+            return None;
+        }
+        let (head, body) = resp.into_parts();
+        let body = body.collect().await.ok()?;
+        // Trailers, or the head of a trailers-only answer.
+        let status = body
+            .trailers()
+            .and_then(|t| t.get("grpc-status"))
+            .or_else(|| head.headers.get("grpc-status"))?;
+        (status == "0").then_some(())?;
+        health_status(&body.to_bytes()).filter(|s| *s == SERVING)
+    };
+    tokio::select! {
+        served = exchange => served.is_some(),
+        _ = conn => false,
+    }
+}
+
+/// A framed `HealthCheckRequest { service }` (field 1, a string; nothing for the empty name).
+fn health_request(service: &str) -> bytes::Bytes {
+    let mut msg = Vec::with_capacity(service.len() + 6);
+    if !service.is_empty() {
+        msg.push(0x0a);
+        let mut n = service.len();
+        while n >= 0x80 {
+            msg.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        msg.push(n as u8);
+        msg.extend_from_slice(service.as_bytes());
+    }
+    let mut framed = Vec::with_capacity(5 + msg.len());
+    framed.push(0);
+    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&msg);
+    framed.into()
+}
+
+/// `HealthCheckResponse.status` (field 1, a varint) from one framed, uncompressed message;
+/// absent, it is 0 (UNKNOWN). `None` when the bytes are not such a message.
+fn health_status(framed: &[u8]) -> Option<u64> {
+    let (&[0], rest) = framed.split_at_checked(1)? else {
+        return None;
+    };
+    let (len, mut msg) = rest.split_at_checked(4)?;
+    if u32::from_be_bytes(len.try_into().ok()?) as usize != msg.len() {
+        return None;
+    }
+    let mut status = 0;
+    while !msg.is_empty() {
+        let key = varint(&mut msg)?;
+        match key & 7 {
+            0 => {
+                let v = varint(&mut msg)?;
+                if key >> 3 == 1 {
+                    status = v;
+                }
+            }
+            1 => msg = msg.get(8..)?,
+            2 => {
+                let n = usize::try_from(varint(&mut msg)?).ok()?;
+                msg = msg.get(n..)?;
+            }
+            5 => msg = msg.get(4..)?,
+            _ => return None,
+        }
+    }
+    Some(status)
+}
+
+/// A protobuf varint from the front of `b`.
+fn varint(b: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = b.split_first()?;
+        *b = rest;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
 }
 
 /// Probes until `stop`: fast with backoff while not ready, every [`READY_PERIOD`] (or at once on
@@ -174,6 +284,28 @@ mod tests {
             d = next_delay(d, Duration::from_secs(60));
         }
         assert_eq!(d, Duration::from_millis(25));
+    }
+
+    #[test]
+    fn health_messages_are_encoded_and_read() {
+        assert_eq!(&health_request("")[..], &[0, 0, 0, 0, 0]);
+        assert_eq!(
+            &health_request("ab")[..],
+            &[0, 0, 0, 0, 4, 0x0a, 2, b'a', b'b']
+        );
+        let long = "s".repeat(200);
+        assert_eq!(&health_request(&long)[5..8], &[0x0a, 0xc8, 0x01]);
+        assert_eq!(health_status(&[0, 0, 0, 0, 2, 0x08, 1]), Some(SERVING));
+        assert_eq!(health_status(&[0, 0, 0, 0, 2, 0x08, 2]), Some(2));
+        assert_eq!(health_status(&[0, 0, 0, 0, 0]), Some(0), "absent: UNKNOWN");
+        // An unknown field before it is skipped.
+        assert_eq!(
+            health_status(&[0, 0, 0, 0, 5, 0x12, 1, b'x', 0x08, 1]),
+            Some(SERVING)
+        );
+        assert_eq!(health_status(&[1, 0, 0, 0, 2, 0x08, 1]), None, "compressed");
+        assert_eq!(health_status(&[0, 0, 0, 0, 3, 0x08, 1]), None, "short");
+        assert_eq!(health_status(&[]), None);
     }
 
     #[tokio::test]

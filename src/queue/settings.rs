@@ -135,12 +135,21 @@ pub enum UserProbe {
         path: String,
         headers: Vec<(String, String)>,
     },
+    /// `grpc.health.v1.Health/Check` over h2c for `service` (empty: the server as a whole)
+    /// answered SERVING (Kubernetes' `grpc` probe, which Knative's queue-proxy also runs).
+    Grpc {
+        host: IpAddr,
+        port: u16,
+        service: String,
+    },
 }
 
 impl UserProbe {
     /// The address probed: the user container's host (the pod's loopback) and the port.
     pub fn addr(&self) -> SocketAddr {
-        let (UserProbe::Tcp { host, port } | UserProbe::Http { host, port, .. }) = self;
+        let (UserProbe::Tcp { host, port }
+        | UserProbe::Http { host, port, .. }
+        | UserProbe::Grpc { host, port, .. }) = self;
         SocketAddr::new(*host, *port)
     }
 }
@@ -397,9 +406,9 @@ impl Settings {
 }
 
 /// Knative's `SERVING_READINESS_PROBE`: the JSON of the user container's readiness probe.
-/// `tcpSocket` or `httpGet` (`path`, `port`, `httpHeaders`); a missing or zero port is the
-/// user port; the host is always the user container's (`host` in the JSON is ignored).
-/// `exec` and `grpc` probes are not the sidecar's to run.
+/// `tcpSocket`, `httpGet` (`path`, `port`, `httpHeaders`) or `grpc` (`port`, `service`); a
+/// missing or zero port is the user port; the host is always the user container's (`host` in
+/// the JSON is ignored). `exec` probes are not the sidecar's to run.
 fn parse_probe(json: &str, host: IpAddr, user_port: u16) -> Result<UserProbe, String> {
     let v: serde_json::Value =
         serde_json::from_str(json).map_err(|e| format!("not JSON ({e}): {json:?}"))?;
@@ -455,8 +464,20 @@ fn parse_probe(json: &str, host: IpAddr, user_port: u16) -> Result<UserProbe, St
             headers,
         });
     }
+    if let Some(grpc) = v.get("grpc") {
+        let service = match grpc.get("service") {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => return Err(format!("grpc.service must be a string, got {other}")),
+        };
+        return Ok(UserProbe::Grpc {
+            host,
+            port: port_of(grpc)?,
+            service,
+        });
+    }
     Err(
-        "expected a tcpSocket or httpGet probe (exec and grpc probes are not run by the sidecar)"
+        "expected a tcpSocket, httpGet or grpc probe (exec probes are not run by the sidecar)"
             .into(),
     )
 }
@@ -525,7 +546,7 @@ mod tests {
             "USER_PORT: expected a whole number from 0 to 65535, got \"70000\"",
             "THAW_DRAIN_DELAY: expected a duration",
             "THAW_USER_PROTOCOL: expected http1 or h2c, got \"h3\"",
-            "SERVING_READINESS_PROBE: expected a tcpSocket or httpGet probe",
+            "SERVING_READINESS_PROBE: expected a tcpSocket, httpGet or grpc probe",
             "THAW_PROXY_TAG: must be 64 lowercase hex digits",
         ] {
             assert!(
@@ -544,6 +565,46 @@ mod tests {
             errs[0]
                 .to_string()
                 .contains("USER_PORT: 9091 is one of the sidecar's own ports")
+        );
+    }
+
+    #[test]
+    fn a_grpc_readiness_probe_is_read() {
+        let mut v = BASE.to_vec();
+        v.push((USER_PORT, "8081"));
+        v.push((
+            SERVING_READINESS_PROBE,
+            r#"{"grpc":{"port":9000,"service":"thaw.Ready"},"periodSeconds":1}"#,
+        ));
+        assert_eq!(
+            settings(&v).unwrap().probe,
+            UserProbe::Grpc {
+                host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 9000,
+                service: "thaw.Ready".into()
+            }
+        );
+        v.pop();
+        v.push((SERVING_READINESS_PROBE, r#"{"grpc":{"port":0}}"#));
+        assert_eq!(
+            settings(&v).unwrap().probe,
+            UserProbe::Grpc {
+                host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 8081,
+                service: String::new()
+            }
+        );
+        v.pop();
+        v.push((
+            SERVING_READINESS_PROBE,
+            r#"{"grpc":{"port":9000,"service":7}}"#,
+        ));
+        let errs = settings(&v).unwrap_err();
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("grpc.service must be a string"),
+            "{errs:?}"
         );
     }
 

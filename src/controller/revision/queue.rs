@@ -61,10 +61,9 @@ pub fn probe_port(port: &IntOrString, user_port: u16, named: &BTreeMap<String, i
     }
 }
 
-/// Moves the user's HTTP or TCP readiness probe into the sidecar (Knative's queue-proxy runs
-/// it against the user container; the kubelet then probes the sidecar). An `exec` or `grpc`
-/// probe stays with the kubelet on the user container, and the sidecar checks TCP on the
-/// user port. Returns the moved probe and whether the user container keeps its own.
+/// Moves the user's HTTP, TCP or gRPC readiness probe into the sidecar (Knative's queue-proxy
+/// runs it against the user container; the kubelet then probes the sidecar). An `exec` probe
+/// stays with the kubelet on the user container, and the sidecar checks TCP on the user port. Returns the moved probe and whether the user container keeps its own.
 pub fn move_readiness(
     probe: Option<&Probe>,
     user_port: u16,
@@ -109,6 +108,23 @@ pub fn move_readiness(
     if let Some(t) = &p.tcp_socket {
         let v = serde_json::json!({"tcpSocket": {
             "port": probe_port(&t.port, user_port, named), "host": "127.0.0.1"}});
+        return (
+            MovedProbe {
+                json: v.to_string(),
+                timing: Some(timing),
+            },
+            false,
+        );
+    }
+    if let Some(g) = &p.grpc {
+        let port = match g.port {
+            0 => i32::from(user_port),
+            p => p,
+        };
+        let mut v = serde_json::json!({"grpc": {"port": port}});
+        if let Some(service) = &g.service {
+            v["grpc"]["service"] = service.clone().into();
+        }
         return (
             MovedProbe {
                 json: v.to_string(),
@@ -339,6 +355,25 @@ mod tests {
         let (moved, _) = move_readiness(Some(&p), 9000, &named());
         let v: serde_json::Value = serde_json::from_str(&moved.json).unwrap();
         assert_eq!(v["tcpSocket"]["port"], 8080);
+    }
+
+    #[test]
+    fn grpc_probes_move_to_the_sidecar() {
+        let p = probe(serde_json::json!({
+            "grpc": {"port": 9000, "service": "thaw.Ready"}, "periodSeconds": 2
+        }));
+        let (moved, keep) = move_readiness(Some(&p), 8080, &named());
+        assert!(!keep);
+        let v: serde_json::Value = serde_json::from_str(&moved.json).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"grpc": {"port": 9000, "service": "thaw.Ready"}})
+        );
+        assert_eq!(moved.timing.unwrap().period_seconds, Some(2));
+        let p = probe(serde_json::json!({"grpc": {"port": 0}}));
+        let (moved, _) = move_readiness(Some(&p), 8080, &named());
+        let v: serde_json::Value = serde_json::from_str(&moved.json).unwrap();
+        assert_eq!(v, serde_json::json!({"grpc": {"port": 8080}}));
     }
 
     #[test]
