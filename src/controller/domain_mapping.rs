@@ -407,13 +407,13 @@ pub async fn controller(ctx: Arc<Ctx>) {
             &ctx,
             super::route::VIRTUAL_SERVICE_CRD,
             "VirtualServices",
-            super::route::ISTIO_INGRESS_CLASS,
+            super::route::ISTIO_CLASS_EFFECT,
         );
     let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch::<HTTPRoute>(
         &ctx,
         gateway_api::HTTP_ROUTE_CRD,
         "HTTPRoutes",
-        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+        super::route::GATEWAY_API_CLASS_EFFECT,
     );
     let (dms2, dms3) = (dms.clone(), dms.clone());
     let controller = Controller::for_stream(dm_stream, dms)

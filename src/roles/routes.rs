@@ -66,6 +66,7 @@ fn network(live: &LiveConfig) -> NetworkConfig {
         templates: (**live.network.load()).clone(),
         istio: IstioConfig::default(),
         gateway: crate::config::network::GatewayConfig::default(),
+        certmanager: Default::default(),
     }
 }
 

@@ -36,9 +36,11 @@
 //! mapped to the routes that name them), so a revision turning Ready or a configuration's
 //! latest ready revision moving re-routes at once.
 
+pub mod certificate;
 pub mod gateway_api;
 pub mod http_route;
 pub mod ingress;
+pub mod istio_tls;
 pub mod labeler;
 pub mod prober;
 pub mod resources;
@@ -64,6 +66,7 @@ use crate::config::network::{IngressClass, NetworkConfig};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
 use crate::knative::{Configuration, Revision, Route, RouteStatus, condition, validate};
+use certificate::{Certificate, TlsOutcome};
 use http_route::HTTPRoute;
 use traffic::{Referenced, TargetError, Traffic};
 use virtual_service::VirtualService;
@@ -77,6 +80,13 @@ pub const ISTIO_INGRESS_CLASS: &str = crate::config::network::ISTIO_INGRESS_CLAS
 pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
 /// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
 pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
+
+/// What a missing VirtualService CRD means, in the log.
+pub const ISTIO_CLASS_EFFECT: &str =
+    "routes of the ingress class istio.ingress.networking.knative.dev are IngressReady=False";
+/// What a missing HTTPRoute CRD means, in the log.
+pub const GATEWAY_API_CLASS_EFFECT: &str =
+    "routes of the ingress class gateway-api.ingress.networking.knative.dev are IngressReady=False";
 
 /// The longest a reconcile waits for the VirtualService watch's first answer.
 pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
@@ -120,6 +130,10 @@ pub struct Stores {
     pub http_routes_served: tokio::sync::watch::Receiver<Served>,
     /// Whether the gateways serve each route's current VirtualServices.
     pub prober: Arc<prober::Prober>,
+    /// cert-manager's Certificates (the routes' own, by owner).
+    pub certificates: Store<Certificate>,
+    /// Whether Certificates are served (cert-manager is installed) or missing.
+    pub certificates_served: tokio::sync::watch::Receiver<Served>,
 }
 
 impl Stores {
@@ -154,16 +168,27 @@ impl Stores {
     /// list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise (the API
     /// server away, a 403) is an error, retried with backoff, the worker freed.
     async fn served(&self, class: IngressClass) -> Result<Served, Error> {
-        let (mut rx, kind) = match class {
-            IngressClass::Istio => (self.served.clone(), "VirtualService"),
-            IngressClass::GatewayApi => (self.http_routes_served.clone(), "HTTPRoute"),
-        };
-        let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
-            .await
-            .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
-            .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
-        Ok(*s)
+        match class {
+            IngressClass::Istio => wait_served(self.served.clone(), "VirtualService").await,
+            IngressClass::GatewayApi => {
+                wait_served(self.http_routes_served.clone(), "HTTPRoute").await
+            }
+        }
     }
+}
+
+/// Whether a kind is served, once its watch has an answer (its first list, or a 404). Waits
+/// at most [`SERVED_WAIT`]: a watch failing otherwise (the API server away, a 403) is an
+/// error, retried with backoff, the worker freed.
+pub(crate) async fn wait_served(
+    mut rx: tokio::sync::watch::Receiver<Served>,
+    kind: &str,
+) -> Result<Served, Error> {
+    let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
+        .await
+        .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
+        .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
+    Ok(*s)
 }
 
 /// Whether a watch error says the API server does not serve the kind (404 on its list or
@@ -218,17 +243,34 @@ pub fn compute_status(
     route: &Route,
     resolved: &Result<Traffic, TargetError>,
     ingress: &Ingress,
+    tls: Option<&TlsOutcome>,
     net: &NetworkConfig,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 ) -> RouteStatus {
     use conditions::*;
     let mut st = route.status.clone().unwrap_or_default();
+    // The hosts served over https: those of ready Certificates; when the TLS was not
+    // reconciled this time (the traffic did not resolve), those the status said.
+    let before_https: Vec<String> = st
+        .fields
+        .url
+        .iter()
+        .chain(st.fields.traffic.iter().filter_map(|t| t.url.as_ref()))
+        .filter_map(|u| u.strip_prefix("https://").map(String::from))
+        .collect();
+    let https: Vec<&str> = match tls {
+        Some(t) => t.https_hosts(),
+        None => before_https.iter().map(String::as_str).collect(),
+    };
     st.status.observed_generation = route.metadata.generation;
-    st.fields.url = Some(resources::url(route, net));
+    st.fields.url = Some(certificate::with_scheme(resources::url(route, net), &https));
     st.fields.address = Some(resources::address(route));
     match resolved {
         Ok(t) => {
             st.fields.traffic = resources::status_traffic(route, t, net);
+            for t in &mut st.fields.traffic {
+                t.url = t.url.take().map(|u| certificate::with_scheme(u, &https));
+            }
             st.status.set(
                 condition(ALL_TRAFFIC_ASSIGNED, ConditionStatus::True, None, None),
                 now,
@@ -316,20 +358,21 @@ pub fn compute_status(
             }
         }
     }
-    let message = if resources::is_cluster_local(route, net) {
-        "TLS is not enabled for cluster-local"
-    } else {
-        "external-domain-tls is not enabled"
-    };
-    st.status.set(
-        condition(
-            CERTIFICATE_PROVISIONED,
-            ConditionStatus::True,
-            Some("TLSNotEnabled"),
-            Some(message.into()),
+    match tls {
+        Some(t) => st
+            .status
+            .set(t.condition(net.templates.http_protocol), now),
+        None if st.status.condition(CERTIFICATE_PROVISIONED).is_none() => st.status.set(
+            condition(
+                CERTIFICATE_PROVISIONED,
+                ConditionStatus::Unknown,
+                Some("CertificateNotReady"),
+                Some("The certificates have not yet been reconciled.".into()),
+            ),
+            now,
         ),
-        now,
-    );
+        None => {}
+    }
     st.status.set_ready_from(
         condition::READY,
         &[ALL_TRAFFIC_ASSIGNED, INGRESS_READY, CERTIFICATE_PROVISIONED],
@@ -422,6 +465,7 @@ async fn program(
     ctx: &Ctx,
     route: &Route,
     traffic: &Traffic,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     default_timeout: u64,
     stores: &Stores,
@@ -436,12 +480,13 @@ async fn program(
             return Ok(Ingress::NotOwned(msg));
         }
     }
-    let desc = ingress::describe(route, traffic, net, default_timeout);
+    let mut desc = ingress::describe(route, traffic, net, default_timeout);
+    desc.tls = tls.ingress_tls(&ns);
     let ingress = match net.templates.ingress_class {
         IngressClass::Istio => {
             // HTTPRoutes left from the Gateway API class.
             delete_owned(ctx, &ns, owned(&stores.http_routes, route)).await?;
-            program_istio(ctx, route, traffic, &desc, net, stores).await?
+            program_istio(ctx, route, traffic, &desc, tls, net, stores).await?
         }
         IngressClass::GatewayApi => {
             // VirtualServices left from the Istio class; its prober's task is not needed.
@@ -536,10 +581,28 @@ async fn program_istio(
     route: &Route,
     traffic: &Traffic,
     desc: &ingress::IngressDesc,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<Ingress, Error> {
     let ns = desc.namespace.clone();
+    // The TLS Gateways and Secret copies first: the VirtualService binds those Gateways.
+    // (Nothing to look at while the route has never had TLS.)
+    if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
+        let name = route.name_any();
+        if let Some(msg) = istio_tls::program(
+            ctx,
+            route,
+            desc,
+            net,
+            (labels::ROUTE, &name),
+            &|n| resources::child_meta(route, n),
+        )
+        .await?
+        {
+            return Ok(Ingress::NotOwned(msg));
+        }
+    }
     let vss = resources::istio_virtual_services(route, desc, net);
     for vs in [&vss.ingress, &vss.mesh] {
         let cached = stores
@@ -676,6 +739,94 @@ fn tolerate_gone<T>(r: Result<T, kube::Error>) -> Result<(), Error> {
     }
 }
 
+/// Whether `route`'s external hosts get Certificates: `external-domain-tls` is on and the
+/// route is not cluster-local.
+fn tls_enabled(route: &Route, net: &NetworkConfig) -> bool {
+    net.templates.external_domain_tls && !resources::is_cluster_local(route, net)
+}
+
+/// Whether the route's status shows it had TLS (Certificates, or an https URL): its TLS
+/// Gateways and Secret copies may need deleting.
+fn had_tls(route: &Route) -> bool {
+    route.status.as_ref().is_some_and(|s| {
+        s.fields.url.as_deref().is_some_and(|u| u.starts_with("https://"))
+            || s.status
+                .condition(conditions::CERTIFICATE_PROVISIONED)
+                .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
+    })
+}
+
+/// Writes the route's Certificates (one per external host, [`certificate`]) and deletes
+/// those no longer wanted (all of them when TLS is off); returns what they say.
+async fn certificates(
+    ctx: &Ctx,
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<TlsOutcome, Error> {
+    let ns = route.namespace().unwrap_or_default();
+    let enabled = tls_enabled(route, net);
+    // Without cert-manager's CRD there is nothing to read or delete: say so only when TLS is
+    // wanted.
+    let served = if enabled {
+        wait_served(stores.certificates_served.clone(), "Certificate").await?
+    } else {
+        *stores.certificates_served.borrow()
+    };
+    let mut desired = Vec::new();
+    if enabled {
+        if served == Served::Missing {
+            return Ok(TlsOutcome::NotServed);
+        }
+        let uid = route.uid().unwrap_or_default();
+        let mut tags: Vec<&Option<String>> = traffic.groups.keys().collect();
+        tags.sort_by_key(|t| t.is_some());
+        for tag in tags {
+            let Some(host) = resources::group_hosts(route, tag.as_deref(), net).external else {
+                continue;
+            };
+            let name = certificate::route_certificate_name(&uid, tag.as_deref());
+            let cert =
+                certificate::certificate(resources::child_meta(route, name), &host, net);
+            desired.push((cert, host));
+        }
+    }
+    let mut reports = Vec::new();
+    for (cert, host) in &desired {
+        let name = cert.name_any();
+        let cached = stores
+            .certificates
+            .get(&ObjectRef::new(&name).within(&ns));
+        if apply_child(ctx, route, cert, cached.clone(), certificate::same)
+            .await?
+            .is_some()
+        {
+            return Ok(TlsOutcome::NotOwned(name));
+        }
+        reports.push(certificate::CertReport {
+            secret: cert.spec.secret_name.clone(),
+            state: certificate::state(cert, cached.as_deref()),
+            name,
+            host: host.clone(),
+        });
+    }
+    if served == Served::Served {
+        let stale: Vec<Arc<Certificate>> = owned(&stores.certificates, route)
+            .into_iter()
+            .filter(|o| !desired.iter().any(|(d, _)| d.name_any() == o.name_any()))
+            .collect();
+        delete_owned(ctx, &ns, stale).await?;
+    }
+    Ok(if enabled {
+        TlsOutcome::Certificates(reports)
+    } else {
+        TlsOutcome::NotEnabled {
+            cluster_local: resources::is_cluster_local(route, net),
+        }
+    })
+}
+
 /// Reconciles one Route (see the module docs).
 pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Result<Action, Error> {
     // The first reconciles may come before the stores' first list: wait for it (once).
@@ -695,20 +846,27 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     };
     let class = net.templates.ingress_class;
     let served = stores.served(class).await?;
-    let ingress = match &resolved {
-        Ok(_) if served == Served::Missing => match class {
+    let tls = match &resolved {
+        Ok(t) => Some(certificates(&ctx, &route, t, net, &stores).await?),
+        Err(_) if !tls_enabled(&route, net) => Some(TlsOutcome::NotEnabled {
+            cluster_local: resources::is_cluster_local(&route, net),
+        }),
+        Err(_) => None,
+    };
+    let ingress = match (&resolved, &tls) {
+        (Ok(_), _) if served == Served::Missing => match class {
             IngressClass::Istio => Ingress::NotServed,
             IngressClass::GatewayApi => Ingress::HttpRoutesNotServed,
         },
-        Ok(t) => {
+        (Ok(t), Some(tls)) => {
             let timeout = super::defaults_for(&settings, &ns)
                 .revision_timeout
                 .as_secs();
-            program(&ctx, &route, t, net, timeout, &stores).await?
+            program(&ctx, &route, t, tls, net, timeout, &stores).await?
         }
-        Err(_) => Ingress::Unchanged,
+        _ => Ingress::Unchanged,
     };
-    let status = compute_status(&route, &resolved, &ingress, net, &now());
+    let status = compute_status(&route, &resolved, &ingress, tls.as_ref(), net, &now());
     if invalid.is_empty() {
         label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
     }
@@ -730,6 +888,11 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
             return Err(Error::Other(message));
         }
         _ => {}
+    }
+    if let Some(TlsOutcome::NotOwned(name)) = tls {
+        return Err(Error::Other(format!(
+            "There is an existing certificate {name} that we don't own."
+        )));
     }
     // Not served: the kind's watch re-queues every route when it lists.
     Ok(Action::requeue(ctx.resync()))
@@ -910,6 +1073,7 @@ async fn forget_deleted_routes(
         if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
             stores.prober.forget(&ns, &name);
             forget(&ctx, &stores, &ns, &name).await;
+            forget_secret_copies(&ctx, &ns, &name).await;
         }
     }
 }
@@ -933,6 +1097,23 @@ fn report_listed_but_gone(
     }
 }
 
+/// Deletes the copies of a deleted route's certificate Secrets in the Istio gateways'
+/// namespaces ([`istio_tls`]; its Certificates and TLS Gateways go by owner reference).
+async fn forget_secret_copies(ctx: &Ctx, ns: &str, name: &str) {
+    let settings = ctx.settings();
+    for g in &settings.network.istio.external_gateways {
+        let Some((_, gw_ns)) = istio_tls::service_of(&g.service) else {
+            continue;
+        };
+        if let Err(e) =
+            istio_tls::delete_copies(ctx, gw_ns, ns, (labels::ROUTE, name), &[]).await
+        {
+            tracing::warn!(namespace = ns, route = name, error = %e,
+                "could not delete a deleted route's certificate Secret copies");
+        }
+    }
+}
+
 async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
     match mark(ctx, ns, name, &labeler::Used::default(), stores).await {
         Ok(()) => tracing::debug!(namespace = ns, route = name, "deleted route forgotten"),
@@ -950,7 +1131,7 @@ pub(crate) fn served_watch<K>(
     ctx: &Ctx,
     crd: &'static str,
     kinds: &'static str,
-    class: &'static str,
+    effect: &'static str,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -989,8 +1170,7 @@ where
             if was != Served::Missing {
                 tracing::warn!(
                     crd,
-                    "the API server does not serve {kinds}; routes of the ingress class \
-                     {class} are IngressReady=False until it does"
+                    "the API server does not serve {kinds}; {effect} until it does"
                 );
             }
         }
@@ -1063,15 +1243,25 @@ pub async fn controller(ctx: Arc<Ctx>) {
         &ctx,
         VIRTUAL_SERVICE_CRD,
         "VirtualServices",
-        ISTIO_INGRESS_CLASS,
+        ISTIO_CLASS_EFFECT,
     );
     let (http_routes, hr_stream, http_routes_served, hr_now_served) = served_watch::<HTTPRoute>(
         &ctx,
         gateway_api::HTTP_ROUTE_CRD,
         "HTTPRoutes",
-        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+        GATEWAY_API_CLASS_EFFECT,
     );
-    let now_served = futures::stream::select(vs_now_served, hr_now_served);
+    let (certificates, cert_stream, certificates_served, cert_now_served) =
+        served_watch::<Certificate>(
+            &ctx,
+            certificate::CERTIFICATE_CRD,
+            "Certificates",
+            "external-domain-tls cannot provision certificates",
+        );
+    let now_served = futures::stream::select(
+        futures::stream::select(vs_now_served, hr_now_served),
+        cert_now_served,
+    );
     // Routes whose probing finished or changed (bounded; a dropped one is read at resync).
     let (requeue_tx, mut requeue_rx) = tokio::sync::mpsc::channel::<ObjectRef<Route>>(1024);
     let probed = futures::stream::poll_fn(move |cx| requeue_rx.poll_recv(cx));
@@ -1089,6 +1279,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
         .owns_stream(hr_stream)
+        .owns_stream(cert_stream)
         .owns_stream(svc_stream)
         .reconcile_on(probed)
         .reconcile_all_on(now_served);
@@ -1116,6 +1307,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
         served,
         http_routes_served,
         prober,
+        certificates,
+        certificates_served,
     };
     let cleanup = forget_deleted_routes(
         ctx.clone(),
