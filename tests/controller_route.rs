@@ -67,6 +67,11 @@ async fn start() -> Running {
 
 /// [`start`] with `settings`; the controller's context is returned to change them.
 async fn start_with(settings: Settings) -> (Running, Arc<Ctx>) {
+    start_serving(settings, &[]).await
+}
+
+/// [`start_with`], the gateway pod also serving the Gateways `more` (`namespace/name`).
+async fn start_serving(settings: Settings, more: &[&str]) -> (Running, Arc<Ctx>) {
     let api = TestApi::start().await;
     let client = api.client();
     let ctx: Arc<Ctx> = Ctx::with_options(
@@ -78,7 +83,7 @@ async fn start_with(settings: Settings) -> (Running, Arc<Ctx>) {
         },
     );
     let task = tokio::spawn(thaw::controller::route::controller(ctx.clone()));
-    let gateway = kube_support::gateway::default_gateways(&client).await;
+    let gateway = kube_support::gateway::default_gateways_and(&client, more).await;
     let run = Running {
         _api: api,
         client,
@@ -1814,4 +1819,275 @@ async fn a_domain_mapping_claims_its_domain_and_is_an_http_route_with_the_gatewa
         dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS through cert-manager
+
+use thaw::config::network::HttpProtocol;
+use thaw::controller::route::certificate::{
+    Certificate, CertificateCondition, CertificateStatus, route_certificate_name,
+};
+use thaw::controller::route::istio_tls;
+use thaw::controller::route::virtual_service::Gateway as IstioGateway;
+
+const GATEWAY_NS: &str = "istio-system";
+
+fn tls_settings(http: HttpProtocol) -> Settings {
+    let mut s = Settings::default();
+    s.network.templates.external_domain_tls = true;
+    s.network.templates.http_protocol = http;
+    s.network.certmanager.issuer_ref.name = "letsencrypt".into();
+    s
+}
+
+/// The Istio Gateway a route `name`'s TLS hosts get (for config-istio's default gateway).
+fn tls_gateway(name: &str) -> String {
+    istio_tls::tls_gateway_name(
+        name,
+        &thaw::config::network::IstioConfig::default().external_gateways[0],
+    )
+}
+
+/// Plays cert-manager: writes the Certificate's Secret and marks it Ready.
+async fn issue(run: &Running, name: &str) {
+    let secrets = run.api::<k8s_openapi::api::core::v1::Secret>();
+    let data = BTreeMap::from([
+        ("tls.crt".to_string(), k8s_openapi::ByteString(b"cert of ".iter().chain(name.as_bytes()).copied().collect())),
+        ("tls.key".to_string(), k8s_openapi::ByteString(b"key".to_vec())),
+    ]);
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let api = run.api::<Certificate>();
+    loop {
+        let mut c = api.get(name).await.unwrap();
+        c.status = Some(CertificateStatus {
+            conditions: vec![CertificateCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Some("Ready".into()),
+                observed_generation: c.metadata.generation,
+                ..CertificateCondition::default()
+            }],
+        });
+        match api.replace_status(name, &PostParams::default(), &c).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+fn tls_cond(r: &Option<Route>) -> Option<(ConditionStatus, Option<String>)> {
+    r.as_ref().and_then(|r| cond(r, "CertificateProvisioned"))
+}
+
+/// The istio-ingressgateway Service gets the pod selector the TLS Gateways copy.
+async fn select_gateway_pods(run: &Running) {
+    let svcs: Api<KubeService> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    svcs.patch(
+        "istio-ingressgateway",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"selector": {"istio": "ingressgateway"}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// With `external-domain-tls: Enabled`, a route with a tag gets one cert-manager Certificate
+/// per external host, owned by it, with config-certmanager's issuer. While they are not ready
+/// the route is served over http (`HTTPDowngrade`, http URLs); once cert-manager marks them
+/// Ready the URLs are https, `CertificateProvisioned` True, and the Istio class writes a TLS
+/// Gateway (the gateway Service's selector, an HTTPS server per host with the Secret's copy in
+/// the gateway's namespace as credential) that the external matches are bound to.
+/// `http-protocol: Redirected` makes its http server redirect; TLS turned off deletes the
+/// Certificates, the Gateway and the copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
+    let gw = format!("{NS}/{}", tls_gateway("hello"));
+    let (run, ctx) = start_serving(tls_settings(HttpProtocol::Enabled), &[&gw]).await;
+    select_gateway_pods(&run).await;
+    revision(&run, "hello-00001", true).await;
+    let mut tagged = to_revision("hello-00001", 0);
+    tagged.tag = Some("candidate".into());
+    let created =
+        create_route(&run, "hello", vec![to_revision("hello-00001", 100), tagged]).await;
+    let uid = created.uid().unwrap();
+    let (main, tag) = (
+        route_certificate_name(&uid, None),
+        route_certificate_name(&uid, Some("candidate")),
+    );
+
+    let certs = run.api::<Certificate>();
+    let c = wait_for(
+        "the Certificates",
+        || async { certs.list(&Default::default()).await.unwrap().items },
+        |l| l.len() == 2,
+    )
+    .await;
+    let by_name = |n: &str| c.iter().find(|c| c.name_any() == n).unwrap().clone();
+    let (mc, tc) = (by_name(&main), by_name(&tag));
+    assert_eq!(mc.spec.dns_names, ["hello.default.example.com"]);
+    assert_eq!(tc.spec.dns_names, ["candidate-hello.default.example.com"]);
+    assert_eq!(mc.spec.secret_name, main);
+    assert_eq!(mc.spec.issuer_ref.name, "letsencrypt");
+    assert_eq!(mc.spec.issuer_ref.kind.as_deref(), Some("ClusterIssuer"));
+    assert_eq!(mc.owner_references()[0].uid, uid);
+
+    // Not ready: served over http meanwhile, the route Ready.
+    let r = route_until(&run, "hello", "HTTPDowngrade", |r| {
+        is_ready(r) && tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
+    })
+    .await;
+    let st = r.status.unwrap();
+    assert_eq!(st.fields.url.as_deref(), Some("http://hello.default.example.com"));
+
+    // With Redirected, a Certificate not ready is CertificateNotReady (Unknown).
+    ctx.set_settings(tls_settings(HttpProtocol::Redirected));
+    let r = route_until(&run, "hello", "CertificateNotReady", |r| {
+        tls_cond(r) == Some((ConditionStatus::Unknown, Some("CertificateNotReady".into())))
+    })
+    .await;
+    let c = r.status.as_ref().unwrap().status.condition("CertificateProvisioned").unwrap();
+    assert!(c.message.as_deref().unwrap().starts_with("Certificate route-"), "{c:?}");
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+
+    issue(&run, &main).await;
+    issue(&run, &tag).await;
+    let r = route_until(&run, "hello", "https", |r| {
+        is_ready(r) && tls_cond(r) == Some((ConditionStatus::True, None))
+    })
+    .await;
+    let st = r.status.unwrap();
+    assert_eq!(st.fields.url.as_deref(), Some("https://hello.default.example.com"));
+    let tag_url = st.fields.traffic.iter().find_map(|t| t.url.clone());
+    assert_eq!(tag_url.as_deref(), Some("https://candidate-hello.default.example.com"));
+    assert_eq!(
+        st.fields.address.and_then(|a| a.url).as_deref(),
+        Some("http://hello.default.svc.cluster.local")
+    );
+
+    // The Istio objects: the TLS Gateway, the Secret copies, the VirtualService bound to it.
+    let gateways = run.api::<IstioGateway>();
+    let g = gateways.get(&tls_gateway("hello")).await.unwrap();
+    assert_eq!(g.owner_references()[0].uid, uid);
+    assert_eq!(g.spec.selector["istio"], "ingressgateway");
+    let https: Vec<(Vec<String>, Option<String>)> = g
+        .spec
+        .servers
+        .iter()
+        .filter(|s| s.port.number == 443)
+        .map(|s| (s.hosts.clone(), s.tls.as_ref().unwrap().credential_name.clone()))
+        .collect();
+    assert_eq!(
+        https,
+        [
+            (vec!["hello.default.example.com".to_string()], Some(format!("{NS}.{main}"))),
+            (
+                vec!["candidate-hello.default.example.com".to_string()],
+                Some(format!("{NS}.{tag}"))
+            ),
+        ]
+    );
+    let http = g.spec.servers.iter().find(|s| s.port.number == 80).unwrap();
+    assert_eq!(http.tls, None);
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let copy = copies.get(&format!("{NS}.{main}")).await.unwrap();
+    let origin = run.api::<k8s_openapi::api::core::v1::Secret>().get(&main).await.unwrap();
+    assert_eq!(copy.data, origin.data);
+    assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAME], main);
+    assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAMESPACE], NS);
+    let vs = vs_until(&run, "hello-ingress", |s| s.gateways.contains(&gw)).await;
+    let ext_match = vs
+        .spec
+        .http
+        .iter()
+        .flat_map(|r| r.match_.iter())
+        .find(|m| {
+            m.authority
+                .as_ref()
+                .and_then(|a| a.regex.as_deref())
+                .is_some_and(|re| re.starts_with("^hello\\.default\\.example"))
+        })
+        .unwrap();
+    assert_eq!(ext_match.gateways, [gw.clone()]);
+
+    // Redirected: the http server of the TLS Gateway redirects; still Ready (the redirected
+    // hosts are not probed over http).
+    ctx.set_settings(tls_settings(HttpProtocol::Redirected));
+    wait_for(
+        "the http server redirecting",
+        || async { gateways.get(&tls_gateway("hello")).await.unwrap() },
+        |g| {
+            g.spec.servers.iter().any(|s| {
+                s.port.number == 80
+                    && s.tls.as_ref().and_then(|t| t.https_redirect) == Some(true)
+            })
+        },
+    )
+    .await;
+    route_until(&run, "hello", "Ready, redirected", is_ready).await;
+
+    // TLS off: the Certificates, the TLS Gateway and the copies go; http again.
+    ctx.set_settings(Settings::default());
+    let r = route_until(&run, "hello", "TLSNotEnabled", |r| {
+        tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("TLSNotEnabled"))
+    })
+    .await;
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    wait_for(
+        "the Certificates deleted",
+        || async { certs.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 0,
+    )
+    .await;
+    wait_for(
+        "the TLS Gateway and the copies deleted",
+        || async {
+            (
+                gateways.get_opt(&tls_gateway("hello")).await.unwrap().is_none(),
+                copies.list(&Default::default()).await.unwrap().items.len(),
+            )
+        },
+        |(gone, n)| *gone && *n == 0,
+    )
+    .await;
+}
+
+/// A Certificate that is not the route's is `CertificateNotOwned`, and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_someone_else_is_not_owned() {
+    let (run, ctx) = start_with(Settings::default()).await;
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    route_until(&run, "hello", "Ready without TLS", is_ready).await;
+    let name = route_certificate_name(&created.uid().unwrap(), None);
+    let certs = run.api::<Certificate>();
+    let mut theirs = Certificate::new(&name, Default::default());
+    theirs.spec.secret_name = "theirs".into();
+    theirs.spec.issuer_ref.name = "theirs".into();
+    certs.create(&PostParams::default(), &theirs).await.unwrap();
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+    let r = route_until(&run, "hello", "CertificateNotOwned", |r| {
+        tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("CertificateNotOwned"))
+    })
+    .await;
+    assert_eq!(tls_cond(&Some(r)).unwrap().0, ConditionStatus::False);
+    assert_eq!(certs.get(&name).await.unwrap().spec.secret_name, "theirs");
 }

@@ -604,6 +604,13 @@ async fn program_istio(
         }
     }
     let vss = resources::istio_virtual_services(route, desc, net);
+    // A TLS host whose plain http is redirected (or not served) cannot answer a probe over
+    // http: its gateway pods are the external gateway's, probed through the other hosts.
+    let unprobed = if net.templates.http_protocol == crate::config::network::HttpProtocol::Enabled {
+        Vec::new()
+    } else {
+        istio_tls::tls_hosts(desc)
+    };
     for vs in [&vss.ingress, &vss.mesh] {
         let cached = stores
             .virtual_services
@@ -619,7 +626,7 @@ async fn program_istio(
     Ok(
         match stores
             .prober
-            .check(route, &vss.hash, probed_gateways(route, traffic, net))
+            .check(route, &vss.hash, probed_gateways(route, traffic, net, &unprobed))
         {
             prober::Probed::Ready => Ingress::Programmed,
             prober::Probed::Pending(message) => Ingress::Probing(message),
@@ -629,18 +636,23 @@ async fn program_istio(
 
 /// The gateways the route is on, each with the hosts it serves for it: the external gateways
 /// the external hosts (unless the route is cluster-local), the local ones the cluster-local
-/// hosts (net-istio's `HostsPerVisibility`).
+/// hosts (net-istio's `HostsPerVisibility`); but the external hosts `unprobed`.
 fn probed_gateways(
     route: &Route,
     traffic: &Traffic,
     net: &NetworkConfig,
+    unprobed: &[&str],
 ) -> Vec<prober::GatewayHosts> {
     let groups: Vec<resources::GroupHosts> = traffic
         .groups
         .keys()
         .map(|tag| resources::group_hosts(route, tag.as_deref(), net))
         .collect();
-    let external: Vec<String> = groups.iter().filter_map(|g| g.external.clone()).collect();
+    let external: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g.external.clone())
+        .filter(|h| !unprobed.contains(&h.as_str()))
+        .collect();
     let local: Vec<String> = groups.iter().flat_map(|g| g.local.clone()).collect();
     let mut out = Vec::new();
     if !external.is_empty() {
