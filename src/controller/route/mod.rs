@@ -28,8 +28,11 @@
 //! serve Istio's VirtualService (its CRD is not installed), no route can be programmed:
 //! `IngressReady=False` [`VIRTUAL_SERVICE_NOT_SERVED`], the reconcile ends at once (its worker
 //! is free), and every route is reconciled again once the VirtualService watch lists (the
-//! CRD appeared). `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets up no
-//! certificates).
+//! CRD appeared). `CertificateProvisioned` is True `TLSNotEnabled` unless config-network's
+//! `external-domain-tls` is Enabled: then the route's external hosts get cert-manager
+//! Certificates ([`certificate`]), each host is served over https (and `https://` in the
+//! URLs) once its Certificate is Ready, the Istio class writing a TLS Gateway and copying the
+//! Secrets into the gateway's namespace ([`istio_tls`]).
 //!
 //! The controller re-queues a route when its VirtualService or placeholder Services change
 //! (owned), and when a Revision or Configuration it refers to changes (the stores' streams
@@ -38,6 +41,7 @@
 
 pub mod certificate;
 pub mod gateway_api;
+pub mod gateway_tls;
 pub mod http_route;
 pub mod ingress;
 pub mod istio_tls;
@@ -492,7 +496,7 @@ async fn program(
             // VirtualServices left from the Istio class; its prober's task is not needed.
             delete_owned(ctx, &ns, owned(&stores.virtual_services, route)).await?;
             stores.prober.forget(&ns, &route.name_any());
-            program_gateway_api(ctx, route, &desc, net, stores).await?
+            program_gateway_api(ctx, route, &desc, tls, net, stores).await?
         }
     };
     if matches!(ingress, Ingress::NotOwned(_)) {
@@ -544,10 +548,20 @@ async fn program_gateway_api(
     ctx: &Ctx,
     route: &Route,
     desc: &ingress::IngressDesc,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<Ingress, Error> {
     let ns = &desc.namespace;
+    // The TLS listeners and ReferenceGrant first: the HTTPRoutes attach to those listeners.
+    if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
+        if let Some(msg) =
+            gateway_tls::program(ctx, route, desc, net, &|n| resources::child_meta(route, n))
+                .await?
+        {
+            return Ok(Ingress::NotOwned(msg));
+        }
+    }
     let routes = gateway_api::http_routes(route, desc, net);
     for hr in &routes {
         let cached = stores
@@ -1085,7 +1099,7 @@ async fn forget_deleted_routes(
         if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
             stores.prober.forget(&ns, &name);
             forget(&ctx, &stores, &ns, &name).await;
-            forget_secret_copies(&ctx, &ns, &name).await;
+            forget_tls(&ctx, &ns, &name).await;
         }
     }
 }
@@ -1109,10 +1123,16 @@ fn report_listed_but_gone(
     }
 }
 
-/// Deletes the copies of a deleted route's certificate Secrets in the Istio gateways'
-/// namespaces ([`istio_tls`]; its Certificates and TLS Gateways go by owner reference).
-async fn forget_secret_copies(ctx: &Ctx, ns: &str, name: &str) {
+/// Deletes what a deleted route's TLS left outside its namespace: the copies of its
+/// certificate Secrets in the Istio gateways' namespaces ([`istio_tls`]) and its listeners on
+/// the Gateway API's external Gateways ([`gateway_tls`]). (Its Certificates, TLS Gateways and
+/// ReferenceGrant go by owner reference.)
+async fn forget_tls(ctx: &Ctx, ns: &str, name: &str) {
     let settings = ctx.settings();
+    if let Err(e) = gateway_tls::set_listeners(ctx, &settings.network, ns, name, &[]).await {
+        tracing::warn!(namespace = ns, route = name, error = %e,
+            "could not remove a deleted route's TLS listeners");
+    }
     for g in &settings.network.istio.external_gateways {
         let Some((_, gw_ns)) = istio_tls::service_of(&g.service) else {
             continue;
