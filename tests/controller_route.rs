@@ -2091,3 +2091,146 @@ async fn a_certificate_of_someone_else_is_not_owned() {
     assert_eq!(tls_cond(&Some(r)).unwrap().0, ConditionStatus::False);
     assert_eq!(certs.get(&name).await.unwrap().spec.secret_name, "theirs");
 }
+
+/// config-gateway's default external Gateway, with an http listener (as an operator installs
+/// it).
+async fn create_external_gateway(run: &Running) {
+    use thaw::controller::route::http_route::{Gateway, GatewaySpec, Listener};
+    let api: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let mut gw = Gateway::new(
+        "knative-gateway",
+        GatewaySpec {
+            gateway_class_name: "istio".into(),
+            listeners: vec![Listener {
+                name: "http".into(),
+                port: 80,
+                protocol: "HTTP".into(),
+                ..Listener::default()
+            }],
+        },
+    );
+    gw.metadata.namespace = Some(GATEWAY_NS.into());
+    api.create(&PostParams::default(), &gw).await.unwrap();
+}
+
+/// With the Gateway API class, a Ready Certificate becomes a listener on config-gateway's
+/// external Gateway (HTTPS, the Secret in the route's namespace, routes from that namespace
+/// only; the operator's http listener kept), a ReferenceGrant in the route's namespace for
+/// the Gateway's namespace, and the HTTPRoute attached to it; with `Redirected` the HTTPRoute
+/// is on the TLS listener only and `{host}-redirect` redirects http to https. Deleting the
+/// route takes its listener off the Gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
+    use thaw::controller::route::gateway_tls;
+    use thaw::controller::route::http_route::{Gateway, ReferenceGrant};
+    let with_tls = |http| {
+        let mut s = tls_settings(http);
+        s.network.templates.ingress_class = IngressClass::GatewayApi;
+        s
+    };
+    let (run, ctx) = start_with(with_tls(HttpProtocol::Enabled)).await;
+    create_external_gateway(&run).await;
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let cert = route_certificate_name(&created.uid().unwrap(), None);
+    wait_for(
+        "the Certificate",
+        || async { run.api::<Certificate>().get_opt(&cert).await.unwrap() },
+        Option::is_some,
+    )
+    .await;
+    issue(&run, &cert).await;
+    let host = "hello.default.example.com";
+    let listener = gateway_tls::listener_name(NS, "hello", host);
+    let gateways: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let gw = wait_for(
+        "the TLS listener",
+        || async { gateways.get("knative-gateway").await.unwrap() },
+        |g| g.spec.listeners.len() == 2,
+    )
+    .await;
+    assert_eq!(gw.spec.listeners[0].name, "http");
+    let l = &gw.spec.listeners[1];
+    assert_eq!(
+        (l.name.as_str(), l.hostname.as_deref(), l.port, l.protocol.as_str()),
+        (listener.as_str(), Some(host), 443, "HTTPS")
+    );
+    let tls = l.tls.as_ref().unwrap();
+    assert_eq!(tls.mode.as_deref(), Some("Terminate"));
+    assert_eq!(
+        (tls.certificate_refs[0].name.as_str(), tls.certificate_refs[0].namespace.as_deref()),
+        (cert.as_str(), Some(NS))
+    );
+    let ns_selector = &l.allowed_routes.as_ref().unwrap().namespaces.as_ref().unwrap();
+    assert_eq!(ns_selector.from.as_deref(), Some("Selector"));
+    assert_eq!(
+        ns_selector.selector.as_ref().unwrap().match_labels["kubernetes.io/metadata.name"],
+        NS
+    );
+    let grant = run
+        .api::<ReferenceGrant>()
+        .get(&gateway_tls::reference_grant_name("hello"))
+        .await
+        .unwrap();
+    assert_eq!(grant.owner_references()[0].uid, created.uid().unwrap());
+    assert_eq!(
+        (grant.spec.from[0].kind.as_str(), grant.spec.from[0].namespace.as_str()),
+        ("Gateway", GATEWAY_NS)
+    );
+    assert_eq!(
+        (grant.spec.to[0].kind.as_str(), grant.spec.to[0].name.as_deref()),
+        ("Secret", Some(cert.as_str()))
+    );
+    // Enabled: the parentRef without a sectionName attaches to both listeners.
+    let hr = http_route_until(&run, host, Option::is_some).await.unwrap();
+    assert_eq!(hr.spec.parent_refs.len(), 1);
+    assert_eq!(hr.spec.parent_refs[0].section_name, None);
+    for n in [host, "hello.default.svc.cluster.local"] {
+        report(&run, n, ACCEPTED).await;
+    }
+    let r = route_until(&run, "hello", "Ready over https", |r| {
+        is_ready(r) && tls_cond(r) == Some((ConditionStatus::True, None))
+    })
+    .await;
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("https://hello.default.example.com")
+    );
+
+    // Redirected: the HTTPRoute on the TLS listener, http redirected by another one.
+    ctx.set_settings(with_tls(HttpProtocol::Redirected));
+    let hr = http_route_until(&run, host, |h| {
+        h.as_ref().is_some_and(|h| h.spec.parent_refs[0].section_name.is_some())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        hr.spec.parent_refs[0].section_name.as_deref(),
+        Some(listener.as_str())
+    );
+    let redirect = format!("{host}-redirect");
+    let rd = http_route_until(&run, &redirect, Option::is_some).await.unwrap();
+    assert_eq!(rd.spec.parent_refs[0].port, Some(80));
+    let f = &rd.spec.rules[0].filters[0];
+    assert_eq!(f.type_, "RequestRedirect");
+    let to = f.request_redirect.as_ref().unwrap();
+    assert_eq!((to.scheme.as_deref(), to.status_code), (Some("https"), Some(301)));
+    assert!(rd.spec.rules[0].backend_refs.is_empty());
+    for n in [host, redirect.as_str()] {
+        report(&run, n, ACCEPTED).await;
+    }
+    route_until(&run, "hello", "Ready, redirected", is_ready).await;
+
+    // The route deleted: its listener is taken off the Gateway, the operator's stays.
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    let gw = wait_for(
+        "the TLS listener removed",
+        || async { gateways.get("knative-gateway").await.unwrap() },
+        |g| g.spec.listeners.len() == 1,
+    )
+    .await;
+    assert_eq!(gw.spec.listeners[0].name, "http");
+}
