@@ -2234,3 +2234,112 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     .await;
     assert_eq!(gw.spec.listeners[0].name, "http");
 }
+
+/// A DomainMapping with `external-domain-tls` gets its own Certificate `{domain}` (owned by
+/// it, config-certmanager's issuer); once Ready its URL is https and the Istio class serves it
+/// with a TLS Gateway and the Secret's copy. One with `spec.tls.secretName` is served with that
+/// Secret at once (`TLSCertificateProvidedExternally`), and gets no Certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_with_tls() {
+    let run = start_with_domain_mapping(tls_settings(HttpProtocol::Enabled)).await;
+    select_gateway_pods(&run).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+    let domain = "hello.example.org";
+    create_claim(&run, domain, NS).await;
+    create_domain_mapping(&run, domain, "hello").await;
+    let dm = domain_mapping_until(&run, domain, "HTTPDowngrade", |d| {
+        dm_cond(d, "CertificateProvisioned").is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
+    })
+    .await;
+    assert_eq!(dm.status.unwrap().url.as_deref(), Some("http://hello.example.org"));
+    let cert = run.api::<Certificate>().get(domain).await.unwrap();
+    assert_eq!(cert.spec.dns_names, [domain]);
+    assert_eq!(cert.spec.issuer_ref.name, "letsencrypt");
+    assert_eq!(cert.owner_references()[0].kind, "DomainMapping");
+
+    issue(&run, domain).await;
+    let dm = domain_mapping_until(&run, domain, "https", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+            && d.status.as_ref().and_then(|s| s.url.as_deref()) == Some("https://hello.example.org")
+    })
+    .await;
+    assert_eq!(
+        dm_cond(&dm, "CertificateProvisioned"),
+        Some((ConditionStatus::True, None))
+    );
+    let g = run
+        .api::<IstioGateway>()
+        .get(&tls_gateway(domain))
+        .await
+        .unwrap();
+    assert_eq!(g.spec.servers[0].hosts, [domain]);
+    assert_eq!(
+        g.spec.servers[0].tls.as_ref().unwrap().credential_name.as_deref(),
+        Some("default.hello.example.org")
+    );
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let copy = copies.get("default.hello.example.org").await.unwrap();
+    assert_eq!(
+        copy.labels()["serving.knative.dev/domainmapping"],
+        domain
+    );
+    vs_until(&run, "hello.example.org-ingress", |s| {
+        s.gateways.contains(&format!("{NS}/{}", tls_gateway(domain)))
+    })
+    .await;
+
+    // Bring your own certificate.
+    let byo = "byo.example.org";
+    create_claim(&run, byo, NS).await;
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some("byo-cert".into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([(
+            "tls.crt".to_string(),
+            k8s_openapi::ByteString(b"byo".to_vec()),
+        )])),
+        ..Default::default()
+    };
+    run.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut dm = DomainMapping::new(
+        byo,
+        DomainMappingSpec {
+            ref_: KReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Route".into(),
+                name: "hello".into(),
+                namespace: None,
+            },
+            tls: Some(thaw::knative::SecretTls {
+                secret_name: "byo-cert".into(),
+            }),
+        },
+    );
+    dm.metadata.namespace = Some(NS.into());
+    run.api::<DomainMapping>()
+        .create(&PostParams::default(), &dm)
+        .await
+        .unwrap();
+    let dm = domain_mapping_until(&run, byo, "Ready over https", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
+    assert_eq!(dm.status.as_ref().unwrap().url.as_deref(), Some("https://byo.example.org"));
+    assert_eq!(
+        dm_cond(&dm, "CertificateProvisioned"),
+        Some((
+            ConditionStatus::True,
+            Some("TLSCertificateProvidedExternally".into())
+        ))
+    );
+    assert!(run.api::<Certificate>().get_opt(byo).await.unwrap().is_none());
+    let copy = copies.get("default.byo-cert").await.unwrap();
+    assert_eq!(copy.data, secret.data);
+}

@@ -791,20 +791,8 @@ async fn certificates(
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<TlsOutcome, Error> {
-    let ns = route.namespace().unwrap_or_default();
-    let enabled = tls_enabled(route, net);
-    // Without cert-manager's CRD there is nothing to read or delete: say so only when TLS is
-    // wanted.
-    let served = if enabled {
-        wait_served(stores.certificates_served.clone(), "Certificate").await?
-    } else {
-        *stores.certificates_served.borrow()
-    };
     let mut desired = Vec::new();
-    if enabled {
-        if served == Served::Missing {
-            return Ok(TlsOutcome::NotServed);
-        }
+    if tls_enabled(route, net) {
         let uid = route.uid().unwrap_or_default();
         let mut tags: Vec<&Option<String>> = traffic.groups.keys().collect();
         tags.sort_by_key(|t| t.is_some());
@@ -815,16 +803,45 @@ async fn certificates(
             let name = certificate::route_certificate_name(&uid, tag.as_deref());
             let cert =
                 certificate::certificate(resources::child_meta(route, name), &host, net);
-            desired.push((cert, host));
+            desired.push(cert);
         }
     }
+    write_certificates(
+        ctx,
+        route,
+        tls_enabled(route, net).then_some(desired),
+        &stores.certificates,
+        &stores.certificates_served,
+        resources::is_cluster_local(route, net),
+    )
+    .await
+}
+
+/// Writes an owner's Certificates `desired` (`None`: TLS is off) and deletes its others;
+/// returns what they say. `store`/`served`: the owner controller's Certificate watch.
+pub(crate) async fn write_certificates<P: Resource + Sync>(
+    ctx: &Ctx,
+    owner: &P,
+    desired: Option<Vec<Certificate>>,
+    store: &Store<Certificate>,
+    served: &tokio::sync::watch::Receiver<Served>,
+    cluster_local: bool,
+) -> Result<TlsOutcome, Error> {
+    let ns = owner.meta().namespace.clone().unwrap_or_default();
+    // Without cert-manager's CRD there is nothing to read or delete: say so only when TLS is
+    // wanted.
+    let served = match desired {
+        Some(_) => wait_served(served.clone(), "Certificate").await?,
+        None => *served.borrow(),
+    };
+    if desired.is_some() && served == Served::Missing {
+        return Ok(TlsOutcome::NotServed);
+    }
     let mut reports = Vec::new();
-    for (cert, host) in &desired {
+    for cert in desired.iter().flatten() {
         let name = cert.name_any();
-        let cached = stores
-            .certificates
-            .get(&ObjectRef::new(&name).within(&ns));
-        if apply_child(ctx, route, cert, cached.clone(), certificate::same)
+        let cached = store.get(&ObjectRef::new(&name).within(&ns));
+        if apply_child(ctx, owner, cert, cached.clone(), certificate::same)
             .await?
             .is_some()
         {
@@ -834,22 +851,24 @@ async fn certificates(
             secret: cert.spec.secret_name.clone(),
             state: certificate::state(cert, cached.as_deref()),
             name,
-            host: host.clone(),
+            host: cert.spec.dns_names.first().cloned().unwrap_or_default(),
         });
     }
     if served == Served::Served {
-        let stale: Vec<Arc<Certificate>> = owned(&stores.certificates, route)
+        let stale: Vec<Arc<Certificate>> = owned(store, owner)
             .into_iter()
-            .filter(|o| !desired.iter().any(|(d, _)| d.name_any() == o.name_any()))
+            .filter(|o| {
+                !desired
+                    .iter()
+                    .flatten()
+                    .any(|d| d.name_any() == o.name_any())
+            })
             .collect();
         delete_owned(ctx, &ns, stale).await?;
     }
-    Ok(if enabled {
-        TlsOutcome::Certificates(reports)
-    } else {
-        TlsOutcome::NotEnabled {
-            cluster_local: resources::is_cluster_local(route, net),
-        }
+    Ok(match desired {
+        Some(_) => TlsOutcome::Certificates(reports),
+        None => TlsOutcome::NotEnabled { cluster_local },
     })
 }
 
