@@ -1950,6 +1950,15 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
             rule["resources"],
             json!(["services", "configurations", "revisions", "routes"])
         );
+        // DomainMappings (v1beta1) are validated, not defaulted.
+        let rules = w["rules"].as_array().unwrap();
+        if kind_ == "ValidatingWebhookConfiguration" {
+            assert_eq!(rules.len(), 2);
+            assert_eq!(rules[1]["apiVersions"], json!(["v1beta1"]));
+            assert_eq!(rules[1]["resources"], json!(["domainmappings"]));
+        } else {
+            assert_eq!(rules.len(), 1);
+        }
     }
     // The NetworkPolicy admits the admission port (the API server) and the scrapes.
     let np = find(&all, "NetworkPolicy", "webhook");
