@@ -2342,4 +2342,17 @@ async fn a_domain_mapping_with_tls() {
     assert!(run.api::<Certificate>().get_opt(byo).await.unwrap().is_none());
     let copy = copies.get("default.byo-cert").await.unwrap();
     assert_eq!(copy.data, secret.data);
+
+    // A deleted DomainMapping's copy goes with it (the other's stays).
+    run.api::<DomainMapping>()
+        .delete(domain, &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted DomainMapping's copy deleted",
+        || async { copies.get_opt("default.hello.example.org").await.unwrap() },
+        Option::is_none,
+    )
+    .await;
+    assert!(copies.get_opt("default.byo-cert").await.unwrap().is_some());
 }

@@ -35,6 +35,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::route::certificate::{self, Certificate, TlsOutcome};
@@ -513,11 +514,23 @@ pub async fn reconcile(
 /// and the Routes through stores whose changes re-queue the DomainMappings they concern.
 pub async fn controller(ctx: Arc<Ctx>) {
     let (dms, dm_writer) = reflector::store::<DomainMapping>();
+    // Deletions go to the TLS cleanup (bounded: one dropped when it is full is logged).
+    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel::<(String, String)>(1024);
     let dm_stream = reflector::reflector(
         dm_writer,
         watcher(ctx.watched::<DomainMapping>(), watcher::Config::default()),
     )
     .default_backoff()
+    .inspect(move |ev| {
+        if let Ok(watcher::Event::Delete(d)) = ev
+            && deleted_tx
+                .try_send((d.namespace().unwrap_or_default(), d.name_any()))
+                .is_err()
+        {
+            tracing::warn!(domain = %d.name_any(),
+                "deletion queue full; its TLS Secret copies and listeners are left");
+        }
+    })
     .applied_objects();
     let (claims, claim_writer) = reflector::store::<ClusterDomainClaim>();
     let claim_stream = reflector::reflector(
@@ -596,8 +609,42 @@ pub async fn controller(ctx: Arc<Ctx>) {
         certificates,
         certificates_served,
     };
-    super::run(ctx.clone(), KIND, controller, move |dm, ctx| {
+    let run = super::run(ctx.clone(), KIND, controller, move |dm, ctx| {
         reconcile(dm, ctx, stores.clone())
-    })
-    .await;
+    });
+    tokio::join!(run, forget_deleted(ctx.clone(), deleted_rx));
+}
+
+/// Deletes what a deleted DomainMapping's TLS left outside its namespace (its Secret copies in
+/// the Istio gateways' namespaces, its listeners on the Gateway API's external Gateways; its
+/// Certificate, TLS Gateway and ReferenceGrant go by owner reference). A failure is logged.
+async fn forget_deleted(ctx: Arc<Ctx>, mut deleted: tokio::sync::mpsc::Receiver<(String, String)>) {
+    while let Some((ns, domain)) = deleted.recv().await {
+        let settings = ctx.settings();
+        let net = &settings.network;
+        let label = crate::knative::names::labels::value(&domain);
+        for g in &net.istio.external_gateways {
+            let Some((_, gw_ns)) = super::route::istio_tls::service_of(&g.service) else {
+                continue;
+            };
+            if let Err(e) = super::route::istio_tls::delete_copies(
+                &ctx,
+                gw_ns,
+                &ns,
+                (DOMAIN_MAPPING_LABEL, &label),
+                &[],
+            )
+            .await
+            {
+                tracing::warn!(namespace = %ns, %domain, error = %e,
+                    "could not delete a deleted DomainMapping's certificate Secret copies");
+            }
+        }
+        if let Err(e) =
+            super::route::gateway_tls::set_listeners(&ctx, net, &ns, &domain, &[]).await
+        {
+            tracing::warn!(namespace = %ns, %domain, error = %e,
+                "could not remove a deleted DomainMapping's TLS listeners");
+        }
+    }
 }
