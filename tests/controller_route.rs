@@ -1853,8 +1853,14 @@ fn tls_gateway(name: &str) -> String {
 async fn issue(run: &Running, name: &str) {
     let secrets = run.api::<k8s_openapi::api::core::v1::Secret>();
     let data = BTreeMap::from([
-        ("tls.crt".to_string(), k8s_openapi::ByteString(b"cert of ".iter().chain(name.as_bytes()).copied().collect())),
-        ("tls.key".to_string(), k8s_openapi::ByteString(b"key".to_vec())),
+        (
+            "tls.crt".to_string(),
+            k8s_openapi::ByteString(b"cert of ".iter().chain(name.as_bytes()).copied().collect()),
+        ),
+        (
+            "tls.key".to_string(),
+            k8s_openapi::ByteString(b"key".to_vec()),
+        ),
     ]);
     let secret = k8s_openapi::api::core::v1::Secret {
         metadata: ObjectMeta {
@@ -1865,7 +1871,10 @@ async fn issue(run: &Running, name: &str) {
         data: Some(data),
         ..Default::default()
     };
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let api = run.api::<Certificate>();
     loop {
         let mut c = api.get(name).await.unwrap();
@@ -1918,8 +1927,7 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     revision(&run, "hello-00001", true).await;
     let mut tagged = to_revision("hello-00001", 0);
     tagged.tag = Some("candidate".into());
-    let created =
-        create_route(&run, "hello", vec![to_revision("hello-00001", 100), tagged]).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100), tagged]).await;
     let uid = created.uid().unwrap();
     let (main, tag) = (
         route_certificate_name(&uid, None),
@@ -1948,7 +1956,10 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     })
     .await;
     let st = r.status.unwrap();
-    assert_eq!(st.fields.url.as_deref(), Some("http://hello.default.example.com"));
+    assert_eq!(
+        st.fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
 
     // With Redirected, a Certificate not ready is CertificateNotReady (Unknown).
     ctx.set_settings(tls_settings(HttpProtocol::Redirected));
@@ -1956,8 +1967,20 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         tls_cond(r) == Some((ConditionStatus::Unknown, Some("CertificateNotReady".into())))
     })
     .await;
-    let c = r.status.as_ref().unwrap().status.condition("CertificateProvisioned").unwrap();
-    assert!(c.message.as_deref().unwrap().starts_with("Certificate route-"), "{c:?}");
+    let c = r
+        .status
+        .as_ref()
+        .unwrap()
+        .status
+        .condition("CertificateProvisioned")
+        .unwrap();
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap()
+            .starts_with("Certificate route-"),
+        "{c:?}"
+    );
     assert_eq!(
         r.status.unwrap().fields.url.as_deref(),
         Some("http://hello.default.example.com")
@@ -1971,9 +1994,15 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     })
     .await;
     let st = r.status.unwrap();
-    assert_eq!(st.fields.url.as_deref(), Some("https://hello.default.example.com"));
+    assert_eq!(
+        st.fields.url.as_deref(),
+        Some("https://hello.default.example.com")
+    );
     let tag_url = st.fields.traffic.iter().find_map(|t| t.url.clone());
-    assert_eq!(tag_url.as_deref(), Some("https://candidate-hello.default.example.com"));
+    assert_eq!(
+        tag_url.as_deref(),
+        Some("https://candidate-hello.default.example.com")
+    );
     assert_eq!(
         st.fields.address.and_then(|a| a.url).as_deref(),
         Some("http://hello.default.svc.cluster.local")
@@ -1989,12 +2018,20 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         .servers
         .iter()
         .filter(|s| s.port.number == 443)
-        .map(|s| (s.hosts.clone(), s.tls.as_ref().unwrap().credential_name.clone()))
+        .map(|s| {
+            (
+                s.hosts.clone(),
+                s.tls.as_ref().unwrap().credential_name.clone(),
+            )
+        })
         .collect();
     assert_eq!(
         https,
         [
-            (vec!["hello.default.example.com".to_string()], Some(format!("{NS}.{main}"))),
+            (
+                vec!["hello.default.example.com".to_string()],
+                Some(format!("{NS}.{main}"))
+            ),
             (
                 vec!["candidate-hello.default.example.com".to_string()],
                 Some(format!("{NS}.{tag}"))
@@ -2006,7 +2043,11 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(run.client.clone(), GATEWAY_NS);
     let copy = copies.get(&format!("{NS}.{main}")).await.unwrap();
-    let origin = run.api::<k8s_openapi::api::core::v1::Secret>().get(&main).await.unwrap();
+    let origin = run
+        .api::<k8s_openapi::api::core::v1::Secret>()
+        .get(&main)
+        .await
+        .unwrap();
     assert_eq!(copy.data, origin.data);
     assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAME], main);
     assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAMESPACE], NS);
@@ -2023,7 +2064,7 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
                 .is_some_and(|re| re.starts_with("^hello\\.default\\.example"))
         })
         .unwrap();
-    assert_eq!(ext_match.gateways, [gw.clone()]);
+    assert_eq!(ext_match.gateways, std::slice::from_ref(&gw));
 
     // Redirected: the http server of the TLS Gateway redirects; still Ready (the redirected
     // hosts are not probed over http).
@@ -2033,8 +2074,7 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         || async { gateways.get(&tls_gateway("hello")).await.unwrap() },
         |g| {
             g.spec.servers.iter().any(|s| {
-                s.port.number == 80
-                    && s.tls.as_ref().and_then(|t| t.https_redirect) == Some(true)
+                s.port.number == 80 && s.tls.as_ref().and_then(|t| t.https_redirect) == Some(true)
             })
         },
     )
@@ -2061,7 +2101,11 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         "the TLS Gateway and the copies deleted",
         || async {
             (
-                gateways.get_opt(&tls_gateway("hello")).await.unwrap().is_none(),
+                gateways
+                    .get_opt(&tls_gateway("hello"))
+                    .await
+                    .unwrap()
+                    .is_none(),
                 copies.list(&Default::default()).await.unwrap().items.len(),
             )
         },
@@ -2152,16 +2196,30 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     assert_eq!(gw.spec.listeners[0].name, "http");
     let l = &gw.spec.listeners[1];
     assert_eq!(
-        (l.name.as_str(), l.hostname.as_deref(), l.port, l.protocol.as_str()),
+        (
+            l.name.as_str(),
+            l.hostname.as_deref(),
+            l.port,
+            l.protocol.as_str()
+        ),
         (listener.as_str(), Some(host), 443, "HTTPS")
     );
     let tls = l.tls.as_ref().unwrap();
     assert_eq!(tls.mode.as_deref(), Some("Terminate"));
     assert_eq!(
-        (tls.certificate_refs[0].name.as_str(), tls.certificate_refs[0].namespace.as_deref()),
+        (
+            tls.certificate_refs[0].name.as_str(),
+            tls.certificate_refs[0].namespace.as_deref()
+        ),
         (cert.as_str(), Some(NS))
     );
-    let ns_selector = &l.allowed_routes.as_ref().unwrap().namespaces.as_ref().unwrap();
+    let ns_selector = &l
+        .allowed_routes
+        .as_ref()
+        .unwrap()
+        .namespaces
+        .as_ref()
+        .unwrap();
     assert_eq!(ns_selector.from.as_deref(), Some("Selector"));
     assert_eq!(
         ns_selector.selector.as_ref().unwrap().match_labels["kubernetes.io/metadata.name"],
@@ -2174,11 +2232,17 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
         .unwrap();
     assert_eq!(grant.owner_references()[0].uid, created.uid().unwrap());
     assert_eq!(
-        (grant.spec.from[0].kind.as_str(), grant.spec.from[0].namespace.as_str()),
+        (
+            grant.spec.from[0].kind.as_str(),
+            grant.spec.from[0].namespace.as_str()
+        ),
         ("Gateway", GATEWAY_NS)
     );
     assert_eq!(
-        (grant.spec.to[0].kind.as_str(), grant.spec.to[0].name.as_deref()),
+        (
+            grant.spec.to[0].kind.as_str(),
+            grant.spec.to[0].name.as_deref()
+        ),
         ("Secret", Some(cert.as_str()))
     );
     // Enabled: the parentRef without a sectionName attaches to both listeners.
@@ -2200,7 +2264,8 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     // Redirected: the HTTPRoute on the TLS listener, http redirected by another one.
     ctx.set_settings(with_tls(HttpProtocol::Redirected));
     let hr = http_route_until(&run, host, |h| {
-        h.as_ref().is_some_and(|h| h.spec.parent_refs[0].section_name.is_some())
+        h.as_ref()
+            .is_some_and(|h| h.spec.parent_refs[0].section_name.is_some())
     })
     .await
     .unwrap();
@@ -2209,12 +2274,17 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
         Some(listener.as_str())
     );
     let redirect = format!("{host}-redirect");
-    let rd = http_route_until(&run, &redirect, Option::is_some).await.unwrap();
+    let rd = http_route_until(&run, &redirect, Option::is_some)
+        .await
+        .unwrap();
     assert_eq!(rd.spec.parent_refs[0].port, Some(80));
     let f = &rd.spec.rules[0].filters[0];
     assert_eq!(f.type_, "RequestRedirect");
     let to = f.request_redirect.as_ref().unwrap();
-    assert_eq!((to.scheme.as_deref(), to.status_code), (Some("https"), Some(301)));
+    assert_eq!(
+        (to.scheme.as_deref(), to.status_code),
+        (Some("https"), Some(301))
+    );
     assert!(rd.spec.rules[0].backend_refs.is_empty());
     for n in [host, redirect.as_str()] {
         report(&run, n, ACCEPTED).await;
@@ -2248,10 +2318,14 @@ async fn a_domain_mapping_with_tls() {
     create_claim(&run, domain, NS).await;
     create_domain_mapping(&run, domain, "hello").await;
     let dm = domain_mapping_until(&run, domain, "HTTPDowngrade", |d| {
-        dm_cond(d, "CertificateProvisioned").is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
+        dm_cond(d, "CertificateProvisioned")
+            .is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
     })
     .await;
-    assert_eq!(dm.status.unwrap().url.as_deref(), Some("http://hello.example.org"));
+    assert_eq!(
+        dm.status.unwrap().url.as_deref(),
+        Some("http://hello.example.org")
+    );
     let cert = run.api::<Certificate>().get(domain).await.unwrap();
     assert_eq!(cert.spec.dns_names, [domain]);
     assert_eq!(cert.spec.issuer_ref.name, "letsencrypt");
@@ -2274,18 +2348,21 @@ async fn a_domain_mapping_with_tls() {
         .unwrap();
     assert_eq!(g.spec.servers[0].hosts, [domain]);
     assert_eq!(
-        g.spec.servers[0].tls.as_ref().unwrap().credential_name.as_deref(),
+        g.spec.servers[0]
+            .tls
+            .as_ref()
+            .unwrap()
+            .credential_name
+            .as_deref(),
         Some("default.hello.example.org")
     );
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(run.client.clone(), GATEWAY_NS);
     let copy = copies.get("default.hello.example.org").await.unwrap();
-    assert_eq!(
-        copy.labels()["serving.knative.dev/domainmapping"],
-        domain
-    );
+    assert_eq!(copy.labels()["serving.knative.dev/domainmapping"], domain);
     vs_until(&run, "hello.example.org-ingress", |s| {
-        s.gateways.contains(&format!("{NS}/{}", tls_gateway(domain)))
+        s.gateways
+            .contains(&format!("{NS}/{}", tls_gateway(domain)))
     })
     .await;
 
@@ -2331,7 +2408,10 @@ async fn a_domain_mapping_with_tls() {
         dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
     })
     .await;
-    assert_eq!(dm.status.as_ref().unwrap().url.as_deref(), Some("https://byo.example.org"));
+    assert_eq!(
+        dm.status.as_ref().unwrap().url.as_deref(),
+        Some("https://byo.example.org")
+    );
     assert_eq!(
         dm_cond(&dm, "CertificateProvisioned"),
         Some((
@@ -2339,7 +2419,13 @@ async fn a_domain_mapping_with_tls() {
             Some("TLSCertificateProvidedExternally".into())
         ))
     );
-    assert!(run.api::<Certificate>().get_opt(byo).await.unwrap().is_none());
+    assert!(
+        run.api::<Certificate>()
+            .get_opt(byo)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let copy = copies.get("default.byo-cert").await.unwrap();
     assert_eq!(copy.data, secret.data);
 

@@ -2194,7 +2194,12 @@ fn the_tls_examples_are_what_thaw_writes() {
         thaw::controller::route::istio_tls::tls_gateway_name("hello", &config.external_gateways[0])
     );
     assert_eq!(
-        g.spec.servers[0].tls.as_ref().unwrap().credential_name.as_deref(),
+        g.spec.servers[0]
+            .tls
+            .as_ref()
+            .unwrap()
+            .credential_name
+            .as_deref(),
         Some(format!("default.{}", cert.spec.secret_name).as_str())
     );
     let listener = &gw_api[0]["spec"]["listeners"][1];

@@ -784,10 +784,17 @@ fn dm(name: &str, spec: Value) -> Value {
 
 #[test]
 fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespace() {
-    let ok_ref = json!({"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"});
-    assert_eq!(domain_mapping(dm("hello.example.org", json!({"ref": ok_ref}))), "");
+    let ok_ref =
+        json!({"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"});
     assert_eq!(
-        domain_mapping(dm("hello.example.org", json!({"ref": ok_ref, "tls": {"secretName": "c"}}))),
+        domain_mapping(dm("hello.example.org", json!({"ref": ok_ref}))),
+        ""
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": ok_ref, "tls": {"secretName": "c"}})
+        )),
         ""
     );
     assert_eq!(
@@ -800,12 +807,18 @@ fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespac
             .starts_with("invalid name \"Hello.example.org\": a lowercase RFC 1123 subdomain"),
     );
     assert_eq!(
-        domain_mapping(dm("hello.default.svc.cluster.local", json!({"ref": ok_ref}))),
+        domain_mapping(dm(
+            "hello.default.svc.cluster.local",
+            json!({"ref": ok_ref})
+        )),
         "invalid name \"hello.default.svc.cluster.local\": must not be a subdomain of cluster \
          local domain \"cluster.local\": metadata.name"
     );
     assert_eq!(
-        domain_mapping(dm("hello.example.org", json!({"ref": {"apiVersion": "", "kind": "", "name": ""}}))),
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": {"apiVersion": "", "kind": "", "name": ""}})
+        )),
         "missing field(s): spec.ref.apiVersion, spec.ref.kind, spec.ref.name"
     );
     assert_eq!(
@@ -818,8 +831,10 @@ fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespac
          match ref: \"other\""
     );
     assert_eq!(
-        domain_mapping(dm("hello.example.org", json!({"ref": ok_ref, "tls": {"secretName": ""}}))),
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": ok_ref, "tls": {"secretName": ""}})
+        )),
         "missing field(s): spec.tls.secretName"
     );
 }
-

@@ -440,7 +440,12 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
                 "name": "helloworld-go", "namespace": ref_ns}},
         })
     };
-    let mut bad = review("DomainMapping", "CREATE", dm("localhost", "elsewhere"), None);
+    let mut bad = review(
+        "DomainMapping",
+        "CREATE",
+        dm("localhost", "elsewhere"),
+        None,
+    );
     bad["request"]["kind"]["version"] = json!("v1beta1");
     let r = admit(&c, port, "/resource-validation", &bad).await;
     assert_eq!(r["allowed"], false, "{r}");

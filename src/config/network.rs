@@ -655,10 +655,12 @@ impl ConfigMap for TemplateConfig {
     /// one when both are given (`ingress-class` over `ingress.class`, `external-domain-tls`
     /// over `auto-tls`), as Knative reads them.
     fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
-        let mut parsed =
-            super::keys::parse_data(Self::keys(), Self::INERT, data, Self::validate)?;
+        let mut parsed = super::keys::parse_data(Self::keys(), Self::INERT, data, Self::validate)?;
         for newer in ["ingress-class", "external-domain-tls"] {
-            if let (Some(v), Some(key)) = (data.get(newer), NETWORK_KEYS.iter().find(|k| k.name == newer)) {
+            if let (Some(v), Some(key)) = (
+                data.get(newer),
+                NETWORK_KEYS.iter().find(|k| k.name == newer),
+            ) {
                 // It parsed above.
                 let _ = (key.parse)(&mut parsed.config, v.trim());
             }
@@ -1053,7 +1055,9 @@ fn parse_issuer_ref(s: &str) -> Result<IssuerRef, String> {
         return Err(format!("name \"{}\" is not a DNS subdomain", r.name));
     }
     match r.group.as_deref() {
-        None | Some(CERT_MANAGER_GROUP) if !["Issuer", "ClusterIssuer"].contains(&r.kind.as_str()) => {
+        None | Some(CERT_MANAGER_GROUP)
+            if !["Issuer", "ClusterIssuer"].contains(&r.kind.as_str()) =>
+        {
             Err(format!(
                 "kind \"{}\" is not Issuer or ClusterIssuer (an external issuer needs its group)",
                 r.kind

@@ -31,11 +31,11 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::route::certificate::{self, Certificate, TlsOutcome};
@@ -345,11 +345,21 @@ impl Tls {
 /// The DomainMapping's TLS: the Secret `spec.tls` names; else, with `external-domain-tls`,
 /// its Certificate `{domain}` (Knative's name) for the domain, owned by it; else none (its
 /// Certificate deleted).
-async fn tls(ctx: &Ctx, dm: &DomainMapping, net: &NetworkConfig, stores: &Stores) -> Result<Tls, Error> {
+async fn tls(
+    ctx: &Ctx,
+    dm: &DomainMapping,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<Tls, Error> {
     let domain = dm.name_any();
     let provided = dm.spec.tls.as_ref().map(|t| t.secret_name.clone());
-    let desired = (provided.is_none() && net.templates.external_domain_tls)
-        .then(|| vec![certificate::certificate(meta(dm, domain.clone()), &domain, net)]);
+    let desired = (provided.is_none() && net.templates.external_domain_tls).then(|| {
+        vec![certificate::certificate(
+            meta(dm, domain.clone()),
+            &domain,
+            net,
+        )]
+    });
     let t = super::route::write_certificates(
         ctx,
         dm,
@@ -447,8 +457,8 @@ pub async fn reconcile(
                             .condition(CERTIFICATE_PROVISIONED)
                             .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
                 });
-                let with_tls = !matches!(t, Tls::Certificates(TlsOutcome::NotEnabled { .. }))
-                    || had;
+                let with_tls =
+                    !matches!(t, Tls::Certificates(TlsOutcome::NotEnabled { .. })) || had;
                 let (s, reason, message) =
                     program(&ctx, &dm, &desc, with_tls, net, &stores).await?;
                 set(&mut status.status, INGRESS_READY, s, reason, message);
@@ -478,7 +488,9 @@ pub async fn reconcile(
                     ..Addressable::default()
                 });
             }
-            status.status.set(t.condition(net.templates.http_protocol), &now());
+            status
+                .status
+                .set(t.condition(net.templates.http_protocol), &now());
         }
         None if status.status.condition(CERTIFICATE_PROVISIONED).is_none() => set(
             &mut status.status,
@@ -640,8 +652,7 @@ async fn forget_deleted(ctx: Arc<Ctx>, mut deleted: tokio::sync::mpsc::Receiver<
                     "could not delete a deleted DomainMapping's certificate Secret copies");
             }
         }
-        if let Err(e) =
-            super::route::gateway_tls::set_listeners(&ctx, net, &ns, &domain, &[]).await
+        if let Err(e) = super::route::gateway_tls::set_listeners(&ctx, net, &ns, &domain, &[]).await
         {
             tracing::warn!(namespace = %ns, %domain, error = %e,
                 "could not remove a deleted DomainMapping's TLS listeners");

@@ -320,9 +320,8 @@ pub fn domain_mapping(dm: &super::DomainMapping) -> Vec<FieldError> {
         ));
     }
     let name = meta.name.as_deref().unwrap_or("");
-    let invalid = |why: &str| {
-        FieldError::new("metadata.name", format!("invalid name {name:?}: {why}"))
-    };
+    let invalid =
+        |why: &str| FieldError::new("metadata.name", format!("invalid name {name:?}: {why}"));
     if name.len() > 253 {
         e.push(invalid("must be no more than 253 characters"));
     }
@@ -360,7 +359,12 @@ pub fn domain_mapping(dm: &super::DomainMapping) -> Vec<FieldError> {
             )),
         );
     }
-    if dm.spec.tls.as_ref().is_some_and(|t| t.secret_name.is_empty()) {
+    if dm
+        .spec
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.secret_name.is_empty())
+    {
         e.push(FieldError::new("spec.tls.secretName", "missing field(s)"));
     }
     e

@@ -291,8 +291,14 @@ mod tests {
         assert_eq!(
             both,
             [
-                ("istio-system".to_string(), "istio-ingressgateway".to_string()),
-                ("istio-system".to_string(), "knative-local-gateway".to_string())
+                (
+                    "istio-system".to_string(),
+                    "istio-ingressgateway".to_string()
+                ),
+                (
+                    "istio-system".to_string(),
+                    "knative-local-gateway".to_string()
+                )
             ]
         );
     }
@@ -313,7 +319,10 @@ mod tests {
             v,
             [
                 ("envoy".to_string(), "eg-proxy".to_string()),
-                ("istio-system".to_string(), "knative-local-gateway".to_string())
+                (
+                    "istio-system".to_string(),
+                    "knative-local-gateway".to_string()
+                )
             ]
         );
     }

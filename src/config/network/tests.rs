@@ -301,7 +301,10 @@ fn tls_keys_and_their_older_spellings() {
     .config;
     assert_eq!(c.ingress_class, IngressClass::GatewayApi);
     let c = TemplateConfig::parse(&data(&[
-        ("ingress.class", "gateway-api.ingress.networking.knative.dev"),
+        (
+            "ingress.class",
+            "gateway-api.ingress.networking.knative.dev",
+        ),
         ("ingress-class", "istio.ingress.networking.knative.dev"),
     ]))
     .unwrap()
@@ -332,7 +335,9 @@ fn config_certmanager_issuer_ref() {
     assert_eq!(p.config.issuer_ref.kind, "Issuer");
     assert_eq!(p.config.issuer_ref.name, "letsencrypt");
     assert!(
-        p.warnings.iter().any(|w| w.contains("clusterLocalIssuerRef")),
+        p.warnings
+            .iter()
+            .any(|w| w.contains("clusterLocalIssuerRef")),
         "{:?}",
         p.warnings
     );
@@ -355,6 +360,9 @@ fn config_certmanager_issuer_ref() {
         let text = CertManagerConfig::parse(&data(&[("issuerRef", value)]))
             .unwrap_err()
             .to_string();
-        assert!(text.contains("issuerRef") && text.contains(says), "{value}: {text}");
+        assert!(
+            text.contains("issuerRef") && text.contains(says),
+            "{value}: {text}"
+        );
     }
 }

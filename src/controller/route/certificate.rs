@@ -276,9 +276,7 @@ impl TlsOutcome {
                         c(
                             ConditionStatus::True,
                             Some("HTTPDowngrade"),
-                            Some(format!(
-                                "Certificate {name} is not ready downgrade HTTP."
-                            )),
+                            Some(format!("Certificate {name} is not ready downgrade HTTP.")),
                         )
                     } else {
                         c(
@@ -309,7 +307,6 @@ pub fn with_scheme(url: String, https: &[&str]) -> String {
 pub fn same(existing: &Certificate, desired: &Certificate) -> bool {
     existing.spec == desired.spec && super::same_labels(existing, desired)
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -361,7 +358,10 @@ mod tests {
             CertState::Ready
         );
         assert_eq!(
-            state(&want, Some(&cert(&[("Ready", "False", Some("DoesNotExist"))]))),
+            state(
+                &want,
+                Some(&cert(&[("Ready", "False", Some("DoesNotExist"))]))
+            ),
             CertState::NotReady(Some("DoesNotExist".into()))
         );
         assert_eq!(

@@ -31,9 +31,8 @@ use kube::ResourceExt;
 
 use super::http_route::{
     GROUP, HTTPRoute, HttpBackendRef, HttpHeader, HttpHeaderFilter, HttpPathMatch,
-    HttpRequestRedirectFilter, HttpRouteFilter,
-    HttpRouteMatch, HttpRouteRule, HttpRouteSpec, HttpRouteTimeouts, HttpUrlRewriteFilter,
-    ParentReference,
+    HttpRequestRedirectFilter, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, HttpRouteSpec,
+    HttpRouteTimeouts, HttpUrlRewriteFilter, ParentReference,
 };
 use super::ingress::{IngressDesc, Split};
 use super::resources::{CLUSTER_LOCAL, VISIBILITY, child_meta};

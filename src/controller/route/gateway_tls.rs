@@ -26,8 +26,9 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::http_route::{
-    AllowedRoutes, Gateway, GatewayTlsConfig, Listener, MatchLabels, ReferenceGrant, ReferenceGrantFrom,
-    ReferenceGrantSpec, ReferenceGrantTo, RouteNamespaces, SecretObjectReference,
+    AllowedRoutes, Gateway, GatewayTlsConfig, Listener, MatchLabels, ReferenceGrant,
+    ReferenceGrantFrom, ReferenceGrantSpec, ReferenceGrantTo, RouteNamespaces,
+    SecretObjectReference,
 };
 use super::ingress::IngressDesc;
 use crate::controller::{Ctx, Error};
@@ -214,7 +215,10 @@ pub async fn program<P: Resource + Sync>(
         }
         None => match ctx
             .api::<ReferenceGrant>(ns)
-            .delete(&reference_grant_name(&desc.name), &DeleteParams::background())
+            .delete(
+                &reference_grant_name(&desc.name),
+                &DeleteParams::background(),
+            )
             .await
         {
             Ok(_) => {}
@@ -254,6 +258,9 @@ mod tests {
         assert_eq!(next[2]["name"], l.name);
         assert_eq!(merged_listeners(&next, &prefix, &[l]), None);
         assert!(listener_name("default", "hello", "h").starts_with(&prefix));
-        assert_ne!(listener_prefix("default", "hello"), listener_prefix("other", "hello"));
+        assert_ne!(
+            listener_prefix("default", "hello"),
+            listener_prefix("other", "hello")
+        );
     }
 }

@@ -402,4 +402,3 @@ pub fn reference_grant_crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     ReferenceGrant::crd()
 }
-

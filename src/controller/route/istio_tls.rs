@@ -259,7 +259,9 @@ pub async fn delete_copies(
         "{ORIGIN_SECRET_NAMESPACE}={owner_ns},{}={}",
         owner_label.0, owner_label.1
     );
-    let copies = api.list_metadata(&ListParams::default().labels(&selector)).await?;
+    let copies = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?;
     for c in copies.items {
         let name = c.name_any();
         if keep.contains(&name) {
@@ -307,7 +309,10 @@ mod tests {
         assert_eq!(gw.spec.selector, sel);
         assert_eq!(gw.spec.servers.len(), 2);
         let https = &gw.spec.servers[0];
-        assert_eq!((https.port.number, https.port.protocol.as_str()), (443, "HTTPS"));
+        assert_eq!(
+            (https.port.number, https.port.protocol.as_str()),
+            (443, "HTTPS")
+        );
         assert_eq!(
             https.tls.as_ref().unwrap().credential_name.as_deref(),
             Some("default.route-u")

@@ -363,9 +363,7 @@ pub fn compute_status(
         }
     }
     match tls {
-        Some(t) => st
-            .status
-            .set(t.condition(net.templates.http_protocol), now),
+        Some(t) => st.status.set(t.condition(net.templates.http_protocol), now),
         None if st.status.condition(CERTIFICATE_PROVISIONED).is_none() => st.status.set(
             condition(
                 CERTIFICATE_PROVISIONED,
@@ -554,13 +552,12 @@ async fn program_gateway_api(
 ) -> Result<Ingress, Error> {
     let ns = &desc.namespace;
     // The TLS listeners and ReferenceGrant first: the HTTPRoutes attach to those listeners.
-    if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
-        if let Some(msg) =
+    if (!matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route))
+        && let Some(msg) =
             gateway_tls::program(ctx, route, desc, net, &|n| resources::child_meta(route, n))
                 .await?
-        {
-            return Ok(Ingress::NotOwned(msg));
-        }
+    {
+        return Ok(Ingress::NotOwned(msg));
     }
     let routes = gateway_api::http_routes(route, desc, net);
     for hr in &routes {
@@ -604,14 +601,9 @@ async fn program_istio(
     // (Nothing to look at while the route has never had TLS.)
     if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
         let name = route.name_any();
-        if let Some(msg) = istio_tls::program(
-            ctx,
-            route,
-            desc,
-            net,
-            (labels::ROUTE, &name),
-            &|n| resources::child_meta(route, n),
-        )
+        if let Some(msg) = istio_tls::program(ctx, route, desc, net, (labels::ROUTE, &name), &|n| {
+            resources::child_meta(route, n)
+        })
         .await?
         {
             return Ok(Ingress::NotOwned(msg));
@@ -638,10 +630,11 @@ async fn program_istio(
         }
     }
     Ok(
-        match stores
-            .prober
-            .check(route, &vss.hash, probed_gateways(route, traffic, net, &unprobed))
-        {
+        match stores.prober.check(
+            route,
+            &vss.hash,
+            probed_gateways(route, traffic, net, &unprobed),
+        ) {
             prober::Probed::Ready => Ingress::Programmed,
             prober::Probed::Pending(message) => Ingress::Probing(message),
         },
@@ -775,7 +768,10 @@ fn tls_enabled(route: &Route, net: &NetworkConfig) -> bool {
 /// Gateways and Secret copies may need deleting.
 fn had_tls(route: &Route) -> bool {
     route.status.as_ref().is_some_and(|s| {
-        s.fields.url.as_deref().is_some_and(|u| u.starts_with("https://"))
+        s.fields
+            .url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://"))
             || s.status
                 .condition(conditions::CERTIFICATE_PROVISIONED)
                 .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
@@ -801,8 +797,7 @@ async fn certificates(
                 continue;
             };
             let name = certificate::route_certificate_name(&uid, tag.as_deref());
-            let cert =
-                certificate::certificate(resources::child_meta(route, name), &host, net);
+            let cert = certificate::certificate(resources::child_meta(route, name), &host, net);
             desired.push(cert);
         }
     }
@@ -1156,9 +1151,7 @@ async fn forget_tls(ctx: &Ctx, ns: &str, name: &str) {
         let Some((_, gw_ns)) = istio_tls::service_of(&g.service) else {
             continue;
         };
-        if let Err(e) =
-            istio_tls::delete_copies(ctx, gw_ns, ns, (labels::ROUTE, name), &[]).await
-        {
+        if let Err(e) = istio_tls::delete_copies(ctx, gw_ns, ns, (labels::ROUTE, name), &[]).await {
             tracing::warn!(namespace = ns, route = name, error = %e,
                 "could not delete a deleted route's certificate Secret copies");
         }

@@ -163,7 +163,14 @@ fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
         &r,
         &refs(vec![], vec![revision("hello-00001").ready().build()]),
     );
-    let st = compute_status(&r, &t, &Ingress::Probing("pod x".into()), Some(&NO_TLS), &net, &now());
+    let st = compute_status(
+        &r,
+        &t,
+        &Ingress::Probing("pod x".into()),
+        Some(&NO_TLS),
+        &net,
+        &now(),
+    );
     assert_eq!(
         cond(&st.status, "IngressReady"),
         (ConditionStatus::Unknown, Some("Uninitialized"))
