@@ -2187,12 +2187,18 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     let host = "hello.default.example.com";
     let listener = gateway_tls::listener_name(NS, "hello", host);
     let gateways: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
-    let gw = wait_for(
-        "the TLS listener",
-        || async { gateways.get("knative-gateway").await.unwrap() },
-        |g| g.spec.listeners.len() == 2,
-    )
-    .await;
+    let listeners_until = |what: &'static str, n: usize| {
+        let gateways = gateways.clone();
+        async move {
+            wait_for(
+                what,
+                || async { gateways.get("knative-gateway").await.unwrap() },
+                |g| g.spec.listeners.len() == n,
+            )
+            .await
+        }
+    };
+    let gw = listeners_until("the TLS listener", 2).await;
     assert_eq!(gw.spec.listeners[0].name, "http");
     let l = &gw.spec.listeners[1];
     assert_eq!(
@@ -2296,12 +2302,7 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
         .delete("hello", &Default::default())
         .await
         .unwrap();
-    let gw = wait_for(
-        "the TLS listener removed",
-        || async { gateways.get("knative-gateway").await.unwrap() },
-        |g| g.spec.listeners.len() == 1,
-    )
-    .await;
+    let gw = listeners_until("the TLS listener removed", 1).await;
     assert_eq!(gw.spec.listeners[0].name, "http");
 }
 

@@ -451,12 +451,10 @@ pub async fn reconcile(
                 let mut desc = describe(&dm, &route, &host, timeout);
                 let t = tls(&ctx, &dm, net, &stores).await?;
                 desc.tls = t.ingress_tls(&ns);
-                let had = dm.status.as_ref().is_some_and(|s| {
-                    s.url.as_deref().is_some_and(|u| u.starts_with("https://"))
-                        || s.status
-                            .condition(CERTIFICATE_PROVISIONED)
-                            .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
-                });
+                let had = dm
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| certificate::had_tls(s.url.as_deref(), &s.status));
                 let with_tls =
                     !matches!(t, Tls::Certificates(TlsOutcome::NotEnabled { .. })) || had;
                 let (s, reason, message) =

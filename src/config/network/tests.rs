@@ -147,7 +147,7 @@ fn templates_render_and_bad_ones_are_rejected() {
         assert!(e.0[0].reason.contains(why), "{value}: {e}");
     }
     // Other Knative keys are accepted with a warning.
-    let w = TemplateConfig::warnings(&data(&[("rollout-duration", "x"), ("nope", "y")]));
+    let w = TemplateConfig::warnings(&data(&[("certificate-class", "x"), ("nope", "y")]));
     assert_eq!(w.len(), 2);
     assert!(w[0].contains("no effect"), "{w:?}");
 }

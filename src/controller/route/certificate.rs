@@ -303,6 +303,15 @@ pub fn with_scheme(url: String, https: &[&str]) -> String {
     }
 }
 
+/// Whether an owner's status (its URL and conditions) shows it had TLS: an https URL, or
+/// `CertificateProvisioned` other than `TLSNotEnabled` (its TLS objects may need deleting).
+pub fn had_tls(url: Option<&str>, status: &crate::knative::duck::Status) -> bool {
+    url.is_some_and(|u| u.starts_with("https://"))
+        || status
+            .condition(CERTIFICATE_PROVISIONED)
+            .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
+}
+
 /// Whether two Certificates are the same as far as thaw writes them.
 pub fn same(existing: &Certificate, desired: &Certificate) -> bool {
     existing.spec == desired.spec && super::same_labels(existing, desired)

@@ -764,18 +764,12 @@ fn tls_enabled(route: &Route, net: &NetworkConfig) -> bool {
     net.templates.external_domain_tls && !resources::is_cluster_local(route, net)
 }
 
-/// Whether the route's status shows it had TLS (Certificates, or an https URL): its TLS
-/// Gateways and Secret copies may need deleting.
+/// Whether the route's status shows it had TLS: its TLS objects may need deleting.
 fn had_tls(route: &Route) -> bool {
-    route.status.as_ref().is_some_and(|s| {
-        s.fields
-            .url
-            .as_deref()
-            .is_some_and(|u| u.starts_with("https://"))
-            || s.status
-                .condition(conditions::CERTIFICATE_PROVISIONED)
-                .is_some_and(|c| c.reason.as_deref() != Some("TLSNotEnabled"))
-    })
+    route
+        .status
+        .as_ref()
+        .is_some_and(|s| certificate::had_tls(s.fields.url.as_deref(), &s.status))
 }
 
 /// Writes the route's Certificates (one per external host, [`certificate`]) and deletes
