@@ -2443,3 +2443,50 @@ async fn a_domain_mapping_with_tls() {
     .await;
     assert!(copies.get_opt("default.byo-cert").await.unwrap().is_some());
 }
+
+/// Without cert-manager's CRD, a route wanting TLS is `CertificateProvisioned=False
+/// CertificateProvisionFailed` naming the CRD (its ingress is still written, over http); once
+/// served, its Certificate is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_certificate_crd_is_a_condition_until_it_is_served() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.refuse("/apis/cert-manager.io", 404);
+    run.start_controller_with(&relay, tls_settings(HttpProtocol::Enabled));
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let r = route_until(&run, "hello", "CertificateProvisionFailed", |r| {
+        tls_cond(r)
+            == Some((
+                ConditionStatus::False,
+                Some("CertificateProvisionFailed".into()),
+            ))
+    })
+    .await;
+    let c = r
+        .status
+        .as_ref()
+        .unwrap()
+        .status
+        .condition("CertificateProvisioned")
+        .unwrap();
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap()
+            .contains("certificates.cert-manager.io"),
+        "{c:?}"
+    );
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    vs_until(&run, "hello-ingress", |_| true).await;
+    relay.forward("/apis/cert-manager.io");
+    let name = route_certificate_name(&created.uid().unwrap(), None);
+    wait_for(
+        "the Certificate",
+        || async { run.api::<Certificate>().get_opt(&name).await.unwrap() },
+        Option::is_some,
+    )
+    .await;
+}
