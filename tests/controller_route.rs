@@ -2157,7 +2157,8 @@ async fn create_external_gateway(run: &Running) {
     api.create(&PostParams::default(), &gw).await.unwrap();
 }
 
-/// With the Gateway API class, a Ready Certificate becomes a listener on config-gateway's
+/// With the Gateway API class, a Ready Certificate becomes (once the Gateway exists:
+/// `IngressReady=False GatewayMissing` until then) a listener on config-gateway's
 /// external Gateway (HTTPS, the Secret in the route's namespace, routes from that namespace
 /// only; the operator's http listener kept), a ReferenceGrant in the route's namespace for
 /// the Gateway's namespace, and the HTTPRoute attached to it; with `Redirected` the HTTPRoute
@@ -2173,7 +2174,6 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
         s
     };
     let (run, ctx) = start_with(with_tls(HttpProtocol::Enabled)).await;
-    create_external_gateway(&run).await;
     revision(&run, "hello-00001", true).await;
     let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
     let cert = route_certificate_name(&created.uid().unwrap(), None);
@@ -2184,6 +2184,17 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     )
     .await;
     issue(&run, &cert).await;
+    // The external Gateway does not exist yet: the route says so, and is retried.
+    let r = route_until(&run, "hello", "GatewayMissing", |r| {
+        ingress_ready(r, ConditionStatus::False, "GatewayMissing")
+    })
+    .await;
+    assert!(
+        ingress_message(&r).contains("istio-system/knative-gateway"),
+        "{}",
+        ingress_message(&r)
+    );
+    create_external_gateway(&run).await;
     let host = "hello.default.example.com";
     let listener = gateway_tls::listener_name(NS, "hello", host);
     let gateways: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);

@@ -244,8 +244,12 @@ async fn program(
                 super::route::gateway_tls::program(ctx, dm, desc, net, &|n| meta(dm, n)).await?
             }
         };
-        if let Some(m) = made {
-            return not_owned(m);
+        if let Some(r) = made {
+            return Ok((
+                ConditionStatus::False,
+                Some(r.reason.into()),
+                Some(r.message),
+            ));
         }
     }
     match class {

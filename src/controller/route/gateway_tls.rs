@@ -30,7 +30,7 @@ use super::http_route::{
     ReferenceGrantFrom, ReferenceGrantSpec, ReferenceGrantTo, RouteNamespaces,
     SecretObjectReference,
 };
-use super::ingress::IngressDesc;
+use super::ingress::{IngressDesc, Refusal};
 use crate::controller::{Ctx, Error};
 use crate::knative::names::child_name;
 
@@ -154,14 +154,14 @@ pub fn merged_listeners(
 }
 
 /// Puts the owner's listeners on every external Gateway (removing those no longer wanted).
-/// A Gateway config-gateway names that does not exist is an error (retried).
+/// Refused when a Gateway config-gateway names does not exist (and listeners are wanted).
 pub async fn set_listeners(
     ctx: &Ctx,
     net: &crate::config::network::NetworkConfig,
     namespace: &str,
     owner: &str,
     ours: &[Listener],
-) -> Result<(), Error> {
+) -> Result<Option<Refusal>, Error> {
     let ar = ApiResource::erase::<Gateway>(&());
     let prefix = listener_prefix(namespace, owner);
     for g in &net.gateway.external_gateways {
@@ -174,10 +174,10 @@ pub async fn set_listeners(
             if ours.is_empty() {
                 continue;
             }
-            return Err(Error::Other(format!(
-                "the Gateway {} (config-gateway) does not exist",
+            return Ok(Some(Refusal::gateway_missing(format!(
+                "the Gateway {} (config-gateway) does not exist: the TLS hosts cannot be served",
                 g.gateway
-            )));
+            ))));
         };
         let have: Vec<serde_json::Value> = gw.data["spec"]["listeners"]
             .as_array()
@@ -190,18 +190,18 @@ pub async fn set_listeners(
                 .await?;
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Writes the owner's listeners and ReferenceGrant for `desc` (removes them without TLS).
-/// Returns the NotOwned message when a ReferenceGrant of that name is someone else's.
+/// Refused when a ReferenceGrant of that name is someone else's, or a Gateway is missing.
 pub async fn program<P: Resource + Sync>(
     ctx: &Ctx,
     owner: &P,
     desc: &IngressDesc,
     net: &crate::config::network::NetworkConfig,
     meta: &(dyn Fn(String) -> ObjectMeta + Sync),
-) -> Result<Option<String>, Error> {
+) -> Result<Option<Refusal>, Error> {
     let ns = &desc.namespace;
     match reference_grant(desc, net, meta) {
         Some(rg) => {
@@ -210,7 +210,7 @@ pub async fn program<P: Resource + Sync>(
             })
             .await?
             {
-                return Ok(Some(m));
+                return Ok(Some(Refusal::not_owned(m)));
             }
         }
         None => match ctx
@@ -226,8 +226,7 @@ pub async fn program<P: Resource + Sync>(
             Err(e) => return Err(e.into()),
         },
     }
-    set_listeners(ctx, net, ns, &desc.name, &listeners(desc)).await?;
-    Ok(None)
+    set_listeners(ctx, net, ns, &desc.name, &listeners(desc)).await
 }
 
 #[cfg(test)]

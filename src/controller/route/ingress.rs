@@ -43,6 +43,35 @@ pub struct IngressDesc {
     pub tls: Vec<Tls>,
 }
 
+/// Why a writer could not write the objects of a description's TLS: the owner's
+/// `IngressReady=False` reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `NotOwned` (an object of that name is someone else's) or [`GATEWAY_MISSING`].
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The reason when a gateway the TLS objects need (config-istio's gateway Service, or
+/// config-gateway's external Gateway) does not exist.
+pub const GATEWAY_MISSING: &str = "GatewayMissing";
+
+impl Refusal {
+    pub fn not_owned(message: String) -> Self {
+        Self {
+            reason: "NotOwned",
+            message,
+        }
+    }
+
+    pub fn gateway_missing(message: String) -> Self {
+        Self {
+            reason: GATEWAY_MISSING,
+            message,
+        }
+    }
+}
+
 /// One TLS block: hosts and the Secret holding their certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tls {

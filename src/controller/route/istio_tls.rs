@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 
-use super::ingress::IngressDesc;
+use super::ingress::{IngressDesc, Refusal};
 use super::virtual_service::{Gateway, GatewaySpec, Server, ServerPort, ServerTlsSettings};
 use crate::config::network::{Gateway as IstioGatewayConfig, HttpProtocol, NetworkConfig};
 use crate::controller::{Ctx, Error, FIELD_MANAGER};
@@ -132,7 +132,8 @@ pub fn tls_gateway(
 
 /// Writes the owner's TLS Gateways and Secret copies for `desc` (none when it has no TLS),
 /// and deletes those no longer wanted. `owner_label` is the owner's label (key and value) on
-/// the copies. Returns the NotOwned message when a Gateway of that name is someone else's.
+/// the copies. Refused when a Gateway of that name is someone else's, or a gateway Service
+/// does not exist (or selects no pods).
 pub async fn program<P: kube::Resource + Sync>(
     ctx: &Ctx,
     owner: &P,
@@ -140,7 +141,7 @@ pub async fn program<P: kube::Resource + Sync>(
     net: &NetworkConfig,
     owner_label: (&str, &str),
     meta: &(dyn Fn(String) -> ObjectMeta + Sync),
-) -> Result<Option<String>, Error> {
+) -> Result<Option<Refusal>, Error> {
     let ns = &desc.namespace;
     let with_tls = !desc.tls.is_empty() && !desc.cluster_local;
     for g in &net.istio.external_gateways {
@@ -161,23 +162,23 @@ pub async fn program<P: kube::Resource + Sync>(
             delete_copies(ctx, svc_ns, ns, owner_label, &[]).await?;
             continue;
         }
-        let selector = ctx
+        let Some(selector) = ctx
             .api::<KubeService>(svc_ns)
             .get_opt(svc)
             .await?
             .and_then(|s| s.spec)
             .and_then(|s| s.selector)
-            .ok_or_else(|| {
-                Error::Other(format!(
-                    "the gateway Service {svc_ns}/{svc} (config-istio) is missing or selects \
-                     no pods"
-                ))
-            })?;
+        else {
+            return Ok(Some(Refusal::gateway_missing(format!(
+                "the gateway Service {svc_ns}/{svc} (config-istio) is missing or selects no \
+                 pods: the TLS hosts cannot be served"
+            ))));
+        };
         let gw = tls_gateway(desc, net, g, selector, meta);
         if let Some(m) =
             super::apply_child(ctx, owner, &gw, None, |e: &Gateway, d| e.spec == d.spec).await?
         {
-            return Ok(Some(m));
+            return Ok(Some(Refusal::not_owned(m)));
         }
         let mut wanted = Vec::new();
         for t in &desc.tls {

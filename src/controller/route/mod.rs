@@ -553,11 +553,11 @@ async fn program_gateway_api(
     let ns = &desc.namespace;
     // The TLS listeners and ReferenceGrant first: the HTTPRoutes attach to those listeners.
     if (!matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route))
-        && let Some(msg) =
+        && let Some(r) =
             gateway_tls::program(ctx, route, desc, net, &|n| resources::child_meta(route, n))
                 .await?
     {
-        return Ok(Ingress::NotOwned(msg));
+        return Ok(refused(r));
     }
     let routes = gateway_api::http_routes(route, desc, net);
     for hr in &routes {
@@ -585,6 +585,18 @@ async fn program_gateway_api(
     })
 }
 
+/// What a writer's refusal of the TLS objects makes of the ingress.
+fn refused(r: ingress::Refusal) -> Ingress {
+    if r.reason == "NotOwned" {
+        Ingress::NotOwned(r.message)
+    } else {
+        Ingress::Refused {
+            reason: r.reason.into(),
+            message: r.message,
+        }
+    }
+}
+
 /// The Istio class: writes the route's VirtualServices and asks the prober whether every
 /// gateway pod serves them.
 async fn program_istio(
@@ -601,12 +613,12 @@ async fn program_istio(
     // (Nothing to look at while the route has never had TLS.)
     if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
         let name = route.name_any();
-        if let Some(msg) = istio_tls::program(ctx, route, desc, net, (labels::ROUTE, &name), &|n| {
+        if let Some(r) = istio_tls::program(ctx, route, desc, net, (labels::ROUTE, &name), &|n| {
             resources::child_meta(route, n)
         })
         .await?
         {
-            return Ok(Ingress::NotOwned(msg));
+            return Ok(refused(r));
         }
     }
     let vss = resources::istio_virtual_services(route, desc, net);
