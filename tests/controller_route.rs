@@ -1871,10 +1871,12 @@ async fn issue(run: &Running, name: &str) {
         data: Some(data),
         ..Default::default()
     };
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    if secrets.get_opt(name).await.unwrap().is_none() {
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
     let api = run.api::<Certificate>();
     loop {
         let mut c = api.get(name).await.unwrap();
@@ -1918,7 +1920,7 @@ async fn select_gateway_pods(run: &Running) {
 /// Gateway (the gateway Service's selector, an HTTPS server per host with the Secret's copy in
 /// the gateway's namespace as credential) that the external matches are bound to.
 /// `http-protocol: Redirected` makes its http server redirect; TLS turned off deletes the
-/// Certificates, the Gateway and the copies.
+/// Certificates, the Gateway and the copies; a deleted route's copies are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     let gw = format!("{NS}/{}", tls_gateway("hello"));
@@ -2110,6 +2112,33 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
             )
         },
         |(gone, n)| *gone && *n == 0,
+    )
+    .await;
+
+    // TLS on again, issued again: the copies are back; the route deleted takes them along.
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+    wait_for(
+        "the Certificates again",
+        || async { certs.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 2,
+    )
+    .await;
+    issue(&run, &main).await;
+    issue(&run, &tag).await;
+    wait_for(
+        "the copies again",
+        || async { copies.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 2,
+    )
+    .await;
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted route's copies deleted",
+        || async { copies.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 0,
     )
     .await;
 }
