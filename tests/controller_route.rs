@@ -1897,6 +1897,15 @@ async fn issue(run: &Running, name: &str) {
     }
 }
 
+/// The message of the route's `CertificateProvisioned` condition.
+fn tls_message(r: &Route) -> String {
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| s.status.condition("CertificateProvisioned"));
+    c.and_then(|c| c.message.clone()).unwrap_or_default()
+}
+
 fn tls_cond(r: &Option<Route>) -> Option<(ConditionStatus, Option<String>)> {
     r.as_ref().and_then(|r| cond(r, "CertificateProvisioned"))
 }
@@ -1969,20 +1978,8 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         tls_cond(r) == Some((ConditionStatus::Unknown, Some("CertificateNotReady".into())))
     })
     .await;
-    let c = r
-        .status
-        .as_ref()
-        .unwrap()
-        .status
-        .condition("CertificateProvisioned")
-        .unwrap();
-    assert!(
-        c.message
-            .as_deref()
-            .unwrap()
-            .starts_with("Certificate route-"),
-        "{c:?}"
-    );
+    let m = tls_message(&r);
+    assert!(m.starts_with("Certificate route-"), "{m}");
     assert_eq!(
         r.status.unwrap().fields.url.as_deref(),
         Some("http://hello.default.example.com")
@@ -2502,20 +2499,8 @@ async fn a_missing_certificate_crd_is_a_condition_until_it_is_served() {
             ))
     })
     .await;
-    let c = r
-        .status
-        .as_ref()
-        .unwrap()
-        .status
-        .condition("CertificateProvisioned")
-        .unwrap();
-    assert!(
-        c.message
-            .as_deref()
-            .unwrap()
-            .contains("certificates.cert-manager.io"),
-        "{c:?}"
-    );
+    let m = tls_message(&r);
+    assert!(m.contains("certificates.cert-manager.io"), "{m}");
     assert_eq!(
         r.status.unwrap().fields.url.as_deref(),
         Some("http://hello.default.example.com")
