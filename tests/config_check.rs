@@ -444,3 +444,45 @@ fn shipped_features_config_documents_every_key_at_knatives_default() {
         "{err}"
     );
 }
+
+/// config/config-certmanager.yaml is net-certmanager's default issuer; a bad `issuerRef` is
+/// refused naming the key; Knative's other issuer keys are warned about.
+#[test]
+fn shipped_certmanager_config_and_a_bad_issuer_ref() {
+    let (code, out, err) = thaw(&[
+        "config",
+        "check",
+        "--output",
+        "json",
+        "config/config-certmanager.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        defaults_of(&v, "config-certmanager")["issuerRef"],
+        serde_json::json!({"kind": "ClusterIssuer", "name": "knative-selfsigned-issuer"})
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        dir.path(),
+        "cm.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-certmanager}\ndata:\n  issuerRef: \"kind: Secret\\nname: x\\n\"\n  systemInternalIssuerRef: \"kind: ClusterIssuer\\nname: y\\n\"\n",
+    );
+    let (code, _, err) = thaw(&["config", "check", &bad]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("issuerRef") && err.contains("not Issuer or ClusterIssuer"),
+        "{err}"
+    );
+    let ok = write(
+        dir.path(),
+        "ok.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-certmanager}\ndata:\n  issuerRef: \"kind: Issuer\\nname: letsencrypt\\n\"\n  systemInternalIssuerRef: \"kind: ClusterIssuer\\nname: y\\n\"\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &ok]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        format!("{out}{err}").contains("systemInternalIssuerRef"),
+        "{out}{err}"
+    );
+}

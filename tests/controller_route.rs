@@ -67,6 +67,11 @@ async fn start() -> Running {
 
 /// [`start`] with `settings`; the controller's context is returned to change them.
 async fn start_with(settings: Settings) -> (Running, Arc<Ctx>) {
+    start_serving(settings, &[]).await
+}
+
+/// [`start_with`], the gateway pod also serving the Gateways `more` (`namespace/name`).
+async fn start_serving(settings: Settings, more: &[&str]) -> (Running, Arc<Ctx>) {
     let api = TestApi::start().await;
     let client = api.client();
     let ctx: Arc<Ctx> = Ctx::with_options(
@@ -78,7 +83,7 @@ async fn start_with(settings: Settings) -> (Running, Arc<Ctx>) {
         },
     );
     let task = tokio::spawn(thaw::controller::route::controller(ctx.clone()));
-    let gateway = kube_support::gateway::default_gateways(&client).await;
+    let gateway = kube_support::gateway::default_gateways_and(&client, more).await;
     let run = Running {
         _api: api,
         client,
@@ -1813,5 +1818,700 @@ async fn a_domain_mapping_claims_its_domain_and_is_an_http_route_with_the_gatewa
     domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
         dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
     })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS through cert-manager
+
+use thaw::config::network::HttpProtocol;
+use thaw::controller::route::certificate::{
+    Certificate, CertificateCondition, CertificateStatus, route_certificate_name,
+};
+use thaw::controller::route::istio_tls;
+use thaw::controller::route::virtual_service::Gateway as IstioGateway;
+
+const GATEWAY_NS: &str = "istio-system";
+
+fn tls_settings(http: HttpProtocol) -> Settings {
+    let mut s = Settings::default();
+    s.network.templates.external_domain_tls = true;
+    s.network.templates.http_protocol = http;
+    s.network.certmanager.issuer_ref.name = "letsencrypt".into();
+    s
+}
+
+/// The Istio Gateway a route `name`'s TLS hosts get (for config-istio's default gateway).
+fn tls_gateway(name: &str) -> String {
+    istio_tls::tls_gateway_name(
+        name,
+        &thaw::config::network::IstioConfig::default().external_gateways[0],
+    )
+}
+
+/// Plays cert-manager: writes the Certificate's Secret and marks it Ready.
+async fn issue(run: &Running, name: &str) {
+    let secrets = run.api::<k8s_openapi::api::core::v1::Secret>();
+    let data = BTreeMap::from([
+        (
+            "tls.crt".to_string(),
+            k8s_openapi::ByteString(b"cert of ".iter().chain(name.as_bytes()).copied().collect()),
+        ),
+        (
+            "tls.key".to_string(),
+            k8s_openapi::ByteString(b"key".to_vec()),
+        ),
+    ]);
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    if secrets.get_opt(name).await.unwrap().is_none() {
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+    let api = run.api::<Certificate>();
+    loop {
+        let mut c = api.get(name).await.unwrap();
+        c.status = Some(CertificateStatus {
+            conditions: vec![CertificateCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Some("Ready".into()),
+                observed_generation: c.metadata.generation,
+                ..CertificateCondition::default()
+            }],
+        });
+        match api.replace_status(name, &PostParams::default(), &c).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+/// The message of the route's `CertificateProvisioned` condition.
+fn tls_message(r: &Route) -> String {
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| s.status.condition("CertificateProvisioned"));
+    c.and_then(|c| c.message.clone()).unwrap_or_default()
+}
+
+fn tls_cond(r: &Option<Route>) -> Option<(ConditionStatus, Option<String>)> {
+    r.as_ref().and_then(|r| cond(r, "CertificateProvisioned"))
+}
+
+/// The istio-ingressgateway Service gets the pod selector the TLS Gateways copy.
+async fn select_gateway_pods(run: &Running) {
+    let svcs: Api<KubeService> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    svcs.patch(
+        "istio-ingressgateway",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"selector": {"istio": "ingressgateway"}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// With `external-domain-tls: Enabled`, a route with a tag gets one cert-manager Certificate
+/// per external host, owned by it, with config-certmanager's issuer. While they are not ready
+/// the route is served over http (`HTTPDowngrade`, http URLs); once cert-manager marks them
+/// Ready the URLs are https, `CertificateProvisioned` True, and the Istio class writes a TLS
+/// Gateway (the gateway Service's selector, an HTTPS server per host with the Secret's copy in
+/// the gateway's namespace as credential) that the external matches are bound to.
+/// `http-protocol: Redirected` makes its http server redirect; TLS turned off deletes the
+/// Certificates, the Gateway and the copies; a deleted route's copies are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
+    let gw = format!("{NS}/{}", tls_gateway("hello"));
+    let (run, ctx) = start_serving(tls_settings(HttpProtocol::Enabled), &[&gw]).await;
+    select_gateway_pods(&run).await;
+    revision(&run, "hello-00001", true).await;
+    let mut tagged = to_revision("hello-00001", 0);
+    tagged.tag = Some("candidate".into());
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100), tagged]).await;
+    let uid = created.uid().unwrap();
+    let (main, tag) = (
+        route_certificate_name(&uid, None),
+        route_certificate_name(&uid, Some("candidate")),
+    );
+
+    let certs = run.api::<Certificate>();
+    let c = wait_for(
+        "the Certificates",
+        || async { certs.list(&Default::default()).await.unwrap().items },
+        |l| l.len() == 2,
+    )
+    .await;
+    let by_name = |n: &str| c.iter().find(|c| c.name_any() == n).unwrap().clone();
+    let (mc, tc) = (by_name(&main), by_name(&tag));
+    assert_eq!(mc.spec.dns_names, ["hello.default.example.com"]);
+    assert_eq!(tc.spec.dns_names, ["candidate-hello.default.example.com"]);
+    assert_eq!(mc.spec.secret_name, main);
+    assert_eq!(mc.spec.issuer_ref.name, "letsencrypt");
+    assert_eq!(mc.spec.issuer_ref.kind.as_deref(), Some("ClusterIssuer"));
+    assert_eq!(mc.owner_references()[0].uid, uid);
+
+    // Not ready: served over http meanwhile, the route Ready.
+    let r = route_until(&run, "hello", "HTTPDowngrade", |r| {
+        is_ready(r) && tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
+    })
+    .await;
+    let st = r.status.unwrap();
+    assert_eq!(
+        st.fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+
+    // With Redirected, a Certificate not ready is CertificateNotReady (Unknown).
+    ctx.set_settings(tls_settings(HttpProtocol::Redirected));
+    let r = route_until(&run, "hello", "CertificateNotReady", |r| {
+        tls_cond(r) == Some((ConditionStatus::Unknown, Some("CertificateNotReady".into())))
+    })
+    .await;
+    let m = tls_message(&r);
+    assert!(m.starts_with("Certificate route-"), "{m}");
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+
+    issue(&run, &main).await;
+    issue(&run, &tag).await;
+    let r = route_until(&run, "hello", "https", |r| {
+        is_ready(r) && tls_cond(r) == Some((ConditionStatus::True, None))
+    })
+    .await;
+    let st = r.status.unwrap();
+    assert_eq!(
+        st.fields.url.as_deref(),
+        Some("https://hello.default.example.com")
+    );
+    let tag_url = st.fields.traffic.iter().find_map(|t| t.url.clone());
+    assert_eq!(
+        tag_url.as_deref(),
+        Some("https://candidate-hello.default.example.com")
+    );
+    assert_eq!(
+        st.fields.address.and_then(|a| a.url).as_deref(),
+        Some("http://hello.default.svc.cluster.local")
+    );
+
+    // The Istio objects: the TLS Gateway, the Secret copies, the VirtualService bound to it.
+    let gateways = run.api::<IstioGateway>();
+    let g = gateways.get(&tls_gateway("hello")).await.unwrap();
+    assert_eq!(g.owner_references()[0].uid, uid);
+    assert_eq!(g.spec.selector["istio"], "ingressgateway");
+    let https: Vec<(Vec<String>, Option<String>)> = g
+        .spec
+        .servers
+        .iter()
+        .filter(|s| s.port.number == 443)
+        .map(|s| {
+            (
+                s.hosts.clone(),
+                s.tls.as_ref().unwrap().credential_name.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        https,
+        [
+            (
+                vec!["hello.default.example.com".to_string()],
+                Some(format!("{NS}.{main}"))
+            ),
+            (
+                vec!["candidate-hello.default.example.com".to_string()],
+                Some(format!("{NS}.{tag}"))
+            ),
+        ]
+    );
+    let http = g.spec.servers.iter().find(|s| s.port.number == 80).unwrap();
+    assert_eq!(http.tls, None);
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let copy = copies.get(&format!("{NS}.{main}")).await.unwrap();
+    let origin = run
+        .api::<k8s_openapi::api::core::v1::Secret>()
+        .get(&main)
+        .await
+        .unwrap();
+    assert_eq!(copy.data, origin.data);
+    assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAME], main);
+    assert_eq!(copy.labels()[istio_tls::ORIGIN_SECRET_NAMESPACE], NS);
+    let vs = vs_until(&run, "hello-ingress", |s| s.gateways.contains(&gw)).await;
+    let ext_match = vs
+        .spec
+        .http
+        .iter()
+        .flat_map(|r| r.match_.iter())
+        .find(|m| {
+            m.authority
+                .as_ref()
+                .and_then(|a| a.regex.as_deref())
+                .is_some_and(|re| re.starts_with("^hello\\.default\\.example"))
+        })
+        .unwrap();
+    assert_eq!(ext_match.gateways, std::slice::from_ref(&gw));
+
+    // Redirected: the http server of the TLS Gateway redirects; still Ready (the redirected
+    // hosts are not probed over http).
+    ctx.set_settings(tls_settings(HttpProtocol::Redirected));
+    wait_for(
+        "the http server redirecting",
+        || async { gateways.get(&tls_gateway("hello")).await.unwrap() },
+        |g| {
+            g.spec.servers.iter().any(|s| {
+                s.port.number == 80 && s.tls.as_ref().and_then(|t| t.https_redirect) == Some(true)
+            })
+        },
+    )
+    .await;
+    route_until(&run, "hello", "Ready, redirected", is_ready).await;
+
+    // TLS off: the Certificates, the TLS Gateway and the copies go; http again.
+    ctx.set_settings(Settings::default());
+    let r = route_until(&run, "hello", "TLSNotEnabled", |r| {
+        tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("TLSNotEnabled"))
+    })
+    .await;
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    wait_for(
+        "the Certificates deleted",
+        || async { certs.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 0,
+    )
+    .await;
+    wait_for(
+        "the TLS Gateway and the copies deleted",
+        || async {
+            (
+                gateways
+                    .get_opt(&tls_gateway("hello"))
+                    .await
+                    .unwrap()
+                    .is_none(),
+                copies.list(&Default::default()).await.unwrap().items.len(),
+            )
+        },
+        |(gone, n)| *gone && *n == 0,
+    )
+    .await;
+
+    // TLS on again, issued again: the copies are back; the route deleted takes them along.
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+    wait_for(
+        "the Certificates again",
+        || async { certs.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 2,
+    )
+    .await;
+    issue(&run, &main).await;
+    issue(&run, &tag).await;
+    wait_for(
+        "the copies again",
+        || async { copies.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 2,
+    )
+    .await;
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted route's copies deleted",
+        || async { copies.list(&Default::default()).await.unwrap().items.len() },
+        |n| *n == 0,
+    )
+    .await;
+}
+
+/// A Certificate that is not the route's is `CertificateNotOwned`, and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_someone_else_is_not_owned() {
+    let (run, ctx) = start_with(Settings::default()).await;
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    route_until(&run, "hello", "Ready without TLS", is_ready).await;
+    let name = route_certificate_name(&created.uid().unwrap(), None);
+    let certs = run.api::<Certificate>();
+    let mut theirs = Certificate::new(&name, Default::default());
+    theirs.spec.secret_name = "theirs".into();
+    theirs.spec.issuer_ref.name = "theirs".into();
+    certs.create(&PostParams::default(), &theirs).await.unwrap();
+    ctx.set_settings(tls_settings(HttpProtocol::Enabled));
+    let r = route_until(&run, "hello", "CertificateNotOwned", |r| {
+        tls_cond(r).is_some_and(|c| c.1.as_deref() == Some("CertificateNotOwned"))
+    })
+    .await;
+    assert_eq!(tls_cond(&Some(r)).unwrap().0, ConditionStatus::False);
+    assert_eq!(certs.get(&name).await.unwrap().spec.secret_name, "theirs");
+}
+
+/// config-gateway's default external Gateway, with an http listener (as an operator installs
+/// it).
+async fn create_external_gateway(run: &Running) {
+    use thaw::controller::route::http_route::{Gateway, GatewaySpec, Listener};
+    let api: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let mut gw = Gateway::new(
+        "knative-gateway",
+        GatewaySpec {
+            gateway_class_name: "istio".into(),
+            listeners: vec![Listener {
+                name: "http".into(),
+                port: 80,
+                protocol: "HTTP".into(),
+                ..Listener::default()
+            }],
+        },
+    );
+    gw.metadata.namespace = Some(GATEWAY_NS.into());
+    api.create(&PostParams::default(), &gw).await.unwrap();
+}
+
+/// With the Gateway API class, a Ready Certificate becomes (once the Gateway exists:
+/// `IngressReady=False GatewayMissing` until then) a listener on config-gateway's
+/// external Gateway (HTTPS, the Secret in the route's namespace, routes from that namespace
+/// only; the operator's http listener kept), a ReferenceGrant in the route's namespace for
+/// the Gateway's namespace, and the HTTPRoute attached to it; with `Redirected` the HTTPRoute
+/// is on the TLS listener only and `{host}-redirect` redirects http to https. Deleting the
+/// route takes its listener off the Gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
+    use thaw::controller::route::gateway_tls;
+    use thaw::controller::route::http_route::{Gateway, ReferenceGrant};
+    let with_tls = |http| {
+        let mut s = tls_settings(http);
+        s.network.templates.ingress_class = IngressClass::GatewayApi;
+        s
+    };
+    let (run, ctx) = start_with(with_tls(HttpProtocol::Enabled)).await;
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let cert = route_certificate_name(&created.uid().unwrap(), None);
+    wait_for(
+        "the Certificate",
+        || async { run.api::<Certificate>().get_opt(&cert).await.unwrap() },
+        Option::is_some,
+    )
+    .await;
+    issue(&run, &cert).await;
+    // The external Gateway does not exist yet: the route says so, and is retried.
+    let r = route_until(&run, "hello", "GatewayMissing", |r| {
+        ingress_ready(r, ConditionStatus::False, "GatewayMissing")
+    })
+    .await;
+    assert!(
+        ingress_message(&r).contains("istio-system/knative-gateway"),
+        "{}",
+        ingress_message(&r)
+    );
+    create_external_gateway(&run).await;
+    let host = "hello.default.example.com";
+    let listener = gateway_tls::listener_name(NS, "hello", host);
+    let gateways: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let listeners_until = |what: &'static str, n: usize| {
+        let gateways = gateways.clone();
+        async move {
+            wait_for(
+                what,
+                || async { gateways.get("knative-gateway").await.unwrap() },
+                |g| g.spec.listeners.len() == n,
+            )
+            .await
+        }
+    };
+    let gw = listeners_until("the TLS listener", 2).await;
+    assert_eq!(gw.spec.listeners[0].name, "http");
+    let l = &gw.spec.listeners[1];
+    assert_eq!(
+        (
+            l.name.as_str(),
+            l.hostname.as_deref(),
+            l.port,
+            l.protocol.as_str()
+        ),
+        (listener.as_str(), Some(host), 443, "HTTPS")
+    );
+    let tls = l.tls.as_ref().unwrap();
+    assert_eq!(tls.mode.as_deref(), Some("Terminate"));
+    assert_eq!(
+        (
+            tls.certificate_refs[0].name.as_str(),
+            tls.certificate_refs[0].namespace.as_deref()
+        ),
+        (cert.as_str(), Some(NS))
+    );
+    let ns_selector = &l
+        .allowed_routes
+        .as_ref()
+        .unwrap()
+        .namespaces
+        .as_ref()
+        .unwrap();
+    assert_eq!(ns_selector.from.as_deref(), Some("Selector"));
+    assert_eq!(
+        ns_selector.selector.as_ref().unwrap().match_labels["kubernetes.io/metadata.name"],
+        NS
+    );
+    let grant = run
+        .api::<ReferenceGrant>()
+        .get(&gateway_tls::reference_grant_name("hello"))
+        .await
+        .unwrap();
+    assert_eq!(grant.owner_references()[0].uid, created.uid().unwrap());
+    assert_eq!(
+        (
+            grant.spec.from[0].kind.as_str(),
+            grant.spec.from[0].namespace.as_str()
+        ),
+        ("Gateway", GATEWAY_NS)
+    );
+    assert_eq!(
+        (
+            grant.spec.to[0].kind.as_str(),
+            grant.spec.to[0].name.as_deref()
+        ),
+        ("Secret", Some(cert.as_str()))
+    );
+    // Enabled: the parentRef without a sectionName attaches to both listeners.
+    let hr = http_route_until(&run, host, Option::is_some).await.unwrap();
+    assert_eq!(hr.spec.parent_refs.len(), 1);
+    assert_eq!(hr.spec.parent_refs[0].section_name, None);
+    for n in [host, "hello.default.svc.cluster.local"] {
+        report(&run, n, ACCEPTED).await;
+    }
+    let r = route_until(&run, "hello", "Ready over https", |r| {
+        is_ready(r) && tls_cond(r) == Some((ConditionStatus::True, None))
+    })
+    .await;
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("https://hello.default.example.com")
+    );
+
+    // Redirected: the HTTPRoute on the TLS listener, http redirected by another one.
+    ctx.set_settings(with_tls(HttpProtocol::Redirected));
+    let hr = http_route_until(&run, host, |h| {
+        h.as_ref()
+            .is_some_and(|h| h.spec.parent_refs[0].section_name.is_some())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        hr.spec.parent_refs[0].section_name.as_deref(),
+        Some(listener.as_str())
+    );
+    let redirect = format!("{host}-redirect");
+    let rd = http_route_until(&run, &redirect, Option::is_some)
+        .await
+        .unwrap();
+    assert_eq!(rd.spec.parent_refs[0].port, Some(80));
+    let f = &rd.spec.rules[0].filters[0];
+    assert_eq!(f.type_, "RequestRedirect");
+    let to = f.request_redirect.as_ref().unwrap();
+    assert_eq!(
+        (to.scheme.as_deref(), to.status_code),
+        (Some("https"), Some(301))
+    );
+    assert!(rd.spec.rules[0].backend_refs.is_empty());
+    for n in [host, redirect.as_str()] {
+        report(&run, n, ACCEPTED).await;
+    }
+    route_until(&run, "hello", "Ready, redirected", is_ready).await;
+
+    // The route deleted: its listener is taken off the Gateway, the operator's stays.
+    run.api::<Route>()
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    let gw = listeners_until("the TLS listener removed", 1).await;
+    assert_eq!(gw.spec.listeners[0].name, "http");
+}
+
+/// A DomainMapping with `external-domain-tls` gets its own Certificate `{domain}` (owned by
+/// it, config-certmanager's issuer); once Ready its URL is https and the Istio class serves it
+/// with a TLS Gateway and the Secret's copy. One with `spec.tls.secretName` is served with that
+/// Secret at once (`TLSCertificateProvidedExternally`), and gets no Certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_mapping_with_tls() {
+    let run = start_with_domain_mapping(tls_settings(HttpProtocol::Enabled)).await;
+    select_gateway_pods(&run).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+    let domain = "hello.example.org";
+    create_claim(&run, domain, NS).await;
+    create_domain_mapping(&run, domain, "hello").await;
+    let dm = domain_mapping_until(&run, domain, "HTTPDowngrade", |d| {
+        dm_cond(d, "CertificateProvisioned")
+            .is_some_and(|c| c.1.as_deref() == Some("HTTPDowngrade"))
+    })
+    .await;
+    assert_eq!(
+        dm.status.unwrap().url.as_deref(),
+        Some("http://hello.example.org")
+    );
+    let cert = run.api::<Certificate>().get(domain).await.unwrap();
+    assert_eq!(cert.spec.dns_names, [domain]);
+    assert_eq!(cert.spec.issuer_ref.name, "letsencrypt");
+    assert_eq!(cert.owner_references()[0].kind, "DomainMapping");
+
+    issue(&run, domain).await;
+    let dm = domain_mapping_until(&run, domain, "https", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+            && d.status.as_ref().and_then(|s| s.url.as_deref()) == Some("https://hello.example.org")
+    })
+    .await;
+    assert_eq!(
+        dm_cond(&dm, "CertificateProvisioned"),
+        Some((ConditionStatus::True, None))
+    );
+    let g = run
+        .api::<IstioGateway>()
+        .get(&tls_gateway(domain))
+        .await
+        .unwrap();
+    assert_eq!(g.spec.servers[0].hosts, [domain]);
+    assert_eq!(
+        g.spec.servers[0]
+            .tls
+            .as_ref()
+            .unwrap()
+            .credential_name
+            .as_deref(),
+        Some("default.hello.example.org")
+    );
+    let copies: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(run.client.clone(), GATEWAY_NS);
+    let copy = copies.get("default.hello.example.org").await.unwrap();
+    assert_eq!(copy.labels()["serving.knative.dev/domainmapping"], domain);
+    vs_until(&run, "hello.example.org-ingress", |s| {
+        s.gateways
+            .contains(&format!("{NS}/{}", tls_gateway(domain)))
+    })
+    .await;
+
+    // Bring your own certificate.
+    let byo = "byo.example.org";
+    create_claim(&run, byo, NS).await;
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some("byo-cert".into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([(
+            "tls.crt".to_string(),
+            k8s_openapi::ByteString(b"byo".to_vec()),
+        )])),
+        ..Default::default()
+    };
+    run.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut dm = DomainMapping::new(
+        byo,
+        DomainMappingSpec {
+            ref_: KReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Route".into(),
+                name: "hello".into(),
+                namespace: None,
+            },
+            tls: Some(thaw::knative::SecretTls {
+                secret_name: "byo-cert".into(),
+            }),
+        },
+    );
+    dm.metadata.namespace = Some(NS.into());
+    run.api::<DomainMapping>()
+        .create(&PostParams::default(), &dm)
+        .await
+        .unwrap();
+    let dm = domain_mapping_until(&run, byo, "Ready over https", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
+    assert_eq!(
+        dm.status.as_ref().unwrap().url.as_deref(),
+        Some("https://byo.example.org")
+    );
+    assert_eq!(
+        dm_cond(&dm, "CertificateProvisioned"),
+        Some((
+            ConditionStatus::True,
+            Some("TLSCertificateProvidedExternally".into())
+        ))
+    );
+    assert!(
+        run.api::<Certificate>()
+            .get_opt(byo)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let copy = copies.get("default.byo-cert").await.unwrap();
+    assert_eq!(copy.data, secret.data);
+
+    // A deleted DomainMapping's copy goes with it (the other's stays).
+    run.api::<DomainMapping>()
+        .delete(domain, &Default::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted DomainMapping's copy deleted",
+        || async { copies.get_opt("default.hello.example.org").await.unwrap() },
+        Option::is_none,
+    )
+    .await;
+    assert!(copies.get_opt("default.byo-cert").await.unwrap().is_some());
+}
+
+/// Without cert-manager's CRD, a route wanting TLS is `CertificateProvisioned=False
+/// CertificateProvisionFailed` naming the CRD (its ingress is still written, over http); once
+/// served, its Certificate is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_certificate_crd_is_a_condition_until_it_is_served() {
+    let (mut run, relay) = start_via_relay().await;
+    relay.refuse("/apis/cert-manager.io", 404);
+    run.start_controller_with(&relay, tls_settings(HttpProtocol::Enabled));
+    revision(&run, "hello-00001", true).await;
+    let created = create_route(&run, "hello", vec![to_revision("hello-00001", 100)]).await;
+    let r = route_until(&run, "hello", "CertificateProvisionFailed", |r| {
+        tls_cond(r)
+            == Some((
+                ConditionStatus::False,
+                Some("CertificateProvisionFailed".into()),
+            ))
+    })
+    .await;
+    let m = tls_message(&r);
+    assert!(m.contains("certificates.cert-manager.io"), "{m}");
+    assert_eq!(
+        r.status.unwrap().fields.url.as_deref(),
+        Some("http://hello.default.example.com")
+    );
+    vs_until(&run, "hello-ingress", |_| true).await;
+    relay.forward("/apis/cert-manager.io");
+    let name = route_certificate_name(&created.uid().unwrap(), None);
+    wait_for(
+        "the Certificate",
+        || async { run.api::<Certificate>().get_opt(&name).await.unwrap() },
+        Option::is_some,
+    )
     .await;
 }

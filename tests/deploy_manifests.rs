@@ -197,6 +197,7 @@ fn every_built_in_manifest_survives_a_k8s_openapi_round_trip() {
                     api.starts_with("serving.knative.dev/")
                         || api.starts_with("networking.istio.io/")
                         || api.starts_with("gateway.networking.k8s.io/")
+                        || api.starts_with("cert-manager.io/")
                         || api.starts_with("networking.internal.knative.dev/"),
                     "{}: {api} {k}: a kind this test has no k8s-openapi type for (add it to round_trip)",
                     rel(f)
@@ -399,6 +400,10 @@ fn custom_resources() -> Vec<(PathBuf, Value)> {
                 || kind(d).0.starts_with("networking.internal.knative.dev/")
                 || kind(d) == ("networking.istio.io/v1", "VirtualService")
                 || kind(d) == ("gateway.networking.k8s.io/v1", "HTTPRoute")
+                || kind(d) == ("gateway.networking.k8s.io/v1", "Gateway")
+                || kind(d) == ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant")
+                || kind(d) == ("networking.istio.io/v1", "Gateway")
+                || kind(d) == ("cert-manager.io/v1", "Certificate")
         })
         .collect()
 }
@@ -415,10 +420,13 @@ fn custom_resources_pass_their_crd_schemas() {
         ("serving.knative.dev/v1", "Service"),
         ("networking.istio.io/v1", "VirtualService"),
         ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        ("cert-manager.io/v1", "Certificate"),
+        ("networking.istio.io/v1", "Gateway"),
+        ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"),
     ] {
         assert!(
             crs.iter().any(|(_, d)| kind(d) == (api, k)),
-            "deploy/examples/ has no {api} {k}: one per ingress class is checked"
+            "deploy/examples/ has no {api} {k}: one per ingress class (and its TLS) is checked"
         );
     }
     for (i, (f, d)) in crs.iter().enumerate() {
@@ -1942,6 +1950,15 @@ fn the_webhook_is_registered_for_knatives_kinds_and_reachable_through_its_servic
             rule["resources"],
             json!(["services", "configurations", "revisions", "routes"])
         );
+        // DomainMappings (v1beta1) are validated, not defaulted.
+        let rules = w["rules"].as_array().unwrap();
+        if kind_ == "ValidatingWebhookConfiguration" {
+            assert_eq!(rules.len(), 2);
+            assert_eq!(rules[1]["apiVersions"], json!(["v1beta1"]));
+            assert_eq!(rules[1]["resources"], json!(["domainmappings"]));
+        } else {
+            assert_eq!(rules.len(), 1);
+        }
     }
     // The NetworkPolicy admits the admission port (the API server) and the scrapes.
     let np = find(&all, "NetworkPolicy", "webhook");
@@ -2149,4 +2166,69 @@ fn the_istio_authorization_component_admits_the_gateways_and_the_mesh() {
         0,
         "no other port"
     );
+}
+
+/// The TLS examples carry the names thaw gives: the Istio TLS Gateway's and the Gateway API
+/// listener's for the route `hello` in `default`, and each object reads whole into thaw's
+/// types (nothing dropped).
+#[test]
+fn the_tls_examples_are_what_thaw_writes() {
+    use thaw::controller::route::certificate::Certificate;
+    use thaw::controller::route::http_route::{HTTPRoute, ReferenceGrant};
+    use thaw::controller::route::virtual_service::Gateway as IstioGateway;
+    let dir = deploy().join("examples/tls");
+    let istio = docs(&dir.join("istio.yaml"));
+    let gw_api = docs(&dir.join("gateway-api.yaml"));
+    let whole = |d: &Value, back: Value| {
+        let mut diffs = Vec::new();
+        differences(d, &back, "", &mut diffs);
+        assert!(diffs.is_empty(), "fields thaw does not know: {diffs:?}");
+    };
+    let cert: Certificate = serde_json::from_value(istio[0].clone()).unwrap();
+    whole(&istio[0], serde_json::to_value(&cert).unwrap());
+    let g: IstioGateway = serde_json::from_value(istio[1].clone()).unwrap();
+    whole(&istio[1], serde_json::to_value(&g).unwrap());
+    let config = thaw::config::network::IstioConfig::default();
+    assert_eq!(
+        name(&istio[1]),
+        thaw::controller::route::istio_tls::tls_gateway_name("hello", &config.external_gateways[0])
+    );
+    assert_eq!(
+        g.spec.servers[0]
+            .tls
+            .as_ref()
+            .unwrap()
+            .credential_name
+            .as_deref(),
+        Some(format!("default.{}", cert.spec.secret_name).as_str())
+    );
+    let listener = &gw_api[0]["spec"]["listeners"][1];
+    assert_eq!(
+        listener["name"],
+        thaw::controller::route::gateway_tls::listener_name(
+            "default",
+            "hello",
+            "hello.default.example.com"
+        )
+    );
+    let want = &thaw::controller::route::gateway_tls::listeners(&{
+        use thaw::controller::route::ingress::{IngressDesc, Tls};
+        IngressDesc {
+            namespace: "default".into(),
+            name: "hello".into(),
+            cluster_local: false,
+            groups: Vec::new(),
+            remove_headers: Vec::new(),
+            tls: vec![Tls {
+                hosts: vec!["hello.default.example.com".into()],
+                secret_namespace: "default".into(),
+                secret_name: cert.spec.secret_name.clone(),
+            }],
+        }
+    })[0];
+    assert_eq!(listener, &serde_json::to_value(want).unwrap());
+    let rg: ReferenceGrant = serde_json::from_value(gw_api[1].clone()).unwrap();
+    whole(&gw_api[1], serde_json::to_value(&rg).unwrap());
+    let hr: HTTPRoute = serde_json::from_value(gw_api[2].clone()).unwrap();
+    whole(&gw_api[2], serde_json::to_value(&hr).unwrap());
 }

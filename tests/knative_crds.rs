@@ -80,6 +80,22 @@ fn the_other_projects_crds_for_the_tests_are_the_generated_ones() {
             thaw::controller::route::http_route::crd(),
             "src/controller/route/http_route.rs (thaw's subset of the Gateway API's HTTPRoute)",
         ),
+        (
+            thaw::controller::route::virtual_service::gateway_crd(),
+            "src/controller/route/virtual_service.rs (thaw's subset of Istio's Gateway)",
+        ),
+        (
+            thaw::controller::route::http_route::gateway_crd(),
+            "src/controller/route/http_route.rs (thaw's subset of the Gateway API's Gateway)",
+        ),
+        (
+            thaw::controller::route::http_route::reference_grant_crd(),
+            "src/controller/route/http_route.rs (the Gateway API's ReferenceGrant)",
+        ),
+        (
+            thaw::controller::route::certificate::crd(),
+            "src/controller/route/certificate.rs (thaw's subset of cert-manager's Certificate)",
+        ),
     ];
     let bless = std::env::var_os("THAW_BLESS_CRDS").is_some();
     let mut expected_files = Vec::new();

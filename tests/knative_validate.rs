@@ -768,3 +768,73 @@ fn a_template_may_not_carry_the_visibility_annotation() {
         "invalid key name \"networking.knative.dev/visibility\": spec.template.metadata.annotations"
     );
 }
+
+fn domain_mapping(v: Value) -> String {
+    let dm: thaw::knative::DomainMapping = serde_json::from_value(v).unwrap();
+    render(&validate::domain_mapping(&dm))
+}
+
+fn dm(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "serving.knative.dev/v1beta1", "kind": "DomainMapping",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+#[test]
+fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespace() {
+    let ok_ref =
+        json!({"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"});
+    assert_eq!(
+        domain_mapping(dm("hello.example.org", json!({"ref": ok_ref}))),
+        ""
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": ok_ref, "tls": {"secretName": "c"}})
+        )),
+        ""
+    );
+    assert_eq!(
+        domain_mapping(dm("localhost", json!({"ref": ok_ref}))),
+        "invalid name \"localhost\": should be a domain with at least two segments separated by \
+         dots: metadata.name"
+    );
+    assert!(
+        domain_mapping(dm("Hello.example.org", json!({"ref": ok_ref})))
+            .starts_with("invalid name \"Hello.example.org\": a lowercase RFC 1123 subdomain"),
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.default.svc.cluster.local",
+            json!({"ref": ok_ref})
+        )),
+        "invalid name \"hello.default.svc.cluster.local\": must not be a subdomain of cluster \
+         local domain \"cluster.local\": metadata.name"
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": {"apiVersion": "", "kind": "", "name": ""}})
+        )),
+        "missing field(s): spec.ref.apiVersion, spec.ref.kind, spec.ref.name"
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": {"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+                "name": "hello", "namespace": "other"}})
+        )),
+        "mismatched namespaces: spec.ref.namespace\nparent namespace: \"default\" does not \
+         match ref: \"other\""
+    );
+    assert_eq!(
+        domain_mapping(dm(
+            "hello.example.org",
+            json!({"ref": ok_ref, "tls": {"secretName": ""}})
+        )),
+        "missing field(s): spec.tls.secretName"
+    );
+}

@@ -145,3 +145,49 @@ async fn edits_apply_live_and_invalid_ones_keep_the_last_good_value() {
     );
     stop.cancel();
 }
+
+/// config-certmanager is followed live: a good `issuerRef` applies, a bad one is rejected
+/// naming the key and the last good issuer stays.
+#[tokio::test]
+async fn a_bad_issuer_ref_keeps_the_last_good_one() {
+    let api = kube_support::TestApi::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), SYSTEM_NAMESPACE);
+    cms.create(
+        &PostParams::default(),
+        &cm(
+            "config-certmanager",
+            &[("issuerRef", "kind: ClusterIssuer\nname: letsencrypt\n")],
+        ),
+    )
+    .await
+    .unwrap();
+    let live = LiveConfig::default();
+    let stop = CancellationToken::new();
+    let mut rx = watch_configmaps(
+        api.client(),
+        SYSTEM_NAMESPACE,
+        live.clone(),
+        ConfigMetrics::default(),
+        stop.clone(),
+    );
+    let mut seen = 0;
+    assert_eq!(
+        next_event(&mut rx, &mut seen, "config-certmanager").await,
+        Outcome::Applied
+    );
+    assert_eq!(live.certmanager.load().issuer_ref.name, "letsencrypt");
+    cms.replace("config-certmanager", &PostParams::default(), &{
+        let mut c = cms.get("config-certmanager").await.unwrap();
+        c.data = cm("", &[("issuerRef", "name: no-kind\n")]).data;
+        c
+    })
+    .await
+    .unwrap();
+    let Outcome::Rejected(problems) = next_event(&mut rx, &mut seen, "config-certmanager").await
+    else {
+        panic!("an invalid issuerRef was applied");
+    };
+    assert_eq!(problems.0[0].key, "issuerRef");
+    assert_eq!(live.certmanager.load().issuer_ref.name, "letsencrypt");
+    stop.cancel();
+}

@@ -430,6 +430,36 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     .await;
     assert_eq!(r["allowed"], true, "{r}");
 
+    // A DomainMapping (v1beta1): a single-label name and a ref in another namespace are
+    // refused with Knative's messages; a valid one is admitted.
+    let dm = |name: &str, ref_ns: &str| {
+        json!({
+            "apiVersion": "serving.knative.dev/v1beta1", "kind": "DomainMapping",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"ref": {"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+                "name": "helloworld-go", "namespace": ref_ns}},
+        })
+    };
+    let mut bad = review(
+        "DomainMapping",
+        "CREATE",
+        dm("localhost", "elsewhere"),
+        None,
+    );
+    bad["request"]["kind"]["version"] = json!("v1beta1");
+    let r = admit(&c, port, "/resource-validation", &bad).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let m = r["status"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("invalid name \"localhost\": should be a domain with at least two segments")
+            && m.contains("mismatched namespaces: spec.ref.namespace"),
+        "{m}"
+    );
+    let mut good = review("DomainMapping", "CREATE", dm("hello.example.org", NS), None);
+    good["request"]["kind"]["version"] = json!("v1beta1");
+    let r = admit(&c, port, "/resource-validation", &good).await;
+    assert_eq!(r["allowed"], true, "{r}");
+
     // Bounded and clear on bad input: no details of thaw's in the answers.
     let bundle = ca_bundle(&c, "/resource-validation").await.unwrap();
     let a = post(port, &bundle, "/resource-validation", vec![b' '; 70_000])

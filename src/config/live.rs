@@ -1,6 +1,6 @@
 //! Live ConfigMaps on Kubernetes: `config-autoscaler`, `config-defaults`, `config-activator`,
 //! `config-gc`, `config-deployment`, `config-features` and the network ones (`config-domain`,
-//! `config-network`, `config-istio`, `config-gateway`) in the system namespace (`--system-namespace`, default
+//! `config-network`, `config-istio`, `config-gateway`, `config-certmanager`) in the system namespace (`--system-namespace`, default
 //! `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
 //! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::keys::ConfigMap;
-use super::network::{DomainConfig, GatewayConfig, IstioConfig, TemplateConfig};
+use super::network::{CertManagerConfig, DomainConfig, GatewayConfig, IstioConfig, TemplateConfig};
 use super::reload::{Outcome, apply};
 use super::{
     ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, FeaturesConfig, GcConfig,
@@ -49,6 +49,8 @@ pub struct LiveConfig {
     pub istio: Arc<ArcSwap<IstioConfig>>,
     /// `config-gateway`'s Gateway API gateways (read by the controller only).
     pub gateway: Arc<ArcSwap<GatewayConfig>>,
+    /// `config-certmanager`'s issuer (read by the controller only).
+    pub certmanager: Arc<ArcSwap<CertManagerConfig>>,
     /// `config-deployment` (read by the controller only).
     pub deployment: Arc<ArcSwap<DeploymentConfig>>,
     /// `config-features` (read by the controller only).
@@ -169,6 +171,12 @@ pub fn watch_configmaps(
                         &metrics,
                         &labels,
                     ),
+                    super::network::CERTMANAGER_NAME => apply(
+                        parse::<CertManagerConfig>(&data),
+                        &config.certmanager,
+                        &metrics,
+                        &labels,
+                    ),
                     super::deployment::NAME => apply(
                         parse::<DeploymentConfig>(&data),
                         &config.deployment,
@@ -211,6 +219,7 @@ fn is_ours(name: &str) -> bool {
         super::network::NETWORK_NAME,
         super::network::ISTIO_NAME,
         super::network::GATEWAY_NAME,
+        super::network::CERTMANAGER_NAME,
         super::deployment::NAME,
         super::features::NAME,
     ]

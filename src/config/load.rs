@@ -136,6 +136,7 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::network::NETWORK_NAME => check::<super::network::TemplateConfig>(cm),
         super::network::ISTIO_NAME => check::<super::network::IstioConfig>(cm),
         super::network::GATEWAY_NAME => check::<super::network::GatewayConfig>(cm),
+        super::network::CERTMANAGER_NAME => check::<super::network::CertManagerConfig>(cm),
         super::deployment::NAME => check::<DeploymentConfig>(cm),
         super::features::NAME => check::<super::FeaturesConfig>(cm),
         other => (
@@ -144,7 +145,7 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
                  config-gc, config-domain, config-network, config-istio, config-gateway, \
-                 config-deployment, config-features)",
+                 config-certmanager, config-deployment, config-features)",
             )])),
             Vec::new(),
         ),

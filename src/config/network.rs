@@ -60,6 +60,8 @@ pub struct NetworkConfig {
     pub istio: IstioConfig,
     /// `config-gateway` (the Gateway API class's gateways).
     pub gateway: GatewayConfig,
+    /// `config-certmanager` (the certificates' issuer).
+    pub certmanager: CertManagerConfig,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,6 +376,56 @@ pub struct TemplateConfig {
     /// `mesh-compatibility-mode`: how the activator and the autoscaler reach a revision's pods
     /// (read by them once, at start).
     pub mesh_compatibility_mode: MeshMode,
+    /// `external-domain-tls` (or its older spelling `auto-tls`): the routes' external hosts
+    /// get cert-manager Certificates and are served over https (Knative's default: Disabled).
+    pub external_domain_tls: bool,
+    /// `http-protocol`: what plain http does on hosts served over https.
+    pub http_protocol: HttpProtocol,
+}
+
+/// Knative's `http-protocol`: what plain http does on a host that has a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpProtocol {
+    /// Served over http as well as https (Knative's default).
+    #[default]
+    Enabled,
+    /// Answered with a redirect to https.
+    Redirected,
+    /// Not served over http.
+    Disabled,
+}
+
+impl HttpProtocol {
+    /// The key's value, as Knative writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "Enabled",
+            Self::Redirected => "Redirected",
+            Self::Disabled => "Disabled",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "enabled" => Ok(Self::Enabled),
+            "redirected" => Ok(Self::Redirected),
+            "disabled" => Ok(Self::Disabled),
+            _ => Err("must be one of Enabled, Redirected, Disabled".into()),
+        }
+    }
+}
+
+/// Knative's `external-domain-tls` (and `auto-tls`) values, any case.
+fn parse_enabled(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "enabled" => Ok(true),
+        "disabled" => Ok(false),
+        _ => Err("must be Enabled or Disabled".into()),
+    }
+}
+
+fn show_enabled(on: bool) -> (String, Value) {
+    show_text(if on { "Enabled" } else { "Disabled" })
 }
 
 /// Knative's `mesh-compatibility-mode`: whether the activator and the autoscaler reach a
@@ -422,6 +474,8 @@ impl Default for TemplateConfig {
             tag_template: parse_tag_template(DEFAULT_TAG_TEMPLATE)
                 .expect("the default tag template is valid"),
             mesh_compatibility_mode: MeshMode::Auto,
+            external_domain_tls: false,
+            http_protocol: HttpProtocol::Enabled,
         }
     }
 }
@@ -485,6 +539,49 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
         show: |c| show_text(c.ingress_class.as_str()),
     },
     Key {
+        name: "ingress.class",
+        unit: "class",
+        help: "The older spelling of ingress-class (ingress-class wins when both are given).",
+        parse: |c, s| {
+            c.ingress_class = IngressClass::parse(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.ingress_class.as_str()),
+    },
+    Key {
+        name: "external-domain-tls",
+        unit: "Enabled or Disabled",
+        help: "The routes' and DomainMappings' external hosts get cert-manager Certificates \
+               (issuer from config-certmanager) and https URLs once they are ready.",
+        parse: |c, s| {
+            c.external_domain_tls = parse_enabled(s)?;
+            Ok(())
+        },
+        show: |c| show_enabled(c.external_domain_tls),
+    },
+    Key {
+        name: "auto-tls",
+        unit: "Enabled or Disabled",
+        help: "The older spelling of external-domain-tls (external-domain-tls wins when both \
+               are given).",
+        parse: |c, s| {
+            c.external_domain_tls = parse_enabled(s)?;
+            Ok(())
+        },
+        show: |c| show_enabled(c.external_domain_tls),
+    },
+    Key {
+        name: "http-protocol",
+        unit: "Enabled, Redirected or Disabled",
+        help: "Plain http on a host served over https: served (Enabled), redirected to https \
+               (Redirected) or not served (Disabled).",
+        parse: |c, s| {
+            c.http_protocol = HttpProtocol::parse(s)?;
+            Ok(())
+        },
+        show: |c| show_text(c.http_protocol.as_str()),
+    },
+    Key {
         name: "autocreate-cluster-domain-claims",
         unit: "bool",
         help: "A DomainMapping of an unclaimed domain creates the ClusterDomainClaim for its \
@@ -534,21 +631,17 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
 
 impl ConfigMap for TemplateConfig {
     const NAME: &'static str = NETWORK_NAME;
-    /// Knative's other config-network keys: no TLS, mesh pod addressability (passthrough
-    /// load balancing) or gradual rollout. (`ingress.class`, the older spelling of
-    /// `ingress-class`, is not read.)
+    /// Knative's other config-network keys: no other certificate class than cert-manager's,
+    /// no cluster-local or system-internal TLS, no namespace wildcard certificates, no mesh
+    /// pod addressability (passthrough load balancing) or gradual rollout.
     const INERT: &'static [&'static str] = &[
-        "ingress.class",
         "certificate-class",
         "certificate.class",
         "enable-mesh-pod-addressability",
         "system-internal-tls",
         "rollout-duration",
-        "http-protocol",
-        "external-domain-tls",
         "cluster-local-domain-tls",
         "namespace-wildcard-cert-selector",
-        "auto-tls",
         "default-external-scheme",
         "activator-ca",
         "activator-san",
@@ -556,6 +649,23 @@ impl ConfigMap for TemplateConfig {
 
     fn keys() -> &'static [Key<Self>] {
         NETWORK_KEYS
+    }
+
+    /// As [`super::keys::parse_data`], then the newer spelling of a key wins over the older
+    /// one when both are given (`ingress-class` over `ingress.class`, `external-domain-tls`
+    /// over `auto-tls`), as Knative reads them.
+    fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        let mut parsed = super::keys::parse_data(Self::keys(), Self::INERT, data, Self::validate)?;
+        for newer in ["ingress-class", "external-domain-tls"] {
+            if let (Some(v), Some(key)) = (
+                data.get(newer),
+                NETWORK_KEYS.iter().find(|k| k.name == newer),
+            ) {
+                // It parsed above.
+                let _ = (key.parse)(&mut parsed.config, v.trim());
+            }
+        }
+        Ok(parsed)
     }
 
     fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
@@ -893,6 +1003,103 @@ impl ConfigMap for GatewayConfig {
             )],
             _ => Vec::new(),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config-certmanager: the issuer of the external hosts' certificates
+
+/// Name of net-certmanager's ConfigMap.
+pub const CERTMANAGER_NAME: &str = "config-certmanager";
+
+/// cert-manager's group (an `issuerRef` without a group is one of its issuers).
+pub const CERT_MANAGER_GROUP: &str = "cert-manager.io";
+
+/// A cert-manager issuer reference: what a Certificate's `spec.issuerRef` names.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerRef {
+    /// `ClusterIssuer` (any namespace's Certificates) or `Issuer` (one in each route's
+    /// namespace); another kind needs the `group` of the external issuer.
+    pub kind: String,
+    /// The issuer's name.
+    pub name: String,
+    /// The issuer's API group (cert-manager's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// `config-certmanager`: the issuer the Certificates of the routes' external hosts name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertManagerConfig {
+    /// `issuerRef`. Default net-certmanager's: the ClusterIssuer `knative-selfsigned-issuer`.
+    pub issuer_ref: IssuerRef,
+}
+
+impl Default for CertManagerConfig {
+    fn default() -> Self {
+        Self {
+            issuer_ref: IssuerRef {
+                kind: "ClusterIssuer".into(),
+                name: "knative-selfsigned-issuer".into(),
+                group: None,
+            },
+        }
+    }
+}
+
+fn parse_issuer_ref(s: &str) -> Result<IssuerRef, String> {
+    let r: IssuerRef = serde_saphyr::from_str(s)
+        .map_err(|e| format!("must be YAML with kind and name (and optionally group) ({e})"))?;
+    if !is_dns_name(&r.name) {
+        return Err(format!("name \"{}\" is not a DNS subdomain", r.name));
+    }
+    match r.group.as_deref() {
+        None | Some(CERT_MANAGER_GROUP)
+            if !["Issuer", "ClusterIssuer"].contains(&r.kind.as_str()) =>
+        {
+            Err(format!(
+                "kind \"{}\" is not Issuer or ClusterIssuer (an external issuer needs its group)",
+                r.kind
+            ))
+        }
+        Some(g) if !is_dns_name(g) => Err(format!("group \"{g}\" is not a DNS subdomain")),
+        _ if r.kind.is_empty() => Err("kind is empty".into()),
+        _ => Ok(r),
+    }
+}
+
+/// The `config-certmanager` keys thaw reads.
+pub static CERTMANAGER_KEYS: &[Key<CertManagerConfig>] = &[Key {
+    name: "issuerRef",
+    unit: "issuer",
+    help: "The cert-manager issuer of the external hosts' Certificates (YAML: kind, name, \
+           optionally group).",
+    parse: |c, s| {
+        c.issuer_ref = parse_issuer_ref(s)?;
+        Ok(())
+    },
+    show: |c| {
+        let r = &c.issuer_ref;
+        (
+            format!("{}/{}", r.kind, r.name),
+            serde_json::to_value(r).unwrap_or(Value::Null),
+        )
+    },
+}];
+
+impl ConfigMap for CertManagerConfig {
+    const NAME: &'static str = CERTMANAGER_NAME;
+    /// Knative's issuers of cluster-local and system-internal certificates: thaw serves
+    /// neither over TLS.
+    const INERT: &'static [&'static str] = &["clusterLocalIssuerRef", "systemInternalIssuerRef"];
+
+    fn keys() -> &'static [Key<Self>] {
+        CERTMANAGER_KEYS
+    }
+
+    fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
+        Vec::new()
     }
 }
 

@@ -2,7 +2,8 @@
 //! ingress written directly through the Route reconciler's seam, [`super::route::ingress`]).
 //!
 //! One reconcile of a DomainMapping `{domain}` in namespace `ns`:
-//! 1. `status.url` and `status.address.url` are `http://{domain}`;
+//! 1. `status.url` and `status.address.url` are `http://{domain}` (`https://` once served
+//!    over TLS, step 5);
 //! 2. **the claim**: the ClusterDomainClaim `{domain}` must name `ns`. Missing, it is created
 //!    for `ns` when config-network's `autocreate-cluster-domain-claims` is true; else, or when
 //!    it names another namespace, `DomainClaimed=False DomainAlreadyClaimed` (Knative's reason)
@@ -17,19 +18,27 @@
 //!    (`{domain}-ingress` VirtualService, or the `{domain}` HTTPRoute whose readiness is its
 //!    `Accepted`/`ResolvedRefs`); the Istio class is not probed for DomainMappings: written is
 //!    `IngressReady`. `IngressReady=False NotOwned` when the object is someone else's;
-//! 5. `CertificateProvisioned` True `TLSNotEnabled`; `Ready` from the four.
+//! 5. **TLS**: with `spec.tls.secretName` the domain is served over https with that Secret
+//!    (`CertificateProvisioned` True `TLSCertificateProvidedExternally`); else, with
+//!    config-network's `external-domain-tls`, the DomainMapping's own cert-manager Certificate
+//!    `{domain}` (in its namespace, owned by it, config-certmanager's issuer), the domain
+//!    https once it is Ready (the Route's rules and reasons, [`super::route::certificate`]);
+//!    the class's TLS objects as for a Route ([`super::route::istio_tls`],
+//!    [`super::route::gateway_tls`]); else `TLSNotEnabled`. `Ready` from the four.
 //!
 //! Re-queued when its VirtualService or HTTPRoute changes (owned), when the ClusterDomainClaim
 //! of its domain changes, and when the Route it maps to changes.
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::route::certificate::{self, Certificate, TlsOutcome};
 use super::route::http_route::HTTPRoute;
 use super::route::ingress::{Group, IngressDesc, Split, removed_headers};
 use super::route::resources::GroupHosts;
@@ -65,6 +74,9 @@ pub struct Stores {
     pub http_routes: Store<HTTPRoute>,
     pub vs_served: tokio::sync::watch::Receiver<Served>,
     pub hr_served: tokio::sync::watch::Receiver<Served>,
+    /// cert-manager's Certificates (the DomainMappings' own, by owner).
+    pub certificates: Store<Certificate>,
+    pub certificates_served: tokio::sync::watch::Receiver<Served>,
     /// Open once the claims and Routes stores have their first list.
     pub ready: super::StoresReady,
 }
@@ -191,6 +203,7 @@ async fn program(
     ctx: &Ctx,
     dm: &DomainMapping,
     desc: &IngressDesc,
+    with_tls: bool,
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<(ConditionStatus, Option<String>, Option<String>), Error> {
@@ -212,6 +225,33 @@ async fn program(
         ));
     }
     let not_owned = |m: String| Ok((ConditionStatus::False, Some("NotOwned".into()), Some(m)));
+    // The TLS objects of the class (none without TLS; looked at only when TLS is on, or was).
+    if with_tls {
+        let label = crate::knative::names::labels::value(&dm.name_any());
+        let made = match class {
+            IngressClass::Istio => {
+                super::route::istio_tls::program(
+                    ctx,
+                    dm,
+                    desc,
+                    net,
+                    (DOMAIN_MAPPING_LABEL, &label),
+                    &|n| meta(dm, n),
+                )
+                .await?
+            }
+            IngressClass::GatewayApi => {
+                super::route::gateway_tls::program(ctx, dm, desc, net, &|n| meta(dm, n)).await?
+            }
+        };
+        if let Some(r) = made {
+            return Ok((
+                ConditionStatus::False,
+                Some(r.reason.into()),
+                Some(r.message),
+            ));
+        }
+    }
     match class {
         IngressClass::Istio => {
             delete_owned(ctx, &ns, owned(&stores.http_routes, dm)).await?;
@@ -260,6 +300,88 @@ async fn program(
     }
 }
 
+/// A DomainMapping's TLS: its own Certificate's, or the Secret its `spec.tls` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tls {
+    /// From `external-domain-tls` (the Certificate named after the domain), or not enabled.
+    Certificates(TlsOutcome),
+    /// `spec.tls.secretName`: a certificate the user provides for the domain (no Certificate
+    /// is written).
+    Provided { host: String, secret: String },
+}
+
+/// Knative's reason for a certificate given in `spec.tls`.
+pub const TLS_PROVIDED_EXTERNALLY: &str = "TLSCertificateProvidedExternally";
+
+impl Tls {
+    /// Whether the domain is served over https.
+    pub fn https(&self) -> bool {
+        match self {
+            Tls::Certificates(t) => !t.https_hosts().is_empty(),
+            Tls::Provided { .. } => true,
+        }
+    }
+
+    /// The ingress description's TLS.
+    pub fn ingress_tls(&self, ns: &str) -> Vec<super::route::ingress::Tls> {
+        match self {
+            Tls::Certificates(t) => t.ingress_tls(ns),
+            Tls::Provided { host, secret } => vec![super::route::ingress::Tls {
+                hosts: vec![host.clone()],
+                secret_namespace: ns.to_string(),
+                secret_name: secret.clone(),
+            }],
+        }
+    }
+
+    /// `CertificateProvisioned`.
+    pub fn condition(&self, http: crate::config::network::HttpProtocol) -> Condition {
+        match self {
+            Tls::Certificates(t) => t.condition(http),
+            Tls::Provided { .. } => Condition {
+                reason: Some(TLS_PROVIDED_EXTERNALLY.into()),
+                ..Condition::new(conditions::CERTIFICATE_PROVISIONED, ConditionStatus::True)
+            },
+        }
+    }
+}
+
+/// The DomainMapping's TLS: the Secret `spec.tls` names; else, with `external-domain-tls`,
+/// its Certificate `{domain}` (Knative's name) for the domain, owned by it; else none (its
+/// Certificate deleted).
+async fn tls(
+    ctx: &Ctx,
+    dm: &DomainMapping,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<Tls, Error> {
+    let domain = dm.name_any();
+    let provided = dm.spec.tls.as_ref().map(|t| t.secret_name.clone());
+    let desired = (provided.is_none() && net.templates.external_domain_tls).then(|| {
+        vec![certificate::certificate(
+            meta(dm, domain.clone()),
+            &domain,
+            net,
+        )]
+    });
+    let t = super::route::write_certificates(
+        ctx,
+        dm,
+        desired,
+        &stores.certificates,
+        &stores.certificates_served,
+        false,
+    )
+    .await?;
+    Ok(match provided {
+        Some(secret) => Tls::Provided {
+            host: domain,
+            secret,
+        },
+        None => Tls::Certificates(t),
+    })
+}
+
 fn set(
     st: &mut crate::knative::duck::Status,
     type_: &str,
@@ -296,6 +418,7 @@ pub async fn reconcile(
         url: Some(format!("http://{domain}")),
         ..Addressable::default()
     });
+    let mut tls_outcome = None;
     let refused = claim(
         &ctx,
         &stores.claims,
@@ -329,9 +452,19 @@ pub async fn reconcile(
                 let timeout = super::defaults_for(&settings, &ns)
                     .max_revision_timeout
                     .as_secs();
-                let desc = describe(&dm, &route, &host, timeout);
-                let (s, reason, message) = program(&ctx, &dm, &desc, net, &stores).await?;
+                let mut desc = describe(&dm, &route, &host, timeout);
+                let t = tls(&ctx, &dm, net, &stores).await?;
+                desc.tls = t.ingress_tls(&ns);
+                let had = dm
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| certificate::had_tls(s.url.as_deref(), &s.status));
+                let with_tls =
+                    !matches!(t, Tls::Certificates(TlsOutcome::NotEnabled { .. })) || had;
+                let (s, reason, message) =
+                    program(&ctx, &dm, &desc, with_tls, net, &stores).await?;
                 set(&mut status.status, INGRESS_READY, s, reason, message);
+                tls_outcome = Some(t);
             }
         }
     }
@@ -348,13 +481,29 @@ pub async fn reconcile(
     if st.condition(REFERENCE_RESOLVED).is_none() {
         set(st, REFERENCE_RESOLVED, ConditionStatus::Unknown, None, None);
     }
-    set(
-        st,
-        CERTIFICATE_PROVISIONED,
-        ConditionStatus::True,
-        Some("TLSNotEnabled".into()),
-        Some("external-domain-tls is not enabled".into()),
-    );
+    match &tls_outcome {
+        Some(t) => {
+            if t.https() {
+                status.url = Some(format!("https://{domain}"));
+                status.address = Some(Addressable {
+                    url: Some(format!("https://{domain}")),
+                    ..Addressable::default()
+                });
+            }
+            status
+                .status
+                .set(t.condition(net.templates.http_protocol), &now());
+        }
+        None if status.status.condition(CERTIFICATE_PROVISIONED).is_none() => set(
+            &mut status.status,
+            CERTIFICATE_PROVISIONED,
+            ConditionStatus::Unknown,
+            Some("CertificateNotReady".into()),
+            Some("The certificate has not yet been reconciled.".into()),
+        ),
+        None => {}
+    }
+    let st = &mut status.status;
     st.set_ready_from(
         condition::READY,
         &[
@@ -379,11 +528,23 @@ pub async fn reconcile(
 /// and the Routes through stores whose changes re-queue the DomainMappings they concern.
 pub async fn controller(ctx: Arc<Ctx>) {
     let (dms, dm_writer) = reflector::store::<DomainMapping>();
+    // Deletions go to the TLS cleanup (bounded: one dropped when it is full is logged).
+    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel::<(String, String)>(1024);
     let dm_stream = reflector::reflector(
         dm_writer,
         watcher(ctx.watched::<DomainMapping>(), watcher::Config::default()),
     )
     .default_backoff()
+    .inspect(move |ev| {
+        if let Ok(watcher::Event::Delete(d)) = ev
+            && deleted_tx
+                .try_send((d.namespace().unwrap_or_default(), d.name_any()))
+                .is_err()
+        {
+            tracing::warn!(domain = %d.name_any(),
+                "deletion queue full; its TLS Secret copies and listeners are left");
+        }
+    })
     .applied_objects();
     let (claims, claim_writer) = reflector::store::<ClusterDomainClaim>();
     let claim_stream = reflector::reflector(
@@ -407,19 +568,30 @@ pub async fn controller(ctx: Arc<Ctx>) {
             &ctx,
             super::route::VIRTUAL_SERVICE_CRD,
             "VirtualServices",
-            super::route::ISTIO_INGRESS_CLASS,
+            super::route::ISTIO_CLASS_EFFECT,
         );
     let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch::<HTTPRoute>(
         &ctx,
         gateway_api::HTTP_ROUTE_CRD,
         "HTTPRoutes",
-        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+        super::route::GATEWAY_API_CLASS_EFFECT,
     );
+    let (certificates, cert_stream, certificates_served, cert_now) =
+        super::route::served_watch::<Certificate>(
+            &ctx,
+            certificate::CERTIFICATE_CRD,
+            "Certificates",
+            "external-domain-tls cannot provision certificates",
+        );
     let (dms2, dms3) = (dms.clone(), dms.clone());
     let controller = Controller::for_stream(dm_stream, dms)
         .owns_stream(vs_stream)
         .owns_stream(hr_stream)
-        .reconcile_all_on(futures::stream::select(vs_now, hr_now))
+        .owns_stream(cert_stream)
+        .reconcile_all_on(futures::stream::select(
+            futures::stream::select(vs_now, hr_now),
+            cert_now,
+        ))
         .watches_stream(claim_stream, move |c: ClusterDomainClaim| {
             dms2.state()
                 .into_iter()
@@ -448,9 +620,44 @@ pub async fn controller(ctx: Arc<Ctx>) {
         http_routes,
         vs_served,
         hr_served,
+        certificates,
+        certificates_served,
     };
-    super::run(ctx.clone(), KIND, controller, move |dm, ctx| {
+    let run = super::run(ctx.clone(), KIND, controller, move |dm, ctx| {
         reconcile(dm, ctx, stores.clone())
-    })
-    .await;
+    });
+    tokio::join!(run, forget_deleted(ctx.clone(), deleted_rx));
+}
+
+/// Deletes what a deleted DomainMapping's TLS left outside its namespace (its Secret copies in
+/// the Istio gateways' namespaces, its listeners on the Gateway API's external Gateways; its
+/// Certificate, TLS Gateway and ReferenceGrant go by owner reference). A failure is logged.
+async fn forget_deleted(ctx: Arc<Ctx>, mut deleted: tokio::sync::mpsc::Receiver<(String, String)>) {
+    while let Some((ns, domain)) = deleted.recv().await {
+        let settings = ctx.settings();
+        let net = &settings.network;
+        let label = crate::knative::names::labels::value(&domain);
+        for g in &net.istio.external_gateways {
+            let Some((_, gw_ns)) = super::route::istio_tls::service_of(&g.service) else {
+                continue;
+            };
+            if let Err(e) = super::route::istio_tls::delete_copies(
+                &ctx,
+                gw_ns,
+                &ns,
+                (DOMAIN_MAPPING_LABEL, &label),
+                &[],
+            )
+            .await
+            {
+                tracing::warn!(namespace = %ns, %domain, error = %e,
+                    "could not delete a deleted DomainMapping's certificate Secret copies");
+            }
+        }
+        if let Err(e) = super::route::gateway_tls::set_listeners(&ctx, net, &ns, &domain, &[]).await
+        {
+            tracing::warn!(namespace = %ns, %domain, error = %e,
+                "could not remove a deleted DomainMapping's TLS listeners");
+        }
+    }
 }

@@ -45,7 +45,8 @@ pub struct DomainMappingSpec {
     /// The Knative Service or Route (in the DomainMapping's namespace) the domain serves.
     #[serde(rename = "ref")]
     pub ref_: KReference,
-    /// A Secret holding the domain's certificate (not used: thaw sets up no TLS).
+    /// A Secret (in the DomainMapping's namespace) holding the domain's certificate: the
+    /// domain is served over https with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<SecretTls>,
 }

@@ -301,6 +301,75 @@ pub fn route(route: &Route) -> Vec<FieldError> {
     e
 }
 
+/// Knative's cluster domain (`network.GetClusterDomainName()`'s default): a DomainMapping may
+/// not map a name under it.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// Validates a DomainMapping (Knative's `domainmapping_validation.go`): no `generateName`; the
+/// name a fully qualified domain name (at least two labels, each a DNS-1123 label, at most
+/// 253 characters) not under the cluster domain; `spec.ref` with `name`, `apiVersion` and
+/// `kind`, and its `namespace`, when set, the DomainMapping's own; `spec.tls.secretName` when
+/// `spec.tls` is given.
+pub fn domain_mapping(dm: &super::DomainMapping) -> Vec<FieldError> {
+    let mut e = Vec::new();
+    let meta = &dm.metadata;
+    if meta.generate_name.as_deref().is_some_and(|g| !g.is_empty()) {
+        e.push(FieldError::new(
+            "metadata.generateName",
+            "must not set the field(s)",
+        ));
+    }
+    let name = meta.name.as_deref().unwrap_or("");
+    let invalid =
+        |why: &str| FieldError::new("metadata.name", format!("invalid name {name:?}: {why}"));
+    if name.len() > 253 {
+        e.push(invalid("must be no more than 253 characters"));
+    }
+    if !name.contains('.') {
+        e.push(invalid(
+            "should be a domain with at least two segments separated by dots",
+        ));
+    } else if !name.split('.').all(is_dns1123_label) {
+        e.push(invalid(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters,              '-' or '.', and must start and end with an alphanumeric character",
+        ));
+    }
+    if name == CLUSTER_DOMAIN || name.ends_with(&format!(".{CLUSTER_DOMAIN}")) {
+        e.push(invalid(&format!(
+            "must not be a subdomain of cluster local domain {CLUSTER_DOMAIN:?}"
+        )));
+    }
+    let r = &dm.spec.ref_;
+    for (field, v) in [
+        ("spec.ref.apiVersion", &r.api_version),
+        ("spec.ref.kind", &r.kind),
+        ("spec.ref.name", &r.name),
+    ] {
+        if v.is_empty() {
+            e.push(FieldError::new(field, "missing field(s)"));
+        }
+    }
+    let parent = ns(meta);
+    if let Some(rns) = r.namespace.as_deref().filter(|n| !n.is_empty())
+        && rns != parent
+    {
+        e.push(
+            FieldError::new("spec.ref.namespace", "mismatched namespaces").details(format!(
+                "parent namespace: {parent:?} does not match ref: {rns:?}"
+            )),
+        );
+    }
+    if dm
+        .spec
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.secret_name.is_empty())
+    {
+        e.push(FieldError::new("spec.tls.secretName", "missing field(s)"));
+    }
+    e
+}
+
 fn ns(meta: &ObjectMeta) -> &str {
     meta.namespace.as_deref().unwrap_or("default")
 }

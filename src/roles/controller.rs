@@ -96,6 +96,7 @@ pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
             templates: (**live.network.load()).clone(),
             istio: (**live.istio.load()).clone(),
             gateway: (**live.gateway.load()).clone(),
+            certmanager: (**live.certmanager.load()).clone(),
         },
         deployment,
         features: (**live.features.load()).clone(),

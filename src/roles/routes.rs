@@ -6,8 +6,10 @@
 //!   live config-domain and config-network), and the revisions its `status.traffic` names.
 //!   Hosts are recomputed when those ConfigMaps change; once a second the book drops
 //!   revisions whose `routing-grace` has passed;
-//! - the ready endpoints of config-istio's gateway Services (external and local), the peers
-//!   `trusted-proxies`' default believes; the Services followed change with config-istio.
+//! - the ready endpoints of the gateway Services of the ingress class in force (external and
+//!   local: config-istio's, or config-gateway's), the peers `trusted-proxies`' default
+//!   believes; the Services followed change with config-network, config-istio and
+//!   config-gateway.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -26,7 +28,9 @@ use tracing::Instrument;
 
 use crate::activator::route_check::{GatewayPeers, RouteBook, RouteGuard, RouteInput};
 use crate::config::live::LiveConfig;
-use crate::config::network::{CLUSTER_LOCAL_DOMAIN, IstioConfig, NetworkConfig};
+use crate::config::network::{
+    CLUSTER_LOCAL_DOMAIN, GatewayConfig, IngressClass, IstioConfig, NetworkConfig,
+};
 use crate::controller::route::resources::group_hosts;
 use crate::knative::Route;
 use crate::platform::kubernetes::service_slices::watch_service;
@@ -64,8 +68,9 @@ fn network(live: &LiveConfig) -> NetworkConfig {
     NetworkConfig {
         domain: (**live.domain.load()).clone(),
         templates: (**live.network.load()).clone(),
-        istio: IstioConfig::default(),
-        gateway: crate::config::network::GatewayConfig::default(),
+        istio: (**live.istio.load()).clone(),
+        gateway: (**live.gateway.load()).clone(),
+        certmanager: Default::default(),
     }
 }
 
@@ -179,17 +184,40 @@ fn service_of(host: &str) -> Option<(String, String)> {
     (!name.is_empty() && !ns.is_empty() && !ns.contains('.')).then(|| (ns.into(), name.into()))
 }
 
-/// The Services of config-istio's gateways, external and local.
-fn gateway_services(istio: &IstioConfig) -> Vec<(String, String)> {
-    let mut v: Vec<(String, String)> = istio
-        .external_gateways
-        .iter()
-        .chain(&istio.local_gateways)
-        .filter_map(|g| service_of(&g.service))
-        .collect();
+/// The Services of the gateways of the ingress class in force, external and local:
+/// config-istio's, or config-gateway's (those that name one).
+fn gateway_services(
+    class: IngressClass,
+    istio: &IstioConfig,
+    gateway: &GatewayConfig,
+) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = match class {
+        IngressClass::Istio => istio
+            .external_gateways
+            .iter()
+            .chain(&istio.local_gateways)
+            .filter_map(|g| service_of(&g.service))
+            .collect(),
+        IngressClass::GatewayApi => gateway
+            .external_gateways
+            .iter()
+            .chain(&gateway.local_gateways)
+            .filter_map(|g| g.service.as_ref())
+            .map(|s| (s.namespace.clone(), s.name.clone()))
+            .collect(),
+    };
     v.sort();
     v.dedup();
     v
+}
+
+/// [`gateway_services`] of the live configuration.
+fn live_gateway_services(live: &LiveConfig) -> Vec<(String, String)> {
+    gateway_services(
+        live.network.load().ingress_class,
+        &live.istio.load(),
+        &live.gateway.load(),
+    )
 }
 
 async fn follow_gateways(
@@ -199,7 +227,7 @@ async fn follow_gateways(
     stop: CancellationToken,
 ) {
     loop {
-        let services = gateway_services(&live.istio.load());
+        let services = live_gateway_services(&live);
         tracing::info!(?services, "following the gateways' endpoints");
         let these = stop.child_token();
         let changed = Arc::new(Notify::new());
@@ -232,7 +260,7 @@ async fn follow_gateways(
                     peers.set(addrs);
                 }
                 _ = tick.tick() => {
-                    if gateway_services(&live.istio.load()) != services {
+                    if live_gateway_services(&live) != services {
                         break;
                     }
                 }
@@ -255,8 +283,48 @@ mod tests {
         assert_eq!(service_of("gw.ns.svc"), Some(("ns".into(), "gw".into())));
         assert_eq!(service_of("gw.ns"), Some(("ns".into(), "gw".into())));
         assert_eq!(service_of("gw"), None);
-        let both = gateway_services(&IstioConfig::default());
-        assert_eq!(both.len(), 2);
+        let both = gateway_services(
+            IngressClass::Istio,
+            &IstioConfig::default(),
+            &GatewayConfig::default(),
+        );
+        assert_eq!(
+            both,
+            [
+                (
+                    "istio-system".to_string(),
+                    "istio-ingressgateway".to_string()
+                ),
+                (
+                    "istio-system".to_string(),
+                    "knative-local-gateway".to_string()
+                )
+            ]
+        );
+    }
+
+    /// With the Gateway API class, config-gateway's Services are the trusted peers, as
+    /// config-gateway says them.
+    #[test]
+    fn the_gateway_api_class_trusts_config_gateways_services() {
+        use crate::config::ConfigMap;
+        let gateway = GatewayConfig::parse(&std::collections::BTreeMap::from([(
+            "external-gateways".to_string(),
+            "- class: eg\n  gateway: envoy/eg\n  service: envoy/eg-proxy\n".to_string(),
+        )]))
+        .unwrap()
+        .config;
+        let v = gateway_services(IngressClass::GatewayApi, &IstioConfig::default(), &gateway);
+        assert_eq!(
+            v,
+            [
+                ("envoy".to_string(), "eg-proxy".to_string()),
+                (
+                    "istio-system".to_string(),
+                    "knative-local-gateway".to_string()
+                )
+            ]
+        );
     }
 
     /// A Route's hosts are the reconciler's: external and cluster-local short names, tags

@@ -51,7 +51,7 @@ pub enum Hook {
 #[derive(Debug)]
 pub struct Verdict {
     pub response: AdmissionResponse,
-    /// `Service`, `Configuration`, `Revision`, `Route`, or `other`.
+    /// `Service`, `Configuration`, `Revision`, `Route`, `DomainMapping`, or `other`.
     pub kind: &'static str,
     /// `CREATE`, `UPDATE`, `DELETE`, `CONNECT`.
     pub operation: &'static str,
@@ -63,6 +63,7 @@ fn kind_label(kind: &str) -> &'static str {
         "Configuration" => "Configuration",
         "Revision" => "Revision",
         "Route" => "Route",
+        "DomainMapping" => "DomainMapping",
         _ => "other",
     }
 }
@@ -338,6 +339,12 @@ fn validation(
             if let Err(m) = crate::controller::revision::check(&rev, settings) {
                 return Err(format!("validation failed: {m}"));
             }
+        }
+        "DomainMapping" => {
+            let (mut dm, _): (crate::knative::DomainMapping, _) = parse(obj)?;
+            let ns = namespace(req, &dm.metadata);
+            dm.metadata.namespace = Some(ns);
+            errors = validate::domain_mapping(&dm);
         }
         "Route" => {
             let (route, _): (Route, _) = parse(obj)?;

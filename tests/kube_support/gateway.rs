@@ -375,12 +375,19 @@ pub async fn publish(client: &kube::Client, host: &str, pods: &[SocketAddr]) {
 /// pod that answers probes itself ([`Backend::Echo`]) and published as both Services: what
 /// a test needs for its routes to reach `IngressReady`.
 pub async fn default_gateways(client: &kube::Client) -> TestGateway {
+    default_gateways_and(client, &[]).await
+}
+
+/// [`default_gateways`] whose pod also serves the Gateways `more` (`namespace/name`: a route's
+/// TLS Gateways, which select the same pods).
+pub async fn default_gateways_and(client: &kube::Client, more: &[&str]) -> TestGateway {
     let istio = thaw::config::network::IstioConfig::default();
     let refs: Vec<String> = istio
         .external_gateways
         .iter()
         .chain(&istio.local_gateways)
         .map(|g| g.reference())
+        .chain(more.iter().map(|m| m.to_string()))
         .collect();
     let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
     let gw = TestGateway::start(client.clone(), &refs, Backend::Echo).await;

@@ -60,6 +60,25 @@ impl TestApi {
             store.clone(),
             &thaw::controller::route::http_route::crd(),
         ));
+        // Istio's Gateway (the Istio class's TLS Gateways) and cert-manager's Certificate (the
+        // subsets thaw writes), as their CRDs would serve them.
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::virtual_service::gateway_crd(),
+        ));
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::certificate::crd(),
+        ));
+        // The Gateway API's Gateway and ReferenceGrant (the Gateway API class's TLS).
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::http_route::gateway_crd(),
+        ));
+        handlers.push(crd_handler(
+            store.clone(),
+            &thaw::controller::route::http_route::reference_grant_crd(),
+        ));
         // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
         // only `core/v1` ones.
         handlers.push(Arc::new(StoreBackedHandler::new(

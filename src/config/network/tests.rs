@@ -147,7 +147,7 @@ fn templates_render_and_bad_ones_are_rejected() {
         assert!(e.0[0].reason.contains(why), "{value}: {e}");
     }
     // Other Knative keys are accepted with a warning.
-    let w = TemplateConfig::warnings(&data(&[("ingress.class", "x"), ("nope", "y")]));
+    let w = TemplateConfig::warnings(&data(&[("certificate-class", "x"), ("nope", "y")]));
     assert_eq!(w.len(), 2);
     assert!(w[0].contains("no effect"), "{w:?}");
 }
@@ -265,5 +265,104 @@ fn config_gateway_is_net_gateway_apis_format() {
         let e = GatewayConfig::parse(&data(&[(key, value)])).unwrap_err();
         let text = e.to_string();
         assert!(text.contains(key) && text.contains(says), "{text}");
+    }
+}
+
+#[test]
+fn tls_keys_and_their_older_spellings() {
+    let d = TemplateConfig::parse(&data(&[])).unwrap().config;
+    assert!(!d.external_domain_tls);
+    assert_eq!(d.http_protocol, HttpProtocol::Enabled);
+    let c = TemplateConfig::parse(&data(&[
+        ("external-domain-tls", "Enabled"),
+        ("http-protocol", "redirected"),
+    ]))
+    .unwrap()
+    .config;
+    assert!(c.external_domain_tls);
+    assert_eq!(c.http_protocol, HttpProtocol::Redirected);
+    // The older spellings are read; the newer ones win when both are given.
+    let c = TemplateConfig::parse(&data(&[("auto-tls", "Enabled")]))
+        .unwrap()
+        .config;
+    assert!(c.external_domain_tls);
+    let c = TemplateConfig::parse(&data(&[
+        ("auto-tls", "Enabled"),
+        ("external-domain-tls", "Disabled"),
+    ]))
+    .unwrap()
+    .config;
+    assert!(!c.external_domain_tls);
+    let c = TemplateConfig::parse(&data(&[(
+        "ingress.class",
+        "gateway-api.ingress.networking.knative.dev",
+    )]))
+    .unwrap()
+    .config;
+    assert_eq!(c.ingress_class, IngressClass::GatewayApi);
+    let c = TemplateConfig::parse(&data(&[
+        (
+            "ingress.class",
+            "gateway-api.ingress.networking.knative.dev",
+        ),
+        ("ingress-class", "istio.ingress.networking.knative.dev"),
+    ]))
+    .unwrap()
+    .config;
+    assert_eq!(c.ingress_class, IngressClass::Istio);
+    for (key, value) in [
+        ("external-domain-tls", "yes"),
+        ("auto-tls", "on"),
+        ("http-protocol", "Sometimes"),
+    ] {
+        let text = TemplateConfig::parse(&data(&[(key, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains(key), "{text}");
+    }
+}
+
+#[test]
+fn config_certmanager_issuer_ref() {
+    let d = CertManagerConfig::parse(&data(&[])).unwrap().config;
+    assert_eq!(d.issuer_ref.kind, "ClusterIssuer");
+    assert_eq!(d.issuer_ref.name, "knative-selfsigned-issuer");
+    let p = CertManagerConfig::parse(&data(&[
+        ("issuerRef", "kind: Issuer\nname: letsencrypt\n"),
+        ("clusterLocalIssuerRef", "kind: ClusterIssuer\nname: x\n"),
+    ]))
+    .unwrap();
+    assert_eq!(p.config.issuer_ref.kind, "Issuer");
+    assert_eq!(p.config.issuer_ref.name, "letsencrypt");
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.contains("clusterLocalIssuerRef")),
+        "{:?}",
+        p.warnings
+    );
+    let external = CertManagerConfig::parse(&data(&[(
+        "issuerRef",
+        "kind: AWSPCAClusterIssuer\nname: pca\ngroup: awspca.cert-manager.io\n",
+    )]))
+    .unwrap();
+    assert_eq!(
+        external.config.issuer_ref.group.as_deref(),
+        Some("awspca.cert-manager.io")
+    );
+    for (value, says) in [
+        ("kind: Issuer\n", "kind and name"),
+        ("kind: Nope\nname: a\n", "not Issuer or ClusterIssuer"),
+        ("kind: Issuer\nname: Not_A_Name\n", "DNS subdomain"),
+        ("kind: Issuer\nname: a\ncolour: red\n", "kind and name"),
+        ("[]", "kind and name"),
+    ] {
+        let text = CertManagerConfig::parse(&data(&[("issuerRef", value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("issuerRef") && text.contains(says),
+            "{value}: {text}"
+        );
     }
 }

@@ -30,13 +30,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use super::http_route::{
-    GROUP, HTTPRoute, HttpBackendRef, HttpHeader, HttpHeaderFilter, HttpPathMatch, HttpRouteFilter,
-    HttpRouteMatch, HttpRouteRule, HttpRouteSpec, HttpRouteTimeouts, HttpUrlRewriteFilter,
-    ParentReference,
+    GROUP, HTTPRoute, HttpBackendRef, HttpHeader, HttpHeaderFilter, HttpPathMatch,
+    HttpRequestRedirectFilter, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, HttpRouteSpec,
+    HttpRouteTimeouts, HttpUrlRewriteFilter, ParentReference,
 };
 use super::ingress::{IngressDesc, Split};
 use super::resources::{CLUSTER_LOCAL, VISIBILITY, child_meta};
-use crate::config::network::{GatewayApiGateway, NetworkConfig, REQUEST_TIMEOUT_FEATURE};
+use crate::config::network::{
+    GatewayApiGateway, HttpProtocol, NetworkConfig, REQUEST_TIMEOUT_FEATURE,
+};
 use crate::knative::Route;
 
 /// The CRD the Gateway API ingress class writes.
@@ -45,6 +47,10 @@ pub const HTTP_ROUTE_CRD: &str = "httproutes.gateway.networking.k8s.io";
 pub const HTTP_ROUTE_NOT_SERVED: &str = "HTTPRouteNotServed";
 /// The filter type that rewrites the host (and path).
 pub const URL_REWRITE: &str = "URLRewrite";
+/// The filter type that redirects.
+pub const REQUEST_REDIRECT: &str = "RequestRedirect";
+/// The suffix of a TLS host's redirecting HTTPRoute.
+pub const REDIRECT_SUFFIX: &str = "-redirect";
 /// The filter type that changes request headers.
 pub const REQUEST_HEADER_MODIFIER: &str = "RequestHeaderModifier";
 /// The HTTPRoute condition saying its parent accepted it.
@@ -67,6 +73,7 @@ fn header_filter(set: &BTreeMap<String, String>, remove: &[String]) -> HttpRoute
     HttpRouteFilter {
         type_: REQUEST_HEADER_MODIFIER.into(),
         url_rewrite: None,
+        request_redirect: None,
         request_header_modifier: Some(HttpHeaderFilter {
             set: set
                 .iter()
@@ -127,6 +134,72 @@ fn http_route(
     }
 }
 
+/// The parentRefs of a TLS host's HTTPRoute: its listener on each gateway, and, with
+/// `http-protocol: Enabled`, the http listener (a parentRef without `sectionName` attaches to
+/// every listener whose hostname matches, the TLS one included).
+fn tls_parents(
+    gateways: &[GatewayApiGateway],
+    listener: &str,
+    http: HttpProtocol,
+) -> Vec<ParentReference> {
+    let mut out = Vec::new();
+    for g in gateways {
+        let tls = ParentReference {
+            section_name: Some(listener.to_string()),
+            ..parent_ref(g)
+        };
+        match (http, &g.http_listener_name) {
+            (HttpProtocol::Enabled, None) => out.push(parent_ref(g)),
+            (HttpProtocol::Enabled, Some(_)) => out.extend([parent_ref(g), tls]),
+            _ => out.push(tls),
+        }
+    }
+    out
+}
+
+/// The HTTPRoute `{host}-redirect`: on the gateways' http listener (config-gateway's
+/// `http-listener-name`, else port 80), a `RequestRedirect` to https (301) for every path.
+fn redirect_route(
+    meta: &dyn Fn(String) -> ObjectMeta,
+    host: &str,
+    gateways: &[GatewayApiGateway],
+) -> HTTPRoute {
+    HTTPRoute {
+        metadata: meta(format!("{host}{REDIRECT_SUFFIX}")),
+        spec: HttpRouteSpec {
+            parent_refs: gateways
+                .iter()
+                .map(|g| ParentReference {
+                    port: g.http_listener_name.is_none().then_some(80),
+                    ..parent_ref(g)
+                })
+                .collect(),
+            hostnames: vec![host.to_string()],
+            rules: vec![HttpRouteRule {
+                matches: vec![HttpRouteMatch {
+                    path: Some(HttpPathMatch {
+                        type_: Some("PathPrefix".into()),
+                        value: Some("/".into()),
+                    }),
+                    headers: Vec::new(),
+                }],
+                filters: vec![HttpRouteFilter {
+                    type_: REQUEST_REDIRECT.into(),
+                    request_redirect: Some(HttpRequestRedirectFilter {
+                        scheme: Some("https".into()),
+                        port: None,
+                        status_code: Some(301),
+                    }),
+                    ..HttpRouteFilter::default()
+                }],
+                backend_refs: Vec::new(),
+                timeouts: None,
+            }],
+        },
+        status: None,
+    }
+}
+
 /// The Gateway API class's writer: the HTTPRoutes of `route`'s ingress description (the module
 /// doc), external ones first.
 pub fn http_routes(route: &Route, desc: &IngressDesc, net: &NetworkConfig) -> Vec<HTTPRoute> {
@@ -159,6 +232,7 @@ pub fn write_http_routes(
                     url_rewrite: Some(HttpUrlRewriteFilter {
                         hostname: Some(host.clone()),
                     }),
+                    request_redirect: None,
                 }))
                 .collect(),
             backend_refs: group.splits.iter().map(backend).collect(),
@@ -166,15 +240,25 @@ pub fn write_http_routes(
         };
         let h = &group.hosts;
         if let Some(ext) = &h.external {
-            out.push(http_route(
+            let gateways = &net.gateway.external_gateways;
+            let mut hr = http_route(
                 meta,
                 ext,
                 vec![ext.clone()],
-                &net.gateway.external_gateways,
+                gateways,
                 rule.clone(),
                 false,
                 group.timeout_seconds,
-            ));
+            );
+            let tls = !desc.cluster_local && desc.tls.iter().any(|t| t.hosts.contains(ext));
+            if tls {
+                let listener = super::gateway_tls::listener_name(&desc.namespace, &desc.name, ext);
+                hr.spec.parent_refs = tls_parents(gateways, &listener, net.templates.http_protocol);
+            }
+            out.push(hr);
+            if tls && net.templates.http_protocol == HttpProtocol::Redirected {
+                out.push(redirect_route(meta, ext, gateways));
+            }
         }
         if let Some(longest) = h.local.get(2) {
             out.push(http_route(

@@ -119,6 +119,20 @@ pub struct HttpRouteFilter {
     pub request_header_modifier: Option<HttpHeaderFilter>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_rewrite: Option<HttpUrlRewriteFilter>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_redirect: Option<HttpRequestRedirectFilter>,
+}
+
+/// `HTTPRequestRedirectFilter` (scheme, port and status code).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRequestRedirectFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<i32>,
 }
 
 /// `HTTPURLRewriteFilter` (the hostname part).
@@ -252,4 +266,139 @@ impl HTTPRoute {
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     HTTPRoute::crd()
+}
+
+/// The Gateway API's `Gateway` spec (the subset thaw reads and the listeners it adds for TLS
+/// hosts). Another's Gateway is changed as JSON (its fields thaw does not model kept): this
+/// type is for the listeners thaw writes and the tests' API server.
+#[derive(
+    CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "gateway.networking.k8s.io",
+    version = "v1",
+    kind = "Gateway",
+    plural = "gateways",
+    namespaced,
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A Gateway API Gateway (the subset thaw reads and writes)."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    pub gateway_class_name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<Listener>,
+}
+
+/// `Listener`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Listener {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    pub port: i32,
+    /// `HTTP` or `HTTPS`.
+    pub protocol: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GatewayTlsConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_routes: Option<AllowedRoutes>,
+}
+
+/// `GatewayTLSConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTlsConfig {
+    /// `Terminate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificate_refs: Vec<SecretObjectReference>,
+}
+
+/// `SecretObjectReference`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct SecretObjectReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// `AllowedRoutes` (the namespaces part).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AllowedRoutes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<RouteNamespaces>,
+}
+
+/// `RouteNamespaces`: `from: Selector` with a label selector.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct RouteNamespaces {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<MatchLabels>,
+}
+
+/// A label selector's `matchLabels`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchLabels {
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
+}
+
+/// The Gateway API's `ReferenceGrant` (`v1beta1`): lets objects of other namespaces refer to
+/// objects of this one.
+#[derive(
+    CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "gateway.networking.k8s.io",
+    version = "v1beta1",
+    kind = "ReferenceGrant",
+    plural = "referencegrants",
+    namespaced,
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A Gateway API ReferenceGrant."
+)]
+pub struct ReferenceGrantSpec {
+    pub from: Vec<ReferenceGrantFrom>,
+    pub to: Vec<ReferenceGrantTo>,
+}
+
+/// `ReferenceGrantFrom`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReferenceGrantFrom {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+}
+
+/// `ReferenceGrantTo`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReferenceGrantTo {
+    pub group: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The CRD of the Gateway subset, for the tests' API server.
+pub fn gateway_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    Gateway::crd()
+}
+
+/// The CRD of ReferenceGrant, for the tests' API server.
+pub fn reference_grant_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    ReferenceGrant::crd()
 }

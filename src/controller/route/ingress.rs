@@ -12,7 +12,8 @@
 //! `Knative-Serving-Namespace` / `Knative-Serving-Revision`), the group's timeout (the longest
 //! `timeoutSeconds` of the revisions it sends traffic to); and, for every group, the internal
 //! headers removed from the client's request ([`crate::knative::headers::INTERNAL`] but those a
-//! split sets) and the TLS the hosts are served with (none: thaw provisions no certificates).
+//! split sets) and the TLS the hosts are served with (a host and its Secret per ready
+//! Certificate, [`super::certificate`]; set by the Route reconciler after [`describe`]).
 
 use std::collections::BTreeMap;
 
@@ -37,10 +38,38 @@ pub struct IngressDesc {
     /// The internal headers removed from every client request (all of
     /// [`crate::knative::headers::INTERNAL`] but those a split sets).
     pub remove_headers: Vec<String>,
-    /// The hosts served over TLS, with their certificate's Secret: always empty
-    /// (`external-domain-tls` is not supported; `CertificateProvisioned` says
-    /// `TLSNotEnabled`).
+    /// The hosts served over TLS, with their certificate's Secret (empty unless
+    /// `external-domain-tls` is Enabled and a Certificate is Ready).
     pub tls: Vec<Tls>,
+}
+
+/// Why a writer could not write the objects of a description's TLS: the owner's
+/// `IngressReady=False` reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `NotOwned` (an object of that name is someone else's) or [`GATEWAY_MISSING`].
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The reason when a gateway the TLS objects need (config-istio's gateway Service, or
+/// config-gateway's external Gateway) does not exist.
+pub const GATEWAY_MISSING: &str = "GatewayMissing";
+
+impl Refusal {
+    pub fn not_owned(message: String) -> Self {
+        Self {
+            reason: "NotOwned",
+            message,
+        }
+    }
+
+    pub fn gateway_missing(message: String) -> Self {
+        Self {
+            reason: GATEWAY_MISSING,
+            message,
+        }
+    }
 }
 
 /// One TLS block: hosts and the Secret holding their certificate.

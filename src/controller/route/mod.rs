@@ -28,17 +28,23 @@
 //! serve Istio's VirtualService (its CRD is not installed), no route can be programmed:
 //! `IngressReady=False` [`VIRTUAL_SERVICE_NOT_SERVED`], the reconcile ends at once (its worker
 //! is free), and every route is reconciled again once the VirtualService watch lists (the
-//! CRD appeared). `CertificateProvisioned` is True `TLSNotEnabled` (thaw sets up no
-//! certificates).
+//! CRD appeared). `CertificateProvisioned` is True `TLSNotEnabled` unless config-network's
+//! `external-domain-tls` is Enabled: then the route's external hosts get cert-manager
+//! Certificates ([`certificate`]), each host is served over https (and `https://` in the
+//! URLs) once its Certificate is Ready, the Istio class writing a TLS Gateway and copying the
+//! Secrets into the gateway's namespace ([`istio_tls`]).
 //!
 //! The controller re-queues a route when its VirtualService or placeholder Services change
 //! (owned), and when a Revision or Configuration it refers to changes (the stores' streams
 //! mapped to the routes that name them), so a revision turning Ready or a configuration's
 //! latest ready revision moving re-routes at once.
 
+pub mod certificate;
 pub mod gateway_api;
+pub mod gateway_tls;
 pub mod http_route;
 pub mod ingress;
+pub mod istio_tls;
 pub mod labeler;
 pub mod prober;
 pub mod resources;
@@ -64,6 +70,7 @@ use crate::config::network::{IngressClass, NetworkConfig};
 use crate::knative::duck::{Condition, ConditionStatus};
 use crate::knative::names::labels;
 use crate::knative::{Configuration, Revision, Route, RouteStatus, condition, validate};
+use certificate::{Certificate, TlsOutcome};
 use http_route::HTTPRoute;
 use traffic::{Referenced, TargetError, Traffic};
 use virtual_service::VirtualService;
@@ -77,6 +84,13 @@ pub const ISTIO_INGRESS_CLASS: &str = crate::config::network::ISTIO_INGRESS_CLAS
 pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
 /// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
 pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
+
+/// What a missing VirtualService CRD means, in the log.
+pub const ISTIO_CLASS_EFFECT: &str =
+    "routes of the ingress class istio.ingress.networking.knative.dev are IngressReady=False";
+/// What a missing HTTPRoute CRD means, in the log.
+pub const GATEWAY_API_CLASS_EFFECT: &str =
+    "routes of the ingress class gateway-api.ingress.networking.knative.dev are IngressReady=False";
 
 /// The longest a reconcile waits for the VirtualService watch's first answer.
 pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
@@ -120,6 +134,10 @@ pub struct Stores {
     pub http_routes_served: tokio::sync::watch::Receiver<Served>,
     /// Whether the gateways serve each route's current VirtualServices.
     pub prober: Arc<prober::Prober>,
+    /// cert-manager's Certificates (the routes' own, by owner).
+    pub certificates: Store<Certificate>,
+    /// Whether Certificates are served (cert-manager is installed) or missing.
+    pub certificates_served: tokio::sync::watch::Receiver<Served>,
 }
 
 impl Stores {
@@ -154,16 +172,27 @@ impl Stores {
     /// list, or a 404). Waits at most [`SERVED_WAIT`]: a watch failing otherwise (the API
     /// server away, a 403) is an error, retried with backoff, the worker freed.
     async fn served(&self, class: IngressClass) -> Result<Served, Error> {
-        let (mut rx, kind) = match class {
-            IngressClass::Istio => (self.served.clone(), "VirtualService"),
-            IngressClass::GatewayApi => (self.http_routes_served.clone(), "HTTPRoute"),
-        };
-        let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
-            .await
-            .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
-            .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
-        Ok(*s)
+        match class {
+            IngressClass::Istio => wait_served(self.served.clone(), "VirtualService").await,
+            IngressClass::GatewayApi => {
+                wait_served(self.http_routes_served.clone(), "HTTPRoute").await
+            }
+        }
     }
+}
+
+/// Whether a kind is served, once its watch has an answer (its first list, or a 404). Waits
+/// at most [`SERVED_WAIT`]: a watch failing otherwise (the API server away, a 403) is an
+/// error, retried with backoff, the worker freed.
+pub(crate) async fn wait_served(
+    mut rx: tokio::sync::watch::Receiver<Served>,
+    kind: &str,
+) -> Result<Served, Error> {
+    let s = tokio::time::timeout(SERVED_WAIT, rx.wait_for(|s| *s != Served::Unknown))
+        .await
+        .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
+        .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
+    Ok(*s)
 }
 
 /// Whether a watch error says the API server does not serve the kind (404 on its list or
@@ -218,17 +247,34 @@ pub fn compute_status(
     route: &Route,
     resolved: &Result<Traffic, TargetError>,
     ingress: &Ingress,
+    tls: Option<&TlsOutcome>,
     net: &NetworkConfig,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 ) -> RouteStatus {
     use conditions::*;
     let mut st = route.status.clone().unwrap_or_default();
+    // The hosts served over https: those of ready Certificates; when the TLS was not
+    // reconciled this time (the traffic did not resolve), those the status said.
+    let before_https: Vec<String> = st
+        .fields
+        .url
+        .iter()
+        .chain(st.fields.traffic.iter().filter_map(|t| t.url.as_ref()))
+        .filter_map(|u| u.strip_prefix("https://").map(String::from))
+        .collect();
+    let https: Vec<&str> = match tls {
+        Some(t) => t.https_hosts(),
+        None => before_https.iter().map(String::as_str).collect(),
+    };
     st.status.observed_generation = route.metadata.generation;
-    st.fields.url = Some(resources::url(route, net));
+    st.fields.url = Some(certificate::with_scheme(resources::url(route, net), &https));
     st.fields.address = Some(resources::address(route));
     match resolved {
         Ok(t) => {
             st.fields.traffic = resources::status_traffic(route, t, net);
+            for t in &mut st.fields.traffic {
+                t.url = t.url.take().map(|u| certificate::with_scheme(u, &https));
+            }
             st.status.set(
                 condition(ALL_TRAFFIC_ASSIGNED, ConditionStatus::True, None, None),
                 now,
@@ -316,20 +362,19 @@ pub fn compute_status(
             }
         }
     }
-    let message = if resources::is_cluster_local(route, net) {
-        "TLS is not enabled for cluster-local"
-    } else {
-        "external-domain-tls is not enabled"
-    };
-    st.status.set(
-        condition(
-            CERTIFICATE_PROVISIONED,
-            ConditionStatus::True,
-            Some("TLSNotEnabled"),
-            Some(message.into()),
+    match tls {
+        Some(t) => st.status.set(t.condition(net.templates.http_protocol), now),
+        None if st.status.condition(CERTIFICATE_PROVISIONED).is_none() => st.status.set(
+            condition(
+                CERTIFICATE_PROVISIONED,
+                ConditionStatus::Unknown,
+                Some("CertificateNotReady"),
+                Some("The certificates have not yet been reconciled.".into()),
+            ),
+            now,
         ),
-        now,
-    );
+        None => {}
+    }
     st.status.set_ready_from(
         condition::READY,
         &[ALL_TRAFFIC_ASSIGNED, INGRESS_READY, CERTIFICATE_PROVISIONED],
@@ -422,6 +467,7 @@ async fn program(
     ctx: &Ctx,
     route: &Route,
     traffic: &Traffic,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     default_timeout: u64,
     stores: &Stores,
@@ -436,18 +482,19 @@ async fn program(
             return Ok(Ingress::NotOwned(msg));
         }
     }
-    let desc = ingress::describe(route, traffic, net, default_timeout);
+    let mut desc = ingress::describe(route, traffic, net, default_timeout);
+    desc.tls = tls.ingress_tls(&ns);
     let ingress = match net.templates.ingress_class {
         IngressClass::Istio => {
             // HTTPRoutes left from the Gateway API class.
             delete_owned(ctx, &ns, owned(&stores.http_routes, route)).await?;
-            program_istio(ctx, route, traffic, &desc, net, stores).await?
+            program_istio(ctx, route, traffic, &desc, tls, net, stores).await?
         }
         IngressClass::GatewayApi => {
             // VirtualServices left from the Istio class; its prober's task is not needed.
             delete_owned(ctx, &ns, owned(&stores.virtual_services, route)).await?;
             stores.prober.forget(&ns, &route.name_any());
-            program_gateway_api(ctx, route, &desc, net, stores).await?
+            program_gateway_api(ctx, route, &desc, tls, net, stores).await?
         }
     };
     if matches!(ingress, Ingress::NotOwned(_)) {
@@ -499,10 +546,19 @@ async fn program_gateway_api(
     ctx: &Ctx,
     route: &Route,
     desc: &ingress::IngressDesc,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<Ingress, Error> {
     let ns = &desc.namespace;
+    // The TLS listeners and ReferenceGrant first: the HTTPRoutes attach to those listeners.
+    if (!matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route))
+        && let Some(r) =
+            gateway_tls::program(ctx, route, desc, net, &|n| resources::child_meta(route, n))
+                .await?
+    {
+        return Ok(refused(r));
+    }
     let routes = gateway_api::http_routes(route, desc, net);
     for hr in &routes {
         let cached = stores
@@ -529,6 +585,18 @@ async fn program_gateway_api(
     })
 }
 
+/// What a writer's refusal of the TLS objects makes of the ingress.
+fn refused(r: ingress::Refusal) -> Ingress {
+    if r.reason == "NotOwned" {
+        Ingress::NotOwned(r.message)
+    } else {
+        Ingress::Refused {
+            reason: r.reason.into(),
+            message: r.message,
+        }
+    }
+}
+
 /// The Istio class: writes the route's VirtualServices and asks the prober whether every
 /// gateway pod serves them.
 async fn program_istio(
@@ -536,11 +604,31 @@ async fn program_istio(
     route: &Route,
     traffic: &Traffic,
     desc: &ingress::IngressDesc,
+    tls: &TlsOutcome,
     net: &NetworkConfig,
     stores: &Stores,
 ) -> Result<Ingress, Error> {
     let ns = desc.namespace.clone();
+    // The TLS Gateways and Secret copies first: the VirtualService binds those Gateways.
+    // (Nothing to look at while the route has never had TLS.)
+    if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
+        let name = route.name_any();
+        if let Some(r) = istio_tls::program(ctx, route, desc, net, (labels::ROUTE, &name), &|n| {
+            resources::child_meta(route, n)
+        })
+        .await?
+        {
+            return Ok(refused(r));
+        }
+    }
     let vss = resources::istio_virtual_services(route, desc, net);
+    // A TLS host whose plain http is redirected (or not served) cannot answer a probe over
+    // http: its gateway pods are the external gateway's, probed through the other hosts.
+    let unprobed = if net.templates.http_protocol == crate::config::network::HttpProtocol::Enabled {
+        Vec::new()
+    } else {
+        istio_tls::tls_hosts(desc)
+    };
     for vs in [&vss.ingress, &vss.mesh] {
         let cached = stores
             .virtual_services
@@ -554,10 +642,11 @@ async fn program_istio(
         }
     }
     Ok(
-        match stores
-            .prober
-            .check(route, &vss.hash, probed_gateways(route, traffic, net))
-        {
+        match stores.prober.check(
+            route,
+            &vss.hash,
+            probed_gateways(route, traffic, net, &unprobed),
+        ) {
             prober::Probed::Ready => Ingress::Programmed,
             prober::Probed::Pending(message) => Ingress::Probing(message),
         },
@@ -566,18 +655,23 @@ async fn program_istio(
 
 /// The gateways the route is on, each with the hosts it serves for it: the external gateways
 /// the external hosts (unless the route is cluster-local), the local ones the cluster-local
-/// hosts (net-istio's `HostsPerVisibility`).
+/// hosts (net-istio's `HostsPerVisibility`); but the external hosts `unprobed`.
 fn probed_gateways(
     route: &Route,
     traffic: &Traffic,
     net: &NetworkConfig,
+    unprobed: &[&str],
 ) -> Vec<prober::GatewayHosts> {
     let groups: Vec<resources::GroupHosts> = traffic
         .groups
         .keys()
         .map(|tag| resources::group_hosts(route, tag.as_deref(), net))
         .collect();
-    let external: Vec<String> = groups.iter().filter_map(|g| g.external.clone()).collect();
+    let external: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g.external.clone())
+        .filter(|h| !unprobed.contains(&h.as_str()))
+        .collect();
     let local: Vec<String> = groups.iter().flat_map(|g| g.local.clone()).collect();
     let mut out = Vec::new();
     if !external.is_empty() {
@@ -676,6 +770,109 @@ fn tolerate_gone<T>(r: Result<T, kube::Error>) -> Result<(), Error> {
     }
 }
 
+/// Whether `route`'s external hosts get Certificates: `external-domain-tls` is on and the
+/// route is not cluster-local.
+fn tls_enabled(route: &Route, net: &NetworkConfig) -> bool {
+    net.templates.external_domain_tls && !resources::is_cluster_local(route, net)
+}
+
+/// Whether the route's status shows it had TLS: its TLS objects may need deleting.
+fn had_tls(route: &Route) -> bool {
+    route
+        .status
+        .as_ref()
+        .is_some_and(|s| certificate::had_tls(s.fields.url.as_deref(), &s.status))
+}
+
+/// Writes the route's Certificates (one per external host, [`certificate`]) and deletes
+/// those no longer wanted (all of them when TLS is off); returns what they say.
+async fn certificates(
+    ctx: &Ctx,
+    route: &Route,
+    traffic: &Traffic,
+    net: &NetworkConfig,
+    stores: &Stores,
+) -> Result<TlsOutcome, Error> {
+    let mut desired = Vec::new();
+    if tls_enabled(route, net) {
+        let uid = route.uid().unwrap_or_default();
+        let mut tags: Vec<&Option<String>> = traffic.groups.keys().collect();
+        tags.sort_by_key(|t| t.is_some());
+        for tag in tags {
+            let Some(host) = resources::group_hosts(route, tag.as_deref(), net).external else {
+                continue;
+            };
+            let name = certificate::route_certificate_name(&uid, tag.as_deref());
+            let cert = certificate::certificate(resources::child_meta(route, name), &host, net);
+            desired.push(cert);
+        }
+    }
+    write_certificates(
+        ctx,
+        route,
+        tls_enabled(route, net).then_some(desired),
+        &stores.certificates,
+        &stores.certificates_served,
+        resources::is_cluster_local(route, net),
+    )
+    .await
+}
+
+/// Writes an owner's Certificates `desired` (`None`: TLS is off) and deletes its others;
+/// returns what they say. `store`/`served`: the owner controller's Certificate watch.
+pub(crate) async fn write_certificates<P: Resource + Sync>(
+    ctx: &Ctx,
+    owner: &P,
+    desired: Option<Vec<Certificate>>,
+    store: &Store<Certificate>,
+    served: &tokio::sync::watch::Receiver<Served>,
+    cluster_local: bool,
+) -> Result<TlsOutcome, Error> {
+    let ns = owner.meta().namespace.clone().unwrap_or_default();
+    // Without cert-manager's CRD there is nothing to read or delete: say so only when TLS is
+    // wanted.
+    let served = match desired {
+        Some(_) => wait_served(served.clone(), "Certificate").await?,
+        None => *served.borrow(),
+    };
+    if desired.is_some() && served == Served::Missing {
+        return Ok(TlsOutcome::NotServed);
+    }
+    let mut reports = Vec::new();
+    for cert in desired.iter().flatten() {
+        let name = cert.name_any();
+        let cached = store.get(&ObjectRef::new(&name).within(&ns));
+        if apply_child(ctx, owner, cert, cached.clone(), certificate::same)
+            .await?
+            .is_some()
+        {
+            return Ok(TlsOutcome::NotOwned(name));
+        }
+        reports.push(certificate::CertReport {
+            secret: cert.spec.secret_name.clone(),
+            state: certificate::state(cert, cached.as_deref()),
+            name,
+            host: cert.spec.dns_names.first().cloned().unwrap_or_default(),
+        });
+    }
+    if served == Served::Served {
+        let stale: Vec<Arc<Certificate>> = owned(store, owner)
+            .into_iter()
+            .filter(|o| {
+                !desired
+                    .iter()
+                    .flatten()
+                    .any(|d| d.name_any() == o.name_any())
+            })
+            .collect();
+        delete_owned(ctx, &ns, stale).await?;
+    }
+    Ok(match desired {
+        Some(_) => TlsOutcome::Certificates(reports),
+        None => TlsOutcome::NotEnabled { cluster_local },
+    })
+}
+
 /// Reconciles one Route (see the module docs).
 pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Result<Action, Error> {
     // The first reconciles may come before the stores' first list: wait for it (once).
@@ -695,20 +892,27 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     };
     let class = net.templates.ingress_class;
     let served = stores.served(class).await?;
-    let ingress = match &resolved {
-        Ok(_) if served == Served::Missing => match class {
+    let tls = match &resolved {
+        Ok(t) => Some(certificates(&ctx, &route, t, net, &stores).await?),
+        Err(_) if !tls_enabled(&route, net) => Some(TlsOutcome::NotEnabled {
+            cluster_local: resources::is_cluster_local(&route, net),
+        }),
+        Err(_) => None,
+    };
+    let ingress = match (&resolved, &tls) {
+        (Ok(_), _) if served == Served::Missing => match class {
             IngressClass::Istio => Ingress::NotServed,
             IngressClass::GatewayApi => Ingress::HttpRoutesNotServed,
         },
-        Ok(t) => {
+        (Ok(t), Some(tls)) => {
             let timeout = super::defaults_for(&settings, &ns)
                 .revision_timeout
                 .as_secs();
-            program(&ctx, &route, t, net, timeout, &stores).await?
+            program(&ctx, &route, t, tls, net, timeout, &stores).await?
         }
-        Err(_) => Ingress::Unchanged,
+        _ => Ingress::Unchanged,
     };
-    let status = compute_status(&route, &resolved, &ingress, net, &now());
+    let status = compute_status(&route, &resolved, &ingress, tls.as_ref(), net, &now());
     if invalid.is_empty() {
         label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
     }
@@ -730,6 +934,11 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
             return Err(Error::Other(message));
         }
         _ => {}
+    }
+    if let Some(TlsOutcome::NotOwned(name)) = tls {
+        return Err(Error::Other(format!(
+            "There is an existing certificate {name} that we don't own."
+        )));
     }
     // Not served: the kind's watch re-queues every route when it lists.
     Ok(Action::requeue(ctx.resync()))
@@ -910,6 +1119,7 @@ async fn forget_deleted_routes(
         if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
             stores.prober.forget(&ns, &name);
             forget(&ctx, &stores, &ns, &name).await;
+            forget_tls(&ctx, &ns, &name).await;
         }
     }
 }
@@ -933,6 +1143,27 @@ fn report_listed_but_gone(
     }
 }
 
+/// Deletes what a deleted route's TLS left outside its namespace: the copies of its
+/// certificate Secrets in the Istio gateways' namespaces ([`istio_tls`]) and its listeners on
+/// the Gateway API's external Gateways ([`gateway_tls`]). (Its Certificates, TLS Gateways and
+/// ReferenceGrant go by owner reference.)
+async fn forget_tls(ctx: &Ctx, ns: &str, name: &str) {
+    let settings = ctx.settings();
+    if let Err(e) = gateway_tls::set_listeners(ctx, &settings.network, ns, name, &[]).await {
+        tracing::warn!(namespace = ns, route = name, error = %e,
+            "could not remove a deleted route's TLS listeners");
+    }
+    for g in &settings.network.istio.external_gateways {
+        let Some((_, gw_ns)) = istio_tls::service_of(&g.service) else {
+            continue;
+        };
+        if let Err(e) = istio_tls::delete_copies(ctx, gw_ns, ns, (labels::ROUTE, name), &[]).await {
+            tracing::warn!(namespace = ns, route = name, error = %e,
+                "could not delete a deleted route's certificate Secret copies");
+        }
+    }
+}
+
 async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
     match mark(ctx, ns, name, &labeler::Used::default(), stores).await {
         Ok(()) => tracing::debug!(namespace = ns, route = name, "deleted route forgotten"),
@@ -950,7 +1181,7 @@ pub(crate) fn served_watch<K>(
     ctx: &Ctx,
     crd: &'static str,
     kinds: &'static str,
-    class: &'static str,
+    effect: &'static str,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -989,8 +1220,7 @@ where
             if was != Served::Missing {
                 tracing::warn!(
                     crd,
-                    "the API server does not serve {kinds}; routes of the ingress class \
-                     {class} are IngressReady=False until it does"
+                    "the API server does not serve {kinds}; {effect} until it does"
                 );
             }
         }
@@ -1063,15 +1293,25 @@ pub async fn controller(ctx: Arc<Ctx>) {
         &ctx,
         VIRTUAL_SERVICE_CRD,
         "VirtualServices",
-        ISTIO_INGRESS_CLASS,
+        ISTIO_CLASS_EFFECT,
     );
     let (http_routes, hr_stream, http_routes_served, hr_now_served) = served_watch::<HTTPRoute>(
         &ctx,
         gateway_api::HTTP_ROUTE_CRD,
         "HTTPRoutes",
-        crate::config::network::GATEWAY_API_INGRESS_CLASS,
+        GATEWAY_API_CLASS_EFFECT,
     );
-    let now_served = futures::stream::select(vs_now_served, hr_now_served);
+    let (certificates, cert_stream, certificates_served, cert_now_served) =
+        served_watch::<Certificate>(
+            &ctx,
+            certificate::CERTIFICATE_CRD,
+            "Certificates",
+            "external-domain-tls cannot provision certificates",
+        );
+    let now_served = futures::stream::select(
+        futures::stream::select(vs_now_served, hr_now_served),
+        cert_now_served,
+    );
     // Routes whose probing finished or changed (bounded; a dropped one is read at resync).
     let (requeue_tx, mut requeue_rx) = tokio::sync::mpsc::channel::<ObjectRef<Route>>(1024);
     let probed = futures::stream::poll_fn(move |cx| requeue_rx.poll_recv(cx));
@@ -1089,6 +1329,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
         .owns_stream(hr_stream)
+        .owns_stream(cert_stream)
         .owns_stream(svc_stream)
         .reconcile_on(probed)
         .reconcile_all_on(now_served);
@@ -1116,6 +1357,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
         served,
         http_routes_served,
         prober,
+        certificates,
+        certificates_served,
     };
     let cleanup = forget_deleted_routes(
         ctx.clone(),

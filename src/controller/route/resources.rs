@@ -241,6 +241,8 @@ pub fn write_virtual_services(
         .map(|g| g.reference())
         .collect();
     let mesh = vec![MESH_GATEWAY.to_string()];
+    let tls_gateways = super::istio_tls::tls_gateway_refs(desc, net);
+    let tls_hosts = super::istio_tls::tls_hosts(desc);
     let cluster_local = desc.cluster_local;
     let mut hosts = Vec::new();
     let mut mesh_hosts = Vec::new();
@@ -259,7 +261,12 @@ pub fn write_virtual_services(
         let mut matches = Vec::new();
         if let Some(ext) = &h.external {
             hosts.push(ext.clone());
-            matches.push(authority(ext, &external));
+            let on = if tls_hosts.contains(&ext.as_str()) {
+                &tls_gateways
+            } else {
+                &external
+            };
+            matches.push(authority(ext, on));
         }
         for l in &h.local {
             hosts.push(l.clone());
@@ -290,6 +297,7 @@ pub fn write_virtual_services(
     let mut gateways = Vec::new();
     if !cluster_local {
         gateways.extend(external);
+        gateways.extend(tls_gateways);
     }
     if desc.groups.iter().any(|g| !g.hosts.local.is_empty()) {
         gateways.extend(local);

@@ -4,6 +4,10 @@ use super::*;
 use crate::controller::route::fixtures::*;
 use crate::knative::duck::Status;
 
+const NO_TLS: TlsOutcome = TlsOutcome::NotEnabled {
+    cluster_local: false,
+};
+
 fn cond<'a>(s: &'a Status, t: &str) -> (ConditionStatus, Option<&'a str>) {
     let c = s.condition(t).unwrap_or_else(|| panic!("no {t}"));
     (c.status, c.reason.as_deref())
@@ -17,7 +21,7 @@ fn all_assigned_and_programmed_is_ready() {
         &r,
         &refs(vec![], vec![revision("hello-00001").ready().build()]),
     );
-    let st = compute_status(&r, &t, &Ingress::Programmed, &net, &now());
+    let st = compute_status(&r, &t, &Ingress::Programmed, Some(&NO_TLS), &net, &now());
     assert_eq!(st.status.observed_generation, Some(1));
     assert_eq!(cond(&st.status, "Ready"), (ConditionStatus::True, None));
     assert_eq!(
@@ -48,7 +52,7 @@ fn a_missing_revision_keeps_the_last_traffic_and_is_not_ready() {
         .status_traffic(before.clone())
         .build();
     let t = traffic::resolve(&r, &refs(vec![], vec![]));
-    let st = compute_status(&r, &t, &Ingress::Unchanged, &net, &now());
+    let st = compute_status(&r, &t, &Ingress::Unchanged, Some(&NO_TLS), &net, &now());
     assert_eq!(
         cond(&st.status, "AllTrafficAssigned"),
         (ConditionStatus::False, Some("RevisionMissing"))
@@ -76,6 +80,7 @@ fn not_owned_ingress_is_false_and_times_are_kept() {
         &Ingress::NotOwned(
             "There is an existing VirtualService \"hello-ingress\" that we do not own.".into(),
         ),
+        Some(&NO_TLS),
         &net,
         &now(),
     );
@@ -87,13 +92,13 @@ fn not_owned_ingress_is_false_and_times_are_kept() {
 
     // A second computation with the same outcome changes nothing (no status write).
     let mut r2 = r.clone();
-    let ok = compute_status(&r, &t, &Ingress::Programmed, &net, &now());
+    let ok = compute_status(&r, &t, &Ingress::Programmed, Some(&NO_TLS), &net, &now());
     r2.status = Some(ok.clone());
     let later = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60),
     );
     assert_eq!(
-        compute_status(&r2, &t, &Ingress::Programmed, &net, &later),
+        compute_status(&r2, &t, &Ingress::Programmed, Some(&NO_TLS), &net, &later),
         ok
     );
 }
@@ -137,7 +142,7 @@ fn an_invalid_route_is_false_invalid_spec() {
     let e = Err(TargetError::Invalid(crate::knative::validate::render(
         &errors,
     )));
-    let st = compute_status(&r, &e, &Ingress::Unchanged, &net, &now());
+    let st = compute_status(&r, &e, &Ingress::Unchanged, Some(&NO_TLS), &net, &now());
     assert_eq!(
         cond(&st.status, "AllTrafficAssigned"),
         (ConditionStatus::False, Some("InvalidSpec"))
@@ -158,7 +163,14 @@ fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
         &r,
         &refs(vec![], vec![revision("hello-00001").ready().build()]),
     );
-    let st = compute_status(&r, &t, &Ingress::Probing("pod x".into()), &net, &now());
+    let st = compute_status(
+        &r,
+        &t,
+        &Ingress::Probing("pod x".into()),
+        Some(&NO_TLS),
+        &net,
+        &now(),
+    );
     assert_eq!(
         cond(&st.status, "IngressReady"),
         (ConditionStatus::Unknown, Some("Uninitialized"))
@@ -173,7 +185,7 @@ fn probing_is_unknown_and_a_missing_crd_is_false_naming_it() {
     );
     assert_eq!(cond(&st.status, "Ready").0, ConditionStatus::Unknown);
 
-    let st = compute_status(&r, &t, &Ingress::NotServed, &net, &now());
+    let st = compute_status(&r, &t, &Ingress::NotServed, Some(&NO_TLS), &net, &now());
     assert_eq!(
         cond(&st.status, "IngressReady"),
         (ConditionStatus::False, Some(VIRTUAL_SERVICE_NOT_SERVED))

@@ -171,3 +171,69 @@ pub struct HttpRetry {
 pub fn crd() -> CustomResourceDefinition {
     VirtualService::crd()
 }
+
+/// Istio's `Gateway` spec (the subset thaw writes for a route's TLS hosts): the gateway pods it
+/// configures and their servers.
+#[derive(
+    CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "networking.istio.io",
+    version = "v1",
+    kind = "Gateway",
+    plural = "gateways",
+    namespaced,
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "gw",
+    doc = "An Istio Gateway (the subset thaw writes)."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// The labels of the gateway pods this Gateway configures.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// The ports, protocols and hosts the pods serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<Server>,
+}
+
+/// Istio's `Server`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct Server {
+    pub port: ServerPort,
+    /// The hosts served on this port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTlsSettings>,
+}
+
+/// Istio's `Port` of a server.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ServerPort {
+    pub number: u32,
+    /// `HTTP` or `HTTPS`.
+    pub protocol: String,
+    pub name: String,
+}
+
+/// Istio's `ServerTLSSettings` (the parts thaw sets).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerTlsSettings {
+    /// On an HTTP server: answer every request with a redirect to https.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_redirect: Option<bool>,
+    /// `SIMPLE`: TLS terminated with the credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// The Secret (in the gateway pods' namespace) with `tls.crt` and `tls.key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_name: Option<String>,
+}
+
+/// The CRD of the Gateway subset, for an API server without Istio (the tests').
+pub fn gateway_crd() -> CustomResourceDefinition {
+    Gateway::crd()
+}
