@@ -145,6 +145,15 @@ pub fn port_name_of(c: &Container) -> Option<String> {
 
 /// The readiness probe's HTTP path (`/` when the probe has `httpGet` without a path); `None`:
 /// a TCP connect.
+/// The service name of the container's `grpc` readiness probe, if it has one (`""`: the
+/// server as a whole). Its port is the container's: a local replica has one port.
+pub fn readiness_grpc_of(c: &Container) -> Option<String> {
+    c.readiness_probe
+        .as_ref()
+        .and_then(|p| p.grpc.as_ref())
+        .map(|g| g.service.clone().unwrap_or_default())
+}
+
 pub fn readiness_path_of(c: &Container) -> Option<String> {
     c.readiness_probe
         .as_ref()
@@ -774,6 +783,19 @@ mod tests {
         assert!(e.to_string().starts_with("f.yaml: line "), "{e}");
         // An empty file is no services.
         assert!(parse("", "f").unwrap().services.is_empty());
+    }
+
+    /// A `grpc` readiness probe is read (its service; the port is the replica's).
+    #[test]
+    fn a_grpc_readiness_probe_is_read() {
+        let f = parse(
+            "services:\n  - metadata: {name: g}\n    spec:\n      template:\n        spec:\n          containers: [{command: [x], ports: [{name: h2c}], readinessProbe: {grpc: {port: 8080, service: thaw.Ready}}}]\n",
+            "f",
+        )
+        .unwrap();
+        let c = container_of(&f.services[0].spec.configuration.template).unwrap();
+        assert_eq!(readiness_grpc_of(c).as_deref(), Some("thaw.Ready"));
+        assert_eq!(readiness_path_of(c), None);
     }
 
     /// Replicas share the machine's loopback network: two services cannot declare one port.

@@ -600,7 +600,11 @@ fn behind_sidecar(
     if spec.protocol == Protocol::H2c {
         env.push((q::THAW_USER_PROTOCOL, "h2c".into()));
     }
-    if let Some(path) = def.readiness_path.take() {
+    if let Some(service) = def.readiness_grpc.take() {
+        // The sidecar runs it against the user port (no port: the user port).
+        let probe = serde_json::json!({"grpc": {"service": service}});
+        env.push((q::SERVING_READINESS_PROBE, probe.to_string()));
+    } else if let Some(path) = def.readiness_path.take() {
         let probe = serde_json::json!({"httpGet": {"path": path}});
         env.push((q::SERVING_READINESS_PROBE, probe.to_string()));
     }
@@ -627,6 +631,7 @@ fn container_revision(spec: &RevisionSpec, template: &RevisionTemplateSpec) -> L
         .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
         .collect();
     def.readiness_path = local_config::readiness_path_of(c);
+    def.readiness_grpc = local_config::readiness_grpc_of(c);
     def.protocol = spec.protocol;
     def.port = local_config::container_port_of(c);
     def.drain_timeout = Some(spec.timeouts.total);

@@ -112,7 +112,11 @@ const SERVING: u64 = 1;
 /// One `grpc.health.v1.Health/Check` for `service` over h2c on `stream`: ready when the call
 /// ends with `grpc-status` 0 and its answer's `status` (field 1) is SERVING. The messages are
 /// a string field out and a varint field back, encoded and read here.
-async fn grpc_health(stream: TcpStream, addr: std::net::SocketAddr, service: &str) -> bool {
+pub(crate) async fn grpc_health(
+    stream: TcpStream,
+    addr: std::net::SocketAddr,
+    service: &str,
+) -> bool {
     use http_body_util::BodyExt;
     let io = hyper_util::rt::TokioIo::new(stream);
     let executor = hyper_util::rt::TokioExecutor::new();

@@ -86,6 +86,9 @@ pub struct LocalRevision {
     pub env: Vec<(String, String)>,
     /// `None`: ready when the port accepts TCP. `Some(path)`: ready when `GET path` is 2xx.
     pub readiness_path: Option<String>,
+    /// `Some(service)`: ready when `grpc.health.v1.Health/Check` for `service` (`""`: the
+    /// server) answers SERVING over h2c; wins over `readiness_path`.
+    pub readiness_grpc: Option<String>,
     /// Protocol of the HTTP readiness probe (h2c with prior knowledge, or HTTP/1.1).
     pub protocol: Protocol,
     /// Working directory of the process; thaw's own if `None`.
@@ -109,6 +112,7 @@ impl LocalRevision {
             command: command.into_iter().map(Into::into).collect(),
             env: Vec::new(),
             readiness_path: None,
+            readiness_grpc: None,
             protocol: Protocol::Http1,
             working_dir: None,
             drain_timeout: None,

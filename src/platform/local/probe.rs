@@ -63,6 +63,9 @@ pub(crate) enum ProbeKind {
     Tcp,
     /// `GET path` over `protocol` answers 2xx.
     Http { path: String, protocol: Protocol },
+    /// `grpc.health.v1.Health/Check` for `service` over h2c answers SERVING (Kubernetes'
+    /// `grpc` probe, run as the queue sidecar runs it).
+    Grpc { service: String },
 }
 
 /// Returns once `addr` passes the probe. Never returns otherwise: the caller bounds it.
@@ -135,6 +138,9 @@ async fn probe_once(addr: SocketAddr, kind: &ProbeKind) -> bool {
     match kind {
         ProbeKind::Tcp => true,
         ProbeKind::Http { path, protocol } => http_get_ok(stream, addr, path, *protocol).await,
+        ProbeKind::Grpc { service } => {
+            crate::queue::probe::grpc_health(stream, addr, service).await
+        }
     }
 }
 
@@ -248,6 +254,70 @@ mod tests {
         assert_eq!(o.next_delay(Some(ms(2)), ms(100)), ms(4), "5% of 100 ms");
         assert_eq!(o.next_delay(Some(ms(4)), ms(100)), ms(5));
         assert_eq!(o.next_delay(Some(ms(16)), ms(60_000)), ms(25), "hard cap");
+    }
+
+    /// A gRPC health server over h2c: NOT_SERVING to its first `failures` checks, then
+    /// SERVING; it records the service names asked for.
+    async fn health_server(failures: u32) -> (SocketAddr, Arc<std::sync::Mutex<Vec<Bytes>>>) {
+        use http_body_util::{BodyExt, StreamBody};
+        use hyper::body::Frame;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let asked: Arc<std::sync::Mutex<Vec<Bytes>>> = Arc::default();
+        let seen = Arc::new(AtomicU32::new(0));
+        let asked2 = asked.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                let (seen, asked) = (seen.clone(), asked2.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let (seen, asked) = (seen.clone(), asked.clone());
+                        async move {
+                            assert_eq!(req.uri().path(), "/grpc.health.v1.Health/Check");
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            asked.lock().unwrap().push(body.slice(5..));
+                            let status = if seen.fetch_add(1, Ordering::SeqCst) < failures {
+                                2
+                            } else {
+                                1
+                            };
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                            let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+                                Ok(Frame::data(Bytes::from(vec![0, 0, 0, 0, 2, 0x08, status]))),
+                                Ok(Frame::trailers(trailers)),
+                            ];
+                            http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(StreamBody::new(futures::stream::iter(frames)))
+                        }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, asked)
+    }
+
+    #[tokio::test]
+    async fn grpc_probe_waits_for_serving() {
+        let (addr, asked) = health_server(2).await;
+        let kind = ProbeKind::Grpc {
+            service: "thaw.Ready".into(),
+        };
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            wait_ready(addr, &kind, &ProbeOptions::default(), Instant::now()),
+        )
+        .await
+        .expect("probe passes once the server answers SERVING");
+        let asked = asked.lock().unwrap();
+        assert_eq!(asked.len(), 3, "two NOT_SERVING, then SERVING");
+        // HealthCheckRequest { service: "thaw.Ready" }: field 1, length 10.
+        assert_eq!(&asked[0][..], b"\x0a\x0athaw.Ready");
     }
 
     #[tokio::test]

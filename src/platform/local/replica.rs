@@ -91,9 +91,12 @@ async fn run_process(
         sink: &opts.log_sink,
         limits: opts.log_limits,
     };
-    let kind = match &def.readiness_path {
-        None => ProbeKind::Tcp,
-        Some(path) => ProbeKind::Http {
+    let kind = match (&def.readiness_grpc, &def.readiness_path) {
+        (Some(service), _) => ProbeKind::Grpc {
+            service: service.clone(),
+        },
+        (None, None) => ProbeKind::Tcp,
+        (None, Some(path)) => ProbeKind::Http {
             path: path.clone(),
             protocol: def.protocol,
         },
@@ -213,6 +216,9 @@ async fn probe_reporting(
     let what = match kind {
         ProbeKind::Tcp => format!("a TCP connect to {addr}"),
         ProbeKind::Http { path, .. } => format!("GET http://{addr}{path} answering 2xx"),
+        ProbeKind::Grpc { service } => {
+            format!("grpc.health.v1.Health/Check {service:?} at {addr} answering SERVING")
+        }
     };
     let mut every =
         tokio::time::interval_at(started_at + NOT_READY_REPORT_EVERY, NOT_READY_REPORT_EVERY);
