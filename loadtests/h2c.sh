@@ -61,18 +61,7 @@ NGX="$OUT/nginx"
 mkdir -p "$NGX/tmp"
 NGINX_H1=$(free_port)
 NGINX_H2=$(free_port)
-cat >"$NGX/nginx.conf" <<EOF
-worker_processes $WORKERS;
-pid $NGX/nginx.pid;
-error_log $NGX/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $NGX/tmp/body;
-    proxy_temp_path $NGX/tmp/proxy;
-    fastcgi_temp_path $NGX/tmp/fastcgi;
-    uwsgi_temp_path $NGX/tmp/uwsgi;
-    scgi_temp_path $NGX/tmp/scgi;
+{ nginx_head "$NGX" "$WORKERS"; cat <<EOF
     http2_max_concurrent_streams 128;
     keepalive_requests 1000000;
     upstream h1 { server ${UP[h1]}; keepalive 128; keepalive_requests 1000000; }
@@ -95,6 +84,7 @@ http {
     }
 }
 EOF
+} >"$NGX/nginx.conf"
 lt_bg nginx -p "$NGX" -c "$NGX/nginx.conf" -g 'daemon off;'
 NGINX_PID=$LAST_PID
 

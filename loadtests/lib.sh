@@ -238,6 +238,24 @@ hey_summary() {
         END { printf "%s %s %s %d\n", rps, p50, p99, err }' "$f"
 }
 
+# nginx_head DIR WORKERS: the start of an nginx.conf the scripts share (WORKERS workers, pid,
+# error log and temp paths under DIR, no access log), open inside `http {`.
+nginx_head() {
+    cat <<EOF
+worker_processes $2;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $1/tmp/body;
+    proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fastcgi;
+    uwsgi_temp_path $1/tmp/uwsgi;
+    scgi_temp_path $1/tmp/scgi;
+EOF
+}
+
 # h2load_summary FILE LOG: "req/s p50_ms p99_ms errors" from h2load's output and its
 # --log-file (one line per request: start us, status, duration us; h2load prints no
 # percentiles itself). Errors: failed + errored + timed-out requests, and non-2xx answers.

@@ -113,18 +113,7 @@ NGX="$OUT/nginx"
 mkdir -p "$NGX/tmp"
 NGINX_PORT=$(free_port)
 WORKERS=$(nproc)
-cat >"$NGX/nginx.conf" <<EOF
-worker_processes $WORKERS;
-pid $NGX/nginx.pid;
-error_log $NGX/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $NGX/tmp/body;
-    proxy_temp_path $NGX/tmp/proxy;
-    fastcgi_temp_path $NGX/tmp/fastcgi;
-    uwsgi_temp_path $NGX/tmp/uwsgi;
-    scgi_temp_path $NGX/tmp/scgi;
+{ nginx_head "$NGX" "$WORKERS"; cat <<EOF
     upstream replica {
         server $UPSTREAM;
         keepalive 128;
@@ -140,6 +129,7 @@ http {
     }
 }
 EOF
+} >"$NGX/nginx.conf"
 lt_bg nginx -p "$NGX" -c "$NGX/nginx.conf" -g 'daemon off;'
 NGINX_PID=$LAST_PID
 wait_until 10 "nginx" curl -sf -H "Host: $HOST" "http://127.0.0.1:$NGINX_PORT/"

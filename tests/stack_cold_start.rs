@@ -113,18 +113,7 @@ async fn a_request_at_zero_is_answered_when_the_sidecar_answers_not_when_the_kub
             pods(&stack).await.is_empty().then_some(())
         })
         .await;
-    for act in stack.roles_of(RoleKind::Activator) {
-        stack
-            .until(
-                TO_ZERO,
-                &format!("{} seeing the revision cold", act.name),
-                || async {
-                    let v = stack.activator_view(act, NS, REVISION).await?;
-                    (v["ready"]["count"] == 0).then_some(())
-                },
-            )
-            .await;
-    }
+    stack.until_activators_cold(NS, REVISION, TO_ZERO).await;
 
     // The kubelet now holds new pods not ready (or marks them ready `delay` after their
     // sidecar first answers); a request wakes the revision.

@@ -16,7 +16,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use stack_support::ingress::{Ingress, keepalive_client};
-use stack_support::roles::RoleKind;
 use stack_support::traffic::SteadyLoop;
 use stack_support::{NS, Stack, StackOptions};
 use thaw::knative::{Service, condition};
@@ -174,18 +173,7 @@ async fn helloworld_go_serves_goes_to_zero_and_wakes() {
         })
         .await;
     // ... and no activator has an endpoint left for it (a request now is a cold one).
-    for act in stack.roles_of(RoleKind::Activator) {
-        stack
-            .until(
-                TO_ZERO,
-                &format!("{} seeing the revision cold", act.name),
-                || async {
-                    let v = stack.activator_view(act, NS, REVISION).await?;
-                    (v["ready"]["count"] == 0).then_some(())
-                },
-            )
-            .await;
-    }
+    stack.until_activators_cold(NS, REVISION, TO_ZERO).await;
     let public = stack.records().public_of(REVISION);
     let last = public.last().expect("the public slices were written");
     assert!(

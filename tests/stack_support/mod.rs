@@ -367,6 +367,22 @@ impl Stack {
 
     /// Polls `f` every 50 ms until it returns `Some`; after `within`, fails naming `what` (the
     /// stack's logs are printed as the test unwinds).
+    /// Waits until every activator sees `namespace/revision` with no ready endpoint (a request
+    /// now is a cold one).
+    pub async fn until_activators_cold(&self, namespace: &str, revision: &str, within: Duration) {
+        for act in self.roles_of(RoleKind::Activator) {
+            self.until(
+                within,
+                &format!("{} seeing {revision} cold", act.name),
+                || async {
+                    let v = self.activator_view(act, namespace, revision).await?;
+                    (v["ready"]["count"] == 0).then_some(())
+                },
+            )
+            .await;
+        }
+    }
+
     pub async fn until<T, F, Fut>(&self, within: Duration, what: &str, mut f: F) -> T
     where
         F: FnMut() -> Fut,
