@@ -121,15 +121,18 @@ impl Tracker {
         }
     }
 
+    /// Probes in flight to pods not answering yet (what the budget bounds).
+    fn busy(&self) -> usize {
+        self.pods
+            .values()
+            .filter(|p| p.probing && !p.answered)
+            .count()
+    }
+
     /// The pods to probe now, at most `budget` not-yet-answered ones probed at once (answered
     /// ones are re-probed outside the budget); marks them in flight.
     fn due(&mut self, budget: u32, now: Instant) -> Vec<SocketAddr> {
-        let mut places = (budget as usize).saturating_sub(
-            self.pods
-                .values()
-                .filter(|p| p.probing && !p.answered)
-                .count(),
-        );
+        let mut places = (budget as usize).saturating_sub(self.busy());
         let mut out = Vec::new();
         for (a, p) in &mut self.pods {
             if p.probing || p.next > now {
@@ -168,11 +171,7 @@ impl Tracker {
     /// When the next probe (of a pod not in flight) is due, if any may be sent: within the
     /// budget, or a re-probe.
     fn next_due(&self, budget: u32) -> Option<Instant> {
-        let busy = self
-            .pods
-            .values()
-            .filter(|p| p.probing && !p.answered)
-            .count();
+        let busy = self.busy();
         self.pods
             .values()
             .filter(|p| !p.probing && (p.answered || busy < budget as usize))
