@@ -8,7 +8,8 @@
 #
 # Writes OUT/bin/{kube-apiserver,kube-controller-manager,kubectl,etcd} and OUT/stamp, the hash
 # of every input; a second run with the same inputs does nothing. Needs Go >= 1.24 and the Go
-# module proxy. On 2 cores a cold build takes about 15 minutes (docs/benchmarks.md).
+# module proxy. On 2 cores a cold build (empty module and build caches) takes about 4 minutes
+# and downloads 0.8 GB of modules (docs/benchmarks.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -31,7 +32,7 @@ if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] \
 fi
 
 start=$(date +%s)
-echo "tests/cluster/build.sh: building Kubernetes $kube_version and etcd into $out/bin (about 15 minutes on 2 cores the first time)" >&2
+echo "tests/cluster/build.sh: building Kubernetes $kube_version and etcd into $out/bin (about 4 minutes on 2 cores the first time)" >&2
 # /version answers with the release's own version, as a released binary's does.
 ldflags="-s -w"
 for kv in "gitVersion=$kube_version" "gitMajor=1" "gitMinor=$minor" "gitTreeState=clean" \

@@ -71,6 +71,16 @@ impl TestGateway {
     /// A pod of `gateways` (`namespace/name` references) on `127.0.0.1:0`, following the
     /// VirtualServices through `client`; returns once its store has listed.
     pub async fn start(client: kube::Client, gateways: &[&str], backend: Backend) -> Self {
+        Self::start_on(client, gateways, backend, ([127, 0, 0, 1], 0).into()).await
+    }
+
+    /// [`TestGateway::start`] listening on `addr` (a gateway pod's own `0.0.0.0:8080`).
+    pub async fn start_on(
+        client: kube::Client,
+        gateways: &[&str],
+        backend: Backend,
+        addr: SocketAddr,
+    ) -> Self {
         let (store, writer) = reflector::store::<VirtualService>();
         let watch = reflector::reflector(
             writer,
@@ -95,7 +105,7 @@ impl TestGateway {
             kube: client,
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let serve = tokio::spawn(async move {
             loop {

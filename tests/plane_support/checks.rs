@@ -1,0 +1,165 @@
+//! What the cases on the plane read and send: a Service's ready endpoint (the real
+//! EndpointSlice controller's), a request to it, the RBAC refusals in thaw's logs, and the
+//! owner-reference admission check.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::Plane;
+
+/// A ready endpoint of Service `ns/name` (its first port), from its EndpointSlices.
+pub async fn service_endpoint(plane: &Plane, ns: &str, name: &str) -> Result<SocketAddr, String> {
+    let host = format!("{name}.{ns}.svc.cluster.local");
+    let svc: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(plane.admin.clone(), ns);
+    let port = svc
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| s.ports)
+        .and_then(|p| p.first().map(|p| p.port))
+        .ok_or("no port")?;
+    thaw::controller::route::prober::service_pods(&plane.admin, &host, port)
+        .await?
+        .first()
+        .copied()
+        .ok_or_else(|| format!("{ns}/{name} has no ready endpoint"))
+}
+
+/// GET `path` from `to` with `Host: host`; the status and the body.
+pub async fn get(to: SocketAddr, host: &str, path: &str) -> Result<(u16, String), String> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::get(format!("http://{to}{path}"))
+        .header(http::header::HOST, host)
+        .body(Empty::new())
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+        .await
+        .map_err(|_| format!("GET http://{host}{path} via {to}: no answer in 60 s"))?
+        .map_err(|e| format!("GET http://{host}{path} via {to}: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Every line of thaw-system's container logs where the API server refused a role
+/// (RBAC's `... is forbidden: User "system:serviceaccount:thaw-system:..." cannot ...`).
+pub fn denials(plane: &Plane) -> Vec<String> {
+    plane
+        .kubelet
+        .logs()
+        .into_iter()
+        .filter(|(container, _)| container.starts_with("thaw-system/"))
+        .flat_map(|(container, path)| {
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    l.contains("is forbidden") || l.contains("cannot set blockOwnerDeletion")
+                })
+                .map(|l| format!("{container}: {l}"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A Deployment owned by a Revision, `blockOwnerDeletion` set, as the controller creates it.
+fn owned_deployment(ns: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: owned-by-a-revision
+  namespace: {ns}
+  ownerReferences:
+    - apiVersion: serving.knative.dev/v1
+      kind: Revision
+      name: some-revision
+      uid: 6a1d3a5e-0000-4000-8000-000000000001
+      controller: true
+      blockOwnerDeletion: true
+spec:
+  selector:
+    matchLabels: {{app: x}}
+  template:
+    metadata:
+      labels: {{app: x}}
+    spec:
+      containers: [{{name: x, image: ghcr.io/knative/helloworld-go}}]
+"#
+    )
+}
+
+/// OwnerReferencesPermissionEnforcement on the controller's own ClusterRole: bound to a
+/// ServiceAccount of the case's namespace without its `*/finalizers` rule, a child blocking
+/// a Revision's deletion is refused; the shipped controller's identity is admitted. Both are
+/// server-side dry runs (admission runs, nothing is stored).
+pub async fn owner_references_case(plane: &Plane, ns: &str) {
+    let role: serde_json::Value = serde_json::from_str(
+        &plane
+            .kubectl(&["get", "clusterrole", "thaw-controller", "-o", "json"])
+            .unwrap(),
+    )
+    .unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    let finalizers = |r: &serde_json::Value| {
+        r["resources"].as_array().is_some_and(|rs| {
+            rs.iter()
+                .any(|x| x.as_str().is_some_and(|x| x.ends_with("/finalizers")))
+        })
+    };
+    assert!(
+        rules.iter().any(finalizers),
+        "deploy/rbac/controller.yaml has no */finalizers rule"
+    );
+    let without: Vec<&serde_json::Value> = rules.iter().filter(|r| !finalizers(r)).collect();
+    let name = format!("{ns}-no-finalizers");
+    let objects = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": name}, "rules": without},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "no-finalizers", "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "no-finalizers", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": "no-finalizers", "namespace": ns}]}
+        ]
+    });
+    let path = plane.dir.path().join(format!("{ns}-rbac.json"));
+    std::fs::write(&path, objects.to_string()).unwrap();
+    plane
+        .kubectl(&["apply", "-f", &path.display().to_string()])
+        .unwrap();
+    let child = plane.dir.path().join(format!("{ns}-child.yaml"));
+    std::fs::write(&child, owned_deployment(ns)).unwrap();
+    let create_as = |user: &str| {
+        plane.kubectl(&[
+            "create",
+            "--dry-run=server",
+            &format!("--as={user}"),
+            "-f",
+            &child.display().to_string(),
+        ])
+    };
+    let refused = create_as(&format!("system:serviceaccount:{ns}:no-finalizers"))
+        .expect_err("refused without the finalizers rule");
+    assert!(
+        refused.contains("cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on"),
+        "{refused}"
+    );
+    create_as("system:serviceaccount:thaw-system:controller")
+        .unwrap_or_else(|e| panic!("the shipped controller role: {e}"));
+    let _ = plane.kubectl(&["delete", "clusterrole", &name]);
+}

@@ -1,0 +1,159 @@
+//! thaw installed on the plane as the README says: `kubectl apply --server-side -k` of deploy/
+//! (through `tests/cluster/overlay`, which only renames the image for the kubelet stand-in),
+//! `kubectl wait` for every Deployment, then Knative's `knative-serving` namespace with the
+//! external Gateway, and the ingress gateway pod (`tests/cluster/ingress-gateway.yaml`) with
+//! Istio's two CRDs the controller writes.
+//!
+//! The images the stand-in can run ([`images`]): thaw's (every role and the queue sidecar) is
+//! the `thaw` binary this test target was built with; Knative's helloworld-go is `thaw
+//! sample-app` on `0.0.0.0:$PORT`, as the real image listens; the ingress gateway is this test
+//! binary again, told by [`POD_ROLE_ENV`] to play it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::Plane;
+use super::kubelet::ImageRun;
+
+/// thaw's image as the overlay names it.
+pub const THAW_IMAGE: &str = "thaw.test/thaw";
+/// Knative's helloworld-go (any tag or digest).
+pub const HELLOWORLD_IMAGE: &str = "ghcr.io/knative/helloworld-go";
+/// The ingress gateway pod's image (tests/cluster/ingress-gateway.yaml).
+pub const GATEWAY_IMAGE: &str = "thaw.test/ingress-gateway";
+/// Set in the ingress gateway pod's environment: this test binary plays the gateway.
+pub const POD_ROLE_ENV: &str = "THAW_REAL_PLANE_POD";
+/// How long `kubectl wait` gives thaw's Deployments and the gateway.
+pub const WAIT: &str = "180s";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// What each image runs.
+pub fn images() -> BTreeMap<String, ImageRun> {
+    let thaw = PathBuf::from(env!("CARGO_BIN_EXE_thaw"));
+    BTreeMap::from([
+        (
+            THAW_IMAGE.to_string(),
+            ImageRun {
+                program: thaw.clone(),
+                args: vec![],
+                env: vec![],
+            },
+        ),
+        (
+            HELLOWORLD_IMAGE.to_string(),
+            ImageRun {
+                program: thaw,
+                args: vec!["sample-app".into(), "--host".into(), "0.0.0.0".into()],
+                env: vec![],
+            },
+        ),
+        (
+            GATEWAY_IMAGE.to_string(),
+            ImageRun {
+                program: std::env::current_exe().unwrap(),
+                args: vec![],
+                env: vec![
+                    (POD_ROLE_ENV.into(), "ingress-gateway".into()),
+                    // Already inside the plane's namespaces: no second re-execution.
+                    (super::netns::INSIDE_ENV.into(), "1".into()),
+                ],
+            },
+        ),
+    ])
+}
+
+/// Installs thaw and the ingress; returns once every Deployment is Available.
+pub fn install(plane: &Plane) -> Result<(), String> {
+    let crds = [
+        repo("tests/crds/virtualservices.networking.istio.io.yaml"),
+        repo("tests/crds/gateways.networking.istio.io.yaml"),
+    ];
+    for crd in &crds {
+        plane.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()])?;
+    }
+    plane.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/virtualservices.networking.istio.io",
+        "crd/gateways.networking.istio.io",
+        "--timeout=60s",
+    ])?;
+    plane.kubectl(&[
+        "apply",
+        "--server-side",
+        "-k",
+        &repo("tests/cluster/overlay").display().to_string(),
+    ])?;
+    plane.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo("tests/cluster/ingress-gateway.yaml")
+            .display()
+            .to_string(),
+    ])?;
+    plane.kubectl(&["create", "namespace", "knative-serving"])?;
+    plane.kubectl(&[
+        "apply",
+        "-f",
+        &repo("deploy/examples/knative/gateway.yaml")
+            .display()
+            .to_string(),
+    ])?;
+    for ns in ["thaw-system", "istio-system"] {
+        plane.kubectl(&[
+            "-n",
+            ns,
+            "wait",
+            "deployment",
+            "--all",
+            "--for=condition=Available",
+            &format!("--timeout={WAIT}"),
+        ])?;
+    }
+    Ok(())
+}
+
+/// The ingress gateway pod's process: config-istio's default gateways, the external one on
+/// `0.0.0.0:8080` and the local one on `0.0.0.0:8081`, until SIGTERM. Its client is the
+/// pod's own (the kubeconfig the kubelet stand-in wrote for its ServiceAccount).
+pub async fn run_ingress_gateway() {
+    use crate::gateway::{Backend, TestGateway};
+    let client = kube::Client::try_default()
+        .await
+        .expect("the pod's kubeconfig");
+    let istio = thaw::config::network::IstioConfig::default();
+    let external: Vec<String> = istio
+        .external_gateways
+        .iter()
+        .map(|g| g.reference())
+        .collect();
+    let local: Vec<String> = istio.local_gateways.iter().map(|g| g.reference()).collect();
+    let refs = |v: &[String]| v.iter().map(String::clone).collect::<Vec<_>>();
+    let (external, local) = (refs(&external), refs(&local));
+    let external: Vec<&str> = external.iter().map(String::as_str).collect();
+    let local: Vec<&str> = local.iter().map(String::as_str).collect();
+    let _ext = TestGateway::start_on(
+        client.clone(),
+        &external,
+        Backend::Destinations,
+        ([0, 0, 0, 0], 8080).into(),
+    )
+    .await;
+    let _local = TestGateway::start_on(
+        client,
+        &local,
+        Backend::Destinations,
+        ([0, 0, 0, 0], 8081).into(),
+    )
+    .await;
+    eprintln!("ingress gateway: serving {external:?} on :8080, {local:?} on :8081");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+    term.recv().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
