@@ -8,7 +8,9 @@
 //! probe, `enableServiceLinks`), a Service's traffic (none written: 100 % to the latest
 //! revision; each target's `latestRevision`), and who did it: `serving.knative.dev/creator`
 //! and `serving.knative.dev/lastModifier` on create, `lastModifier` on an update that changes
-//! the spec (Knative's `SetUserInfo`). The answer is a JSON patch from the object as sent.
+//! the spec (Knative's `SetUserInfo`), except on a Configuration or Route with an owner: a
+//! Service's children carry the Service's annotations, copied by the controller, as in
+//! Knative. The answer is a JSON patch from the object as sent.
 //! A Revision is defaulted on create only: its spec is immutable afterwards.
 //!
 //! **Validation** (Knative's `validation.webhook.serving.knative.dev`) refuses what the
@@ -17,7 +19,8 @@
 //! and on update what Knative refuses between two versions: a Revision's spec changed
 //! (`Immutable fields changed (-old +new)`), a template changed under the same explicit
 //! revision name (`Saw the following changes without a name change (-old +new)`), and an
-//! edited `creator` (or `lastModifier` without a spec change). The message is Knative's:
+//! edited `creator` (or `lastModifier` without a spec change) on an object no other owns
+//! (a Service's Configuration and Route follow the Service's). The message is Knative's:
 //! `validation failed: ` and the rendered field errors; the status is 400 `BadRequest`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -169,7 +172,9 @@ fn defaulting(
                 .transpose()?
                 .map(|(o, _)| serde_json::to_value(&o.spec).unwrap_or_default());
             let new_spec = serde_json::to_value(&cfg.spec).unwrap_or_default();
-            set_user_info(&mut cfg.metadata, user, old_spec.as_ref(), &new_spec);
+            if !owned(&cfg.metadata) {
+                set_user_info(&mut cfg.metadata, user, old_spec.as_ref(), &new_spec);
+            }
             (sent, to_json(&cfg)?)
         }
         "Revision" => {
@@ -190,7 +195,9 @@ fn defaulting(
                 .transpose()?
                 .map(|(o, _)| serde_json::to_value(&o.spec).unwrap_or_default());
             let new_spec = serde_json::to_value(&route.spec).unwrap_or_default();
-            set_user_info(&mut route.metadata, user, old_spec.as_ref(), &new_spec);
+            if !owned(&route.metadata) {
+                set_user_info(&mut route.metadata, user, old_spec.as_ref(), &new_spec);
+            }
             (sent, to_json(&route)?)
         }
         _ => return Ok(json_patch::Patch(Vec::new())),
@@ -229,6 +236,15 @@ fn default_target(t: &mut TrafficTarget) {
     if t.latest_revision.is_none() {
         t.latest_revision = Some(t.revision_name.as_deref().unwrap_or("").is_empty());
     }
+}
+
+/// Whether another object owns this one (a Service's Configuration and Route): Knative sets
+/// and checks the user annotations only on objects the user made (`GetOwnerReferences() ==
+/// nil`); an owned one carries its owner's, which the controller copies and updates.
+fn owned(meta: &ObjectMeta) -> bool {
+    meta.owner_references
+        .as_ref()
+        .is_some_and(|o| !o.is_empty())
 }
 
 /// Knative's `SetUserInfo`: on create, creator and lastModifier; on update, lastModifier when
@@ -320,7 +336,15 @@ fn validation(
             if let Some(old) = old {
                 let (o, _): (Configuration, _) = parse(old)?;
                 name_change(&o.spec.template, &cfg.spec.template, &mut errors);
-                creator_and_modifier(&o.metadata, &cfg.metadata, &o.spec, &cfg.spec, &mut errors);
+                if !owned(&cfg.metadata) {
+                    creator_and_modifier(
+                        &o.metadata,
+                        &cfg.metadata,
+                        &o.spec,
+                        &cfg.spec,
+                        &mut errors,
+                    );
+                }
             }
         }
         "Revision" => {
@@ -349,7 +373,9 @@ fn validation(
         "Route" => {
             let (route, _): (Route, _) = parse(obj)?;
             errors = validate::route(&route);
-            if let Some(old) = old {
+            if let Some(old) = old
+                && !owned(&route.metadata)
+            {
                 let (o, _): (Route, _) = parse(old)?;
                 creator_and_modifier(
                     &o.metadata,

@@ -67,6 +67,110 @@ fn defaulting_writes_the_controllers_defaults_traffic_and_creator() {
     assert_eq!(ann[LAST_MODIFIER_ANNOTATION], "alice@example.com");
 }
 
+/// A Service's Configuration and Route carry the Service's creator and lastModifier (the
+/// controller copies them): the webhook neither overwrites them with the controller's
+/// identity nor refuses the controller's update that copies a new lastModifier; a
+/// Configuration a user made keeps both rules.
+#[test]
+fn owned_configurations_and_routes_keep_their_services_user_info() {
+    let s = settings();
+    let owner = serde_json::json!([{"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+        "name": "hello", "uid": "u-svc", "controller": true, "blockOwnerDeletion": true}]);
+    let cfg = |modifier: &str, image: &str, owned: bool| {
+        let mut c = serde_json::json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Configuration",
+            "metadata": {"name": "hello", "namespace": "default", "annotations": {
+                CREATOR_ANNOTATION: "bob", LAST_MODIFIER_ANNOTATION: modifier}},
+            "spec": {"template": {"spec": {"containers": [{"image": image}]}}},
+        });
+        if owned {
+            c["metadata"]["ownerReferences"] = owner.clone();
+        }
+        c
+    };
+    let route = |modifier: &str, owned: bool| {
+        let mut r = serde_json::json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Route",
+            "metadata": {"name": "hello", "namespace": "default", "annotations": {
+                CREATOR_ANNOTATION: "bob", LAST_MODIFIER_ANNOTATION: modifier}},
+            "spec": {"traffic": [{"configurationName": "hello", "percent": 100}]},
+        });
+        if owned {
+            r["metadata"]["ownerReferences"] = owner.clone();
+        }
+        r
+    };
+    for (kind, obj) in [
+        ("Configuration", cfg("bob", "ghcr.io/x", true)),
+        ("Route", route("bob", true)),
+    ] {
+        let v = admit(
+            Hook::Defaulting,
+            &request(kind, "CREATE", obj.clone(), None),
+            &s,
+        );
+        assert!(v.response.allowed);
+        let ann = patched(&v, obj)["metadata"]["annotations"].clone();
+        assert_eq!(ann[CREATOR_ANNOTATION], "bob", "{kind}");
+        assert_eq!(ann[LAST_MODIFIER_ANNOTATION], "bob", "{kind}");
+    }
+    let v = admit(
+        Hook::Validation,
+        &request(
+            "Configuration",
+            "UPDATE",
+            cfg("carol", "ghcr.io/y", true),
+            Some(cfg("bob", "ghcr.io/x", true)),
+        ),
+        &s,
+    );
+    assert!(v.response.allowed, "{}", v.response.result.message);
+    let v = admit(
+        Hook::Validation,
+        &request(
+            "Route",
+            "UPDATE",
+            route("carol", true),
+            Some(route("bob", true)),
+        ),
+        &s,
+    );
+    assert!(v.response.allowed, "{}", v.response.result.message);
+
+    // Made by a user: the defaulting writes who did it, and creator stays immutable.
+    let mine = cfg("bob", "ghcr.io/x", false);
+    let v = admit(
+        Hook::Defaulting,
+        &request("Configuration", "CREATE", mine.clone(), None),
+        &s,
+    );
+    assert_eq!(
+        patched(&v, mine)["metadata"]["annotations"][CREATOR_ANNOTATION],
+        "alice@example.com"
+    );
+    let mut edited = cfg("bob", "ghcr.io/x", false);
+    edited["metadata"]["annotations"][CREATOR_ANNOTATION] = "mallory".into();
+    let v = admit(
+        Hook::Validation,
+        &request(
+            "Configuration",
+            "UPDATE",
+            edited,
+            Some(cfg("bob", "ghcr.io/x", false)),
+        ),
+        &s,
+    );
+    assert!(!v.response.allowed);
+    assert!(
+        v.response
+            .result
+            .message
+            .contains("annotation value is immutable"),
+        "{}",
+        v.response.result.message
+    );
+}
+
 #[test]
 fn validation_refuses_with_knatives_messages() {
     let s = settings();
