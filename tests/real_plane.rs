@@ -7,7 +7,8 @@
 //! `cargo test --test real_plane` builds the Go side the first time (about 4 minutes on 2
 //! cores; `.ci/run` builds it before cargo does), re-executes itself in its own namespaces
 //! (`plane_support::netns`) and starts the plane (about a minute). A failing run prints every
-//! component's and container's log and keeps the plane's directory under target/tmp.
+//! component's and container's log and keeps the plane's directory under target/tmp
+//! (`REAL_PLANE_KEEP=1` keeps it after a passing run too; `REAL_PLANE_LOGS=1` prints the logs).
 //! `REAL_PLANE_SHOW=1` prints what the cases read back (e.g. the Revision as the server has
 //! it).
 
@@ -95,7 +96,7 @@ fn main() -> ExitCode {
         plane_support::KUBE_VERSION,
         started.elapsed()
     );
-    if let Err(e) = install::install(&plane) {
+    if let Err(e) = rt.block_on(install::install(&plane)) {
         eprintln!("real_plane: installing thaw failed: {e}\n{}", plane.dump());
         return ExitCode::FAILURE;
     }
@@ -131,7 +132,7 @@ fn main() -> ExitCode {
     if conclusion.has_failed() || std::env::var_os("REAL_PLANE_LOGS").is_some() {
         eprintln!("{}", plane.dump());
     }
-    if conclusion.has_failed()
+    if (conclusion.has_failed() || std::env::var_os("REAL_PLANE_KEEP").is_some())
         && let Ok(plane) = Arc::try_unwrap(plane)
     {
         eprintln!(
@@ -187,10 +188,12 @@ fn show(what: &str, text: &str) {
 }
 
 /// Writes `yaml` to a file in the plane's directory and applies it with kubectl in `ns`.
-fn apply(plane: &Plane, ns: &str, name: &str, yaml: &str) -> Result<String, String> {
+async fn apply(plane: &Plane, ns: &str, name: &str, yaml: &str) -> Result<String, String> {
     let path = plane.dir.path().join(format!("{ns}-{name}.yaml"));
     std::fs::write(&path, yaml).unwrap();
-    plane.kubectl(&["-n", ns, "apply", "-f", &path.display().to_string()])
+    plane
+        .kubectl(&["-n", ns, "apply", "-f", &path.display().to_string()])
+        .await
 }
 
 // === the cases ===
@@ -215,23 +218,29 @@ spec:
             - name: TARGET
               value: "World"
 "#;
-    apply(&plane, &ns, "helloworld", yaml).unwrap();
-    let waited = plane.kubectl(&[
-        "-n",
-        &ns,
-        "wait",
-        "ksvc/helloworld-go",
-        "--for=condition=Ready",
-        "--timeout=180s",
-    ]);
+    let transitions = plane_support::checks::Transitions::start(&plane, &ns);
+    apply(&plane, &ns, "helloworld", yaml).await.unwrap();
+    let waited = plane
+        .kubectl(&[
+            "-n",
+            &ns,
+            "wait",
+            "ksvc/helloworld-go",
+            "--for=condition=Ready",
+            "--timeout=180s",
+        ])
+        .await;
     let revision = plane
         .kubectl(&["-n", &ns, "get", "revision", "-o", "yaml"])
+        .await
         .unwrap();
     show("kubectl get revision -o yaml", &revision);
     let ksvc = plane
         .kubectl(&["-n", &ns, "get", "ksvc", "helloworld-go", "-o", "yaml"])
+        .await
         .unwrap();
-    waited.unwrap_or_else(|e| panic!("{e}\n{ksvc}\n{revision}"));
+    show("the conditions as they changed", &transitions.lines());
+    waited.unwrap_or_else(|e| panic!("{e}\n{ksvc}\n{revision}\n{}", transitions.lines()));
 
     let host = format!("helloworld-go.{ns}.example.com");
     let gateway =
@@ -242,7 +251,8 @@ spec:
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains("Hello World!"), "{body}");
+    // `thaw sample-app` plays the image: "Hello from $TARGET!".
+    assert_eq!(body.trim(), "Hello from World!");
 
     let denied = plane_support::checks::denials(&plane);
     assert!(
@@ -269,7 +279,9 @@ spec:
             - name: K_SERVICE
               value: mine
 "#;
-    let err = apply(&plane, &ns, "reserved-env", yaml).expect_err("refused at admission");
+    let err = apply(&plane, &ns, "reserved-env", yaml)
+        .await
+        .expect_err("refused at admission");
     show("kubectl apply of an invalid Service", &err);
     assert!(
         err.contains(

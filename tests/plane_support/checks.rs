@@ -53,8 +53,8 @@ pub async fn get(to: SocketAddr, host: &str, path: &str) -> Result<(u16, String)
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// Every line of thaw-system's container logs where the API server refused a role
-/// (RBAC's `... is forbidden: User "system:serviceaccount:thaw-system:..." cannot ...`).
+/// Every line of thaw-system's container logs where the API server refused a role for want of
+/// a permission ([`is_denial`]).
 pub fn denials(plane: &Plane) -> Vec<String> {
     plane
         .kubelet
@@ -65,13 +65,19 @@ pub fn denials(plane: &Plane) -> Vec<String> {
             std::fs::read_to_string(&path)
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| {
-                    l.contains("is forbidden") || l.contains("cannot set blockOwnerDeletion")
-                })
+                .filter(|l| is_denial(l))
                 .map(|l| format!("{container}: {l}"))
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// An RBAC refusal, or OwnerReferencesPermissionEnforcement's for want of `*/finalizers`. Not
+/// its refusal for a kind its discovery cache does not map yet ("cannot find RESTMapping":
+/// the API server refreshes it every 30 s, so a CRD installed just before is unknown to it for
+/// that long; the write is retried).
+fn is_denial(line: &str) -> bool {
+    line.contains("is forbidden: User") || line.contains("you can't set finalizers on")
 }
 
 /// A Deployment owned by a Revision, `blockOwnerDeletion` set, as the controller creates it.
@@ -109,6 +115,7 @@ pub async fn owner_references_case(plane: &Plane, ns: &str) {
     let role: serde_json::Value = serde_json::from_str(
         &plane
             .kubectl(&["get", "clusterrole", "thaw-controller", "-o", "json"])
+            .await
             .unwrap(),
     )
     .unwrap();
@@ -141,25 +148,101 @@ pub async fn owner_references_case(plane: &Plane, ns: &str) {
     std::fs::write(&path, objects.to_string()).unwrap();
     plane
         .kubectl(&["apply", "-f", &path.display().to_string()])
+        .await
         .unwrap();
     let child = plane.dir.path().join(format!("{ns}-child.yaml"));
     std::fs::write(&child, owned_deployment(ns)).unwrap();
-    let create_as = |user: &str| {
-        plane.kubectl(&[
-            "create",
-            "--dry-run=server",
-            &format!("--as={user}"),
-            "-f",
-            &child.display().to_string(),
-        ])
+    let child = child.display().to_string();
+    let create_as = async |user: &str| {
+        let user = format!("--as={user}");
+        plane
+            .kubectl(&["create", "--dry-run=server", &user, "-f", &child])
+            .await
     };
     let refused = create_as(&format!("system:serviceaccount:{ns}:no-finalizers"))
+        .await
         .expect_err("refused without the finalizers rule");
     assert!(
         refused.contains("cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on"),
         "{refused}"
     );
     create_as("system:serviceaccount:thaw-system:controller")
+        .await
         .unwrap_or_else(|e| panic!("the shipped controller role: {e}"));
-    let _ = plane.kubectl(&["delete", "clusterrole", &name]);
+    let _ = plane.kubectl(&["delete", "clusterrole", &name]).await;
+}
+
+/// Records every change of the conditions of `kind` objects (Service, Configuration, Route,
+/// Revision) in `ns`, as `+1.23s Route/hello IngressReady=Unknown Uninitialized: ...`, until
+/// dropped; [`Transitions::lines`] reads them. What a slow case prints to say where it waited.
+pub struct Transitions {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Transitions {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Transitions {
+    pub fn start(plane: &Plane, ns: &str) -> Self {
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (client, ns, out) = (plane.admin.clone(), ns.to_string(), lines.clone());
+        let task = tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            let mut seen = std::collections::BTreeMap::<String, String>::new();
+            loop {
+                for kind in ["services", "configurations", "routes", "revisions"] {
+                    let ar = kube::api::ApiResource {
+                        group: "serving.knative.dev".into(),
+                        version: "v1".into(),
+                        api_version: "serving.knative.dev/v1".into(),
+                        kind: kind.into(),
+                        plural: kind.into(),
+                    };
+                    let api: kube::Api<kube::api::DynamicObject> =
+                        kube::Api::namespaced_with(client.clone(), &ns, &ar);
+                    let list = match api.list(&Default::default()).await {
+                        Ok(list) => list,
+                        Err(e) => {
+                            let err = format!("list {kind}: {e}");
+                            if seen.get("error") != Some(&err) {
+                                out.lock().unwrap().push(err.clone());
+                                seen.insert("error".into(), err);
+                            }
+                            continue;
+                        }
+                    };
+                    for o in list.items {
+                        let name = o.metadata.name.clone().unwrap_or_default();
+                        let conds = o.data["status"]["conditions"].as_array().cloned();
+                        for c in conds.into_iter().flatten() {
+                            let key = format!("{kind}/{name} {}", c["type"].as_str().unwrap_or(""));
+                            let now = format!(
+                                "{} {}: {}",
+                                c["status"].as_str().unwrap_or(""),
+                                c["reason"].as_str().unwrap_or(""),
+                                c["message"].as_str().unwrap_or("")
+                            );
+                            if seen.get(&key) != Some(&now) {
+                                out.lock().unwrap().push(format!(
+                                    "+{:.2}s {key}={now}",
+                                    start.elapsed().as_secs_f64()
+                                ));
+                                seen.insert(key, now);
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Transitions { lines, task }
+    }
+
+    pub fn lines(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
 }

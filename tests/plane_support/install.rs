@@ -67,53 +67,67 @@ pub fn images() -> BTreeMap<String, ImageRun> {
 }
 
 /// Installs thaw and the ingress; returns once every Deployment is Available.
-pub fn install(plane: &Plane) -> Result<(), String> {
+pub async fn install(plane: &Plane) -> Result<(), String> {
     let crds = [
         repo("tests/crds/virtualservices.networking.istio.io.yaml"),
         repo("tests/crds/gateways.networking.istio.io.yaml"),
     ];
     for crd in &crds {
-        plane.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()])?;
+        plane
+            .kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()])
+            .await?;
     }
-    plane.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/virtualservices.networking.istio.io",
-        "crd/gateways.networking.istio.io",
-        "--timeout=60s",
-    ])?;
-    plane.kubectl(&[
-        "apply",
-        "--server-side",
-        "-k",
-        &repo("tests/cluster/overlay").display().to_string(),
-    ])?;
-    plane.kubectl(&[
-        "apply",
-        "--server-side",
-        "-f",
-        &repo("tests/cluster/ingress-gateway.yaml")
-            .display()
-            .to_string(),
-    ])?;
-    plane.kubectl(&["create", "namespace", "knative-serving"])?;
-    plane.kubectl(&[
-        "apply",
-        "-f",
-        &repo("deploy/examples/knative/gateway.yaml")
-            .display()
-            .to_string(),
-    ])?;
-    for ns in ["thaw-system", "istio-system"] {
-        plane.kubectl(&[
-            "-n",
-            ns,
+    plane
+        .kubectl(&[
             "wait",
-            "deployment",
-            "--all",
-            "--for=condition=Available",
-            &format!("--timeout={WAIT}"),
-        ])?;
+            "--for=condition=Established",
+            "crd/virtualservices.networking.istio.io",
+            "crd/gateways.networking.istio.io",
+            "--timeout=60s",
+        ])
+        .await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-k",
+            &repo("tests/cluster/overlay").display().to_string(),
+        ])
+        .await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &repo("tests/cluster/ingress-gateway.yaml")
+                .display()
+                .to_string(),
+        ])
+        .await?;
+    plane
+        .kubectl(&["create", "namespace", "knative-serving"])
+        .await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "-f",
+            &repo("deploy/examples/knative/gateway.yaml")
+                .display()
+                .to_string(),
+        ])
+        .await?;
+    for ns in ["thaw-system", "istio-system"] {
+        plane
+            .kubectl(&[
+                "-n",
+                ns,
+                "wait",
+                "deployment",
+                "--all",
+                "--for=condition=Available",
+                &format!("--timeout={WAIT}"),
+            ])
+            .await?;
     }
     Ok(())
 }

@@ -333,11 +333,15 @@ impl Plane {
     }
 
     /// `kubectl` with the admin kubeconfig; the error carries what it printed.
-    pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(self.bins.join("kubectl"))
+    /// Runs as a child the runtime waits for: a blocking wait here would stall the kubelet
+    /// stand-in, which shares the runtime.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let out = tokio::process::Command::new(self.bins.join("kubectl"))
             .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
             .args(args)
+            .kill_on_drop(true)
             .output()
+            .await
             .map_err(|e| format!("cannot run kubectl: {e}"))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
