@@ -53,31 +53,36 @@ pub async fn get(to: SocketAddr, host: &str, path: &str) -> Result<(u16, String)
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// Every line of thaw-system's container logs where the API server refused a role for want of
-/// a permission ([`is_denial`]).
+/// Every request of thaw's ServiceAccounts the API server refused for want of a permission,
+/// from its audit log: `user verb resource name: message`. An RBAC refusal, or
+/// OwnerReferencesPermissionEnforcement's for want of `*/finalizers`; not the latter's for a
+/// kind its discovery cache does not map yet ("cannot find RESTMapping": the API server
+/// refreshes that cache every 30 s, so a CRD installed just before is unknown to it for up to
+/// that long, and the write is retried).
 pub fn denials(plane: &Plane) -> Vec<String> {
-    plane
-        .kubelet
-        .logs()
-        .into_iter()
-        .filter(|(container, _)| container.starts_with("thaw-system/"))
-        .flat_map(|(container, path)| {
-            std::fs::read_to_string(&path)
+    let text = std::fs::read_to_string(&plane.audit_log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["responseStatus"]["code"] == 403)
+        .filter(|e| {
+            !e["responseStatus"]["message"]
+                .as_str()
                 .unwrap_or_default()
-                .lines()
-                .filter(|l| is_denial(l))
-                .map(|l| format!("{container}: {l}"))
-                .collect::<Vec<_>>()
+                .contains("cannot find RESTMapping")
+        })
+        .map(|e| {
+            let o = &e["objectRef"];
+            format!(
+                "{} {} {}/{} {}: {}",
+                e["user"]["username"].as_str().unwrap_or_default(),
+                e["verb"].as_str().unwrap_or_default(),
+                o["apiGroup"].as_str().unwrap_or("core"),
+                o["resource"].as_str().unwrap_or_default(),
+                o["name"].as_str().unwrap_or_default(),
+                e["responseStatus"]["message"].as_str().unwrap_or_default()
+            )
         })
         .collect()
-}
-
-/// An RBAC refusal, or OwnerReferencesPermissionEnforcement's for want of `*/finalizers`. Not
-/// its refusal for a kind its discovery cache does not map yet ("cannot find RESTMapping":
-/// the API server refreshes it every 30 s, so a CRD installed just before is unknown to it for
-/// that long; the write is retried).
-fn is_denial(line: &str) -> bool {
-    line.contains("is forbidden: User") || line.contains("you can't set finalizers on")
 }
 
 /// A Deployment owned by a Revision, `blockOwnerDeletion` set, as the controller creates it.

@@ -134,6 +134,8 @@ pub struct Plane {
     pub admin_kubeconfig: PathBuf,
     pub pki: Pki,
     pub bins: PathBuf,
+    /// The API server's audit log of thaw's ServiceAccounts' requests (JSON lines).
+    pub audit_log: PathBuf,
     /// Logs, certificates, etcd's data; kept when a case fails ([`Plane::keep`]).
     pub dir: tempfile::TempDir,
 }
@@ -189,6 +191,15 @@ impl Plane {
             &[node_ip, Ipv4Addr::LOCALHOST, Ipv4Addr::new(10, 96, 0, 1)],
         );
         let (sa_key, sa_pub) = pki.service_account_keys();
+        // Every request of thaw's ServiceAccounts, at Metadata level: what [`checks::denials`]
+        // reads the refusals from, whatever the roles log.
+        let audit_policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(
+            &audit_policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n    userGroups: [\"system:serviceaccounts:thaw-system\"]\n  - level: None\n",
+        )
+        .unwrap();
+        let audit_log = dir.path().join("audit.log");
         let a = |k: &str, v: &dyn std::fmt::Display| format!("--{k}={v}");
         let d = |p: &Path| p.display().to_string();
         procs.push(Proc::start(
@@ -221,6 +232,8 @@ impl Plane {
                 a("enable-aggregator-routing", &true),
                 a("allow-privileged", &true),
                 a("profiling", &false),
+                a("audit-policy-file", &d(&audit_policy)),
+                a("audit-log-path", &d(&audit_log)),
                 a("v", &1),
             ],
             dir.path(),
@@ -300,6 +313,7 @@ impl Plane {
             server,
             admin,
             admin_kubeconfig,
+            audit_log,
             pki,
             bins: bins.to_owned(),
             dir,
