@@ -4,7 +4,7 @@
 # from go.etcd.io/etcd/server/v3 (tests/cluster/etcd), each module's versions fixed by its
 # committed go.mod and verified by its go.sum (-mod=readonly: a sum that does not match fails).
 #
-#   tests/cluster/build.sh [OUT]     OUT defaults to target/plane
+#   tests/cluster/build.sh [OUT]     OUT defaults to $CARGO_TARGET_DIR/plane (target/plane)
 #
 # Writes OUT/bin/{kube-apiserver,kube-controller-manager,kubectl,etcd} and OUT/stamp, the hash
 # of every input; a second run with the same inputs does nothing. Needs Go >= 1.24 and the Go
@@ -13,7 +13,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-out="${1:-$root/target/plane}"
+out="${1:-${CARGO_TARGET_DIR:-$root/target}/plane}"
 mkdir -p "$out/bin"
 
 if ! command -v go >/dev/null 2>&1; then
