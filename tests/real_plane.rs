@@ -2,7 +2,7 @@
 //! built from their Go modules (`tests/cluster/build.sh`, run here on first use), one node
 //! played by the kubelet stand-in, thaw installed from deploy/ as the README says and running
 //! with its own ServiceAccounts. Started once for the whole target; each case works in its own
-//! namespace; cases that change thaw-system's ConfigMaps take [`SYSTEM_CONFIG`].
+//! namespace (`plane_support::harness`).
 //!
 //! `cargo test --test real_plane` builds the Go side the first time (about 4 minutes on 2
 //! cores; `.ci/run` builds it before cargo does), re-executes itself in its own namespaces
@@ -18,27 +18,13 @@ mod gateway;
 mod knative_cel_live;
 mod plane_support;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
-use plane_support::{Plane, install, netns};
-
-type CaseFn = fn(Arc<Plane>, String) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// Held by a case while it changes thaw-system's ConfigMaps: such cases run one at a time.
-pub static SYSTEM_CONFIG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-macro_rules! case {
-    ($f:ident) => {
-        (stringify!($f), (|p, ns| Box::pin($f(p, ns))) as CaseFn)
-    };
-}
+use kube::api::Api;
+use plane_support::Plane;
+use plane_support::harness::{CaseFn, apply, show};
 
 fn cases() -> Vec<(&'static str, CaseFn)> {
     vec![
@@ -46,154 +32,12 @@ fn cases() -> Vec<(&'static str, CaseFn)> {
         case!(an_invalid_service_is_refused_by_the_webhook),
         case!(the_crds_cel_rules_refuse_what_they_forbid),
         case!(owner_references_need_the_finalizers_rule),
+        case!(the_kubelet_stand_in_runs_pods_as_a_kubelet_does),
     ]
 }
 
 fn main() -> ExitCode {
-    if std::env::var(install::POD_ROLE_ENV).as_deref() == Ok("ingress-gateway") {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(install::run_ingress_gateway());
-        return ExitCode::SUCCESS;
-    }
-    let args = Arguments::from_args();
-    let listed = || {
-        cases()
-            .into_iter()
-            .map(|(name, _)| Trial::test(name, || Ok(())))
-            .collect::<Vec<_>>()
-    };
-    let runs = listed()
-        .iter()
-        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
-    if args.list || !runs {
-        // Nothing to run here (a filter for other targets' tests): no plane.
-        let trials = listed()
-            .into_iter()
-            .map(|t| {
-                let name = t.name().to_string();
-                Trial::test(name, || Ok(()))
-            })
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    if !netns::inside() {
-        if let Err(e) = plane_support::build() {
-            eprintln!("real_plane: {e}");
-            return ExitCode::FAILURE;
-        }
-        return netns::reexec().unwrap_or_else(|e| {
-            eprintln!("real_plane: {e}");
-            ExitCode::FAILURE
-        });
-    }
-
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let bins = plane_support::bin_dir().join("bin");
-    let started = tokio::time::Instant::now();
-    let plane = Arc::new(rt.block_on(Plane::start(&bins)));
-    eprintln!(
-        "real_plane: Kubernetes {} up in {:.1?}",
-        plane_support::KUBE_VERSION,
-        started.elapsed()
-    );
-    if let Err(e) = rt.block_on(install::install(&plane)) {
-        eprintln!("real_plane: installing thaw failed: {e}\n{}", plane.dump());
-        return ExitCode::FAILURE;
-    }
-    eprintln!("real_plane: thaw installed in {:.1?}", started.elapsed());
-
-    let trials = cases()
-        .into_iter()
-        .map(|(name, run)| {
-            let plane = plane.clone();
-            let handle = rt.handle().clone();
-            Trial::test(name, move || {
-                let ns = format!("case-{}", name.replace('_', "-"))
-                    .chars()
-                    .take(50)
-                    .collect::<String>()
-                    .trim_end_matches('-')
-                    .to_string();
-                handle.block_on(async {
-                    create_namespace(&plane, &ns).await;
-                    let outcome = tokio::spawn(run(plane.clone(), ns.clone())).await;
-                    match outcome {
-                        Ok(()) => {
-                            delete_namespace(&plane, &ns).await;
-                            Ok(())
-                        }
-                        Err(e) => Err(Failed::from(panic_message(e))),
-                    }
-                })
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() || std::env::var_os("REAL_PLANE_LOGS").is_some() {
-        eprintln!("{}", plane.dump());
-    }
-    if (conclusion.has_failed() || std::env::var_os("REAL_PLANE_KEEP").is_some())
-        && let Ok(plane) = Arc::try_unwrap(plane)
-    {
-        eprintln!(
-            "real_plane: the plane's files are kept in {}",
-            plane.keep().display()
-        );
-    }
-    conclusion.exit_code()
-}
-
-fn panic_message(e: tokio::task::JoinError) -> String {
-    match e.try_into_panic() {
-        Ok(p) => p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into()),
-        Err(e) => e.to_string(),
-    }
-}
-
-async fn create_namespace(plane: &Plane, ns: &str) {
-    let api: Api<Namespace> = Api::all(plane.admin.clone());
-    let obj: Namespace = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": ns}
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &obj).await.unwrap();
-    // Pods need the namespace's default ServiceAccount, made by the controller-manager.
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(plane.admin.clone(), ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while sas.get_opt("default").await.unwrap().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{ns}: no default ServiceAccount"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Deletes a passed case's namespace; the namespace controller and the garbage collector
-/// clean up behind it.
-async fn delete_namespace(plane: &Plane, ns: &str) {
-    let api: Api<Namespace> = Api::all(plane.admin.clone());
-    let _ = api.delete(ns, &DeleteParams::default()).await;
-}
-
-fn show(what: &str, text: &str) {
-    if std::env::var_os("REAL_PLANE_SHOW").is_some() {
-        println!("----- {what} -----\n{text}");
-    }
-}
-
-/// Writes `yaml` to a file in the plane's directory and applies it with kubectl in `ns`.
-async fn apply(plane: &Plane, ns: &str, name: &str, yaml: &str) -> Result<String, String> {
-    let path = plane.dir.path().join(format!("{ns}-{name}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    plane
-        .kubectl(&["-n", ns, "apply", "-f", &path.display().to_string()])
-        .await
+    plane_support::harness::main(cases())
 }
 
 // === the cases ===
@@ -308,4 +152,194 @@ async fn the_crds_cel_rules_refuse_what_they_forbid(plane: Arc<Plane>, ns: Strin
 /// controller's ClusterRole without its `*/finalizers` rule is refused; as shipped, admitted.
 async fn owner_references_need_the_finalizers_rule(plane: Arc<Plane>, ns: String) {
     plane_support::checks::owner_references_case(&plane, &ns).await;
+}
+
+/// The node thaw runs on, checked against what a kubelet does: the Node Ready with its Lease
+/// renewed; a Deployment's pod bound, its init container run first, its containers in the
+/// pod's own network namespace with the downward API, a ConfigMap key and a ServiceAccount
+/// kubeconfig in their environment, Ready by its readiness probe and listed by the real
+/// EndpointSlice controller; scaled to zero, its preStop hook run before SIGTERM, then the
+/// pod deleted.
+async fn the_kubelet_stand_in_runs_pods_as_a_kubelet_does(plane: Arc<Plane>, ns: String) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let yaml = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+data:
+  greeting: hello
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: shell
+spec:
+  selector: {app: shell}
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: shell
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: shell}
+  template:
+    metadata:
+      labels: {app: shell}
+    spec:
+      terminationGracePeriodSeconds: 20
+      initContainers:
+        - name: init
+          image: thaw.test/shell
+          command: [sh, -c, "echo init ran"]
+      containers:
+        - name: app
+          image: ghcr.io/knative/helloworld-go
+          env: [{name: PORT, value: "8080"}]
+          ports: [{name: http, containerPort: 8080}]
+          readinessProbe:
+            httpGet: {path: /, port: http}
+            periodSeconds: 1
+        - name: shell
+          image: thaw.test/shell
+          command:
+            - sh
+            - -c
+            - |
+              env | sort
+              trap 'echo "got TERM at $(date +%s.%N)"; exit 0' TERM
+              while true; do sleep 0.2; done
+          lifecycle:
+            preStop:
+              sleep: {seconds: 2}
+          env:
+            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+            - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+            - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+            - {name: GREETING, valueFrom: {configMapKeyRef: {name: settings, key: greeting}}}
+            - {name: SAID, value: "$(GREETING) from $(POD_NAME)"}
+"#;
+    apply(&plane, &ns, "shell", yaml).await.unwrap();
+    plane
+        .kubectl(&[
+            "-n",
+            &ns,
+            "wait",
+            "deployment/shell",
+            "--for=condition=Available",
+            "--timeout=60s",
+        ])
+        .await
+        .unwrap();
+
+    let nodes: Api<Node> = Api::all(plane.admin.clone());
+    let node = nodes.get(plane_support::NODE).await.unwrap();
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True", "{ready:?}");
+
+    let pods: Api<Pod> = Api::namespaced(plane.admin.clone(), &ns);
+    let pod = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let name = pod.metadata.name.clone().unwrap();
+    let status = pod.status.clone().unwrap();
+    let ip = status.pod_ip.clone().unwrap();
+    assert!(ip.starts_with("10.244."), "{ip}");
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(plane_support::NODE)
+    );
+    let cs = status.container_statuses.unwrap();
+    assert!(cs.iter().all(|c| c.ready), "{cs:?}");
+
+    let log = |container: &str| {
+        let suffix = format!("_{container}.log");
+        plane
+            .kubelet
+            .logs()
+            .into_iter()
+            .filter(|(n, p)| {
+                n.starts_with(&format!("{ns}/{name}/"))
+                    && p.display().to_string().ends_with(&suffix)
+            })
+            .map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default())
+            .collect::<String>()
+    };
+    assert!(log("init").contains("init ran"), "{}", log("init"));
+    let env = log("shell");
+    for want in [
+        format!("POD_NAME={name}"),
+        format!("POD_IP={ip}"),
+        format!("NODE={}", plane_support::NODE),
+        "GREETING=hello".to_string(),
+        format!("SAID=hello from {name}"),
+        format!("HOSTNAME={name}"),
+        "KUBECONFIG=".to_string(),
+    ] {
+        assert!(env.contains(&want), "{want} not in the environment:\n{env}");
+    }
+
+    // The real EndpointSlice controller lists the Ready pod.
+    let endpoint = plane_support::checks::service_endpoint(&plane, &ns, "shell")
+        .await
+        .unwrap();
+    assert_eq!(endpoint.to_string(), format!("{ip}:8080"));
+
+    // The node's Lease is renewed (every 10 s).
+    let leases: Api<Lease> = Api::namespaced(plane.admin.clone(), "kube-node-lease");
+    let renewed = |l: Lease| l.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let first = renewed(leases.get(plane_support::NODE).await.unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while renewed(leases.get(plane_support::NODE).await.unwrap()) == first {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node's Lease is not renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Scaled to zero: the preStop hook (2 s) first, then SIGTERM, then the pod is deleted,
+    // well within its grace period.
+    let scaled = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    plane
+        .kubectl(&["-n", &ns, "scale", "deployment/shell", "--replicas=0"])
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pods.get_opt(&name).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} is not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shell = log("shell");
+    let term: f64 = shell
+        .lines()
+        .find_map(|l| l.strip_prefix("got TERM at "))
+        .unwrap_or_else(|| panic!("no SIGTERM seen:\n{shell}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        term - scaled >= 2.0,
+        "SIGTERM {:.2} s after the scale-down, before preStop's 2 s",
+        term - scaled
+    );
 }

@@ -20,6 +20,8 @@ use super::kubelet::ImageRun;
 pub const THAW_IMAGE: &str = "thaw.test/thaw";
 /// Knative's helloworld-go (any tag or digest).
 pub const HELLOWORLD_IMAGE: &str = "ghcr.io/knative/helloworld-go";
+/// A shell (`/bin/sh`): the kubelet stand-in's own case runs scripts with it.
+pub const SHELL_IMAGE: &str = "thaw.test/shell";
 /// The ingress gateway pod's image (tests/cluster/ingress-gateway.yaml).
 pub const GATEWAY_IMAGE: &str = "thaw.test/ingress-gateway";
 /// Set in the ingress gateway pod's environment: this test binary plays the gateway.
@@ -48,6 +50,14 @@ pub fn images() -> BTreeMap<String, ImageRun> {
             ImageRun {
                 program: thaw,
                 args: vec!["sample-app".into(), "--host".into(), "0.0.0.0".into()],
+                env: vec![],
+            },
+        ),
+        (
+            SHELL_IMAGE.to_string(),
+            ImageRun {
+                program: "/bin/sh".into(),
+                args: vec![],
                 env: vec![],
             },
         ),

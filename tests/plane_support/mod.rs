@@ -18,6 +18,7 @@
 )]
 
 pub mod checks;
+pub mod harness;
 pub mod install;
 pub mod kubelet;
 pub mod netns;
