@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use kube::api::Api;
 use plane_support::Plane;
-use plane_support::harness::{CaseFn, apply, show};
+use plane_support::harness::{Case, apply, show};
 
-fn cases() -> Vec<(&'static str, CaseFn)> {
+fn cases() -> Vec<Case> {
     vec![
         case!(helloworld_go_reaches_ready_and_answers),
         case!(an_invalid_service_is_refused_by_the_webhook),

@@ -23,19 +23,44 @@ pub type CaseFn = fn(Arc<Plane>, String) -> Pin<Box<dyn Future<Output = ()> + Se
 /// Held by a case while it changes thaw-system's ConfigMaps: such cases run one at a time.
 pub static SYSTEM_CONFIG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// `(name, case)` for an `async fn name(plane: Arc<Plane>, ns: String)`.
+/// Every case runs holding it: shared by ordinary cases, alone by an exclusive one (a case
+/// that disturbs the whole plane: a role's leader killed, a rollout, the API server
+/// restarted), so no other case runs through its disturbance.
+static PLANE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// One case of a target.
+pub struct Case {
+    pub name: &'static str,
+    pub run: CaseFn,
+    /// Runs with no other case beside it ([`exclusive_case!`]).
+    pub exclusive: bool,
+}
+
+/// A [`Case`] for an `async fn name(plane: Arc<Plane>, ns: String)`.
 #[macro_export]
 macro_rules! case {
     ($f:path) => {
-        (
-            stringify!($f).rsplit("::").next().unwrap().trim(),
-            (|p, ns| Box::pin($f(p, ns))) as $crate::plane_support::harness::CaseFn,
-        )
+        $crate::plane_support::harness::Case {
+            name: stringify!($f).rsplit("::").next().unwrap().trim(),
+            run: (|p, ns| Box::pin($f(p, ns))) as $crate::plane_support::harness::CaseFn,
+            exclusive: false,
+        }
+    };
+}
+
+/// A [`Case`] that runs alone: one that disturbs what every case relies on.
+#[macro_export]
+macro_rules! exclusive_case {
+    ($f:path) => {
+        $crate::plane_support::harness::Case {
+            exclusive: true,
+            ..$crate::case!($f)
+        }
     };
 }
 
 /// Runs `cases` on one plane; the target's exit code.
-pub fn main(cases: Vec<(&'static str, CaseFn)>) -> ExitCode {
+pub fn main(cases: Vec<Case>) -> ExitCode {
     if std::env::var(install::POD_ROLE_ENV).as_deref() == Ok("ingress-gateway") {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(install::run_ingress_gateway());
@@ -45,7 +70,7 @@ pub fn main(cases: Vec<(&'static str, CaseFn)>) -> ExitCode {
     let listed = || {
         cases
             .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
+            .map(|c| Trial::test(c.name, || Ok(())))
             .collect::<Vec<_>>()
     };
     let runs = listed()
@@ -90,29 +115,40 @@ pub fn main(cases: Vec<(&'static str, CaseFn)>) -> ExitCode {
 
     let trials = cases
         .into_iter()
-        .map(|(name, run)| {
-            let plane = plane.clone();
-            let handle = rt.handle().clone();
-            Trial::test(name, move || {
-                let ns = format!("case-{}", name.replace('_', "-"))
-                    .chars()
-                    .take(50)
-                    .collect::<String>()
-                    .trim_end_matches('-')
-                    .to_string();
-                handle.block_on(async {
-                    create_namespace(&plane, &ns).await;
-                    let outcome = tokio::spawn(run(plane.clone(), ns.clone())).await;
-                    match outcome {
-                        Ok(()) => {
-                            delete_namespace(&plane, &ns).await;
-                            Ok(())
+        .map(
+            |Case {
+                 name,
+                 run,
+                 exclusive,
+             }| {
+                let plane = plane.clone();
+                let handle = rt.handle().clone();
+                Trial::test(name, move || {
+                    let ns = format!("case-{}", name.replace('_', "-"))
+                        .chars()
+                        .take(50)
+                        .collect::<String>()
+                        .trim_end_matches('-')
+                        .to_string();
+                    handle.block_on(async {
+                        let _turn = if exclusive {
+                            (None, Some(PLANE.write().await))
+                        } else {
+                            (Some(PLANE.read().await), None)
+                        };
+                        create_namespace(&plane, &ns).await;
+                        let outcome = tokio::spawn(run(plane.clone(), ns.clone())).await;
+                        match outcome {
+                            Ok(()) => {
+                                delete_namespace(&plane, &ns).await;
+                                Ok(())
+                            }
+                            Err(e) => Err(Failed::from(panic_message(e))),
                         }
-                        Err(e) => Err(Failed::from(panic_message(e))),
-                    }
+                    })
                 })
-            })
-        })
+            },
+        )
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     if conclusion.has_failed() || std::env::var_os("REAL_PLANE_LOGS").is_some() {
