@@ -103,6 +103,9 @@ struct EndpointSet {
     ready: Vec<PerCoreArc<Endpoint>>,
     terminating: Vec<PerCoreArc<Endpoint>>,
     balancer: Arc<Balancer>,
+    /// The snapshot's `reach_pending`: no ready endpoint yet only because the activator is
+    /// probing how to reach the revision's ready pods (not cold).
+    reach_pending: bool,
 }
 
 struct Shared {
@@ -147,6 +150,7 @@ impl Throttler {
                     ready: Vec::new(),
                     terminating: Vec::new(),
                     balancer: Arc::new(Balancer::new(Policy::RandomChoiceOfTwo)),
+                    reach_pending: false,
                 }),
                 failing: ArcSwapOption::empty(),
                 queue: Mutex::new(Queue {
@@ -315,6 +319,7 @@ impl Throttler {
             ready,
             terminating,
             balancer,
+            reach_pending: snapshot.reach_pending,
         }));
         match &snapshot.status {
             EndpointStatus::Failing { reason } => {
@@ -372,9 +377,12 @@ impl Throttler {
         self.shared.failing_reason()
     }
 
-    /// Cold: no ready endpoint, and not failing (a request would wait for a cold start).
+    /// Cold: no ready endpoint, none about to be (the platform's ready pods while the activator
+    /// probes how to reach them, [`EndpointSnapshot::reach_pending`]), and not failing: a
+    /// request would wait for a cold start.
     pub fn is_cold(&self) -> bool {
-        self.ready_count() == 0 && self.failing().is_none()
+        let set = self.shared.endpoints.load();
+        set.ready.is_empty() && !set.reach_pending && self.failing().is_none()
     }
 
     /// Per endpoint: address, in flight, limit (`None` = unlimited), terminating, ejected.

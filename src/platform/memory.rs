@@ -92,6 +92,7 @@ impl Rev {
                 },
                 None => EndpointStatus::Ok,
             },
+            reach_pending: false,
         };
         self.tx.send_if_modified(|cur| {
             if **cur == snap {

@@ -53,6 +53,11 @@ pub struct EndpointSnapshot {
     /// set when one endpoint stands for several pods (a private Service in
     /// mesh-compatibility mode, `crate::roles::mesh`). `None`: containerConcurrency.
     pub limit: Option<u32>,
+    /// The platform has ready endpoints this view leaves out for now: under
+    /// `mesh-compatibility-mode: auto`, until a probe decides whether the revision's pods are
+    /// reached at their addresses or through its private Service (`crate::roles::share`). A
+    /// request meanwhile waits for that probe, not for a cold start: the revision is not cold.
+    pub reach_pending: bool,
 }
 
 /// A source of per-revision endpoint snapshots (the platform, or a test feeding them directly).

@@ -204,6 +204,7 @@ impl Tracker {
                 .collect(),
             status: snap.status.clone(),
             limit: snap.limit,
+            reach_pending: snap.reach_pending,
         }
     }
 }

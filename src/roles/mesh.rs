@@ -291,6 +291,7 @@ pub fn through_service(
         terminating: Vec::new(),
         starting: Vec::new(),
         status: snap.status.clone(),
+        reach_pending: false,
     }
 }
 

@@ -249,13 +249,15 @@ impl SharedEndpoints {
                 cc,
                 place.map_or(1, |p| p.of),
             ),
-            // Not probed yet: nothing is sent before the probe tells how.
+            // Not probed yet: nothing is sent before the probe tells how, and a request waits
+            // for the probe, not for a cold start.
             (Some(_), Reach::Unknown) if !snap.ready.is_empty() => EndpointSnapshot {
                 ready: Vec::new(),
                 terminating: snap.terminating.clone(),
                 starting: Vec::new(),
                 status: snap.status.clone(),
                 limit: None,
+                reach_pending: true,
             },
             _ => EndpointSnapshot {
                 ready: share(&snap.ready, cc, place, key),
@@ -263,6 +265,7 @@ impl SharedEndpoints {
                 starting: Vec::new(),
                 status: snap.status.clone(),
                 limit: None,
+                reach_pending: false,
             },
         }
     }
@@ -425,6 +428,34 @@ mod tests {
             Some(Place { index: 0, of: 2 })
         );
         assert_eq!(next_place(&[a(1)], &pods, me, None), None, "never listed");
+    }
+
+    /// Under `mesh-compatibility-mode: auto`, a revision whose pods are ready but not probed
+    /// yet is handed out with no ready endpoint (nothing is sent before the probe) and
+    /// `reach_pending`, so its first request waits for the probe without counting as a cold
+    /// start; without a mesh, its pods at once.
+    #[tokio::test]
+    async fn ready_pods_awaiting_the_reach_probe_are_pending_not_cold() {
+        let key = RevisionKey::new("ns", "r");
+        // A port nobody listens on: the probe finds nothing and decides nothing.
+        let pod = SocketAddr::from(([127, 0, 0, 1], 1));
+        let platform = crate::activator::testing::StaticEndpoints::new();
+        platform.set_ready(&key, vec![pod]);
+        let me = SocketAddr::from(([10, 0, 0, 2], 8012));
+        let shared = |mode| {
+            SharedEndpoints::new(
+                platform.clone(),
+                Subsets::new(me),
+                Arc::new(RevisionCatalog::default()),
+                Some(Mesh::new(mode)),
+            )
+        };
+        let first = shared(MeshMode::Auto).endpoints(&key).borrow().clone();
+        assert!(first.ready.is_empty(), "{first:?}");
+        assert!(first.reach_pending, "{first:?}");
+        let first = shared(MeshMode::Disabled).endpoints(&key).borrow().clone();
+        assert_eq!(first.ready, vec![pod]);
+        assert!(!first.reach_pending, "{first:?}");
     }
 
     #[test]

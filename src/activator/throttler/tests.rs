@@ -16,6 +16,7 @@ fn snapshot(ready: &[u16], terminating: &[u16]) -> EndpointSnapshot {
         terminating: terminating.iter().map(|p| addr(*p)).collect(),
         starting: Vec::new(),
         status: EndpointStatus::Ok,
+        reach_pending: false,
     }
 }
 
@@ -40,6 +41,48 @@ const LIMITS: HoldLimits = HoldLimits {
 
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
+}
+
+/// A revision whose ready pods the activator is still probing the reach of has no ready
+/// endpoint yet but is not cold: its request waits for the probe (held, then admitted), and
+/// is not a cold start. No endpoint at all is cold; failing is not.
+#[tokio::test(start_paused = true)]
+async fn pending_reach_is_held_but_not_cold() {
+    let (t, _, _) = throttler();
+    assert!(t.is_cold(), "no endpoint yet");
+    t.update(
+        &EndpointSnapshot {
+            reach_pending: true,
+            ..snapshot(&[], &[])
+        },
+        0,
+        0,
+    );
+    assert!(!t.is_cold(), "pods ready, reach being probed");
+    assert_eq!(t.ready_count(), 0);
+    let t2 = t.clone();
+    let waiter = tokio::spawn(async move { t2.acquire(LIMITS, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!(t.held(), 1);
+    tokio::time::advance(Duration::from_millis(2)).await;
+    t.update(&snapshot(&[1], &[]), 0, 0);
+    let adm = waiter.await.unwrap().unwrap();
+    assert_eq!(adm.in_flight.addr(), addr(1));
+    assert_eq!(adm.held_for, Some(Duration::from_millis(2)));
+    drop(adm);
+    t.update(&snapshot(&[], &[]), 0, 0);
+    assert!(t.is_cold(), "no endpoint and none pending");
+    t.update(
+        &EndpointSnapshot {
+            status: EndpointStatus::Failing {
+                reason: "crash loop".into(),
+            },
+            ..snapshot(&[], &[])
+        },
+        0,
+        0,
+    );
+    assert!(!t.is_cold(), "failing");
 }
 
 #[tokio::test(start_paused = true)]

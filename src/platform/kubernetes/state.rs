@@ -165,6 +165,7 @@ impl RevState {
             terminating,
             starting,
             status,
+            reach_pending: false,
         }
     }
 }

@@ -83,6 +83,7 @@ impl RevState {
             terminating,
             starting: Vec::new(),
             status,
+            reach_pending: false,
         }
     }
 
