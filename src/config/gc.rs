@@ -10,11 +10,13 @@
 //! 2. Active revisions are never collected: the routed ones, the latest created and the latest
 //!    ready.
 //! 3. The others are sorted by last activity (when they stopped being routed, else when they
-//!    were created), newest first. Walking that list, a stale revision is collected as long as
-//!    more than `min-non-active-revisions` non-active ones remain. Stale = older than
-//!    `retain-since-create-time` AND inactive for longer than `retain-since-last-active-time`
-//!    (a `disabled` rule does not hold a revision back; both disabled = never stale).
-//! 4. Of the non-stale ones left, those past the first `max-non-active-revisions` are collected.
+//!    were created), oldest first. Walking that list, a stale revision is collected as long as
+//!    more than `min-non-active-revisions` non-active ones remain, so the ones kept are the
+//!    most recently active. Stale = older than `retain-since-create-time` AND inactive for
+//!    longer than `retain-since-last-active-time` (a `disabled` rule does not hold a revision
+//!    back; both disabled = never stale).
+//! 4. Of the non-stale ones left, all but the `max-non-active-revisions` most recently active
+//!    are collected, oldest first.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -199,8 +201,10 @@ pub fn collectable<K: Clone>(config: &GcConfig, revisions: &[GcCandidate<K>]) ->
         return Vec::new();
     }
     let mut non_active: Vec<&GcCandidate<K>> = revisions.iter().filter(|r| !r.active).collect();
-    // Most recently active first (a stable sort keeps the given order among equals).
-    non_active.sort_by_key(|r| r.inactive_for);
+    // Longest inactive first, as Knative's collector walks them (a stable sort keeps the given
+    // order among equals): the stale ones go oldest first, and what `min` keeps is the most
+    // recently active.
+    non_active.sort_by_key(|r| std::cmp::Reverse(r.inactive_for));
     let mut out = Vec::new();
     let mut remaining = non_active.len();
     let mut fresh = Vec::new();
@@ -216,7 +220,8 @@ pub fn collectable<K: Clone>(config: &GcConfig, revisions: &[GcCandidate<K>]) ->
         }
     }
     if let Some(max) = config.max_non_active_revisions {
-        out.extend(fresh.iter().skip(max as usize).map(|r| r.key.clone()));
+        let over = fresh.len().saturating_sub(max as usize);
+        out.extend(fresh.iter().take(over).map(|r| r.key.clone()));
     }
     out
 }
@@ -305,13 +310,13 @@ mod tests {
             rev(3, false, 10, 5),
             rev(4, true, 200, 200),
         ];
-        assert_eq!(collectable(&c, &revs), vec![2, 1]);
-        // With a minimum of 2 non-active kept: only the oldest-active stale one goes.
+        assert_eq!(collectable(&c, &revs), vec![1, 2]);
+        // With a minimum of 2 non-active kept: only the longest inactive stale one goes.
         let c2 = GcConfig {
             min_non_active_revisions: 2,
             ..c.clone()
         };
-        assert_eq!(collectable(&c2, &revs), vec![2]);
+        assert_eq!(collectable(&c2, &revs), vec![1]);
         // At or under the minimum in all: nothing.
         let c4 = GcConfig {
             min_non_active_revisions: 4,
@@ -334,13 +339,44 @@ mod tests {
             rev(3, true, 1, 0),
             rev(4, false, 2, 2),
         ];
-        // Most recently active non-active revision (2) is kept; 4 then 1 go.
-        assert_eq!(collectable(&c, &revs), vec![4, 1]);
+        // Most recently active non-active revision (2) is kept; 1 then 4 go, oldest first.
+        assert_eq!(collectable(&c, &revs), vec![1, 4]);
         let off = GcConfig {
             max_non_active_revisions: None,
             ..c
         };
         assert!(collectable(&off, &revs).is_empty());
+    }
+
+    /// Knative's `TestCollectMin` ("delete oldest, keep one recent, one active") and its
+    /// `min` case with every non-active revision stale: `min` keeps the most recently active
+    /// ones, never the oldest.
+    #[test]
+    fn the_minimum_keeps_the_most_recently_active_as_knative() {
+        let c = GcConfig {
+            retain_since_create_time: Some(Duration::from_secs(300)),
+            retain_since_last_active_time: Some(Duration::from_secs(300)),
+            min_non_active_revisions: 1,
+            max_non_active_revisions: None,
+        };
+        let min = |m: u64| Duration::from_secs(m * 60);
+        let r = |key, active, inactive: u64| GcCandidate {
+            key,
+            active,
+            age: min(20),
+            inactive_for: min(inactive),
+        };
+        // 5554 inactive 13 min, 5555 12 min, 5556 routed: 5554 goes, 5555 stays.
+        let revs = [r(5555, false, 12), r(5556, true, 11), r(5554, false, 13)];
+        assert_eq!(collectable(&c, &revs), vec![5554]);
+        // Routed one after another (2, 3, 4 no longer, 5 latest): 2 and 3 go, 4 stays.
+        let revs = [
+            r(2, false, 30),
+            r(3, false, 20),
+            r(4, false, 10),
+            r(5, true, 0),
+        ];
+        assert_eq!(collectable(&c, &revs), vec![2, 3]);
     }
 
     #[test]

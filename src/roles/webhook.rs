@@ -226,24 +226,26 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
     tokio::spawn(serve(listener, tls, admitter, stop.clone()));
 
     let work = {
-        let (client, target, metrics, leading, stop) = (
+        let (client, target, metrics, leading, slot, stop) = (
             client.clone(),
             target.clone(),
             metrics.clone(),
             leading.clone(),
+            slot.clone(),
             stop.clone(),
         );
         move || {
-            let (client, target, metrics, leading, stop) = (
+            let (client, target, metrics, leading, slot, stop) = (
                 client.clone(),
                 target.clone(),
                 metrics.clone(),
                 leading.clone(),
+                slot.clone(),
                 stop.clone(),
             );
             async move {
                 let _guard = leading.enter();
-                manage(client, target, metrics, stop).await;
+                manage(client, target, metrics, slot, stop).await;
             }
         }
     };

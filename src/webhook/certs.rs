@@ -17,6 +17,13 @@
 //! server's informers catching up), is it **promoted** to be served. The old CA stays in the
 //! bundle until it expires, so a client holding either bundle trusts whichever certificate a
 //! replica serves during the change. The CA key is never stored: each rotation makes a new CA.
+//!
+//! # A Secret deleted (or emptied) while replicas serve
+//! An operator forces a rotation by deleting the Secret. The replicas keep serving the pair they
+//! loaded and the configurations still trust its CA, so the new pair goes through the same two
+//! steps: staged (the Secret then holds no current pair, which every replica skips) beside the
+//! CAs the configurations trust, promoted once published. Only when nothing is served or
+//! trusted yet (a first install) is a new pair served at once.
 
 use std::collections::BTreeMap;
 
@@ -277,20 +284,32 @@ pub enum Step {
 }
 
 /// The one rotation decision. `published`: every webhook configuration's `caBundle` holds
-/// the staged CA. `fresh` makes a new pair when one is needed.
+/// the staged CA. `trusted`: the configurations' `caBundle`s as they are (PEM). `serving`:
+/// the writer's replica serves a pair it loaded earlier. `fresh` makes a new pair when one is
+/// needed.
 pub fn plan(
     stored: Option<&Stored>,
     now: OffsetDateTime,
     life: &Lifetimes,
     published: bool,
+    trusted: &[String],
+    serving: bool,
     fresh: &mut dyn FnMut() -> Result<Pair, String>,
 ) -> Result<Step, String> {
     let usable = |p: &Pair| {
         not_after(&p.server_cert).is_some_and(|t| t > now) && not_after(&p.ca_cert).is_some()
     };
     let Some(s) = stored.filter(|s| s.current.as_ref().is_some_and(usable)) else {
-        // No Secret, or nothing servable in it: start over (a client cannot trust anything
-        // yet, so there is nothing to keep working).
+        let absent = stored.is_none_or(|s| s.current.is_none());
+        let trusted = make_bundle(trusted, now);
+        if absent && serving && !trusted.is_empty() {
+            // The Secret lost its pair (deleted or emptied) while the replicas serve the pair
+            // they loaded and clients trust its CA: a rotation, not a start. Swapping at once
+            // would serve a certificate no configuration trusts yet.
+            return restage(stored, now, life, published, &trusted, &usable, fresh);
+        }
+        // No Secret, or nothing servable in it, and nothing served and trusted: start over
+        // (a client cannot trust anything yet, so there is nothing to keep working).
         let p = fresh()?;
         let bundle = make_bundle(std::slice::from_ref(&p.ca_cert), now);
         return Ok(Step::Write(
@@ -358,6 +377,57 @@ pub fn plan(
     }
 }
 
+/// [`plan`] for a Secret without a current pair while the replicas serve one and the
+/// configurations trust `trusted`: a new pair staged beside what is trusted, promoted once
+/// published and `publish_delay` has passed, as in a rotation near expiry.
+fn restage(
+    stored: Option<&Stored>,
+    now: OffsetDateTime,
+    life: &Lifetimes,
+    published: bool,
+    trusted: &str,
+    usable: &dyn Fn(&Pair) -> bool,
+    fresh: &mut dyn FnMut() -> Result<Pair, String>,
+) -> Result<Step, String> {
+    let s = stored.cloned().unwrap_or_default();
+    let with = |next: &Pair| {
+        make_bundle(
+            &[trusted.to_string(), s.bundle.clone(), next.ca_cert.clone()],
+            now,
+        )
+    };
+    let Some(next) = s.next.as_ref().filter(|p| usable(p)) else {
+        let next = fresh()?;
+        let bundle = with(&next);
+        return Ok(Step::Write(
+            Box::new(Stored {
+                current: None,
+                next: Some(next),
+                bundle,
+                staged_at: Some(now),
+            }),
+            "staged",
+        ));
+    };
+    let bundle = with(next);
+    let since = s.staged_at.unwrap_or(now);
+    if published && now - since >= life.publish_delay {
+        return Ok(Step::Write(
+            Box::new(Stored {
+                current: Some(next.clone()),
+                next: None,
+                bundle,
+                staged_at: None,
+            }),
+            "promoted",
+        ));
+    }
+    if bundle != s.bundle {
+        return Ok(Step::Write(Box::new(Stored { bundle, ..s }), "bundle"));
+    }
+    Ok(Step::Keep)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,7 +446,28 @@ mod tests {
 
     fn step(s: Option<&Stored>, now: OffsetDateTime, l: &Lifetimes, published: bool) -> Step {
         let mut fresh = || generate(&names(), now, l.validity);
-        plan(s, now, l, published, &mut fresh).unwrap()
+        plan(s, now, l, published, &[], false, &mut fresh).unwrap()
+    }
+
+    /// [`step`] seeing the configurations trust `trusted` and the writer serving.
+    fn step_serving(
+        s: Option<&Stored>,
+        now: OffsetDateTime,
+        l: &Lifetimes,
+        published: bool,
+        trusted: &str,
+    ) -> Step {
+        let mut fresh = || generate(&names(), now, l.validity);
+        plan(
+            s,
+            now,
+            l,
+            published,
+            &[trusted.to_string()],
+            true,
+            &mut fresh,
+        )
+        .unwrap()
     }
 
     fn written(s: Step) -> Stored {
@@ -463,6 +554,77 @@ mod tests {
             .map(|_| generate(&names(), t0, l.validity).unwrap().ca_cert)
             .collect();
         assert_eq!(split_bundle(&make_bundle(&cas, t0)).len(), MAX_BUNDLE);
+    }
+
+    #[test]
+    fn a_deleted_secret_is_restaged_while_the_old_pair_is_served_and_trusted() {
+        let l = life(100, 40, 5);
+        let t0 = OffsetDateTime::now_utc();
+        let s0 = written(step(None, t0, &l, false));
+        let old_ca = s0.current.clone().unwrap().ca_cert;
+        // The Secret deleted: a new pair staged, none current (the replicas keep theirs), the
+        // old CA still in the bundle beside the new one.
+        let t1 = t0 + time::Duration::seconds(10);
+        let s1 = written(step_serving(None, t1, &l, false, &s0.bundle));
+        assert!(s1.current.is_none());
+        let next = s1.next.clone().unwrap();
+        assert!(bundle_contains(s1.bundle.as_bytes(), &old_ca));
+        assert!(bundle_contains(s1.bundle.as_bytes(), &next.ca_cert));
+        assert_eq!(s1.staged_at, Some(t1));
+        // Not published, or within the delay: kept.
+        let published = s1.bundle.clone();
+        let later = t1 + time::Duration::seconds(30);
+        assert_eq!(
+            step_serving(Some(&s1), later, &l, false, &published),
+            Step::Keep
+        );
+        let soon = t1 + time::Duration::seconds(2);
+        assert_eq!(
+            step_serving(Some(&s1), soon, &l, true, &published),
+            Step::Keep
+        );
+        // Published and past the delay: served, the old CA still trusted.
+        let t2 = t1 + time::Duration::seconds(6);
+        let s2 = written(step_serving(Some(&s1), t2, &l, true, &published));
+        assert_eq!(s2.current.as_ref(), Some(&next));
+        assert!(s2.next.is_none());
+        assert!(bundle_contains(s2.bundle.as_bytes(), &old_ca));
+        // A Secret emptied (no current pair) is the same.
+        let emptied = Stored {
+            bundle: s0.bundle.clone(),
+            ..Stored::default()
+        };
+        let s = written(step_serving(Some(&emptied), t1, &l, false, &s0.bundle));
+        assert!(s.current.is_none() && s.next.is_some());
+    }
+
+    #[test]
+    fn a_deleted_secret_starts_over_when_nothing_is_served_or_trusted() {
+        let l = life(100, 40, 5);
+        let t0 = OffsetDateTime::now_utc();
+        let s0 = written(step(None, t0, &l, false));
+        // Nothing trusted yet (a first install): served at once.
+        let s = written(step_serving(None, t0, &l, false, ""));
+        assert!(s.current.is_some() && s.next.is_none());
+        // Trusted, but this replica serves nothing (every replica restarted): at once too.
+        let mut fresh = || generate(&names(), t0, l.validity);
+        let s = written(
+            plan(
+                None,
+                t0,
+                &l,
+                false,
+                std::slice::from_ref(&s0.bundle),
+                false,
+                &mut fresh,
+            )
+            .unwrap(),
+        );
+        assert!(s.current.is_some());
+        // An expired current pair is replaced at once: no client trusts it any longer.
+        let late = t0 + time::Duration::seconds(200);
+        let s = written(step_serving(Some(&s0), late, &l, false, &s0.bundle));
+        assert!(s.current.is_some() && s.current != s0.current);
     }
 
     #[test]

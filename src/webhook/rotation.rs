@@ -107,17 +107,19 @@ pub async fn follow_secret(
     }
 }
 
-/// The leader's loop, until `stop`: one [`tick`] each `interval`.
+/// The leader's loop, until `stop`: one [`tick`] each `interval`. `slot`: this replica's
+/// served pair (whether it serves one decides how a lost Secret is replaced).
 pub async fn manage(
     client: kube::Client,
     target: CertTarget,
     metrics: WebhookMetrics,
+    slot: Arc<CertSlot>,
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!("certificates", secret = %target.secret);
     async move {
         loop {
-            if let Err(e) = tick(&client, &target, &metrics).await {
+            if let Err(e) = tick(&client, &target, &metrics, slot.loaded()).await {
                 metrics.step("error");
                 tracing::warn!(error = %e, "certificate check failed; retrying");
             }
@@ -138,11 +140,13 @@ fn bundles<'a>(it: impl Iterator<Item = Option<&'a ByteString>>) -> Vec<Vec<u8>>
 }
 
 /// One check: read the Secret and both configurations, write the Secret if the plan says so,
-/// then bring every webhook's `caBundle` to the Secret's bundle.
+/// then bring every webhook's `caBundle` to the Secret's bundle. `serving`: this replica
+/// serves a pair loaded earlier.
 pub async fn tick(
     client: &kube::Client,
     target: &CertTarget,
     metrics: &WebhookMetrics,
+    serving: bool,
 ) -> Result<(), kube::Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &target.namespace);
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -176,11 +180,17 @@ pub async fn tick(
     let now = OffsetDateTime::now_utc();
     let names = target.dns_names();
     let mut fresh = || certs::generate(&names, now, target.lifetimes.validity);
+    let trusted: Vec<String> = all
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
     let step = certs::plan(
         stored.as_ref(),
         now,
         &target.lifetimes,
         published,
+        &trusted,
+        serving,
         &mut fresh,
     )
     .map_err(|e| kube::Error::Service(e.into()))?;
