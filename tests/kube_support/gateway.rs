@@ -37,7 +37,9 @@ pub enum Backend {
     /// Forwards to this address (HTTP/1.1, the rewritten headers, `Host` kept).
     Forward(SocketAddr),
     /// Forwards to a ready endpoint of the chosen destination (`{service}.{namespace}.svc...`
-    /// and port, read from its Service and EndpointSlices), as Envoy's EDS would.
+    /// and port, read from its Service and EndpointSlices), as Envoy's EDS would. When the
+    /// API server cannot be read (restarting), the endpoints last read for that destination
+    /// are used, as Envoy keeps its last configuration while istiod or the API is away.
     Destinations,
 }
 
@@ -65,6 +67,8 @@ struct Shared {
     backend: Backend,
     kube: kube::Client,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    /// [`Backend::Destinations`]: the ready endpoints last read per (host, port).
+    last: Mutex<BTreeMap<(String, u32), Vec<SocketAddr>>>,
 }
 
 impl TestGateway {
@@ -104,6 +108,7 @@ impl TestGateway {
             backend,
             kube: client,
             client: Client::builder(TokioExecutor::new()).build_http(),
+            last: Mutex::default(),
         });
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -213,15 +218,32 @@ impl Shared {
                     Backend::Forward(to) => to,
                     _ => {
                         let port = dest.destination.port.as_ref().map_or(80, |p| p.number);
-                        match thaw::controller::route::prober::service_pods(
+                        let key = (dest.destination.host.clone(), port);
+                        let pods = match thaw::controller::route::prober::service_pods(
                             &self.kube,
                             &dest.destination.host,
                             port as i32,
                         )
                         .await
                         {
-                            Ok(pods) if !pods.is_empty() => pods[0],
-                            _ => return reply(503, "no healthy upstream\n", None),
+                            Ok(pods) => {
+                                self.last.lock().unwrap().insert(key, pods.clone());
+                                pods
+                            }
+                            // The API could not be read ("cannot read Service ...", "cannot
+                            // list the EndpointSlices ..."); not a Service that is gone.
+                            Err(e) if e.starts_with("cannot ") => self
+                                .last
+                                .lock()
+                                .unwrap()
+                                .get(&key)
+                                .cloned()
+                                .unwrap_or_default(),
+                            Err(_) => Vec::new(),
+                        };
+                        match pods.first() {
+                            Some(pod) => *pod,
+                            None => return reply(503, "no healthy upstream\n", None),
                         }
                     }
                 };

@@ -17,16 +17,20 @@
     reason = "helpers for the cases of this target and the next ones on the plane"
 )]
 
+pub mod audit;
 pub mod checks;
 pub mod harness;
 pub mod install;
 pub mod kubelet;
 pub mod netns;
 pub mod pki;
+pub mod serving_checks;
+pub mod traffic;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -72,24 +76,51 @@ pub struct Proc {
     pub name: String,
     pub log: PathBuf,
     child: Child,
+    /// How it was started, for [`Proc::restart`].
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 impl Proc {
     fn start(name: &str, program: &Path, args: &[String], dir: &Path) -> Self {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(program)
+        let child = Self::spawn(program, args, out);
+        Proc {
+            name: name.into(),
+            log,
+            child,
+            program: program.to_owned(),
+            args: args.to_vec(),
+        }
+    }
+
+    fn spawn(program: &Path, args: &[String], out: std::fs::File) -> Child {
+        Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-        Proc {
-            name: name.into(),
-            log,
-            child,
-        }
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()))
+    }
+
+    /// SIGKILLs it, reaps it, and starts it again with the same arguments, its output
+    /// appended to the same log after a header line.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        use std::io::Write as _;
+        let _ = writeln!(
+            out,
+            "----- {} restarted (SIGKILL, then started again) -----",
+            self.name
+        );
+        self.child = Self::spawn(&self.program, &self.args, out);
     }
 
     /// Panics with the end of its log when it has exited.
@@ -127,7 +158,9 @@ pub fn free_port(ip: Ipv4Addr) -> u16 {
 /// API server, etcd, then the directory.
 pub struct Plane {
     pub kubelet: kubelet::Kubelet,
-    procs: Vec<Proc>,
+    /// etcd, the API server, the controller-manager, in that order (a Mutex: the API server
+    /// is restarted through a shared plane, [`Plane::restart_apiserver`]).
+    procs: Mutex<Vec<Proc>>,
     /// The API server's URL (the node's address; what pods' kubeconfigs name too).
     pub server: String,
     /// `system:masters`: the test's own setup and checks only.
@@ -308,9 +341,9 @@ impl Plane {
         })
         .await;
 
-        let mut plane = Plane {
+        let plane = Plane {
             kubelet,
-            procs,
+            procs: Mutex::new(procs),
             server,
             admin,
             admin_kubeconfig,
@@ -325,7 +358,7 @@ impl Plane {
 
     /// Waits until the controller-manager's service-account controller has made `default`'s
     /// ServiceAccount (its controllers are running).
-    async fn until_controllers(&mut self) {
+    async fn until_controllers(&self) {
         let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
             kube::Api::namespaced(self.admin.clone(), "default");
         let deadline = Instant::now() + START;
@@ -334,16 +367,51 @@ impl Plane {
             assert!(
                 Instant::now() < deadline,
                 "no default ServiceAccount after {START:?}: the controller-manager's log:\n{}",
-                tail(&self.procs[2].log, 40)
+                tail(&self.procs.lock().unwrap()[2].log, 40)
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// Panics with its log when a component of the plane has exited.
-    pub fn check(&mut self) {
-        for p in &mut self.procs {
+    pub fn check(&self) {
+        for p in self.procs.lock().unwrap().iter_mut() {
             p.check();
+        }
+    }
+
+    /// Restarts the API server as a crash and a supervisor's restart would: SIGKILL, then the
+    /// same binary with the same arguments (etcd and its data kept, the same address and
+    /// certificates); returns once `/readyz` answers ok again, with how long it was away.
+    /// Panics with its log when it is not ready within [`START`]. Every client's connection
+    /// breaks; watches must be resumed by their owners.
+    pub async fn restart_apiserver(&self) -> Duration {
+        let began = Instant::now();
+        let log = {
+            let mut procs = self.procs.lock().unwrap();
+            let p = procs
+                .iter_mut()
+                .find(|p| p.name == "kube-apiserver")
+                .expect("the plane's API server");
+            p.restart();
+            p.log.clone()
+        };
+        let deadline = began + START;
+        loop {
+            self.check();
+            let ready = self
+                .admin
+                .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+                .await;
+            if ready.as_deref().is_ok_and(|r| r.trim() == "ok") {
+                return began.elapsed();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the API server is not ready {START:?} after its restart: {ready:?}\n{}",
+                tail(&log, 40)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -374,7 +442,7 @@ impl Plane {
     /// Every component's log tail and every container's log: what a failing run prints.
     pub fn dump(&self) -> String {
         let mut s = String::new();
-        for p in &self.procs {
+        for p in self.procs.lock().unwrap().iter() {
             s.push_str(&format!("===== {} =====\n{}\n", p.name, tail(&p.log, 60)));
         }
         s.push_str(&self.kubelet.dump_logs());

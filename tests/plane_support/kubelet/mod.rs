@@ -160,6 +160,9 @@ struct Shared {
     ips: Mutex<netns::IpPool>,
     /// Every live process (pause and container), id -> pid: shutdown SIGKILLs them all.
     procs: Mutex<BTreeMap<u64, i32>>,
+    /// Each running container's current process, "ns/pod/container" -> (run seq, pid), for
+    /// [`Kubelet::signal`]; an entry goes when that run's process has been reaped.
+    containers: Mutex<BTreeMap<String, (u64, i32)>>,
     next_id: AtomicU64,
     logs: Mutex<Vec<LogEntry>>,
     /// Pods bound here, by UID (kept after their task ends until the API drops them, so a
@@ -230,6 +233,7 @@ impl Kubelet {
             stop: CancellationToken::new(),
             ips: Mutex::new(ips),
             procs: Mutex::default(),
+            containers: Mutex::default(),
             next_id: AtomicU64::new(1),
             logs: Mutex::default(),
             pods: Mutex::default(),
@@ -270,6 +274,30 @@ impl Kubelet {
             let _ = writeln!(out, "===== {name} =====\n{text}");
         }
         out
+    }
+
+    /// Sends `signal` to the running process of container `container` of pod `ns/pod`, as
+    /// a crash or `kill` inside the container would (the pod stays; no API call). The pod's
+    /// task sees the exit and restarts the container as its `restartPolicy` says, with the
+    /// kubelet's back-off. `Err` when no such container runs now, or the signal cannot be sent.
+    pub fn signal(
+        &self,
+        ns: &str,
+        pod: &str,
+        container: &str,
+        signal: nix::sys::signal::Signal,
+    ) -> Result<(), String> {
+        let key = format!("{ns}/{pod}/{container}");
+        let (_, pid) = self
+            .k
+            .containers
+            .lock()
+            .unwrap()
+            .get(&key)
+            .copied()
+            .ok_or_else(|| format!("no running container {key} on this node"))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .map_err(|e| format!("{signal} to {key} (pid {pid}): {e}"))
     }
 
     /// Stops every pod at once (SIGKILL), removes their network namespaces (their pause

@@ -162,10 +162,20 @@ pub(super) async fn spawn(
     let pid = pid as i32;
     let registered = cx.k.register(pid);
     let seq = cx.k.next();
+    let key = format!(
+        "{}/{}/{}",
+        cx.pod.namespace().unwrap_or_default(),
+        cx.pod.name_any(),
+        c.name
+    );
+    cx.k.containers
+        .lock()
+        .unwrap()
+        .insert(key.clone(), (seq, pid));
     let uid = cx.pod.uid().unwrap_or_default();
     let container_id = super::sha256_hex(format!("{uid}/{}/{pid}/{seq}", c.name).as_bytes());
     let exited = CancellationToken::new();
-    let (tx, done) = (cx.tx.clone(), exited.clone());
+    let (tx, done, k) = (cx.tx.clone(), exited.clone(), cx.k.clone());
     tokio::spawn(async move {
         let code = match child.wait().await {
             Ok(st) => {
@@ -174,6 +184,12 @@ pub(super) async fn spawn(
             }
             Err(_) => 128 + 9,
         };
+        {
+            let mut containers = k.containers.lock().unwrap();
+            if containers.get(&key).is_some_and(|(s, _)| *s == seq) {
+                containers.remove(&key);
+            }
+        }
         done.cancel();
         drop(registered);
         let ev = Event::Exited {
