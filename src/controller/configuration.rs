@@ -59,8 +59,9 @@ pub fn revision_name(cfg: &Configuration) -> String {
 /// `config-defaults`): containerConcurrency, timeoutSeconds (0 means the default), the
 /// response-start and idle timeouts when configured and shorter than the timeout, container
 /// names ([`crate::knative::names::default_container_names`]), the serving container's
-/// readiness probe ([`default_readiness_probe`]), and `enableServiceLinks: false` unless the
-/// user set it.
+/// readiness probe ([`default_readiness_probe`]), `enableServiceLinks: false` unless the
+/// user set it, and `readOnly: true` on every container's mount of a volume that is neither an
+/// emptyDir nor a persistentVolumeClaim (which validation requires of such a mount).
 pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSpec {
     let mut spec = template.clone();
     if spec.container_concurrency.is_none() {
@@ -89,6 +90,22 @@ pub fn defaulted_spec(template: &RevisionSpec, d: &DefaultsConfig) -> RevisionSp
     }
     if spec.pod_spec.enable_service_links.is_none() {
         spec.pod_spec.enable_service_links = Some(false);
+    }
+    // Knative's `applyDefault`, containers only (not init containers), whatever was set.
+    let writable: Vec<String> = spec
+        .pod_spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.empty_dir.is_some() || v.persistent_volume_claim.is_some())
+        .map(|v| v.name.clone())
+        .collect();
+    for c in &mut spec.pod_spec.containers {
+        for m in c.volume_mounts.iter_mut().flatten() {
+            if !writable.contains(&m.name) {
+                m.read_only = Some(true);
+            }
+        }
     }
     spec
 }
@@ -494,8 +511,10 @@ pub async fn controller(ctx: Arc<Ctx>) {
     )
     .default_backoff()
     .touched_objects();
-    let controller = Controller::new(ctx.watched::<Configuration>(), watcher::Config::default())
-        .owns_stream(revisions);
+    let (configurations, configuration_stream) =
+        super::main_watch(ctx.watched::<Configuration>());
+    let controller =
+        Controller::for_stream(configuration_stream, configurations).owns_stream(revisions);
     let listed = {
         let store = store.clone();
         Arc::new(super::StoresReady::spawn(async move {

@@ -72,13 +72,16 @@ pub async fn collect(
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
                 tracing::info!(revision = %name, "collected");
-                ctx.event(
-                    cfg,
-                    EventKind::Normal,
-                    "Deleted",
-                    format!("Deleted stale Revision {name:?} (config-gc)"),
-                )
-                .await;
+                let note = format!("Deleted stale Revision {name:?} (config-gc)");
+                // About the Revision too: each collection its own Event, not a repeat of the
+                // first one's (whose note names another revision).
+                match revisions.iter().find(|r| r.name_any() == *name) {
+                    Some(rev) => {
+                        ctx.event_related(cfg, &**rev, EventKind::Normal, "Deleted", note)
+                            .await
+                    }
+                    None => ctx.event(cfg, EventKind::Normal, "Deleted", note).await,
+                }
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),

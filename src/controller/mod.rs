@@ -16,6 +16,7 @@
 //! Room: the reconcilers and their object builders. May use: `knative`, `config`,
 //! `telemetry`, `leader`; no data-plane module.
 
+pub mod apply;
 pub mod configuration;
 pub mod domain_mapping;
 pub mod gc;
@@ -31,11 +32,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -227,6 +230,38 @@ impl Ctx {
         reason: &str,
         note: String,
     ) {
+        self.publish(obj.object_ref(&()), None, kind, reason, note)
+            .await;
+    }
+
+    /// [`Ctx::event`] on `obj` about `related` (the Event's `related`): the recorder folds
+    /// repeats by object, reason and related object, not by note, so Events of one reason
+    /// about different objects (each revision collected) need it to stay apart; without it
+    /// the second is counted into the first, whose note names the first object.
+    pub async fn event_related<K, R>(
+        &self,
+        obj: &K,
+        related: &R,
+        kind: EventKind,
+        reason: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+        R: Resource<DynamicType = ()>,
+    {
+        let related = Some(related.object_ref(&()));
+        self.publish(obj.object_ref(&()), related, kind, reason, note)
+            .await;
+    }
+
+    async fn publish(
+        &self,
+        regarding: ObjectReference,
+        related: Option<ObjectReference>,
+        kind: EventKind,
+        reason: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_: match kind {
                 EventKind::Normal => EventType::Normal,
@@ -235,9 +270,9 @@ impl Ctx {
             reason: reason.into(),
             note: Some(note),
             action: "Reconcile".into(),
-            secondary: None,
+            secondary: related,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
             self.metrics.events_failed.inc();
             tracing::warn!(error = %e, reason, "could not publish an event");
         }
@@ -313,10 +348,72 @@ pub fn error_policy<K: Resource>(
     Action::requeue(backoff(*n))
 }
 
-/// Runs one kind's `controller` (built by the reconciler module with its `owns`/`watches`)
-/// until the future is dropped: `reconcile` with metrics, a span, the `InternalError` Event on
-/// failure and the backoff bookkeeping, `--workers` at once, every object re-queued when the
-/// settings change.
+/// The watch of the kind a controller reconciles, for `Controller::for_stream`: its store and
+/// the objects it applies, the watch backing off on its own ([`independent_triggers`]).
+pub fn main_watch<K>(
+    api: Api<K>,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    (store, stream)
+}
+
+/// A watch of a child or another kind, for `owns_stream` and `watches_stream`: the objects it
+/// touches, the watch backing off on its own ([`independent_triggers`]).
+pub fn child_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    watcher(api, config).default_backoff().touched_objects()
+}
+
+/// The pause of a controller's merged trigger stream after an error: none.
+#[derive(Debug, Clone, Copy)]
+struct NoPause;
+
+impl Iterator for NoPause {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for NoPause {
+    fn reset(&mut self) {}
+}
+
+/// Makes each of `controller`'s watches back off alone, as client-go's informers do: every
+/// trigger stream a reconciler module builds backs off on its own ([`main_watch`],
+/// [`child_watch`], or `default_backoff()` on its reflector), and the merged stream does not
+/// pause at all. kube-runtime's default pauses the merged stream, every watch of the
+/// controller at once, on any one watch's error, doubling the pause at each error until an
+/// event comes: after an API server restart each watch's errors in turn (the broken
+/// connection, 429 while the server starts, 410 on resuming) added up, and the Revision
+/// controller heard nothing for about 100 s on a real kube-apiserver.
+pub fn independent_triggers<K>(controller: Controller<K>) -> Controller<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    controller.trigger_backoff(NoPause)
+}
+
+/// Runs one kind's `controller` (built by the reconciler module from watches that back off on
+/// their own, [`independent_triggers`]) until the future is dropped: `reconcile` with metrics,
+/// a span, the `InternalError` Event on failure and the backoff bookkeeping, `--workers` at
+/// once, every object re-queued when the settings change.
 pub async fn run<K, F, Fut>(
     ctx: Arc<Ctx>,
     kind: &'static str,
@@ -330,11 +427,17 @@ pub async fn run<K, F, Fut>(
     let reconcile = Arc::new(reconcile);
     let settings_changed = tokio_stream_of(ctx.settings_version.subscribe());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.workers);
-    controller
+    independent_triggers(controller)
         .with_config(config)
         .reconcile_all_on(settings_changed)
         .run(
             move |obj: Arc<K>, ctx: Arc<Ctx>| {
+                // An object being deleted (another finalizer holds it: `foregroundDeletion`
+                // while the garbage collector deletes its children) is not reconciled, as
+                // Knative's generated reconcilers call neither ReconcileKind nor, holding no
+                // finalizer of their own (thaw holds none), FinalizeKind: reconciling it would
+                // re-create the children the collector is deleting, for as long as it lasts.
+                let deleting = obj.meta().deletion_timestamp.is_some();
                 let reconcile = reconcile.clone();
                 let span = tracing::info_span!(
                     "reconcile",
@@ -343,6 +446,9 @@ pub async fn run<K, F, Fut>(
                     name = obj.name_any()
                 );
                 async move {
+                    if deleting {
+                        return Ok(Action::await_change());
+                    }
                     let started = tokio::time::Instant::now();
                     let result = reconcile(obj.clone(), ctx.clone()).await;
                     let seconds = started.elapsed().as_secs_f64();
@@ -439,8 +545,10 @@ impl<K> Applied<K> {
 /// Writes `desired`, a child of `parent`, by server-side apply ([`FIELD_MANAGER`], forced: the
 /// controller is the only writer of these fields), unless an object of its name exists that
 /// `parent` does not control. `cached`: the child as a store holds it (`None`: the server is
-/// asked, as a store may lag or not follow someone else's object); when `unchanged(existing,
-/// desired)` holds, nothing is written.
+/// asked, as a store may lag or not follow someone else's object). Nothing is written when
+/// `unchanged(existing, desired)` holds, nor when the object found already holds the whole
+/// body, its [`apply::APPLIED_ANNOTATION`] included ([`apply::contains`]): a steady child is
+/// not written again.
 pub async fn apply_owned<P, K>(
     ctx: &Ctx,
     parent: &P,
@@ -468,6 +576,11 @@ where
         Some(c) => Some(c),
         None => api.get_opt(&name).await?,
     };
+    let body = apply::applied_body(
+        serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?,
+        &K::api_version(&()),
+        &K::kind(&()),
+    );
     if let Some(existing) = existing {
         if !is_owned_by(existing.meta(), parent) {
             return Ok(Applied::NotOwned {
@@ -478,10 +591,22 @@ where
         if unchanged(&existing, desired) {
             return Ok(Applied::Ours(existing));
         }
+        let mut have =
+            serde_json::to_value(&existing).map_err(|e| Error::Other(e.to_string()))?;
+        // A typed object need not serialize its type; it is this one.
+        have["apiVersion"] = body["apiVersion"].clone();
+        have["kind"] = body["kind"].clone();
+        if apply::contains(&have, &body) {
+            return Ok(Applied::Ours(existing));
+        }
+        // Knative logs a child's diff before it updates it, at info.
+        tracing::info!(
+            kind = %K::kind(&()),
+            name = %name,
+            differs = apply::first_difference(&have, &body).unwrap_or_default(),
+            "applying a changed child"
+        );
     }
-    let mut body = serde_json::to_value(desired).map_err(|e| Error::Other(e.to_string()))?;
-    body["apiVersion"] = K::api_version(&()).into();
-    body["kind"] = K::kind(&()).into();
     let applied = api
         .patch(
             &name,

@@ -397,8 +397,15 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error
 
 /// The Service controller: owns Configurations and Routes.
 pub async fn controller(ctx: Arc<Ctx>) {
-    let controller = Controller::new(ctx.watched::<Service>(), watcher::Config::default())
-        .owns(ctx.watched::<Configuration>(), watcher::Config::default())
-        .owns(ctx.watched::<Route>(), watcher::Config::default());
+    let (services, service_stream) = super::main_watch(ctx.watched::<Service>());
+    let controller = Controller::for_stream(service_stream, services)
+        .owns_stream(super::child_watch(
+            ctx.watched::<Configuration>(),
+            watcher::Config::default(),
+        ))
+        .owns_stream(super::child_watch(
+            ctx.watched::<Route>(),
+            watcher::Config::default(),
+        ));
     super::run(ctx.clone(), KIND, controller, reconcile).await;
 }

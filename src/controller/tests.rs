@@ -352,6 +352,52 @@ fn defaults_are_resolved_into_the_revision_spec() {
     assert_eq!(s.pod_spec.containers[0].name, "app");
 }
 
+/// Knative's `RevisionSpec.applyDefault`: a container's mount of a ConfigMap, Secret or
+/// projected volume becomes read-only (even set `false`), one of an emptyDir or a
+/// persistentVolumeClaim stays as written, an init container's is left alone
+/// (conformance/api/v1's TestConfigMapVolume sends such mounts without `readOnly`).
+#[test]
+fn mounts_of_read_only_volumes_default_to_read_only() {
+    use k8s_openapi::api::core::v1::{Container, Volume, VolumeMount};
+    let volume = |name: &str, kind: &str| -> Volume {
+        serde_json::from_value(serde_json::json!({"name": name, kind: {}})).unwrap()
+    };
+    let mount = |name: &str, read_only: Option<bool>| VolumeMount {
+        name: name.into(),
+        mount_path: format!("/{name}"),
+        read_only,
+        ..VolumeMount::default()
+    };
+    let mut t = template().spec;
+    t.pod_spec.volumes = Some(vec![
+        volume("cm", "configMap"),
+        volume("scratch", "emptyDir"),
+        volume("claim", "persistentVolumeClaim"),
+        volume("secret", "secret"),
+    ]);
+    t.pod_spec.containers[0].volume_mounts = Some(vec![
+        mount("cm", None),
+        mount("scratch", None),
+        mount("claim", Some(false)),
+        mount("secret", Some(false)),
+    ]);
+    t.pod_spec.init_containers = Some(vec![Container {
+        name: "init".into(),
+        volume_mounts: Some(vec![mount("cm", None)]),
+        ..Container::default()
+    }]);
+    let s = defaulted_spec(&t, &DefaultsConfig::default());
+    let read_only: Vec<Option<bool>> = s.pod_spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.read_only)
+        .collect();
+    assert_eq!(read_only, [Some(true), None, Some(false), Some(true)]);
+    let init = &s.pod_spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.volume_mounts.as_ref().unwrap()[0].read_only, None);
+}
+
 #[test]
 fn latest_ready_moves_only_to_a_ready_revision_of_a_newer_generation() {
     let mut c = cfg(3);
@@ -615,4 +661,71 @@ fn a_new_revision_of_a_routed_configuration_starts_active_with_its_routes_and_cr
     assert_eq!(a["serving.knative.dev/routes"], "hello");
     assert_eq!(a["serving.knative.dev/creator"], "alice@example.com");
     assert_eq!(a[routing_state::MODIFIED_ANNOTATION], t);
+}
+
+/// One watch failing over and over (an API server restarting) must not keep a controller from
+/// hearing another watch's event: each watch backs off alone
+/// ([`super::independent_triggers`]). With kube-runtime's default, the merged stream's pause
+/// doubles at each of the failing watch's errors, and the event 10 s in is heard only after it.
+#[tokio::test(start_paused = true)]
+async fn a_failing_watch_does_not_pause_the_others() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::controller::{Action, Controller};
+    use kube::runtime::reflector::{self, ObjectRef};
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let cm = ConfigMap {
+        metadata: meta("c", 1),
+        ..Default::default()
+    };
+    let (store, mut writer) = reflector::store::<ConfigMap>();
+    // Listed: the controller reconciles only once its store is ready.
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitApply(cm.clone()));
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    // The main watch: an error every time it is polled, backing off on its own (0.8 s
+    // doubling to 30 s, as every watch of the controllers does).
+    let failing = futures::stream::repeat_with(|| {
+        Err::<watcher::Event<ConfigMap>, _>(watcher::Error::NoResourceVersion)
+    })
+    .default_backoff()
+    .touched_objects();
+    // Another watch: one event 10 s in.
+    let other = futures::stream::once({
+        let cm = cm.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok::<_, watcher::Error>(cm)
+        }
+    })
+    .chain(futures::stream::pending());
+    let started = tokio::time::Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let controller = super::independent_triggers(
+        Controller::for_stream(failing, store)
+            .watches_stream(other, |c: ConfigMap| Some(ObjectRef::from_obj(&c))),
+    );
+    tokio::spawn(
+        controller
+            .run(
+                move |_: Arc<ConfigMap>, tx: Arc<tokio::sync::mpsc::UnboundedSender<()>>| {
+                    let _ = tx.send(());
+                    async { Ok::<_, kube::Error>(Action::await_change()) }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(tx),
+            )
+            .for_each(|_| async {}),
+    );
+    // Virtual time: the bound fails the test instead of running it for ever.
+    tokio::time::timeout(Duration::from_secs(600), rx.recv())
+        .await
+        .expect("reconciled within 600 s")
+        .expect("reconciled");
+    let heard = started.elapsed();
+    assert!(
+        heard < Duration::from_secs(11),
+        "the event 10 s in was heard after {heard:?}"
+    );
 }

@@ -199,13 +199,23 @@ async fn reconcile_deployment(
                 return Ok(DeploymentOutcome::Refused(refused));
             }
             let initial = deployment::initial_replicas(r);
-            let d = deployment::deployment(
+            let mut d = deployment::deployment(
                 rev,
                 r,
                 &settings.deployment,
                 &settings.features,
                 Some(initial),
             );
+            // Created as the later applies would write it (they leave `replicas` out): the
+            // first reconcile after this one finds nothing to apply.
+            let applied =
+                deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
+            let hash = crate::controller::apply::applied_hash(&applied)
+                .map_err(|e| Error::Other(e.to_string()))?;
+            d.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(crate::controller::apply::APPLIED_ANNOTATION.into(), hash);
             let pp = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PostParams::default()
@@ -381,14 +391,22 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
 /// their Pods (a pod's change re-queues its revision).
 pub async fn controller(ctx: Arc<Ctx>) {
     let by_revision = || watcher::Config::default().labels(labels::REVISION);
-    let controller = Controller::new(ctx.watched::<Revision>(), watcher::Config::default())
-        .owns(ctx.watched::<Deployment>(), by_revision())
-        .owns(ctx.watched::<Service>(), by_revision())
-        .owns(ctx.watched::<HorizontalPodAutoscaler>(), by_revision())
-        .watches(ctx.watched::<Pod>(), by_revision(), |pod: Pod| {
-            let ns = pod.namespace()?;
-            let rev = pod.labels().get(labels::REVISION)?;
-            Some(ObjectRef::<Revision>::new(rev).within(&ns))
-        });
+    use crate::controller::child_watch;
+    let (revisions, revision_stream) = crate::controller::main_watch(ctx.watched::<Revision>());
+    let controller = Controller::for_stream(revision_stream, revisions)
+        .owns_stream(child_watch(ctx.watched::<Deployment>(), by_revision()))
+        .owns_stream(child_watch(ctx.watched::<Service>(), by_revision()))
+        .owns_stream(child_watch(
+            ctx.watched::<HorizontalPodAutoscaler>(),
+            by_revision(),
+        ))
+        .watches_stream(
+            child_watch(ctx.watched::<Pod>(), by_revision()),
+            |pod: Pod| {
+                let ns = pod.namespace()?;
+                let rev = pod.labels().get(labels::REVISION)?;
+                Some(ObjectRef::<Revision>::new(rev).within(&ns))
+            },
+        );
     super::run(ctx.clone(), KIND, controller, reconcile).await;
 }

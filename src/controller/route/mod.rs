@@ -210,9 +210,12 @@ pub fn not_served(e: &watcher::Error) -> bool {
 /// What the status says about the ingress, from the writes of this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingress {
-    /// The VirtualServices and placeholder Services are written and every gateway pod
-    /// serves them.
+    /// The ingress objects are written and ready (the Gateway API class: their status says
+    /// so).
     Programmed,
+    /// The VirtualServices and placeholder Services are written and every gateway pod
+    /// answered with their hash (kept in the status, [`PROBED_HASH_ANNOTATION`]).
+    Probed(String),
     /// Written; not every gateway pod serves them yet: the message says which.
     Probing(String),
     /// The API server does not serve Istio's VirtualService.
@@ -294,6 +297,15 @@ pub fn compute_status(
             condition(INGRESS_READY, ConditionStatus::True, None, None),
             now,
         ),
+        Ingress::Probed(hash) => {
+            st.status.set(
+                condition(INGRESS_READY, ConditionStatus::True, None, None),
+                now,
+            );
+            st.status
+                .annotations
+                .insert(PROBED_HASH_ANNOTATION.into(), hash.clone());
+        }
         Ingress::Probing(message) => st.status.set(
             condition(
                 INGRESS_READY,
@@ -629,17 +641,21 @@ async fn program_istio(
     } else {
         istio_tls::tls_hosts(desc)
     };
+    let same = |e: &VirtualService, d: &VirtualService| e.spec == d.spec && same_labels(e, d);
+    // Whether both were found as wanted (nothing is written now).
+    let mut found = true;
     for vs in [&vss.ingress, &vss.mesh] {
         let cached = stores
             .virtual_services
             .get(&ObjectRef::new(&vs.name_any()).within(&ns));
-        if let Some(msg) = apply_child(ctx, route, vs, cached, |e: &VirtualService, d| {
-            e.spec == d.spec && same_labels(e, d)
-        })
-        .await?
-        {
+        found &= cached.as_ref().is_some_and(|c| same(c, vs));
+        if let Some(msg) = apply_child(ctx, route, vs, cached, same).await? {
             return Ok(Ingress::NotOwned(msg));
         }
+    }
+    // Unchanged, and already answered by every gateway pod.
+    if found && probed_before(route, &vss.hash) {
+        return Ok(Ingress::Probed(vss.hash));
     }
     Ok(
         match stores.prober.check(
@@ -647,10 +663,29 @@ async fn program_istio(
             &vss.hash,
             probed_gateways(route, traffic, net, &unprobed),
         ) {
-            prober::Probed::Ready => Ingress::Programmed,
+            prober::Probed::Ready => Ingress::Probed(vss.hash),
             prober::Probed::Pending(message) => Ingress::Probing(message),
         },
     )
+}
+
+/// The Route status annotation naming the VirtualServices' hash every gateway pod answered
+/// with when `IngressReady` last turned True ([`Ingress::Probed`]).
+pub const PROBED_HASH_ANNOTATION: &str = "controller.thaw.dev/probed-hash";
+
+/// Whether `route`'s status says every gateway pod already answered with `hash`
+/// (`IngressReady` True, [`PROBED_HASH_ANNOTATION`] that hash), whichever replica probed. A
+/// new leader's prober starts cold: without this, every Ready route would go Unknown until
+/// probed again, and its Service with it (net-contour skips the probe of a KIngress already
+/// Ready for the same reason).
+pub fn probed_before(route: &Route, hash: &str) -> bool {
+    let Some(st) = route.status.as_ref() else {
+        return false;
+    };
+    st.status
+        .condition(conditions::INGRESS_READY)
+        .is_some_and(|c| c.status == ConditionStatus::True)
+        && st.status.annotations.get(PROBED_HASH_ANNOTATION).map(String::as_str) == Some(hash)
 }
 
 /// The gateways the route is on, each with the hosts it serves for it: the external gateways

@@ -225,3 +225,54 @@ fn a_404_on_the_list_or_watch_is_not_served() {
     )));
     assert!(!not_served(&watcher::Error::NoResourceVersion));
 }
+
+#[test]
+fn a_route_probed_before_with_the_same_hash_stays_ready_for_a_new_leader() {
+    let net = NetworkConfig::default();
+    let r = route("hello").with_revision("hello-00001", 100).build();
+    let t = traffic::resolve(
+        &r,
+        &refs(vec![], vec![revision("hello-00001").ready().build()]),
+    );
+    assert!(!probed_before(&r, "h1"), "never probed");
+    // The prober of one leader saw every gateway pod answer with h1.
+    let probed = compute_status(
+        &r,
+        &t,
+        &Ingress::Probed("h1".into()),
+        Some(&NO_TLS),
+        &net,
+        &now(),
+    );
+    assert_eq!(cond(&probed.status, "IngressReady").0, ConditionStatus::True);
+    assert_eq!(probed.status.annotations[PROBED_HASH_ANNOTATION], "h1");
+    let mut r2 = r.clone();
+    r2.status = Some(probed.clone());
+    // The next leader, its prober cold, finds the same hash: nothing to probe, nothing to
+    // write.
+    assert!(probed_before(&r2, "h1"));
+    assert_eq!(
+        compute_status(
+            &r2,
+            &t,
+            &Ingress::Probed("h1".into()),
+            Some(&NO_TLS),
+            &net,
+            &now()
+        ),
+        probed
+    );
+    // Another hash (the VirtualServices changed) is probed again.
+    assert!(!probed_before(&r2, "h2"));
+    // A route not Ready at its hash (probing a change) is probed again too.
+    let probing = compute_status(
+        &r2,
+        &t,
+        &Ingress::Probing("waiting".into()),
+        Some(&NO_TLS),
+        &net,
+        &now(),
+    );
+    r2.status = Some(probing);
+    assert!(!probed_before(&r2, "h1"));
+}

@@ -611,3 +611,36 @@ fn secure_pod_defaults_fill_what_the_author_left_unset() {
     assert_eq!(sc.run_as_non_root, None, "root stays allowed");
     assert_eq!(sc.allow_privilege_escalation, Some(false));
 }
+
+/// A Deployment created with the initial scale and the hash of the later applies' body (which
+/// leave `replicas` out) holds that whole body: its next reconcile writes nothing.
+#[test]
+fn the_created_deployment_is_already_applied() {
+    use crate::controller::apply::{APPLIED_ANNOTATION, applied_body, applied_hash, contains};
+    let rev = RevisionFixture::new("hello-00001").build();
+    let later = build(&rev, None);
+    let mut created = build(&rev, Some(1));
+    created
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(APPLIED_ANNOTATION.into(), applied_hash(&later).unwrap());
+    let body = applied_body(
+        serde_json::to_value(&later).unwrap(),
+        "apps/v1",
+        "Deployment",
+    );
+    let mut have = serde_json::to_value(&created).unwrap();
+    have["apiVersion"] = "apps/v1".into();
+    have["kind"] = "Deployment".into();
+    assert!(contains(&have, &body));
+    // A later change of the revision's pod is applied.
+    let mut changed = rev.clone();
+    changed.metadata.labels = Some([("new".to_string(), "label".to_string())].into());
+    let body = applied_body(
+        serde_json::to_value(build(&changed, None)).unwrap(),
+        "apps/v1",
+        "Deployment",
+    );
+    assert!(!contains(&have, &body));
+}
