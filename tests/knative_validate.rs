@@ -838,3 +838,64 @@ fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespac
         "missing field(s): spec.tls.secretName"
     );
 }
+
+/// Knative's `ErrInvalidValue(name, "serviceAccountName", reason)` for each of Kubernetes'
+/// `IsDNS1123Subdomain` reasons, the reason on the line after (conformance/api/v1's
+/// TestServiceAccountValidation looks for it).
+#[test]
+fn a_service_account_name_is_a_dns_1123_subdomain() {
+    let with = |name: &str| {
+        svc(edit(|v| {
+            v["spec"]["template"]["spec"]["serviceAccountName"] = json!(name);
+        }))
+    };
+    assert_eq!(with("builder.ci-2"), "");
+    assert_eq!(
+        with("foo@bar.baz"),
+        "invalid value: foo@bar.baz: spec.template.spec.serviceAccountName\n\
+         a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, \
+         '-' or '.', and must start and end with an alphanumeric character (e.g. \
+         'example.com', regex used for validation is \
+         '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+    );
+    // A part longer than a label's 63 characters is still a subdomain's.
+    assert_eq!(with(&"a".repeat(64)), "");
+}
+
+/// Knative's `validateSecurityContext` and `ValidatePodSecurityContext`: user and group ids
+/// within [0, MaxInt32] (conformance/runtime's TestShouldNotContainerConstraints/TestInvalidUID
+/// sends `runAsUser: -10`).
+#[test]
+fn security_context_ids_are_within_bounds() {
+    let errs = svc(edit(|v| {
+        container(v)["securityContext"] = json!({"runAsUser": -10, "runAsGroup": 2147483648i64});
+    }));
+    assert!(
+        errs.contains(
+            "expected 0 <= -10 <= 2147483647: spec.template.spec.containers[0].securityContext.runAsUser"
+        ),
+        "{errs}"
+    );
+    assert!(
+        errs.contains(
+            "expected 0 <= 2147483648 <= 2147483647: spec.template.spec.containers[0].securityContext.runAsGroup"
+        ),
+        "{errs}"
+    );
+    let ok = svc(edit(|v| {
+        container(v)["securityContext"] = json!({"runAsUser": 0, "runAsGroup": 2147483647});
+    }));
+    assert_eq!(ok, "");
+    let pod = service_errors(edit(|v| {
+        v["spec"]["template"]["spec"]["securityContext"] =
+            json!({"runAsUser": -1, "fsGroup": -2, "supplementalGroups": [5, -3]});
+    }));
+    let paths: Vec<&str> = pod.iter().map(|e| e.path.as_str()).collect();
+    for want in [
+        "spec.template.spec.securityContext.runAsUser",
+        "spec.template.spec.securityContext.fsGroup",
+        "spec.template.spec.securityContext.supplementalGroups[1]",
+    ] {
+        assert!(paths.contains(&want), "{want} not in {paths:?}");
+    }
+}

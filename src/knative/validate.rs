@@ -412,10 +412,30 @@ pub fn is_dns1123_label(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Whether `s` is a DNS-1123 subdomain (a service account name): DNS-1123 labels joined by
-/// '.', at most 253 characters.
-fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+/// Kubernetes' `validation.IsDNS1123Subdomain` (a service account name): why `s` is not one,
+/// nothing when it is. At most 253 characters, and `[a-z0-9]([-a-z0-9]*[a-z0-9])?` parts
+/// (of any length) joined by '.'.
+fn dns1123_subdomain_errors(s: &str) -> Vec<&'static str> {
+    let mut errs = Vec::new();
+    if s.len() > 253 {
+        errs.push("must be no more than 253 characters");
+    }
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let part = |p: &str| {
+        p.starts_with(alnum)
+            && p.ends_with(alnum)
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if !s.split('.').all(part) {
+        errs.push(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, \
+             '-' or '.', and must start and end with an alphanumeric character (e.g. \
+             'example.com', regex used for validation is \
+             '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        );
+    }
+    errs
 }
 
 /// Go's `fmt.Sprint` of a `[]string`: `[a b]`.
@@ -832,13 +852,43 @@ fn pod_spec(ps: &PodSpec, at: &str, features: &FeaturesConfig, e: &mut Vec<Field
             }
         }
     }
-    if let Some(sa) = ps.service_account_name.as_deref().filter(|s| !s.is_empty())
-        && !is_dns1123_subdomain(sa)
-    {
-        e.push(FieldError::new(
-            format!("{at}.serviceAccountName"),
-            format!("invalid value: {sa}"),
-        ));
+    // One error per reason, the reason as its details (Knative's `ErrInvalidValue(name,
+    // "serviceAccountName", reason)`).
+    if let Some(sa) = ps.service_account_name.as_deref().filter(|s| !s.is_empty()) {
+        for why in dns1123_subdomain_errors(sa) {
+            e.push(
+                FieldError::new(
+                    format!("{at}.serviceAccountName"),
+                    format!("invalid value: {sa}"),
+                )
+                .details(why),
+            );
+        }
+    }
+    // Knative's `ValidatePodSecurityContext`: ids within [0, MaxInt32] (the fields themselves
+    // are gated by the field mask).
+    if let Some(sc) = &ps.security_context {
+        let sat = format!("{at}.securityContext");
+        for (field, id) in [
+            ("runAsUser", sc.run_as_user),
+            ("runAsGroup", sc.run_as_group),
+            ("fsGroup", sc.fs_group),
+        ] {
+            id_in_bounds(id, &format!("{sat}.{field}"), e);
+        }
+        for (i, g) in sc.supplemental_groups.iter().flatten().enumerate() {
+            id_in_bounds(Some(*g), &format!("{sat}.supplementalGroups[{i}]"), e);
+        }
+    }
+}
+
+/// The largest user or group id Knative accepts (`math.MaxInt32`).
+const MAX_ID: i64 = i32::MAX as i64;
+
+/// Knative's bound on a user or group id: `expected 0 <= id <= 2147483647`.
+fn id_in_bounds(id: Option<i64>, path: &str, e: &mut Vec<FieldError>) {
+    if let Some(id) = id.filter(|id| !(0..=MAX_ID).contains(id)) {
+        e.push(out_of_bounds(id, 0, MAX_ID, path));
     }
 }
 
@@ -986,6 +1036,15 @@ fn container(
             format!("{at}.name"),
             format!("{:?} is a reserved container name", c.name),
         ));
+    }
+    // Knative's `validateSecurityContext`: ids within [0, MaxInt32].
+    if let Some(sc) = &c.security_context {
+        for (field, id) in [
+            ("runAsUser", sc.run_as_user),
+            ("runAsGroup", sc.run_as_group),
+        ] {
+            id_in_bounds(id, &format!("{at}.securityContext.{field}"), e);
+        }
     }
     for (i, env) in c.env.iter().flatten().enumerate() {
         let eat = format!("{at}.env[{i}]");

@@ -16,7 +16,9 @@
 //! 5. header hygiene: hop-by-hop fields, `K-Proxy-Request`, `K-Original-Host` and
 //!    `K-Network-Hash` removed; exactly one `Host`: `K-Original-Host`'s when the request is
 //!    proxied (below), else the target's authority (absolute form, h2's `:authority`), else
-//!    the client's one `Host`;
+//!    the client's one `Host`; when no `Forwarded` field came, one built from the first
+//!    `X-Forwarded-For`, `-Proto` and `-Host` fields, if any came ([`forwarded_shim`], Knative's
+//!    queue-proxy `ForwardedShimHandler`: the runtime contract's `Forwarded` MUST);
 //! 6. forward to 127.0.0.1:`USER_PORT` over the engine's pool (a bodiless HTTP/1.1 request on a
 //!    direct connection, anything else through hyper's client), the response head within the
 //!    response-start timeout;
@@ -85,6 +87,12 @@ pub const K_ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host
 pub const K_KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
 /// `K-Network-Hash`: the ingress prober's hash, echoed on `K-Network-Probe: probe`.
 pub const K_NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
+/// `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host`: what [`forwarded_shim`] reads.
+const X_FORWARDED: [HeaderName; 3] = [
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+];
 
 /// The sidecar: its settings, the containerConcurrency limiter, the pod's stats window, the
 /// pool to the user container, readiness and drain state, and its metrics.
@@ -368,6 +376,10 @@ impl Sidecar {
             protocol,
             upgrade,
         );
+        let forwarded = match seen.forwarded {
+            true => None,
+            false => forwarded_shim(&seen.x_forwarded).map(|v| (header::FORWARDED, v)),
+        };
         let path = parts
             .uri
             .path_and_query()
@@ -380,11 +392,19 @@ impl Sidecar {
         let direct = protocol == Protocol::Http1 && !upgrade && matches!(body, ReqBody::Empty);
         let (mut resp, reusable) = if direct {
             let head_only = parts.method == Method::HEAD;
-            let head =
-                direct::encode_head(&parts.method, path.as_str(), host.as_ref(), &headers, &[]);
+            let head = direct::encode_head(
+                &parts.method,
+                path.as_str(),
+                host.as_ref(),
+                &headers,
+                forwarded.as_slice(),
+            );
             forward_direct(&upstream, user, head, head_only, start_deadline).await?
         } else {
             let mut map = headers.into_map();
+            if let Some((name, value)) = forwarded {
+                map.insert(name, value);
+            }
             let uri = match protocol {
                 Protocol::Http1 => {
                     if let Some(h) = host {
@@ -528,6 +548,10 @@ struct Seen {
     /// Where the host the application gets comes from, or why the request is refused
     /// (`http1::host`, the activator's rule).
     host: Result<HostSource, HostError>,
+    /// A `Forwarded` field came: [`forwarded_shim`] builds none.
+    forwarded: bool,
+    /// The first `X-Forwarded-For`, `-Proto` and `-Host` fields ([`X_FORWARDED`]'s order).
+    x_forwarded: [Option<HeaderValue>; 3],
 }
 
 impl Seen {
@@ -543,6 +567,8 @@ impl Seen {
             untagged: false,
             original_host: None,
             host: Ok(HostSource::None),
+            forwarded: false,
+            x_forwarded: [None, None, None],
         };
         let mut hosts = HostFields::default();
         match fields {
@@ -564,6 +590,17 @@ impl Seen {
                         Known::OriginalHost => {
                             s.original_host = s.original_host.or_else(|| raw.value(value));
                         }
+                        Known::Forwarded => s.forwarded = true,
+                        Known::ForwardedFor | Known::ForwardedProto | Known::ForwardedHost => {
+                            let i = match known {
+                                Known::ForwardedFor => 0,
+                                Known::ForwardedProto => 1,
+                                _ => 2,
+                            };
+                            if s.x_forwarded[i].is_none() {
+                                s.x_forwarded[i] = raw.value(value);
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -577,6 +614,8 @@ impl Seen {
                         .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"));
                 proxy = map.get(K_PROXY_REQUEST).map(|v| tagged(v.as_bytes()));
                 s.original_host = map.get(K_ORIGINAL_HOST).cloned();
+                s.forwarded = map.contains_key(header::FORWARDED);
+                s.x_forwarded = X_FORWARDED.map(|n| map.get(n).cloned());
                 for value in map.get_all(header::HOST) {
                     hosts.saw(value.as_bytes());
                 }
@@ -587,6 +626,60 @@ impl Seen {
         s.untagged = proxy == Some(false) || (!s.proxied && s.original_host.is_some());
         s
     }
+}
+
+/// Knative's queue-proxy `ForwardedShimHandler` (RFC 7239): the `Forwarded` field the
+/// application gets when the request brought none, built from the first `X-Forwarded-For`,
+/// `-Proto` and `-Host` fields (`x`, in [`X_FORWARDED`]'s order); none when all three are
+/// absent or empty. The first `X-Forwarded-For` node carries `host=` and `proto=`, each
+/// further node is an element of its own (`, for=`), an IPv6 node (one with a `:`) quoted in
+/// brackets: `for=10.0.0.1;host=example.com;proto=http, for="[::1]"`.
+fn forwarded_shim(x: &[Option<HeaderValue>; 3]) -> Option<HeaderValue> {
+    let get = |i: usize| x[i].as_ref().map_or(&b""[..], HeaderValue::as_bytes);
+    let (xff, xfp, xfh) = (get(0), get(1), get(2));
+    if xff.is_empty() && xfp.is_empty() && xfh.is_empty() {
+        return None;
+    }
+    let node = |out: &mut Vec<u8>, n: &[u8]| {
+        let v6 = n.contains(&b':');
+        if v6 {
+            out.extend_from_slice(b"\"[");
+        }
+        out.extend_from_slice(n);
+        if v6 {
+            out.extend_from_slice(b"]\"");
+        }
+    };
+    let mut out = Vec::with_capacity(xff.len() + xfp.len() + xfh.len() + 32);
+    // The nodes as Knative splits them: at ',', trimmed; a last ',' ends the list.
+    let list = xff.strip_suffix(b",").unwrap_or(xff);
+    let mut nodes = list.split(|&b| b == b',').map(<[u8]>::trim_ascii);
+    let first = nodes.next().filter(|_| !xff.is_empty()).unwrap_or_default();
+    if !xff.is_empty() {
+        out.extend_from_slice(b"for=");
+        node(&mut out, first);
+    }
+    if !xfh.is_empty() {
+        if !first.is_empty() {
+            out.push(b';');
+        }
+        out.extend_from_slice(b"host=");
+        out.extend_from_slice(xfh);
+    }
+    if !xfp.is_empty() {
+        if !first.is_empty() || !xfh.is_empty() {
+            out.push(b';');
+        }
+        out.extend_from_slice(b"proto=");
+        out.extend_from_slice(xfp);
+    }
+    if !xff.is_empty() {
+        for n in nodes {
+            out.extend_from_slice(b", for=");
+            node(&mut out, n);
+        }
+    }
+    HeaderValue::from_bytes(&out).ok()
 }
 
 /// The `Host` the application gets in place of the client's `Host` fields, if not the one
@@ -754,5 +847,54 @@ impl Handler for Sidecar {
             fields.merge_into(resp.headers_mut());
         }
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shim(xff: &str, xfp: &str, xfh: &str) -> Option<String> {
+        let v = |s: &str| (!s.is_empty()).then(|| HeaderValue::from_str(s).unwrap());
+        forwarded_shim(&[v(xff), v(xfp), v(xfh)]).map(|h| h.to_str().unwrap().to_string())
+    }
+
+    /// Knative's `pkg/queue/forwarded_shim_test.go` cases (the existing-`Forwarded` one is
+    /// `Seen::forwarded`).
+    #[test]
+    fn forwarded_is_built_as_knatives_queue_proxy_builds_it() {
+        for (xff, xfh, xfp, want) in [
+            (
+                "127.0.0.1, ::1",
+                "h",
+                "p",
+                r#"for=127.0.0.1;host=h;proto=p, for="[::1]""#,
+            ),
+            ("127.0.0.1", "h", "p", "for=127.0.0.1;host=h;proto=p"),
+            ("127.0.0.1, ::1", "", "", r#"for=127.0.0.1, for="[::1]""#),
+            (
+                "127.0.0.1, ::1",
+                "",
+                "p",
+                r#"for=127.0.0.1;proto=p, for="[::1]""#,
+            ),
+            (
+                "127.0.0.1, ::1",
+                "h",
+                "",
+                r#"for=127.0.0.1;host=h, for="[::1]""#,
+            ),
+            ("", "h", "", "host=h"),
+            ("", "", "p", "proto=p"),
+            ("", "h", "p", "host=h;proto=p"),
+            (",,,", "", "", "for=, for=, for="),
+        ] {
+            assert_eq!(
+                shim(xff, xfp, xfh).as_deref(),
+                Some(want),
+                "{xff:?} {xfh:?} {xfp:?}"
+            );
+        }
+        assert_eq!(shim("", "", ""), None);
     }
 }

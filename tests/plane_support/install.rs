@@ -73,7 +73,35 @@ pub fn images() -> BTreeMap<String, ImageRun> {
                 ],
             },
         ),
+        // Knative's conformance test images (tests/real_stack/conformance.rs).
+        conformance_image("failing"),
+        conformance_image("helloworld"),
+        conformance_image("pizzaplanetv1"),
+        conformance_image("pizzaplanetv2"),
+        conformance_image("readiness"),
+        conformance_image("runtime"),
+        conformance_image("servingcontainer"),
+        conformance_image("sidecarcontainer"),
+        conformance_image("singlethreaded"),
+        conformance_image("timeout"),
     ])
+}
+
+/// Where Knative's conformance test images are mapped: image `thaw.test/conformance/<name>`
+/// (the suite's `--dockerrepo`, any tag).
+pub const CONFORMANCE_REPO: &str = "thaw.test/conformance";
+
+/// Knative's conformance test image `name`: its program built from knative.dev/serving's
+/// `test/test_images` by `tests/cluster/build.sh` (tests/cluster/conformance).
+fn conformance_image(name: &str) -> (String, ImageRun) {
+    (
+        format!("{CONFORMANCE_REPO}/{name}"),
+        ImageRun {
+            program: super::bin_dir().join("conformance/images").join(name),
+            args: vec![],
+            env: vec![],
+        },
+    )
 }
 
 /// Installs thaw and the ingress; returns once every Deployment is Available.
