@@ -511,8 +511,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     )
     .default_backoff()
     .touched_objects();
-    let (configurations, configuration_stream) =
-        super::main_watch(ctx.watched::<Configuration>());
+    let (configurations, configuration_stream) = super::main_watch(ctx.watched::<Configuration>());
     let controller =
         Controller::for_stream(configuration_stream, configurations).owns_stream(revisions);
     let listed = {

@@ -591,8 +591,7 @@ where
         if unchanged(&existing, desired) {
             return Ok(Applied::Ours(existing));
         }
-        let mut have =
-            serde_json::to_value(&existing).map_err(|e| Error::Other(e.to_string()))?;
+        let mut have = serde_json::to_value(&existing).map_err(|e| Error::Other(e.to_string()))?;
         // A typed object need not serialize its type; it is this one.
         have["apiVersion"] = body["apiVersion"].clone();
         have["kind"] = body["kind"].clone();

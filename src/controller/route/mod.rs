@@ -685,7 +685,12 @@ pub fn probed_before(route: &Route, hash: &str) -> bool {
     st.status
         .condition(conditions::INGRESS_READY)
         .is_some_and(|c| c.status == ConditionStatus::True)
-        && st.status.annotations.get(PROBED_HASH_ANNOTATION).map(String::as_str) == Some(hash)
+        && st
+            .status
+            .annotations
+            .get(PROBED_HASH_ANNOTATION)
+            .map(String::as_str)
+            == Some(hash)
 }
 
 /// The gateways the route is on, each with the hosts it serves for it: the external gateways

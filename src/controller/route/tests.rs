@@ -244,7 +244,10 @@ fn a_route_probed_before_with_the_same_hash_stays_ready_for_a_new_leader() {
         &net,
         &now(),
     );
-    assert_eq!(cond(&probed.status, "IngressReady").0, ConditionStatus::True);
+    assert_eq!(
+        cond(&probed.status, "IngressReady").0,
+        ConditionStatus::True
+    );
     assert_eq!(probed.status.annotations[PROBED_HASH_ANNOTATION], "h1");
     let mut r2 = r.clone();
     r2.status = Some(probed.clone());
