@@ -803,6 +803,25 @@ async fn the_revision_status_keeps_both_writers_fields_across_100_writes(
         .await
         .unwrap_or_else(|e| fail(e));
     let revision = "writers-00001";
+    // Ready is the controller's word; the autoscaler's ScaleTargetInitialized may follow it by
+    // a write of its own. The check below starts once both writers have written everything.
+    until(SETTLE, "both writers' fields written", move || async move {
+        let r = get_json(plane, ns, "revisions", revision).await?;
+        let (a, c) = writers_fields(&r);
+        let missing: Vec<String> = a
+            .iter()
+            .chain(&c)
+            .filter(|(_, x)| x.is_null())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("missing {missing:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
 
     // Every version of the Revision from now on.
     let versions: Arc<Mutex<Vec<Value>>> = Arc::default();
