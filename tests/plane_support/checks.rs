@@ -251,3 +251,11 @@ impl Transitions {
         self.lines.lock().unwrap().join("\n")
     }
 }
+
+/// The condition `type_` of an object's status, as JSON (any Knative or Kubernetes kind).
+pub fn condition<'a>(obj: &'a serde_json::Value, type_: &str) -> Option<&'a serde_json::Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}

@@ -108,13 +108,7 @@ async fn kubectl_json(plane: &Plane, args: &[&str]) -> Result<Value, String> {
     serde_json::from_str(&out).map_err(|e| format!("kubectl {}: {e}", args.join(" ")))
 }
 
-/// The condition `type_` of an object as JSON.
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
+use crate::plane_support::checks::condition;
 
 fn condition_text(obj: &Value, type_: &str) -> String {
     condition(obj, type_).map_or_else(

@@ -133,13 +133,7 @@ async fn get_json(plane: &Plane, ns: &str, plural: &str, name: &str) -> Result<V
     serde_json::to_value(&o).map_err(|e| e.to_string())
 }
 
-/// The condition `type_` of an object's status.
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
+use crate::plane_support::checks::condition;
 
 /// `status reason` of a condition, `-` when absent.
 fn cond_status(obj: &Value, type_: &str) -> String {
