@@ -1821,6 +1821,80 @@ async fn a_domain_mapping_claims_its_domain_and_is_an_http_route_with_the_gatewa
     .await;
 }
 
+/// Knative's finalizer: each DomainMapping holds `domainmappings.serving.knative.dev`; when
+/// it is deleted with autocreate-cluster-domain-claims on, the claim it made for its namespace
+/// is released (then it goes), while a claim another namespace holds stays; so the domain
+/// can be mapped again, and a DomainMapping refused it before claims it now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_domain_mapping_releases_the_claim_it_made() {
+    let mut settings = Settings::default();
+    settings.network.templates.autocreate_cluster_domain_claims = true;
+    let run = start_with_domain_mapping(settings).await;
+    route_until(&run, "hello", "the route Ready", is_ready).await;
+    create_claim(&run, "taken.example.org", "someone-else").await;
+    for domain in ["hello.example.org", "taken.example.org"] {
+        create_domain_mapping(&run, domain, "hello").await;
+        let dm = domain_mapping_until(&run, domain, "the finalizer", |d| {
+            d.finalizers()
+                .iter()
+                .any(|f| f == "domainmappings.serving.knative.dev")
+                && dm_cond(d, "DomainClaimed").is_some()
+        })
+        .await;
+        let claimed = dm_cond(&dm, "DomainClaimed").unwrap().0;
+        assert_eq!(
+            claimed == ConditionStatus::True,
+            domain == "hello.example.org",
+            "{dm:?}"
+        );
+    }
+    let claims = Api::<ClusterDomainClaim>::all(run.client.clone());
+    let dms = run.api::<DomainMapping>();
+    for domain in ["hello.example.org", "taken.example.org"] {
+        dms.delete(domain, &Default::default()).await.unwrap();
+        wait_for(
+            "the DomainMapping gone",
+            || async { dms.get_opt(domain).await.unwrap() },
+            Option::is_none,
+        )
+        .await;
+    }
+    assert!(
+        claims.get_opt("hello.example.org").await.unwrap().is_none(),
+        "the claim the DomainMapping made is released"
+    );
+    assert_eq!(
+        claims
+            .get("taken.example.org")
+            .await
+            .unwrap()
+            .spec
+            .namespace,
+        "someone-else",
+        "another namespace's claim stays"
+    );
+    // Mapped again: claimed again. (The in-process API server has no garbage collector:
+    // the deleted DomainMapping's VirtualService goes as Kubernetes' would delete it.)
+    run.api::<VirtualService>()
+        .delete("hello.example.org-ingress", &Default::default())
+        .await
+        .unwrap();
+    create_domain_mapping(&run, "hello.example.org", "hello").await;
+    domain_mapping_until(&run, "hello.example.org", "Ready", |d| {
+        dm_cond(d, "Ready").map(|c| c.0) == Some(ConditionStatus::True)
+    })
+    .await;
+    assert_eq!(
+        claims
+            .get("hello.example.org")
+            .await
+            .unwrap()
+            .spec
+            .namespace,
+        NS
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // TLS through cert-manager
 

@@ -7,8 +7,7 @@
 //! 2. **the claim**: the ClusterDomainClaim `{domain}` must name `ns`. Missing, it is created
 //!    for `ns` when config-network's `autocreate-cluster-domain-claims` is true; else, or when
 //!    it names another namespace, `DomainClaimed=False DomainAlreadyClaimed` (Knative's reason)
-//!    and nothing else is written: one tenant cannot take another's domain. Claims are never
-//!    deleted by thaw (Knative's neither: an operator releases a domain);
+//!    and nothing else is written: one tenant cannot take another's domain;
 //! 3. **the reference**: `spec.ref` must be a `serving.knative.dev` Service or Route in `ns`
 //!    whose Route has a cluster-local address (`ReferenceResolved`, else False with why);
 //! 4. **the ingress**: one target group, the domain as its only (external) host, all traffic
@@ -25,6 +24,15 @@
 //!    https once it is Ready (the Route's rules and reasons, [`super::route::certificate`]);
 //!    the class's TLS objects as for a Route ([`super::route::istio_tls`],
 //!    [`super::route::gateway_tls`]); else `TLSNotEnabled`. `Ready` from the four.
+//!
+//! **Finalizer** (Knative's `domainmappings.serving.knative.dev`, so a DomainMapping Knative
+//! left behind is finalized the same way): put on each DomainMapping at its first reconcile;
+//! when it is being deleted and `autocreate-cluster-domain-claims` is true, the claim of its
+//! domain is deleted if it names the DomainMapping's namespace (a claim this namespace did
+//! not win is someone else's), then the finalizer is taken off. With autocreate off claims
+//! are the operator's and stay, as in Knative: an operator releases a domain. A freed claim
+//! re-queues the DomainMappings of that domain, so one in another namespace that was refused
+//! `DomainAlreadyClaimed` claims it next.
 //!
 //! Re-queued when its VirtualService or HTTPRoute changes (owned), when the ClusterDomainClaim
 //! of its domain changes, and when the Route it maps to changes.
@@ -51,6 +59,8 @@ use crate::knative::{ClusterDomainClaim, ClusterDomainClaimSpec, DomainMapping, 
 
 /// The kind, in metrics and spans.
 pub const KIND: &str = "DomainMapping";
+/// Knative's finalizer on DomainMappings (its generated reconciler's name for the kind).
+pub const FINALIZER: &str = "domainmappings.serving.knative.dev";
 /// Knative's reason for a domain claimed by another namespace (or by none).
 pub const DOMAIN_ALREADY_CLAIMED: &str = "DomainAlreadyClaimed";
 /// The label on a DomainMapping's ingress objects naming it.
@@ -411,6 +421,20 @@ pub async fn reconcile(
     let domain = dm.name_any();
     let settings = ctx.settings();
     let net = &settings.network;
+    let held = dm.finalizers().iter().any(|f| f == FINALIZER);
+    if dm.metadata.deletion_timestamp.is_some() {
+        if held {
+            finalize(&ctx, &dm, net.templates.autocreate_cluster_domain_claims).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !held {
+        // The patch's own watch event brings the DomainMapping back, finalizer held.
+        let mut finalizers = dm.finalizers().to_vec();
+        finalizers.push(FINALIZER.into());
+        set_finalizers(&ctx, &dm, finalizers).await?;
+        return Ok(Action::await_change());
+    }
     let mut status = dm.status.clone().unwrap_or_default();
     status.status.observed_generation = dm.metadata.generation;
     status.url = Some(format!("http://{domain}"));
@@ -522,6 +546,56 @@ pub async fn reconcile(
             .await?;
     }
     Ok(Action::requeue(ctx.resync()))
+}
+
+/// A DomainMapping being deleted that holds [`FINALIZER`]: its claim released when thaw made
+/// it for this namespace (autocreate), then the finalizer taken off.
+async fn finalize(ctx: &Ctx, dm: &DomainMapping, autocreate: bool) -> Result<(), Error> {
+    let ns = dm.namespace().unwrap_or_default();
+    let domain = dm.name_any();
+    if autocreate {
+        let claims: Api<ClusterDomainClaim> = Api::all(ctx.client.clone());
+        if let Some(claim) = claims.get_opt(&domain).await?
+            && claim.spec.namespace == ns
+        {
+            match claims.delete(&domain, &Default::default()).await {
+                Ok(_) => tracing::info!(%domain, namespace = %ns, "released the domain's claim"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let rest = dm
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(ctx, dm, rest).await
+}
+
+/// Writes `finalizers` as the DomainMapping's, as Knative's generated reconcilers do: a merge
+/// patch carrying the resourceVersion read, so another writer's change in between is a
+/// conflict (retried) rather than lost.
+async fn set_finalizers(
+    ctx: &Ctx,
+    dm: &DomainMapping,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": dm.resource_version(),
+        }
+    });
+    ctx.api::<DomainMapping>(&dm.namespace().unwrap_or_default())
+        .patch(
+            &dm.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// The DomainMapping controller: owns its VirtualService or HTTPRoute; follows the claims

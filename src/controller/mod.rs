@@ -410,6 +410,10 @@ where
     controller.trigger_backoff(NoPause)
 }
 
+/// The finalizers thaw's reconcilers hold (Knative's names): an object being deleted that
+/// holds one is reconciled, to finalize it.
+pub const FINALIZERS: &[&str] = &[domain_mapping::FINALIZER];
+
 /// Runs one kind's `controller` (built by the reconciler module from watches that back off on
 /// their own, [`independent_triggers`]) until the future is dropped: `reconcile` with metrics,
 /// a span, the `InternalError` Event on failure and the backoff bookkeeping, `--workers` at
@@ -435,9 +439,15 @@ pub async fn run<K, F, Fut>(
                 // An object being deleted (another finalizer holds it: `foregroundDeletion`
                 // while the garbage collector deletes its children) is not reconciled, as
                 // Knative's generated reconcilers call neither ReconcileKind nor, holding no
-                // finalizer of their own (thaw holds none), FinalizeKind: reconciling it would
-                // re-create the children the collector is deleting, for as long as it lasts.
-                let deleting = obj.meta().deletion_timestamp.is_some();
+                // finalizer of their own, FinalizeKind: reconciling it would re-create the
+                // children the collector is deleting, for as long as it lasts. One that holds
+                // a finalizer of thaw's ([`FINALIZERS`]) goes to its reconcile, which
+                // finalizes it.
+                let deleting = obj.meta().deletion_timestamp.is_some()
+                    && !obj
+                        .finalizers()
+                        .iter()
+                        .any(|f| FINALIZERS.contains(&f.as_str()));
                 let reconcile = reconcile.clone();
                 let span = tracing::info_span!(
                     "reconcile",

@@ -24,7 +24,7 @@ fi
 
 # Knative Serving's conformance suite (tests/cluster/conformance, run by the
 # tests/real_stack_conformance.rs target): each test package tools.go imports compiled with
-# `go test -c -tags=e2e` into OUT/conformance/bin/<package>.test (v1.test, runtime.test),
+# `go test -c -tags=e2e` into OUT/conformance/bin/<package>.test (v1, v1beta1, runtime),
 # each test image it imports built into OUT/conformance/images/<name>, the
 # program the kubelet stand-in runs for image thaw.test/conformance/<name>. A stamp of its
 # own (OUT/conformance/stamp); about 100 s on 2 cores with an empty build cache, and 0.1 GB of

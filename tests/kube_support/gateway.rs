@@ -1,10 +1,12 @@
 //! An Istio gateway pod, played on a loopback port: it follows the VirtualServices (a
 //! reflector over the API server) and routes each request as Envoy would for the gateways it
 //! serves: the first HTTP route one of whose matches holds (gateway, authority pattern,
-//! exact header values), the first destination with weight, the request header operations of
-//! the route and of that destination (remove, then set, then add). Then, by [`Backend`]:
-//! forward to a fixed address (an activator or a queue sidecar), or answer as a backend would
-//! (`K-Network-Probe: probe` echoes `K-Network-Hash`, anything else 200). No route: 404.
+//! exact header values), a destination drawn by weight (Envoy's weighted clusters: each
+//! request on its own, so a 80/20 split is 80/20 over many requests), the request header
+//! operations of the route and of that destination (remove, then set, then add), the route's
+//! authority rewrite. Then, by [`Backend`]: forward to a fixed address (an activator or a
+//! queue sidecar), to a ready endpoint of the destination's Service, or answer as a backend
+//! would (`K-Network-Probe: probe` echoes `K-Network-Hash`, anything else 200). No route: 404.
 //!
 //! [`TestGateway::freeze`] keeps the routes as they are now (a pod that has not received
 //! Istio's latest configuration: it answers probes with an old hash). [`publish`] writes the
@@ -37,9 +39,12 @@ pub enum Backend {
     /// Forwards to this address (HTTP/1.1, the rewritten headers, `Host` kept).
     Forward(SocketAddr),
     /// Forwards to a ready endpoint of the chosen destination (`{service}.{namespace}.svc...`
-    /// and port, read from its Service and EndpointSlices), as Envoy's EDS would. When the
-    /// API server cannot be read (restarting), the endpoints last read for that destination
-    /// are used, as Envoy keeps its last configuration while istiod or the API is away.
+    /// and port, read from its Service and EndpointSlices), one drawn at random per request as
+    /// Envoy balances over EDS's endpoints. A destination that is an `ExternalName` Service
+    /// (a Route's placeholder: `knative-local-gateway.istio-system.svc...`) is followed to
+    /// the Service it names, as Envoy's DNS cluster would resolve it. When the API server
+    /// cannot be read (restarting), the endpoints last read for that destination are used,
+    /// as Envoy keeps its last configuration while istiod or the API is away.
     Destinations,
 }
 
@@ -204,6 +209,9 @@ impl Shared {
                 );
             }
         }
+        if let Some(authority) = route.rewrite.as_ref().and_then(|r| r.authority.as_ref()) {
+            headers.insert(http::header::HOST, authority.parse().unwrap());
+        }
         match self.backend {
             Backend::Echo => {
                 if headers.get("k-network-probe").is_some_and(|v| v == "probe") {
@@ -218,33 +226,11 @@ impl Shared {
                     Backend::Forward(to) => to,
                     _ => {
                         let port = dest.destination.port.as_ref().map_or(80, |p| p.number);
-                        let key = (dest.destination.host.clone(), port);
-                        let pods = match thaw::controller::route::prober::service_pods(
-                            &self.kube,
-                            &dest.destination.host,
-                            port as i32,
-                        )
-                        .await
-                        {
-                            Ok(pods) => {
-                                self.last.lock().unwrap().insert(key, pods.clone());
-                                pods
-                            }
-                            // The API could not be read ("cannot read Service ...", "cannot
-                            // list the EndpointSlices ..."); not a Service that is gone.
-                            Err(e) if e.starts_with("cannot ") => self
-                                .last
-                                .lock()
-                                .unwrap()
-                                .get(&key)
-                                .cloned()
-                                .unwrap_or_default(),
-                            Err(_) => Vec::new(),
-                        };
-                        match pods.first() {
-                            Some(pod) => *pod,
-                            None => return reply(503, "no healthy upstream\n", None),
+                        let pods = self.endpoints(&dest.destination.host, port).await;
+                        if pods.is_empty() {
+                            return reply(503, "no healthy upstream\n", None);
                         }
+                        pods[rand::random_range(0..pods.len())]
                     }
                 };
                 let body = body
@@ -304,14 +290,92 @@ impl Shared {
                 })
             })?
             .clone();
-        let dest = route
-            .route
-            .iter()
-            .find(|d| d.weight.unwrap_or(0) > 0)
-            .or(route.route.first())?
-            .clone();
+        let dest = draw(&route.route)?.clone();
         Some((route, dest))
     }
+
+    /// The ready endpoints of `host`'s Service at `port`; a Service with none that is an
+    /// `ExternalName` is followed (at most a few hops, as a resolver gives up on a loop).
+    async fn endpoints(&self, host: &str, port: u32) -> Vec<SocketAddr> {
+        let mut host = host.to_string();
+        for _ in 0..4 {
+            let key = (host.clone(), port);
+            let pods =
+                match thaw::controller::route::prober::service_pods(&self.kube, &host, port as i32)
+                    .await
+                {
+                    Ok(pods) => {
+                        self.last.lock().unwrap().insert(key, pods.clone());
+                        pods
+                    }
+                    // The API could not be read ("cannot read Service ...", "cannot list the
+                    // EndpointSlices ..."); not a Service that is gone.
+                    Err(e) if e.starts_with("cannot ") => {
+                        return self
+                            .last
+                            .lock()
+                            .unwrap()
+                            .get(&key)
+                            .cloned()
+                            .unwrap_or_default();
+                    }
+                    Err(_) => Vec::new(),
+                };
+            if !pods.is_empty() {
+                return pods;
+            }
+            match self.external_name(&host).await {
+                Some(next) => host = next,
+                None => return pods,
+            }
+        }
+        Vec::new()
+    }
+
+    /// The host an `ExternalName` Service `host` (`{name}.{namespace}.svc...`) names, if it is
+    /// one; `None` for any other Service, a name that is not a Service's, or an API error.
+    async fn external_name(&self, host: &str) -> Option<String> {
+        let mut parts = host.split('.');
+        let (name, ns) = (parts.next()?, parts.next()?);
+        if parts.next() != Some("svc") {
+            return None;
+        }
+        let svc = Api::<Service>::namespaced(self.kube.clone(), ns)
+            .get_opt(name)
+            .await
+            .ok()??;
+        let spec = svc.spec?;
+        if spec.type_.as_deref() != Some("ExternalName") {
+            return None;
+        }
+        spec.external_name
+            .map(|n| n.trim_end_matches('.').to_string())
+    }
+}
+
+fn weight(d: &thaw::controller::route::virtual_service::HttpRouteDestination) -> u64 {
+    u64::try_from(d.weight.unwrap_or(0)).unwrap_or(0)
+}
+
+/// A destination drawn with probability weight / total (Envoy's weighted clusters); with no
+/// weight anywhere, the first.
+fn draw(
+    destinations: &[thaw::controller::route::virtual_service::HttpRouteDestination],
+) -> Option<&thaw::controller::route::virtual_service::HttpRouteDestination> {
+    let total: u64 = destinations.iter().map(weight).sum();
+    if total == 0 {
+        return destinations.first();
+    }
+    let mut at = rand::random_range(0..total);
+    destinations.iter().find(|d| {
+        let w = weight(d);
+        if at < w {
+            true
+        } else {
+            at -= w;
+            false
+        }
+    })
 }
 
 fn reply(

@@ -1,13 +1,10 @@
 //! Knative Serving's own conformance suite against thaw on the real control plane:
 //! knative.dev/serving v0.42.2's `test/conformance/api/v1` and `test/conformance/runtime`,
 //! compiled from their Go module with `go test -c -tags=e2e` by `tests/cluster/build.sh`
-//! (tests/cluster/conformance pins the module; go.sum committed), and the test images they
-//! deploy built from the same module's `test/test_images`, each mapped by the kubelet
-//! stand-in to image `thaw.test/conformance/<name>` (`install::images`; the suite's
-//! `--dockerrepo`). `test/conformance/api/v1beta1` is not built: its one test,
-//! TestDomainMapping, sends its requests through the Route's placeholder Service, an
-//! ExternalName of `knative-local-gateway` that Envoy resolves by DNS, and the plane's ingress
-//! gateway follows EndpointSlices only (it answers 503 "no healthy upstream").
+//! and `test/conformance/api/v1beta1` (tests/cluster/conformance pins the module; go.sum
+//! committed), and the test images they deploy built from the same module's
+//! `test/test_images`, each mapped by the kubelet stand-in to image
+//! `thaw.test/conformance/<name>` (`install::images`; the suite's `--dockerrepo`).
 //!
 //! Each case runs one compiled package as a child of this process, inside the plane's
 //! namespaces, against the plane's API server (the admin kubeconfig), in the case's own
@@ -54,6 +51,7 @@ pub fn cases() -> Vec<Case> {
         crate::case!(knative_conformance_api_v1),
         crate::case!(knative_conformance_runtime),
         crate::exclusive_case!(knative_conformance_container_error_msg),
+        crate::exclusive_case!(knative_conformance_domain_mapping),
     ]
 }
 
@@ -76,11 +74,6 @@ struct Suite {
 const NO_VOLUMES: &str = "reads a volume mounted in the container (the kubelet stand-in \
     mounts no volumes: every container sees the node's own filesystem); its Service is \
     admitted and Ready, then answers 500 \"open /hello/world: no such file or directory\"";
-/// Why a test of a weighted split cannot run.
-const NO_SPLIT: &str = "checks a weighted traffic split over 200 requests (the plane's \
-    ingress gateway, tests/kube_support/gateway.rs, sends every request to the first \
-    destination with weight, where Envoy picks by weight)";
-
 /// `test/conformance/api/v1`: Service, Configuration, Revision and Route.
 const API_V1: Suite = Suite {
     package: "v1",
@@ -101,11 +94,11 @@ const API_V1: Suite = Suite {
         "TestAnnotationPropagation",
         "TestServiceCreateWithMultipleContainers",
         "TestSingleConcurrency",
+        "TestBlueGreenRoute",
+        "TestServiceWithTrafficSplit",
     ],
     skip: &[],
     out_of_reach: &[
-        ("TestBlueGreenRoute", NO_SPLIT),
-        ("TestServiceWithTrafficSplit", NO_SPLIT),
         (
             "TestContainerErrorMsg",
             "run by knative_conformance_container_error_msg, alone, with a short \
@@ -187,6 +180,15 @@ const RUNTIME: Suite = Suite {
     whole: true,
 };
 
+/// `test/conformance/api/v1beta1`: DomainMapping.
+const V1BETA1: Suite = Suite {
+    package: "v1beta1",
+    run: &["TestDomainMapping"],
+    skip: &[],
+    out_of_reach: &[],
+    whole: true,
+};
+
 /// The longest a package may run (the suite's own polls give up after 10 minutes).
 const SUITE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
@@ -223,6 +225,45 @@ async fn knative_conformance_container_error_msg(plane: Arc<Plane>, ns: String) 
     })
     .await;
     restore.run(&plane).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// TestDomainMapping: a DomainMapping served (through the Route's placeholder Service, an
+/// ExternalName of the local gateway that the ingress gateway pod follows as Envoy's DNS
+/// cluster would), a second one of the same domain in another namespace refused
+/// `DomainClaimed=False`, then, the first deleted, claiming the domain and served. As in
+/// Knative's test setup (`overlay-config-autocreate-clusterdomainclaims.yaml`),
+/// `config-network`'s `autocreate-cluster-domain-claims` is true for the while, with no other
+/// case running; the suite's alternative namespace is the case's namespace + `-alt`.
+async fn knative_conformance_domain_mapping(plane: Arc<Plane>, ns: String) {
+    let _config = SYSTEM_CONFIG.lock().await;
+    let alt = format!("{ns}-alt");
+    plane
+        .kubectl(&["create", "namespace", &alt])
+        .await
+        .expect("the alternative namespace");
+    let restore = set_system_config(
+        &plane,
+        "config-network",
+        "autocreate-cluster-domain-claims",
+        "true",
+    )
+    .await;
+    let outcome = tokio::spawn({
+        let (plane, ns) = (plane.clone(), ns.clone());
+        let flags = [
+            "-enable-beta".to_string(),
+            format!("-alt-test-namespace={alt}"),
+        ];
+        async move { run_suite(&plane, &ns, &V1BETA1, &flags).await }
+    })
+    .await;
+    restore.run(&plane).await;
+    let _ = plane
+        .kubectl(&["delete", "namespace", &alt, "--wait=false"])
+        .await;
     if let Err(e) = outcome {
         std::panic::resume_unwind(e.into_panic());
     }

@@ -561,8 +561,7 @@ async fn a_new_revision_takes_the_traffic_then_tagged_revisions_split_it(
     }
     // The main host's route: the two weighted destinations, each the revision's public
     // Service with its revision header; each the same destination as its tag's route, whose
-    // host answered from that revision above. (The test's gateway pod sends every request to
-    // the first weighted destination; Envoy would split by weight.)
+    // host answered from that revision above.
     let main = sc::external_route(plane, ns, host)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -606,14 +605,23 @@ async fn a_new_revision_takes_the_traffic_then_tagged_revisions_split_it(
              the destination of {tag}-split's route"
         );
     }
-    let through = sc::request(gateway, host, "/", &http::HeaderMap::new())
-        .await
-        .unwrap();
-    assert_eq!(through.status, 200, "{through:?}");
-    assert!(
-        ["Hello from v1!", "Hello from v2!"].contains(&through.body.trim()),
-        "{through:?}"
-    );
+    // On the wire: 200 requests to the main host, each split by weight at the gateway pod
+    // (Envoy's weighted clusters draw per request). v2's count is binomial(200, 0.2): mean
+    // 40, deviation 5.7; the bounds are 6 deviations off (a wrong split, 50/50 or all to one
+    // side, lands far outside; a right one outside them about once in 10^9 runs).
+    let mut answered = BTreeMap::<String, u32>::new();
+    for _ in 0..200 {
+        let through = sc::request(gateway, host, "/", &http::HeaderMap::new())
+            .await
+            .unwrap();
+        assert_eq!(through.status, 200, "{through:?}");
+        *answered.entry(through.body.trim().to_string()).or_default() += 1;
+    }
+    println!("split: 200 requests to {host}: {answered:?}");
+    let v1 = answered.get("Hello from v1!").copied().unwrap_or(0);
+    let v2 = answered.get("Hello from v2!").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, 200, "answers from neither revision: {answered:?}");
+    assert!((6..=74).contains(&v2), "not 80/20: {answered:?}");
 
     // Knative's printer columns, filled as Knative fills them: every one but REASON, which
     // Knative leaves empty on a Ready object.

@@ -13,6 +13,7 @@ package tools
 
 import (
 	_ "knative.dev/serving/test/conformance/api/v1"
+	_ "knative.dev/serving/test/conformance/api/v1beta1"
 	_ "knative.dev/serving/test/conformance/runtime"
 	_ "knative.dev/serving/test/test_images/failing"
 	_ "knative.dev/serving/test/test_images/helloworld"
