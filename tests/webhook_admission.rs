@@ -9,6 +9,7 @@ mod kube_e2e_support;
 mod kube_support;
 
 use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,8 +101,8 @@ struct Answer {
     cert: Vec<u8>,
 }
 
-/// POSTs `body` to `path` over a new TLS connection to `port`, trusting exactly `bundle`.
-async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Answer, String> {
+/// A TLS client trusting exactly `bundle`, offering `alpn` (none when empty).
+fn connector(bundle: &[u8], alpn: &[&[u8]]) -> Result<tokio_rustls::TlsConnector, String> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_slice_iter(bundle) {
@@ -109,15 +110,45 @@ async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Ans
             .add(c.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
     }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
+/// A TCP connection to the webhook's `port` from the loopback address `from`.
+async fn connect_from(from: IpAddr, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((from, 0).into())?;
+    socket.connect((LOCAL, port).into()).await
+}
+
+/// The loopback address the webhook listens on, and the tests' "attacker" connects from.
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+/// Another loopback address: the API server's connections in the tests on connection seats.
+const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// POSTs `body` to `path` over a new TLS connection to `port`, trusting exactly `bundle`.
+async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Answer, String> {
+    post_from(LOCAL, port, bundle, path, body).await
+}
+
+/// [`post`] from the loopback address `from`, offering ALPN `h2` and `http/1.1` as an API
+/// server does.
+async fn post_from(
+    from: IpAddr,
+    port: u16,
+    bundle: &[u8],
+    path: &str,
+    body: Vec<u8>,
+) -> Result<Answer, String> {
+    let connector = connector(bundle, &[b"h2", b"http/1.1"])?;
+    let tcp = connect_from(from, port)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
@@ -125,6 +156,14 @@ async fn post(port: u16, bundle: &[u8], path: &str, body: Vec<u8>) -> Result<Ans
         .connect(name, tcp)
         .await
         .map_err(|e| format!("TLS: {e}"))?;
+    if let Some(p) = tls
+        .get_ref()
+        .1
+        .alpn_protocol()
+        .filter(|p| *p != b"http/1.1")
+    {
+        return Err(format!("ALPN chose {}", String::from_utf8_lossy(p)));
+    }
     let cert = tls
         .get_ref()
         .1
@@ -605,5 +644,397 @@ async fn the_webhook_refuses_to_start_beside_knative_serving() {
             .contains("Knative Serving is installed (Deployment knative-serving/controller)"),
         "{}",
         w.logs()
+    );
+}
+
+/// Connection seats (tests below): a TLS connection to the webhook from 127.0.0.1 asking for h2
+/// (it gets HTTP/1.1), held without a request. Its task ends when the webhook closes it.
+async fn idle_connection(
+    connector: &tokio_rustls::TlsConnector,
+    port: u16,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    use tokio::io::AsyncReadExt;
+    let tcp = connect_from(LOCAL, port)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "the webhook speaks HTTP/1.1 only"
+    );
+    Ok(tokio::spawn(async move {
+        let mut buf = [0u8; 512];
+        while matches!(tls.read(&mut buf).await, Ok(n) if n > 0) {}
+    }))
+}
+
+/// 300 idle connections from one address (each asking for h2) fill the seats many times over;
+/// a fresh AdmissionReview from another address (the API server) is answered all the same:
+/// each new connection took the seat of the oldest idle one, which was closed. Without the
+/// eviction the 65th connection on would be refused, the API server's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_one_address_never_keep_the_api_server_out() {
+    const SEATS: usize = 64;
+    const ATTACK: usize = 300;
+    let c = Cluster::start(json!({})).await;
+    apply_configurations(&c).await;
+    let (port, admin) = (free_port(), free_port());
+    // A handshake timeout far beyond the test: no idle connection closes by itself.
+    let _w = webhook(
+        &c,
+        "wh-a",
+        port,
+        admin,
+        &[
+            "--max-connections",
+            &SEATS.to_string(),
+            "--handshake-timeout",
+            "10m",
+        ],
+    );
+    started(&c, admin).await;
+    let bundle = ca_bundle(&c, "/defaulting").await.unwrap();
+
+    let asks_h2 = connector(&bundle, &[b"h2", b"http/1.1"]).unwrap();
+    let mut attempts = Vec::with_capacity(ATTACK);
+    for _ in 0..ATTACK {
+        attempts.push(idle_connection(&asks_h2, port).await);
+    }
+
+    // The API server's review, from another address, on a new connection.
+    let r = admit_from(&c, port, &review("Service", "CREATE", helloworld(), None)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    // Each of the 300 was let in too, a seat taken from an older one.
+    let held: Vec<_> = attempts
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| a.unwrap_or_else(|e| panic!("idle connection {i} refused: {e}")))
+        .collect();
+
+    // Every seat given away was the oldest idle one's: the first 300 - 64 + 1 connections are
+    // closed, the newest 63 still open.
+    let evicted = ATTACK - SEATS + 1;
+    until(
+        Duration::from_secs(30),
+        "the evicted connections closed",
+        || async { (held.iter().filter(|h| h.is_finished()).count() >= evicted).then_some(()) },
+    )
+    .await;
+    assert!(held[..evicted].iter().all(|h| h.is_finished()));
+    assert!(
+        held[evicted..].iter().all(|h| !h.is_finished()),
+        "a newer connection was closed before an older idle one"
+    );
+    let metrics = get_text(format!("127.0.0.1:{admin}").parse().unwrap(), "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "thaw_webhook_connections_closed_total",
+            &["reason=\"evicted\""]
+        ),
+        evicted as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "thaw_webhook_refused_total",
+            &["reason=\"connections\""]
+        ),
+        0.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "thaw_webhook_connections ", &[]) <= SEATS as f64);
+    for h in held {
+        h.abort();
+    }
+}
+
+/// Sends `review` to the validating webhook from [`API_SERVER`]'s address; the response part.
+async fn admit_from(c: &Cluster, port: u16, review: &Value) -> Value {
+    let bundle = ca_bundle(c, "/resource-validation")
+        .await
+        .expect("a caBundle");
+    let a = post_from(
+        API_SERVER,
+        port,
+        &bundle,
+        "/resource-validation",
+        serde_json::to_vec(review).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["response"]["uid"], review["request"]["uid"]);
+    a.body["response"].clone()
+}
+
+/// What became of one request whose body trickled.
+struct Trickled {
+    /// When its head was sent (before the webhook could start its body timeout).
+    head_sent: tokio::time::Instant,
+    /// When the webhook closed the connection.
+    closed: tokio::time::Instant,
+    /// The status answered before the close, if it was read.
+    status: Option<u16>,
+    /// Body bytes sent before the close.
+    sent: usize,
+}
+
+/// A request on a new connection from 127.0.0.1 whose `body` is sent a byte every 100 ms, once
+/// the webhook asked for it (`Expect: 100-continue`: hyper answers 100 when the handler reads
+/// the body, so the request is in flight). The task ends when the webhook closes the
+/// connection.
+async fn trickling_request(
+    connector: &tokio_rustls::TlsConnector,
+    port: u16,
+    body: Vec<u8>,
+) -> Result<tokio::task::JoinHandle<Trickled>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = connect_from(LOCAL, port)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let head = format!(
+        "POST /resource-validation HTTP/1.1\r\nhost: {SERVER_NAME}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\
+         expect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    let head_sent = tokio::time::Instant::now();
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("head: {e}"))?;
+    let mut interim = Vec::new();
+    let mut buf = [0u8; 512];
+    while !interim.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tls.read(&mut buf).await {
+            Ok(n) if n > 0 => interim.extend_from_slice(&buf[..n]),
+            r => return Err(format!("no 100 Continue: {r:?}")),
+        }
+    }
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&interim)
+    );
+    let (mut rd, mut wr) = tokio::io::split(tls);
+    Ok(tokio::spawn(async move {
+        let sent = std::sync::atomic::AtomicUsize::new(0);
+        let mut answer = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 512];
+            while let Ok(n) = rd.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                answer.extend_from_slice(&buf[..n]);
+            }
+        };
+        let write = async {
+            for b in &body {
+                if wr.write_all(std::slice::from_ref(b)).await.is_err() || wr.flush().await.is_err()
+                {
+                    break;
+                }
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = read => {}
+            _ = write => {}
+        }
+        let status = std::str::from_utf8(&answer)
+            .ok()
+            .and_then(|a| a.strip_prefix("HTTP/1.1 "))
+            .and_then(|a| a.get(..3))
+            .and_then(|c| c.parse().ok());
+        Trickled {
+            head_sent,
+            closed: tokio::time::Instant::now(),
+            status,
+            sent: sent.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }))
+}
+
+/// 300 connections each holding one request whose body trickles (a byte every 100 ms, far
+/// slower than the body timeout allows) are answered 408 and closed at the body timeout, never
+/// before it, while fresh reviews from the API server's address are answered throughout.
+/// Asking for h2 gets HTTP/1.1, so the answered request frees its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_whose_bodies_trickle_are_freed_at_the_body_timeout() {
+    const TRICKLING: usize = 300;
+    let body_timeout = Duration::from_secs(2);
+    let c = Cluster::start(json!({})).await;
+    apply_configurations(&c).await;
+    let (port, admin) = (free_port(), free_port());
+    // Seats for every trickling request and the fresh reviews: this test is about the body
+    // timeout, the one above about a full room.
+    let _w = webhook(
+        &c,
+        "wh-a",
+        port,
+        admin,
+        &[
+            "--max-connections",
+            "400",
+            "--request-timeout",
+            "2s",
+            "--handshake-timeout",
+            "10m",
+        ],
+    );
+    started(&c, admin).await;
+    let bundle = ca_bundle(&c, "/resource-validation").await.unwrap();
+    let fresh = review("Service", "CREATE", helloworld(), None);
+    // A review padded with whitespace: a minute and more at a byte every 100 ms.
+    let mut slow = serde_json::to_vec(&fresh).unwrap();
+    slow.resize(slow.len() + 1000, b' ');
+
+    let asks_h2 = connector(&bundle, &[b"h2", b"http/1.1"]).unwrap();
+    let mut trickling = Vec::with_capacity(TRICKLING);
+    for i in 0..TRICKLING {
+        trickling.push(
+            trickling_request(&asks_h2, port, slow.clone())
+                .await
+                .unwrap_or_else(|e| panic!("trickling request {i}: {e}")),
+        );
+    }
+    let seated = tokio::time::Instant::now();
+
+    // Fresh reviews, one after another, until every trickling connection is closed.
+    let mut answered = 0u32;
+    let mut first_answered = None;
+    while !trickling.iter().all(|h| h.is_finished()) {
+        assert!(
+            seated.elapsed() < Duration::from_secs(60),
+            "trickling connections still open after a minute"
+        );
+        let r = admit_from(&c, port, &fresh).await;
+        assert_eq!(r["allowed"], true, "{r}");
+        answered += 1;
+        first_answered.get_or_insert_with(tokio::time::Instant::now);
+    }
+    let mut ends = Vec::with_capacity(TRICKLING);
+    let mut timed_out = 0;
+    for h in trickling {
+        let t = h.await.unwrap();
+        assert!(
+            t.closed >= t.head_sent + body_timeout,
+            "a trickling request was cut before the body timeout"
+        );
+        assert!(t.sent < slow.len(), "a trickling body was sent whole");
+        if t.status == Some(408) {
+            timed_out += 1;
+        }
+        ends.push(t.closed);
+    }
+    let last_closed = ends.iter().max().copied().unwrap();
+    assert!(
+        first_answered.is_some_and(|f| f < last_closed),
+        "no fresh review answered while trickling requests were in flight"
+    );
+    println!(
+        "{TRICKLING} trickling requests cut ({timed_out} read their 408), {answered} fresh reviews answered meanwhile"
+    );
+    let metrics = get_text(format!("127.0.0.1:{admin}").parse().unwrap(), "/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "thaw_webhook_refused_total",
+            &["reason=\"timeout\""]
+        ) >= TRICKLING as f64,
+        "{metrics}"
+    );
+    // Every seat is free again.
+    until(
+        Duration::from_secs(10),
+        "no connection open on the webhook",
+        || async {
+            let m = get_text(format!("127.0.0.1:{admin}").parse().unwrap(), "/metrics").await;
+            (metric(&m, "thaw_webhook_connections ", &[]) == 0.0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The webhook speaks HTTP/1.1 only (a client offering only h2 fails the handshake), and an
+/// idle connection is closed after the handshake timeout, a new one that sends no request as
+/// well as one that carried a review (HTTP/1.1 keep-alive), and counted; never before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_handshake_timeout() {
+    let handshake_timeout = Duration::from_secs(1);
+    let c = Cluster::start(json!({})).await;
+    apply_configurations(&c).await;
+    let (port, admin) = (free_port(), free_port());
+    let _w = webhook(&c, "wh-a", port, admin, &["--handshake-timeout", "1s"]);
+    started(&c, admin).await;
+    let bundle = ca_bundle(&c, "/resource-validation").await.unwrap();
+    // A client offering only h2 gets no connection at all.
+    let h2_only = connector(&bundle, &[b"h2"]).unwrap();
+    assert!(
+        idle_connection(&h2_only, port).await.is_err(),
+        "the webhook does not speak HTTP/2"
+    );
+    let asks_h2 = connector(&bundle, &[b"h2", b"http/1.1"]).unwrap();
+
+    // No request at all.
+    let opened = tokio::time::Instant::now();
+    let silent = idle_connection(&asks_h2, port).await.unwrap();
+
+    // One review, then nothing.
+    let tcp = connect_from(API_SERVER, port).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    let tls = asks_h2.connect(name, tcp).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let kept = tokio::spawn(conn);
+    let asked = tokio::time::Instant::now();
+    let body = serde_json::to_vec(&review("Service", "CREATE", helloworld(), None)).unwrap();
+    let resp = send
+        .send_request(
+            http::Request::post("/resource-validation")
+                .header("host", SERVER_NAME)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+
+    let silent_closed = tokio::time::timeout(Duration::from_secs(30), silent)
+        .await
+        .map(|_| tokio::time::Instant::now())
+        .expect("the silent connection closed");
+    assert!(silent_closed >= opened + handshake_timeout);
+    let kept_closed = tokio::time::timeout(Duration::from_secs(30), kept)
+        .await
+        .map(|_| tokio::time::Instant::now())
+        .expect("the kept-alive connection closed");
+    assert!(kept_closed >= asked + handshake_timeout);
+    let metrics = get_text(format!("127.0.0.1:{admin}").parse().unwrap(), "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "thaw_webhook_connections_closed_total",
+            &["reason=\"idle\""]
+        ),
+        2.0,
+        "{metrics}"
     );
 }

@@ -70,17 +70,21 @@ pub struct WebhookArgs {
     /// How often the leader checks the certificates and the caBundles.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub cert_check_interval: Duration,
-    /// Most TLS connections at once (more are closed at once).
+    /// Most connections open at once. At the limit a new connection takes the place of the
+    /// oldest one with no request in flight (which is closed); it is closed at once only when
+    /// every open connection has a request in flight.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
     /// Largest AdmissionReview body accepted, in bytes (an object and its old version of up
     /// to etcd's 1.5 MiB each, and the review around them).
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_body: usize,
-    /// Time for the TLS handshake and for a request's head.
+    /// Time for the TLS handshake, and for each request's head after the connection's start or
+    /// previous response (an idle connection is closed after it).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
-    /// Time for a request's body (the API server's own timeout is the configurations'
+    /// Time for a request's body from its head on; beyond it the request is answered 408 and
+    /// its connection closed (the API server's own timeout is the configurations'
     /// `timeoutSeconds`).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: Duration,

@@ -1,7 +1,8 @@
 //! Metrics of `thaw webhook`: admission requests by webhook, kind, operation and outcome,
 //! their latency (Knative's webhook exports `request_count` and `request_latencies` with the
 //! same facts), requests refused before admission (body too large, not an AdmissionReview,
-//! connection limit), and the serving certificate: when it ends and each rotation step.
+//! every connection busy), the admission port's connections (open, and closed to seat a new
+//! one or for idling), and the serving certificate: when it ends and each rotation step.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,7 +34,17 @@ pub struct HookKindLabels {
 /// Labels of a refusal before admission.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// `body_too_large`, `bad_review`, `not_found`, `method`, `connections`, `tls`.
+    /// `body_too_large`, `timeout` (the body not in within the request timeout), `bad_review`,
+    /// `not_found`, `method`, `tls`, `connections` (a new connection while every open one has
+    /// a request in flight), `closing` (a request on a connection whose seat was just taken).
+    pub reason: &'static str,
+}
+
+/// Labels of a connection the webhook closed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ClosedLabels {
+    /// `evicted` (the oldest connection with no request in flight, its seat given to a new
+    /// one at the connection limit), `idle` (no request head within the handshake timeout).
     pub reason: &'static str,
 }
 
@@ -52,6 +63,10 @@ pub struct WebhookMetrics {
     pub durations: Family<HookKindLabels, Histogram>,
     /// `thaw_webhook_refused_total{reason}`.
     pub refused: Family<ReasonLabels, Counter>,
+    /// `thaw_webhook_connections`: connections open on the admission port.
+    pub connections: Gauge,
+    /// `thaw_webhook_connections_closed_total{reason}`.
+    pub connections_closed: Family<ClosedLabels, Counter>,
     /// `thaw_webhook_certificate_steps_total{step}`.
     pub certificate_steps: Family<StepLabels, Counter>,
     /// `thaw_webhook_certificate_expiry_timestamp_seconds`: when the served certificate ends.
@@ -73,6 +88,8 @@ impl WebhookMetrics {
             requests: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
             refused: Family::default(),
+            connections: Gauge::default(),
+            connections_closed: Family::default(),
             certificate_steps: Family::default(),
             certificate_expiry: Gauge::default(),
             leader: Gauge::default(),
@@ -95,6 +112,17 @@ impl WebhookMetrics {
             "webhook_refused",
             "Requests refused before admission, by reason",
             super::Listed(m.refused.clone()),
+        );
+        reg.register(
+            "webhook_connections",
+            "Connections open on the admission port",
+            m.connections.clone(),
+        );
+        reg.register(
+            "webhook_connections_closed",
+            "Connections the webhook closed: evicted (its seat given to a new connection at the \
+             limit) or idle (no request head within the handshake timeout)",
+            super::Listed(m.connections_closed.clone()),
         );
         reg.register(
             "webhook_certificate_steps",
@@ -139,6 +167,13 @@ impl WebhookMetrics {
     /// Counts a refusal before admission.
     pub fn refuse(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts a connection the webhook closed.
+    pub fn closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ClosedLabels { reason })
+            .inc();
     }
 
     /// Counts a certificate step.

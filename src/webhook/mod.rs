@@ -1,6 +1,6 @@
 //! `thaw webhook`'s parts: Knative's admission as pure functions ([`admit`]), the
 //! certificates as data ([`certs`]), their management against the API server ([`rotation`]),
-//! the TLS listener ([`server`]) and the check that Knative Serving is not installed beside
+//! the TLS listener ([`server`]) and its connection seats ([`seats`]), and the check that Knative Serving is not installed beside
 //! thaw ([`coexist`]). The role's wiring is [`crate::roles::webhook`].
 //!
 //! Room: admission and its certificates. May use `knative`, `controller` (the settings and
@@ -10,4 +10,5 @@ pub mod admit;
 pub mod certs;
 pub mod coexist;
 pub mod rotation;
+pub mod seats;
 pub mod server;

@@ -1,12 +1,18 @@
 //! The webhook's TLS listener: the API server POSTs `AdmissionReview`s to `/defaulting` and
-//! `/resource-validation` (Knative's paths) over HTTPS, HTTP/1.1 or HTTP/2 (ALPN).
+//! `/resource-validation` (Knative's paths) over HTTPS, HTTP/1.1 only (ALPN `http/1.1`, as
+//! knative.dev/pkg's webhook since CVE-2023-44487: one request per connection at a time, so an
+//! open connection either carries a request or is idle, and nothing keeps an idle one open).
 //!
-//! Bounded everywhere: at most `max_connections` at once (one more is closed at once and
-//! counted), the TLS handshake and the request head each within `handshake_timeout`, a body of
-//! at most `max_body` bytes (413 otherwise), 32 HTTP/2 streams per connection, and each
-//! admission within `request_timeout`. The certificate served is whatever [`CertSlot`] holds
-//! at the handshake, so a rotated certificate is served from the next connection on; before the
-//! first one is loaded every handshake fails (and `/readyz` says not ready).
+//! Bounded everywhere: at most `max_connections` open at once ([`Seats`]: at the limit a new
+//! connection takes the seat of the oldest one with no request in flight, which is closed and
+//! counted; only when every open connection has a request in flight is the new one closed at
+//! once, and counted), the TLS handshake within `handshake_timeout`, each request head within
+//! `handshake_timeout` of the connection's previous exchange (so an idle connection closes
+//! then), a body of at most `max_body` bytes (413 otherwise) received within `request_timeout`
+//! (408 and the connection closed otherwise), and each admission within `request_timeout`. The
+//! certificate served is whatever [`CertSlot`] holds at the handshake, so a rotated certificate
+//! is served from the next connection on; before the first one is loaded every handshake fails
+//! (and `/readyz` says not ready).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,20 +23,20 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::admit::{Hook, admit};
+use super::seats::{Busy, Seat, Seats, Taken};
 use crate::controller::Settings;
 use crate::telemetry::webhook::WebhookMetrics;
 
@@ -74,8 +80,9 @@ impl ResolvesServerCert for CertSlot {
     }
 }
 
-/// The TLS configuration serving `slot`'s certificate (TLS 1.2 and 1.3, ring, ALPN h2 and
-/// http/1.1).
+/// The TLS configuration serving `slot`'s certificate (TLS 1.2 and 1.3, ring, ALPN
+/// `http/1.1` only: an API server offering `h2` too speaks HTTP/1.1, a client offering only
+/// `h2` fails the handshake).
 pub fn tls_config(slot: Arc<CertSlot>) -> Result<Arc<rustls::ServerConfig>, String> {
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -84,16 +91,21 @@ pub fn tls_config(slot: Arc<CertSlot>) -> Result<Arc<rustls::ServerConfig>, Stri
     .map_err(|e| format!("TLS: {e}"))?
     .with_no_client_auth()
     .with_cert_resolver(slot);
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
 
 /// The listener's bounds.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Connections open at once ([`Seats`]).
     pub max_connections: usize,
+    /// Largest request body (413 beyond).
     pub max_body: usize,
+    /// Time for the TLS handshake, and for each request head after the connection's previous
+    /// exchange (an idle connection is closed then).
     pub handshake_timeout: Duration,
+    /// Time for a request's body, from its head on (408 and the connection closed beyond).
     pub request_timeout: Duration,
 }
 
@@ -105,7 +117,8 @@ pub struct Admitter {
     pub limits: Limits,
 }
 
-/// Serves `listener` until `stop`: TLS from `tls`, admission by `admitter`.
+/// Serves `listener` until `stop`: TLS from `tls`, admission by `admitter`. Each connection
+/// runs in its own task; on `stop` every connection is dropped.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -113,7 +126,7 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let permits = Arc::new(Semaphore::new(admitter.limits.max_connections));
+    let seats = Seats::new(admitter.limits.max_connections);
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -126,55 +139,125 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            admitter.metrics.refuse("connections");
-            drop(stream);
-            continue;
+        // The seat is taken at accept, before the handshake: a connection still shaking hands
+        // counts, and is the newest, so the last to lose its seat.
+        let seat = match seats.take() {
+            Ok((seat, Taken::Free)) => seat,
+            Ok((seat, Taken::Evicted)) => {
+                admitter.metrics.closed("evicted");
+                tracing::debug!(peer = %peer, "at the connection limit: the oldest idle connection closes for this one");
+                seat
+            }
+            Err(Busy) => {
+                admitter.metrics.refuse("connections");
+                tracing::debug!(peer = %peer, "every connection has a request in flight: refused");
+                drop(stream);
+                continue;
+            }
         };
-        let (acceptor, admitter, stop) = (acceptor.clone(), admitter.clone(), stop.clone());
         let span = tracing::debug_span!("webhook_connection", peer = %peer);
         tokio::spawn(
-            async move {
-                let _permit = permit;
-                let limits = admitter.limits;
-                let tls =
-                    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            admitter.metrics.refuse("tls");
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            admitter.metrics.refuse("tls");
-                            return;
-                        }
-                    };
-                let service = service_fn(move |req| {
-                    let admitter = admitter.clone();
-                    async move { Ok::<_, Infallible>(handle(&admitter, req).await) }
-                });
-                let mut builder =
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.handshake_timeout);
-                builder
-                    .http2()
-                    .timer(TokioTimer::new())
-                    .max_concurrent_streams(32);
-                let conn = builder.serve_connection(TokioIo::new(tls), service);
-                tokio::select! {
-                    _ = conn => {}
-                    _ = stop.cancelled() => {}
-                }
-            }
+            connection(
+                stream,
+                seat,
+                acceptor.clone(),
+                admitter.clone(),
+                stop.clone(),
+            )
             .instrument(span),
         );
     }
+}
+
+/// Counts an open connection in `thaw_webhook_connections` while it lives.
+struct Open(prometheus_client::metrics::gauge::Gauge);
+
+impl Open {
+    fn new(g: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// One connection on `seat`: the TLS handshake, then HTTP/1.1 requests until the client closes,
+/// a request head does not come in time, the seat is taken (closed at once: it has no request
+/// in flight then) or `stop`.
+async fn connection(
+    stream: TcpStream,
+    seat: Seat,
+    acceptor: tokio_rustls::TlsAcceptor,
+    admitter: Arc<Admitter>,
+    stop: CancellationToken,
+) {
+    let _open = Open::new(&admitter.metrics.connections);
+    let seat = Arc::new(seat);
+    let limits = admitter.limits;
+    let work = {
+        let seat = seat.clone();
+        async move {
+            let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    admitter.metrics.refuse("tls");
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    admitter.metrics.refuse("tls");
+                    return;
+                }
+            };
+            let metrics = admitter.metrics.clone();
+            let service = service_fn(move |req| {
+                let (admitter, seat) = (admitter.clone(), seat.clone());
+                async move {
+                    // While `_in_flight` lives the seat cannot be taken; a seat taken already
+                    // lets no request begin (the connection is being closed).
+                    let Some(_in_flight) = seat.begin() else {
+                        admitter.metrics.refuse("closing");
+                        return Ok::<_, Infallible>(closing(reply(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            Bytes::from_static(b"the webhook is closing this connection\n"),
+                            false,
+                        )));
+                    };
+                    Ok(handle(&admitter, req).await)
+                }
+            });
+            // HTTP/1.1 only; `header_read_timeout` runs from the connection's start and from
+            // each response's end, so an idle connection is closed after it.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.handshake_timeout)
+                .serve_connection(TokioIo::new(tls), service);
+            match conn.await {
+                Ok(()) => {}
+                Err(e) if e.is_timeout() => metrics.closed("idle"),
+                Err(e) => tracing::debug!(error = %e, "connection ended"),
+            }
+        }
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = seat.evicted() => tracing::debug!("closed: its seat went to a newer connection"),
+        _ = stop.cancelled() => {}
+    }
+}
+
+/// `r` with `Connection: close`: sent when the request's body was not read to its end, so the
+/// connection cannot carry another request (and a trickling body holds it no longer).
+fn closing(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    r.headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    r
 }
 
 fn reply(code: StatusCode, body: Bytes, json: bool) -> Response<Full<Bytes>> {
@@ -198,20 +281,20 @@ async fn handle(admitter: &Admitter, req: Request<Incoming>) -> Response<Full<By
         VALIDATION_PATH => Hook::Validation,
         _ => {
             m.refuse("not_found");
-            return reply(
+            return closing(reply(
                 StatusCode::NOT_FOUND,
                 Bytes::from_static(b"not found\n"),
                 false,
-            );
+            ));
         }
     };
     if req.method() != Method::POST {
         m.refuse("method");
-        return reply(
+        return closing(reply(
             StatusCode::METHOD_NOT_ALLOWED,
             Bytes::from_static(b"POST an AdmissionReview\n"),
             false,
-        );
+        ));
     }
     let limit = admitter.limits.max_body;
     let body = match tokio::time::timeout(
@@ -223,19 +306,20 @@ async fn handle(admitter: &Admitter, req: Request<Incoming>) -> Response<Full<By
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(_)) => {
             m.refuse("body_too_large");
-            return reply(
+            return closing(reply(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Bytes::from(format!("an AdmissionReview is at most {limit} bytes\n")),
                 false,
-            );
+            ));
         }
         Err(_) => {
+            // The body trickles: the request ends here and the connection with it.
             m.refuse("timeout");
-            return reply(
+            return closing(reply(
                 StatusCode::REQUEST_TIMEOUT,
                 Bytes::from_static(b"the request body did not arrive in time\n"),
                 false,
-            );
+            ));
         }
     };
     let review = match review_of(&body) {
