@@ -90,6 +90,27 @@ pub fn source(
     }
 }
 
+/// Whether `value` is one authority as a `Host` field carries it (RFC 9110 §7.2:
+/// `uri-host [ ":" port ]`), parsed as the `http` crate parses a request target's authority,
+/// and not a list (no `,`), without userinfo (no `@`), with a host and a port of digits that
+/// fits 16 bits when there is one. What the queue sidecar requires of a tagged
+/// `K-Original-Host` before the application gets it as its `Host`.
+pub fn one_authority(value: &[u8]) -> bool {
+    if value.is_empty() || value.iter().any(|b| matches!(b, b',' | b'@')) {
+        return false;
+    }
+    let Ok(authority) = http::uri::Authority::try_from(value) else {
+        return false;
+    };
+    let port_ok = match authority.as_str().rsplit_once(':') {
+        // An IPv6 literal's colons are inside its brackets.
+        Some((_, tail)) if tail.ends_with(']') => true,
+        Some((_, port)) => !port.is_empty() && port.parse::<u16>().is_ok(),
+        None => true,
+    };
+    !authority.host().is_empty() && port_ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +162,37 @@ mod tests {
             HostError::Missing,
         ] {
             assert_eq!(e.reason(), e.to_string());
+        }
+    }
+
+    #[test]
+    fn one_authority_is_a_host_and_an_optional_port() {
+        for ok in [
+            "a.example.com",
+            "A.Example.COM:8080",
+            "web.ns.svc.cluster.local",
+            "10.0.0.1:80",
+            "[2001:db8::1]",
+            "[2001:db8::1]:443",
+            "localhost",
+        ] {
+            assert!(one_authority(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "",
+            "a.com, b.com",
+            "a.com,b.com",
+            "user@a.com",
+            "a.com:port",
+            "a.com:99999",
+            "a.com:",
+            ":80",
+            "a com",
+            "a.com/path",
+            "a.com?q",
+            "[::1",
+        ] {
+            assert!(!one_authority(bad.as_bytes()), "{bad:?}");
         }
     }
 }

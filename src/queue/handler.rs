@@ -249,6 +249,25 @@ impl Sidecar {
                 own(StatusCode::BAD_REQUEST, format!("{e}\n"), grpc),
             );
         }
+        // A tagged `K-Original-Host` (an untagged one was dropped above) becomes the
+        // application's `Host`: it must be one field holding one authority.
+        if let Some(h) = &seen.original_host
+            && (seen.original_host_count > 1 || !host::one_authority(h.as_bytes()))
+        {
+            tracing::debug!(
+                count = seen.original_host_count,
+                "refused: K-Original-Host is not one authority"
+            );
+            let grpc = grpc::is_call(req.version(), fields);
+            return self.count(
+                started,
+                own(
+                    StatusCode::BAD_REQUEST,
+                    "K-Original-Host must be one authority\n",
+                    grpc,
+                ),
+            );
+        }
         let span =
             tracing::debug_span!("request", method = %req.method(), path = %req.uri().path());
         // A gRPC call's deadline and error form (an HTTP/1.x request: a version compare).
@@ -545,6 +564,8 @@ struct Seen {
     /// `K-Proxy-Request` or `K-Original-Host` came without the revision's tag.
     untagged: bool,
     original_host: Option<HeaderValue>,
+    /// How many `K-Original-Host` fields came (a tagged one must come once).
+    original_host_count: u8,
     /// Where the host the application gets comes from, or why the request is refused
     /// (`http1::host`, the activator's rule).
     host: Result<HostSource, HostError>,
@@ -566,6 +587,7 @@ impl Seen {
             proxied: false,
             untagged: false,
             original_host: None,
+            original_host_count: 0,
             host: Ok(HostSource::None),
             forwarded: false,
             x_forwarded: [None, None, None],
@@ -588,6 +610,7 @@ impl Seen {
                             proxy = proxy.or_else(|| Some(tagged(value)));
                         }
                         Known::OriginalHost => {
+                            s.original_host_count = s.original_host_count.saturating_add(1);
                             s.original_host = s.original_host.or_else(|| raw.value(value));
                         }
                         Known::Forwarded => s.forwarded = true,
@@ -614,6 +637,10 @@ impl Seen {
                         .is_some_and(|v| v.as_bytes().starts_with(b"kube-probe/"));
                 proxy = map.get(K_PROXY_REQUEST).map(|v| tagged(v.as_bytes()));
                 s.original_host = map.get(K_ORIGINAL_HOST).cloned();
+                if s.original_host.is_some() {
+                    let n = map.get_all(K_ORIGINAL_HOST).iter().count();
+                    s.original_host_count = u8::try_from(n).unwrap_or(u8::MAX);
+                }
                 s.forwarded = map.contains_key(header::FORWARDED);
                 s.x_forwarded = X_FORWARDED.map(|n| map.get(n).cloned());
                 for value in map.get_all(header::HOST) {
