@@ -31,30 +31,31 @@ pub struct LeaseSettings {
     /// (`10.1.2.3:8080`). Must be unique among the candidates and non-empty.
     pub identity: String,
     /// How long candidates wait after the last observed change of the Lease before taking it
-    /// over (default 15 s). Whole seconds (the Lease stores seconds).
+    /// over (Knative's default 60 s). Whole seconds (the Lease stores seconds).
     pub lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it gives up leading (default 10 s);
+    /// How long the leader keeps trying to renew before it gives up leading (default 40 s);
     /// less than `lease_duration`.
     pub renew_deadline: Duration,
-    /// How often the leader renews and candidates retry (default 2 s); less than
+    /// How often the leader renews and candidates retry (default 10 s); less than
     /// `renew_deadline`.
     pub retry_period: Duration,
 }
 
 impl LeaseSettings {
-    /// A Lease with client-go's default timings (15 s / 10 s / 2 s).
+    /// A Lease with Knative's default timings (60 s / 40 s / 10 s, config-leader-election's).
     pub fn new(
         namespace: impl Into<String>,
         name: impl Into<String>,
         identity: impl Into<String>,
     ) -> Self {
+        let knative = crate::config::leader_election::LeaderElectionConfig::default();
         Self {
             namespace: namespace.into(),
             name: name.into(),
             identity: identity.into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: knative.lease_duration,
+            renew_deadline: knative.renew_deadline,
+            retry_period: knative.retry_period,
         }
     }
 

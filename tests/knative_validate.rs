@@ -799,12 +799,25 @@ fn a_domain_mapping_names_a_domain_outside_the_cluster_and_a_ref_of_its_namespac
     );
     assert_eq!(
         domain_mapping(dm("localhost", json!({"ref": ok_ref}))),
-        "invalid name \"localhost\": should be a domain with at least two segments separated by \
-         dots: metadata.name"
+        "invalid name \"localhost\": name: Invalid value: \"localhost\": should be a domain \
+         with at least two segments separated by dots: metadata.name"
     );
-    assert!(
-        domain_mapping(dm("Hello.example.org", json!({"ref": ok_ref})))
-            .starts_with("invalid name \"Hello.example.org\": a lowercase RFC 1123 subdomain"),
+    assert_eq!(
+        domain_mapping(dm("Hello.example.org", json!({"ref": ok_ref}))),
+        "invalid name \"Hello.example.org\": name: Invalid value: \"Hello.example.org\": a \
+         lowercase RFC 1123 subdomain must consist of \
+         lower case alphanumeric characters, '-' or '.', and must start and end with an \
+         alphanumeric character (e.g. 'example.com', regex used for validation is \
+         '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*'): metadata.name"
+    );
+    // Knative's IsFullyQualifiedDomainName: a label too long for DNS names that label.
+    let long = "a".repeat(64);
+    assert_eq!(
+        domain_mapping(dm(&format!("{long}.example.org"), json!({"ref": ok_ref}))),
+        format!(
+            "invalid name \"{long}.example.org\": name: Invalid value: \"{long}\": must be no \
+             more than 63 characters: metadata.name"
+        )
     );
     assert_eq!(
         domain_mapping(dm(

@@ -490,8 +490,9 @@ async fn admission_over_tls_defaults_and_refuses_as_knative() {
     assert_eq!(r["allowed"], false, "{r}");
     let m = r["status"]["message"].as_str().unwrap();
     assert!(
-        m.contains("invalid name \"localhost\": should be a domain with at least two segments")
-            && m.contains("mismatched namespaces: spec.ref.namespace"),
+        m.contains(
+            "invalid name \"localhost\": name: Invalid value: \"localhost\": should be a domain"
+        ) && m.contains("mismatched namespaces: spec.ref.namespace"),
         "{m}"
     );
     let mut good = review("DomainMapping", "CREATE", dm("hello.example.org", NS), None);

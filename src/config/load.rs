@@ -139,13 +139,20 @@ pub fn check_named(cm: &ConfigMapData) -> (Result<Vec<Shown>, Problems>, Vec<Str
         super::network::CERTMANAGER_NAME => check::<super::network::CertManagerConfig>(cm),
         super::deployment::NAME => check::<DeploymentConfig>(cm),
         super::features::NAME => check::<super::FeaturesConfig>(cm),
+        super::leader_election::NAME => {
+            match super::leader_election::LeaderElectionConfig::parse_map(&cm.data) {
+                Ok(p) => (Ok(p.config.show()), p.warnings),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        }
         other => (
             Err(Problems(vec![Problem::new(
                 "metadata.name",
                 other,
                 "not a ConfigMap thaw reads (config-autoscaler, config-defaults, config-activator, \
                  config-gc, config-domain, config-network, config-istio, config-gateway, \
-                 config-certmanager, config-deployment, config-features)",
+                 config-certmanager, config-deployment, config-features, \
+                 config-leader-election)",
             )])),
             Vec::new(),
         ),

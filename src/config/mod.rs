@@ -12,6 +12,8 @@
 //!   (queue sidecar image and resources, progress deadline).
 //! - `config-features` ([`FeaturesConfig`]): Knative's feature flags opening pod-spec fields
 //!   to Service authors, and the secure pod defaults.
+//! - `config-leader-election` ([`leader_election::LeaderElectionConfig`]): Knative's Lease
+//!   timings, read when a leader-elected role starts.
 //!
 //! Per revision, `autoscaling.knative.dev/*` and `activator.thaw.dev/*` annotations override the
 //! ConfigMaps; [`AutoscalingSpec`] and [`crate::revision::RevisionSpec`] are the effective result
@@ -33,6 +35,7 @@ pub mod deployment;
 pub mod features;
 pub mod gc;
 pub mod keys;
+pub mod leader_election;
 pub mod live;
 pub mod load;
 pub mod network;

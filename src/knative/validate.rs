@@ -322,17 +322,8 @@ pub fn domain_mapping(dm: &super::DomainMapping) -> Vec<FieldError> {
     let name = meta.name.as_deref().unwrap_or("");
     let invalid =
         |why: &str| FieldError::new("metadata.name", format!("invalid name {name:?}: {why}"));
-    if name.len() > 253 {
-        e.push(invalid("must be no more than 253 characters"));
-    }
-    if !name.contains('.') {
-        e.push(invalid(
-            "should be a domain with at least two segments separated by dots",
-        ));
-    } else if !name.split('.').all(is_dns1123_label) {
-        e.push(invalid(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters,              '-' or '.', and must start and end with an alphanumeric character",
-        ));
+    if let Some(why) = fully_qualified_domain_name_error(name) {
+        e.push(invalid(&why));
     }
     if name == CLUSTER_DOMAIN || name.ends_with(&format!(".{CLUSTER_DOMAIN}")) {
         e.push(invalid(&format!(
@@ -398,6 +389,49 @@ pub fn dns1035_label_errors(s: &str) -> Vec<String> {
         );
     }
     out
+}
+
+/// Kubernetes' `validation.IsFullyQualifiedDomainName(field.NewPath("name"), s)` as its
+/// aggregate error reads (Knative puts it after `invalid name "..."`): the first of a
+/// subdomain's errors (joined by ','), fewer than two labels, then the first label that is not
+/// a DNS-1123 label; `None` for a valid (or empty: required elsewhere) name.
+fn fully_qualified_domain_name_error(s: &str) -> Option<String> {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    if s.is_empty() {
+        return None;
+    }
+    let invalid = |value: &str, why: &str| format!("name: Invalid value: {value:?}: {why}");
+    let errs = dns1123_subdomain_errors(s);
+    if !errs.is_empty() {
+        return Some(invalid(s, &errs.join(",")));
+    }
+    if s.split('.').count() < 2 {
+        return Some(invalid(
+            s,
+            "should be a domain with at least two segments separated by dots",
+        ));
+    }
+    s.split('.').find(|l| !is_dns1123_label(l)).map(|label| {
+        let mut why = Vec::new();
+        if label.len() > 63 {
+            why.push("must be no more than 63 characters");
+        }
+        let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        if !(label.starts_with(alnum)
+            && label.ends_with(alnum)
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+        {
+            why.push(
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters \
+                 or '-', and must start and end with an alphanumeric character (e.g. \
+                 'my-name',  or '123-abc', regex used for validation is \
+                 '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+            );
+        }
+        invalid(label, &why.join(","))
+    })
 }
 
 /// Whether `s` is a DNS-1123 label (a namespace name): lower-case alphanumerics and '-',

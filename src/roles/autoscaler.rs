@@ -98,13 +98,17 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
         .stats_advertise
         .clone()
         .unwrap_or_else(|| stats_addr.to_string());
-    let lease = args.lease_timings.lease(
-        "autoscaler",
-        &args.system_namespace,
-        &args.lease_name,
-        &identity,
-    )?;
     let client = super::kube_client("autoscaler").await?;
+    let lease = args
+        .lease_timings
+        .lease(
+            "autoscaler",
+            &client,
+            &args.system_namespace,
+            &args.lease_name,
+            &identity,
+        )
+        .await?;
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);

@@ -161,13 +161,17 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{}-{}", CONTROLLER_NAME, std::process::id()));
-    let lease = args.lease_timings.lease(
-        "controller",
-        &args.system_namespace,
-        &args.lease_name,
-        &identity,
-    )?;
     let client = super::kube_client("controller").await?;
+    let lease = args
+        .lease_timings
+        .lease(
+            "controller",
+            &client,
+            &args.system_namespace,
+            &args.lease_name,
+            &identity,
+        )
+        .await?;
     for w in crate::webhook::coexist::check(&client, "controller").await? {
         warn!("{w}");
     }

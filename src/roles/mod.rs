@@ -126,39 +126,76 @@ pub(crate) fn run_role(
     }
 }
 
-/// The Lease timings of a leader-elected role (`--lease-duration`, `--renew-deadline`,
-/// `--retry-period`; client-go's defaults).
+/// The Lease timings of a leader-elected role: `config-leader-election` in the system
+/// namespace (Knative's keys and defaults, 60s/40s/10s, read at start:
+/// [`crate::config::leader_election`]), each overridden by its flag when given.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LeaseTimings {
     /// How long candidates wait after the Lease's last renewal before taking it (whole
-    /// seconds).
-    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
-    pub lease_duration: std::time::Duration,
-    /// How long the leader keeps trying to renew before it stops leading.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
-    pub renew_deadline: std::time::Duration,
-    /// How often the leader renews and candidates retry.
-    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
-    pub retry_period: std::time::Duration,
+    /// seconds); overrides config-leader-election's `lease-duration`.
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    pub lease_duration: Option<std::time::Duration>,
+    /// How long the leader keeps trying to renew before it stops leading; overrides
+    /// `renew-deadline`.
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    pub renew_deadline: Option<std::time::Duration>,
+    /// How often the leader renews and candidates retry; overrides `retry-period`.
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    pub retry_period: Option<std::time::Duration>,
 }
 
 impl LeaseTimings {
-    /// The Lease `namespace/name` held as `identity` with these timings, checked; the error
-    /// names the role (`thaw autoscaler: invalid lease settings: ...`).
-    pub fn lease(
+    /// The Lease `namespace/name` held as `identity`: config-leader-election's timings read
+    /// from `namespace` through `client`, the flags given over them, checked together; the
+    /// error names the role (`thaw autoscaler: invalid lease settings: ...`). Logs the
+    /// timings in force and where each came from.
+    pub async fn lease(
         &self,
         role: &str,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+    ) -> Result<crate::leader::LeaseSettings, String> {
+        let config = crate::config::leader_election::LeaderElectionConfig::read(client, namespace)
+            .await
+            .map_err(|e| format!("thaw {role}: {e}"))?;
+        self.settle(role, &config, namespace, name, identity)
+    }
+
+    /// [`LeaseTimings::lease`] over an already read `config`.
+    pub fn settle(
+        &self,
+        role: &str,
+        config: &crate::config::leader_election::LeaderElectionConfig,
         namespace: &str,
         name: &str,
         identity: &str,
     ) -> Result<crate::leader::LeaseSettings, String> {
         let mut lease = crate::leader::LeaseSettings::new(namespace, name, identity);
-        lease.lease_duration = self.lease_duration;
-        lease.renew_deadline = self.renew_deadline;
-        lease.retry_period = self.retry_period;
+        lease.lease_duration = self.lease_duration.unwrap_or(config.lease_duration);
+        lease.renew_deadline = self.renew_deadline.unwrap_or(config.renew_deadline);
+        lease.retry_period = self.retry_period.unwrap_or(config.retry_period);
         lease
             .validate()
             .map_err(|e| format!("thaw {role}: invalid lease settings: {e}"))?;
+        let from = |flag: bool| {
+            if flag {
+                "flag"
+            } else {
+                "config-leader-election"
+            }
+        };
+        tracing::info!(
+            lease = %format!("{namespace}/{name}"),
+            lease_duration = ?lease.lease_duration,
+            lease_duration_from = from(self.lease_duration.is_some()),
+            renew_deadline = ?lease.renew_deadline,
+            renew_deadline_from = from(self.renew_deadline.is_some()),
+            retry_period = ?lease.retry_period,
+            retry_period_from = from(self.retry_period.is_some()),
+            "lease timings"
+        );
         Ok(lease)
     }
 }

@@ -132,13 +132,17 @@ async fn run(args: WebhookArgs) -> Result<(), String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{WEBHOOK_NAME}-{}", std::process::id()));
-    let lease = args.lease_timings.lease(
-        "webhook",
-        &args.system_namespace,
-        &args.lease_name,
-        &identity,
-    )?;
     let client = super::kube_client("webhook").await?;
+    let lease = args
+        .lease_timings
+        .lease(
+            "webhook",
+            &client,
+            &args.system_namespace,
+            &args.lease_name,
+            &identity,
+        )
+        .await?;
     for w in crate::webhook::coexist::check(&client, "webhook").await? {
         warn!("{w}");
     }
