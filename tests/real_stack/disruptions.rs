@@ -2,7 +2,8 @@
 //! 7): thaw's roles losing their leader, rolled, and the API server restarted, on a steady
 //! cluster and under a steady client, as thaw is installed from deploy/ (2 replicas of each
 //! role, Knative's default settings, the Lease timings deploy/ runs with: no `--lease-*` flag,
-//! so client-go's 15 s lease duration, 10 s renew deadline, 2 s retry period).
+//! so config-leader-election's, Knative's 60 s lease duration, 40 s renew deadline, 10 s retry
+//! period).
 //!
 //! What a role wrote is counted from the API server's audit log ([`audit`]), not from thaw's
 //! own counters; the requests are counted by the client ([`traffic`]) through the ingress
@@ -739,13 +740,29 @@ fn reconciles(metrics: &str) -> BTreeMap<(String, String), u64> {
     out
 }
 
-/// The Lease timings the leader-elected roles run with: the Leases' duration as stored, and
-/// any `--lease-duration`, `--renew-deadline`, `--retry-period` in their Deployments (none:
-/// thaw's defaults, client-go's).
+/// The Lease timings the leader-elected roles run with: the Leases' duration as stored,
+/// config-leader-election's keys, and any `--lease-duration`, `--renew-deadline`,
+/// `--retry-period` in their Deployments (none: the ConfigMap's, Knative's defaults where it
+/// gives none).
 async fn lease_timings(plane: &Plane) -> String {
     let leases: Api<Lease> = Api::namespaced(plane.admin.clone(), SYSTEM);
     let deployments: Api<Deployment> = Api::namespaced(plane.admin.clone(), SYSTEM);
-    let mut out = String::from("Lease timings:");
+    let config: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(plane.admin.clone(), SYSTEM);
+    let data = config
+        .get_opt("config-leader-election")
+        .await
+        .unwrap()
+        .and_then(|c| c.data)
+        .unwrap_or_default();
+    let parsed = thaw::config::leader_election::LeaderElectionConfig::parse_map(&data)
+        .expect("deploy/'s config-leader-election is valid")
+        .config;
+    let mut out = format!(
+        "Lease timings: config-leader-election {data:?}: lease-duration {:?}, renew-deadline \
+         {:?}, retry-period {:?}",
+        parsed.lease_duration, parsed.renew_deadline, parsed.retry_period
+    );
     for role in ["autoscaler", "controller"] {
         let duration = until(&format!("Lease thaw-{role}"), WITHIN, || async {
             leases
@@ -756,6 +773,11 @@ async fn lease_timings(plane: &Plane) -> String {
                 .lease_duration_seconds
         })
         .await;
+        assert_eq!(
+            u64::try_from(duration).unwrap(),
+            parsed.lease_duration.as_secs(),
+            "thaw-{role}'s Lease is not held for config-leader-election's lease-duration"
+        );
         let flags: Vec<String> = deployments
             .get(role)
             .await
@@ -771,7 +793,7 @@ async fn lease_timings(plane: &Plane) -> String {
             })
             .collect();
         let flags = if flags.is_empty() {
-            "no --lease-* flag: renew-deadline 10s, retry-period 2s (the defaults)".to_string()
+            "no --lease-* flag".to_string()
         } else {
             flags.join(" ")
         };
