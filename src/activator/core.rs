@@ -21,12 +21,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::catch_up::{CATCH_UP, CatchUpSeats};
 use super::error::ActivatorError;
 use super::headers::NextHop;
+use super::mesh_identity::is_sidecar_peer;
 use super::proxy::Upstream;
 use super::rev_state::RevisionState;
-use super::route_check::{RouteGuard, Verdict};
-use super::routing::Target;
+use super::route_check::RouteGuard;
+use super::routing::{Seen, Target};
 use super::throttler::HeldBudget;
 use crate::autoscaler::scaler::ScaleStates;
 use crate::config::ActivatorConfig;
@@ -231,8 +233,8 @@ pub struct Activator {
     pub(crate) tunnels: TaskTracker,
     pub(crate) tunnel_cancel: CancellationToken,
     /// Kubernetes: the Routes requests are checked against and the gateways believed by
-    /// default ([`Activator::guard_routes`]).
-    guard: OnceLock<RouteGuard>,
+    /// default ([`Activator::guard_routes`]), with the catch-up's seats.
+    guard: OnceLock<(RouteGuard, CatchUpSeats)>,
     /// The revisions' `K-Proxy-Request` tags, when [`Activator::use_proxy_tags`] was called.
     proxy_tags: OnceLock<Arc<Tagger>>,
 }
@@ -278,32 +280,105 @@ impl Activator {
     }
 
     /// Checks every request against `guard` from now on (`thaw activator`, see
-    /// [`super::route_check`]): a request reaches a revision only through a host of a Route
-    /// of its namespace that routes it, and `trusted-proxies`' default believes the gateways'
-    /// endpoints. Call before `serve`; a second call is ignored.
+    /// [`super::route_check`]): a gateway's choice reaches a revision only through a host of a
+    /// Route of its namespace that routes it, any other request is routed by its host's Route,
+    /// and `trusted-proxies`' default believes the gateways (by address, or by mesh identity
+    /// from the activator's own sidecar). Call before `serve`; a second call is ignored.
     pub fn guard_routes(&self, guard: RouteGuard) {
-        let _ = self.guard.set(guard);
+        let seats = CatchUpSeats::new(guard.catch_up_seats);
+        let _ = self.guard.set((guard, seats));
     }
 
-    /// What the route check says of `host` reaching `key` (always allowed without a guard:
-    /// `thaw local` and embeddings, where the catalog's host table is the routes').
-    pub(crate) fn admits(&self, host: Option<&str>, key: &RevisionKey) -> Verdict {
-        let Some(g) = self.guard.get() else {
-            return Verdict::Allowed;
+    /// Where a request for `target` with `host` goes. Without a guard (`thaw local` and
+    /// embeddings, where the catalog's host table is the routes') the catalog answers, with a
+    /// 404 naming what it did not find. With one: a named revision (a gateway's choice) only
+    /// if `host`'s Route allows it, a host by its Route's split; anything else waits for the
+    /// catch-up ([`Placed::Wait`]), whatever the reason.
+    pub(crate) fn place(
+        &self,
+        target: Target<'_>,
+        host: Option<&str>,
+    ) -> Result<Placed, ActivatorError> {
+        let Some((g, _)) = self.guard.get() else {
+            return self.resolve(target).map(Placed::Ready);
         };
-        let Some(host) = host else {
-            return Verdict::Refused;
+        let state = match target {
+            Target::Named { .. } => host.and_then(|host| {
+                self.find(target)
+                    .filter(|s| g.routes.allows(host, &s.key, || self.grace_now()))
+            }),
+            Target::Host(host) => g
+                .routes
+                .pick(
+                    host,
+                    |total| rand::random_range(0..total),
+                    |namespace, name| self.find(Target::Named { namespace, name }),
+                )
+                .flatten(),
         };
-        g.routes.check(host, key, || self.grace_now())
+        Ok(match state {
+            Some(state) => Placed::Ready(state),
+            None => Placed::Wait(Pending::of(target, host)),
+        })
     }
 
-    /// Waits (up to [`super::route_check::CATCH_UP`]) for the Route watch to allow `host`
-    /// reaching `key`: the request path's answer to [`Verdict::Unknown`].
-    pub(crate) async fn admits_after_catch_up(&self, host: &str, key: &RevisionKey) -> bool {
-        match self.guard.get() {
-            Some(g) => g.routes.catch_up(host, key, || self.grace_now()).await == Verdict::Allowed,
-            None => true,
+    /// Waits (up to [`CATCH_UP`], in one of the catch-up's seats) for `pending` to be
+    /// placed, tried again at each change of the Routes or the catalog; `None` once the period
+    /// is over, at once when every seat is taken, and without a guard
+    /// ([`super::catch_up`]).
+    pub(crate) async fn place_after_catch_up(
+        &self,
+        pending: &Pending,
+    ) -> Option<LocalArc<RevisionState>> {
+        let (g, seats) = self.guard.get()?;
+        let m = &self.deps.telemetry.activator;
+        let Some(_seat) = seats.take(&m.route_catch_up_waiting) else {
+            m.route_catch_up_full.inc();
+            return None;
+        };
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        let mut routes = g.routes.subscribe();
+        let mut catalog = self.deps.catalog.subscribe();
+        let mut watching = true;
+        loop {
+            if let Ok(Placed::Ready(state)) = self.place(pending.target(), pending.host()) {
+                return Some(state);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                r = routes.changed(), if watching => watching = r.is_ok(),
+                r = catalog.changed(), if watching => watching = r.is_ok(),
+                () = tokio::time::sleep_until(deadline) => {}
+            }
         }
+    }
+
+    /// Whether a request from `peer` with the fields `seen` comes from a gateway, whose
+    /// routing and forwarding headers are believed: `trusted-proxies`, whose default is, on
+    /// Kubernetes, a gateway endpoint's address or, from the activator's own sidecar, one
+    /// `X-Forwarded-Client-Cert` naming a gateway's identity; every peer for a
+    /// sidecar-facing activator without a guard; none in `thaw local`, where thaw is itself
+    /// the ingress.
+    pub(crate) fn is_gateway(&self, peer: std::net::IpAddr, seen: &Seen<'_>) -> bool {
+        self.deps.config.load().trusted_proxies.trusts(peer, |p| {
+            self.deps.next_hop == NextHop::Sidecar
+                && self.guard.get().is_none_or(|(g, _)| {
+                    g.gateways.contains(p)
+                        || (is_sidecar_peer(p)
+                            && seen.client_cert_count == 1
+                            && seen
+                                .client_cert
+                                .is_some_and(|v| g.identities.vouch(v.as_bytes())))
+                })
+        })
+    }
+
+    /// Whether the `X-Forwarded-Client-Cert` of a request from `peer` goes on to the
+    /// revision: only on Kubernetes, from the activator's own sidecar (which wrote it).
+    pub(crate) fn keeps_client_cert(&self, peer: std::net::IpAddr) -> bool {
+        self.guard.get().is_some() && is_sidecar_peer(peer)
     }
 
     fn grace_now(&self) -> (tokio::time::Instant, std::time::Duration) {
@@ -487,20 +562,26 @@ impl Activator {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The revision the catalog routes `target` to, if any.
+    fn find(&self, target: Target<'_>) -> Option<LocalArc<RevisionState>> {
+        if let Some(state) = self.lookup(target) {
+            return Some(state);
+        }
+        // The catalog may have changed since the table was last brought in line.
+        if *self.catalog_version.borrow() != self.table.load().version {
+            self.sync();
+            return self.lookup(target);
+        }
+        None
+    }
+
     /// The revision a request goes to, or a 404 reason.
     pub(crate) fn resolve(
         &self,
         target: Target<'_>,
     ) -> Result<LocalArc<RevisionState>, ActivatorError> {
-        if let Some(state) = self.lookup(target) {
+        if let Some(state) = self.find(target) {
             return Ok(state);
-        }
-        // The catalog may have changed since the table was last brought in line.
-        if *self.catalog_version.borrow() != self.table.load().version {
-            self.sync();
-            if let Some(state) = self.lookup(target) {
-                return Ok(state);
-            }
         }
         Err(ActivatorError::NotFound(match target {
             Target::Named { namespace, name } => format!("revision {namespace}/{name} not found"),
@@ -544,17 +625,6 @@ impl Activator {
         (known, self.used_lock().len())
     }
 
-    /// Whether `peer` is a trusted proxy (`trusted-proxies`; by default, on Kubernetes, the
-    /// ready endpoints of config-istio's gateway Services ([`Activator::guard_routes`]; every
-    /// peer for a sidecar-facing activator without a guard), and none in `thaw local`, where
-    /// thaw is itself the ingress).
-    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
-        self.deps.config.load().trusted_proxies.trusts(peer, |p| {
-            self.deps.next_hop == NextHop::Sidecar
-                && self.guard.get().is_none_or(|g| g.gateways.contains(p))
-        })
-    }
-
     /// Tags what it forwards to a queue sidecar with the revision's tag from `tagger`
     /// ([`crate::knative::proxy_tag`]); without one, `K-Proxy-Request` says `activator`, which
     /// no sidecar counts as proxied. Set once, before serving; later calls are ignored.
@@ -562,13 +632,17 @@ impl Activator {
         let _ = self.proxy_tags.set(tagger);
     }
 
-    /// The `K-Proxy-Request` value for `state`'s revision: computed once per revision and
-    /// token, cached in the state.
+    /// The `K-Proxy-Request` value for `state`'s revision: computed once per revision, UID
+    /// and key, cached in the state.
     pub(crate) fn proxy_tag(&self, state: &RevisionState) -> Option<HeaderValue> {
-        let key = &state.key;
-        self.proxy_tags
-            .get()?
-            .value(&state.proxy_tag, &key.namespace, &key.name)
+        let tagger = self.proxy_tags.get()?;
+        let (key, spec) = (&state.key, state.spec.load());
+        tagger.value(
+            &state.proxy_tag,
+            &key.namespace,
+            &key.name,
+            spec.uid.as_ref(),
+        )
     }
 
     /// Whether drain has begun (readiness fails from then on).
@@ -591,6 +665,49 @@ impl Activator {
         while rx.changed().await.is_ok() {
             rx.borrow_and_update();
             self.sync();
+        }
+    }
+}
+
+/// Where the route check puts a request ([`Activator::place`]).
+pub(crate) enum Placed {
+    /// The revision it goes to.
+    Ready(LocalArc<RevisionState>),
+    /// Nowhere yet: it waits for the catch-up ([`Activator::place_after_catch_up`]).
+    Wait(Pending),
+}
+
+/// A request's target and host, owned, for the catch-up to try again (only requests that
+/// wait pay for the copy).
+#[derive(Debug)]
+pub(crate) struct Pending {
+    host: Option<Box<str>>,
+    /// The revision a gateway named, `(namespace, name)`; else the host routes.
+    named: Option<(Box<str>, Box<str>)>,
+}
+
+impl Pending {
+    fn of(target: Target<'_>, host: Option<&str>) -> Self {
+        match target {
+            Target::Named { namespace, name } => Self {
+                host: host.map(Box::from),
+                named: Some((namespace.into(), name.into())),
+            },
+            Target::Host(h) => Self {
+                host: Some(h.into()),
+                named: None,
+            },
+        }
+    }
+
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    fn target(&self) -> Target<'_> {
+        match &self.named {
+            Some((namespace, name)) => Target::Named { namespace, name },
+            None => Target::Host(self.host.as_deref().unwrap_or_default()),
         }
     }
 }

@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
-use super::core::Activator;
+use super::core::{Activator, Placed};
 use super::headers::{check_limits, is_upgrade};
 use super::pipeline::{self, EarlyHold, HoldTerms};
 use super::routing;
@@ -105,14 +105,16 @@ fn cold_target(
     {
         return None;
     }
-    let trusted = !seen.asks_for_trust() || stream.peer_addr().is_ok_and(|p| act.trusts(p.ip()));
+    let trusted = !seen.asks_for_trust()
+        || stream
+            .peer_addr()
+            .is_ok_and(|p| act.is_gateway(p.ip(), &seen));
     let target = routing::target(&seen, &head.uri, head.version, trusted).ok()?;
-    let state = act.resolve(target).ok()?;
-    // Only what the route check allows now is held early; the rest is left to the pipeline.
+    // Only what the route check places now is held early; the rest is left to the pipeline.
     let host = routing::request_host(&seen, &head.uri);
-    if act.admits(host, &state.key) != super::route_check::Verdict::Allowed {
+    let Ok(Placed::Ready(state)) = act.place(target, host) else {
         return None;
-    }
+    };
     let cold = state.throttler.is_cold();
     cold.then_some(state)
 }

@@ -36,12 +36,16 @@ pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-ho
 pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 /// The client's address, as a proxy saw it.
 pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// The mesh identity of the peer, as an Envoy sidecar saw its certificate
+/// (`super::mesh_identity`): kept only when the activator's own sidecar wrote it.
+pub const X_FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 /// `cold-start;dur=<ms>` (or `queue;dur=<ms>`) on held requests' responses.
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// Request headers [`upstream_additions`] removes or reads, looked for in one pass. The first
 /// six are always removed when present, `X-Forwarded-For` when the client's address is
-/// appended (it comes back extended), and `X-Forwarded-Proto` is only read.
-const ROUTING: [HeaderName; 8] = [
+/// appended (it comes back extended), `X-Forwarded-Proto` is only read, and
+/// `X-Forwarded-Client-Cert` is removed unless the activator's own sidecar wrote it.
+const ROUTING: [HeaderName; 9] = [
     KNATIVE_SERVING_NAMESPACE,
     KNATIVE_SERVING_REVISION,
     K_NETWORK_HASH,
@@ -50,8 +54,10 @@ const ROUTING: [HeaderName; 8] = [
     K_ORIGINAL_HOST,
     X_FORWARDED_FOR,
     X_FORWARDED_PROTO,
+    X_FORWARDED_CLIENT_CERT,
 ];
 const XFF_BIT: u32 = 1 << 6;
+const XFCC_BIT: u32 = 1 << 8;
 /// What a proxy says about the client, believed only from a trusted peer.
 const UNTRUSTED_FORWARDING: [HeaderName; 4] =
     [X_FORWARDED_PROTO, X_FORWARDED_HOST, FORWARDED, X_REAL_IP];
@@ -88,6 +94,8 @@ pub type Additions = Vec<(HeaderName, HeaderValue)>;
 /// `X-Request-Id` pass as they are (the caller ensures an id exists). From a peer that is not
 /// `trusted`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded` and `X-Real-IP` are dropped
 /// and `X-Forwarded-Proto: http` added (the caller passes `true` when none of them came).
+/// `X-Forwarded-Client-Cert` goes on only with `keep_client_cert` (the activator's own
+/// sidecar wrote it); any other is removed.
 pub fn upstream_additions(
     headers: &mut HeaderMap,
     next_hop: NextHop,
@@ -95,9 +103,13 @@ pub fn upstream_additions(
     client: Option<IpAddr>,
     upgrade: bool,
     trusted: bool,
+    keep_client_cert: bool,
 ) -> Additions {
     strip_hop_by_hop(headers, upgrade);
     let mut found = present(headers, &ROUTING);
+    if found & XFCC_BIT != 0 && !keep_client_cert {
+        headers.remove(X_FORWARDED_CLIENT_CERT);
+    }
     if !trusted {
         for name in UNTRUSTED_FORWARDING {
             headers.remove(name);
@@ -159,6 +171,7 @@ pub fn prepare_upstream(
         client,
         upgrade,
         true,
+        false,
     );
     headers.extend(add);
 }
@@ -375,6 +388,22 @@ mod tests {
         assert_eq!(h["traceparent"], "00-abc-def-01");
         assert!(!h.contains_key(KNATIVE_SERVING_REVISION));
         assert!(!h.contains_key(KNATIVE_SERVING_NAMESPACE));
+    }
+
+    /// A client's `X-Forwarded-Client-Cert` never reaches the revision; the one the
+    /// activator's own sidecar wrote does.
+    #[test]
+    fn a_client_cert_goes_on_only_from_the_sidecar() {
+        for keep in [false, true] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                X_FORWARDED_CLIENT_CERT,
+                HeaderValue::from_static("By=spiffe://a/ns/b/sa/c;URI=spiffe://a/ns/d/sa/e"),
+            );
+            let add = upstream_additions(&mut h, NextHop::Sidecar, None, None, false, true, keep);
+            assert!(add.iter().all(|(n, _)| *n != X_FORWARDED_CLIENT_CERT));
+            assert_eq!(h.contains_key(X_FORWARDED_CLIENT_CERT), keep);
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod balancer;
 pub mod body;
+pub mod catch_up;
 pub mod cold_start;
 
 pub mod concurrency;
@@ -24,6 +25,7 @@ pub mod early;
 pub mod endpoint;
 pub mod error;
 pub mod headers;
+pub mod mesh_identity;
 pub mod pipeline;
 pub mod proxy;
 pub mod report;

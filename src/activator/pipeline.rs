@@ -4,10 +4,11 @@
 //! 1. probes (`routing::probe`): kubelet and Knative probes are answered before anything else,
 //!    so health never depends on a revision;
 //! 2. header limits (`headers::check_limits`): 431 before any work is spent on the request;
-//! 3. routing (`Activator::resolve`): 404 with a reason; then, on Kubernetes, the route check
-//!    (`route_check`: the host's Route must be of the revision's namespace and route it, else
-//!    404 without detail; a host or revision not known yet waits up to a second for the Route
-//!    watch);
+//! 3. routing (`Activator::place`): in `thaw local` the catalog, 404 with a reason; on
+//!    Kubernetes the route check (`route_check`): a gateway's choice only through a host whose
+//!    Route is of the revision's namespace and routes it, any other request by its host's
+//!    Route; what cannot be placed waits up to a second for the Route watch and the catalog
+//!    (`catch_up`), then 404 without detail, whatever the reason;
 //! 4. accounting (`Ticket`): from here the request counts as concurrency — held time included,
 //!    as the autoscaler needs — until its response body ends;
 //! 5. cold-start poke (`ColdStart`): a revision without ready endpoints pokes the scaler now;
@@ -34,13 +35,12 @@ use tracing::Instrument;
 
 use super::body::{ActivatorBody, ProxiedBody};
 use super::cold_start::PokeAction;
-use super::core::Activator;
+use super::core::{Activator, Placed};
 use super::error::{ActivatorError, plain};
 use super::headers::{self as hdr, NextHop, SERVER_TIMING, X_REQUEST_ID};
 use super::proxy::{self, AttemptLimits, Outbound};
 use super::request_fields::{Prepare, Scan};
 use super::rev_state::RevisionState;
-use super::route_check::Verdict;
 use super::routing::{self, FieldRef, Probe};
 use super::throttler::{Admission, HoldLimits, Rejection};
 use super::ticket::Ticket;
@@ -116,39 +116,26 @@ impl Handler for Activator {
                 // An early hold routed this request already: it stays with the revision it was held
                 // for, as a request held here would, even if the catalog changed meanwhile.
                 match &early {
-                    Some(e) => Ok((e.state.clone(), None)),
+                    Some(e) => Ok(Placed::Ready(e.state.clone())),
                     None => {
                         // The peer is looked up only for a request that carries something
-                        // believed from trusted peers alone.
-                        let trusted = !seen.asks_for_trust() || act.trusts(peer.ip());
+                        // believed from gateways alone.
+                        let trusted = !seen.asks_for_trust() || act.is_gateway(peer.ip(), &seen);
                         routing::target(&seen, req.uri(), req.version(), trusted)
-                            .and_then(|t| act.resolve(t))
-                            .and_then(|state| {
-                                let host = routing::request_host(&seen, req.uri());
-                                match act.admits(host, &state.key) {
-                                    Verdict::Allowed => Ok((state, None)),
-                                    Verdict::Unknown => {
-                                        // Owned only here: the Route watch may be a moment
-                                        // behind the gateways.
-                                        let host = host.map(Box::<str>::from);
-                                        Ok((state, host))
-                                    }
-                                    Verdict::Refused => Err(not_routed(act)),
-                                }
-                            })
+                            .and_then(|t| act.place(t, routing::request_host(&seen, req.uri())))
                     }
                 }
             };
             let routed = match routed {
-                Ok((state, Some(host))) => {
-                    // Boxed: a rare wait, kept out of every request future's size.
-                    if Box::pin(act.admits_after_catch_up(&host, &state.key)).await {
-                        Ok(state)
-                    } else {
-                        Err(not_routed(act))
+                Ok(Placed::Ready(state)) => Ok(state),
+                // Boxed: a rare wait, kept out of every request future's size.
+                Ok(Placed::Wait(pending)) => {
+                    let wait = async move { act.place_after_catch_up(&pending).await };
+                    match Box::pin(wait).await {
+                        Some(state) => Ok(state),
+                        None => Err(not_routed(act)),
                     }
                 }
-                Ok((state, None)) => Ok(state),
                 Err(e) => Err(e),
             };
             let state = match routed {
@@ -216,8 +203,9 @@ impl Handler for Activator {
     }
 }
 
-/// A request the route check refused: counted, and answered 404 without saying why (the
-/// revision or namespace another tenant's host was tried with is not echoed).
+/// A request the route check could not place within the catch-up: counted, and answered 404
+/// without saying why (no Route has its host, the host's Route is another namespace's or does
+/// not route the revision, or the revision does not exist all read alike: nothing is echoed).
 fn not_routed(act: &Activator) -> ActivatorError {
     act.deps.telemetry.activator.route_refused.inc();
     ActivatorError::NotFound("not found".into())
@@ -481,12 +469,16 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
                 Some(a) => HeaderValue::from_str(a.as_str()).ok(),
                 None => seen.host.and_then(FieldRef::to_value),
             };
-            let trusted = !seen.forwarding || act.trusts(peer.ip());
+            let trusted = !seen.forwarding || act.is_gateway(peer.ip(), &seen);
+            // The sidecar's mesh identity goes on to the revision; anyone else's is removed.
+            let keep_cert = seen.client_cert.is_some() && act.keeps_client_cert(peer.ip());
+            let trust = (trusted, keep_cert);
             match seen.request_id.and_then(FieldRef::to_value) {
-                Some(id) => (original_host, id, false, trusted),
-                None => (original_host, hdr::new_request_id(), true, trusted),
+                Some(id) => (original_host, id, false, trust),
+                None => (original_host, hdr::new_request_id(), true, trust),
             }
         };
+        let (trusted, keep_cert) = trusted;
         // A sidecar gets the host in `K-Original-Host`, the container as its `Host`.
         let next_hop = act.deps.next_hop;
         let (original_host, host) = match next_hop {
@@ -501,8 +493,14 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             let left = deadline.saturating_duration_since(Instant::now());
             map.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
         }
-        let mut additions =
-            headers.prepare(next_hop, original_host, Some(peer.ip()), upgrade, trusted);
+        let mut additions = headers.prepare(
+            next_hop,
+            original_host,
+            Some(peer.ip()),
+            upgrade,
+            trusted,
+            keep_cert,
+        );
         if next_hop == NextHop::Sidecar
             && let Some(tag) = act.proxy_tag(state)
         {

@@ -52,10 +52,13 @@ fn scan_raw(raw: &RawFields) -> Seen<'_> {
                 s.forwarding = true;
                 continue;
             }
+            Known::ClientCert => &mut s.client_cert,
             _ => continue,
         };
         if known == Known::Host {
             s.host_count = s.host_count.saturating_add(1);
+        } else if known == Known::ClientCert {
+            s.client_cert_count = s.client_cert_count.saturating_add(1);
         }
         slot.get_or_insert(FieldRef::Raw(raw, value));
     }
@@ -73,6 +76,7 @@ pub trait Prepare {
         client: Option<IpAddr>,
         upgrade: bool,
         trusted: bool,
+        keep_client_cert: bool,
     ) -> Additions;
 }
 
@@ -84,14 +88,27 @@ impl Prepare for ClientHeaders {
         client: Option<IpAddr>,
         upgrade: bool,
         trusted: bool,
+        keep_client_cert: bool,
     ) -> Additions {
         match self {
-            ClientHeaders::Map(map) => {
-                hdr::upstream_additions(map, next_hop, original_host, client, upgrade, trusted)
-            }
-            ClientHeaders::Raw(raw) => {
-                prepare_raw(raw, next_hop, original_host, client, upgrade, trusted)
-            }
+            ClientHeaders::Map(map) => hdr::upstream_additions(
+                map,
+                next_hop,
+                original_host,
+                client,
+                upgrade,
+                trusted,
+                keep_client_cert,
+            ),
+            ClientHeaders::Raw(raw) => prepare_raw(
+                raw,
+                next_hop,
+                original_host,
+                client,
+                upgrade,
+                trusted,
+                keep_client_cert,
+            ),
         }
     }
 }
@@ -103,6 +120,7 @@ fn prepare_raw(
     client: Option<IpAddr>,
     upgrade: bool,
     trusted: bool,
+    keep_client_cert: bool,
 ) -> Additions {
     let mut skip = raw.hop_by_hop(upgrade);
     for (i, (known, _, _)) in raw.known().enumerate() {
@@ -111,7 +129,9 @@ fn prepare_raw(
                 known,
                 Known::ForwardedProto | Known::ForwardedHost | Known::Forwarded | Known::RealIp
             );
+        let foreign_cert = !keep_client_cert && known == Known::ClientCert;
         if untrusted_forwarding
+            || foreign_cert
             || matches!(
                 known,
                 Known::ServingNamespace

@@ -85,6 +85,9 @@ const HEADS: &[&str] = &[
     "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n",
     // No Host at all, odd spacing and an obs-text value.
     "GET / HTTP/1.0\r\nAccept:text/html\r\nX-Odd:   spaced out   \r\nX-Latin: café\r\n\r\n",
+    // A mesh identity, twice (kept only from the activator's own sidecar).
+    "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-Client-Cert: By=spiffe://c/ns/a/sa/b;URI=u\r\n\
+     x-forwarded-client-cert: second\r\nX-Stays: 1\r\n\r\n",
 ];
 
 #[test]
@@ -100,6 +103,8 @@ fn raw_fields_read_like_a_map() {
         assert_eq!(bytes(m.namespace), bytes(r.namespace), "{head}");
         assert_eq!(bytes(m.revision), bytes(r.revision), "{head}");
         assert_eq!(bytes(m.request_id), bytes(r.request_id), "{head}");
+        assert_eq!(bytes(m.client_cert), bytes(r.client_cert), "{head}");
+        assert_eq!(m.client_cert_count, r.client_cert_count, "{head}");
         let to_value = |f: Option<FieldRef<'_>>| f.and_then(FieldRef::to_value);
         assert_eq!(to_value(m.host), to_value(r.host), "{head}");
         let to_str = |f: Option<FieldRef<'_>>| f.and_then(FieldRef::to_str).map(str::to_owned);
@@ -131,19 +136,21 @@ fn raw_fields_are_forwarded_like_a_map() {
             [NextHop::Sidecar, NextHop::Container]
                 .into_iter()
                 .flat_map(move |hop| {
-                    [true, false].map(move |trusted| (upgrade, client, hop, trusted))
+                    [(true, false), (false, false), (true, true)]
+                        .map(move |(trusted, cert)| (upgrade, client, hop, trusted, cert))
                 })
         })
     });
     for head in HEADS {
-        for (upgrade, client, hop, trusted) in cases.clone() {
+        for (upgrade, client, hop, trusted, cert) in cases.clone() {
             {
                 let (mut map, mut raw) = both(head);
                 let host = map.view().scan().host.and_then(FieldRef::to_value);
-                let added_map = map.prepare(hop, host.clone(), client, upgrade, trusted);
-                let added_raw = raw.prepare(hop, host, client, upgrade, trusted);
-                let what =
-                    format!("{head} upgrade={upgrade} client={client:?} {hop:?} trusted={trusted}");
+                let added_map = map.prepare(hop, host.clone(), client, upgrade, trusted, cert);
+                let added_raw = raw.prepare(hop, host, client, upgrade, trusted, cert);
+                let what = format!(
+                    "{head} upgrade={upgrade} client={client:?} {hop:?} trusted={trusted} cert={cert}"
+                );
                 // What the upstream receives: the kept fields and the additions.
                 let sent = |h: &ClientHeaders, added: &Additions| {
                     let mut lines = written(h);
@@ -169,7 +176,7 @@ fn raw_fields_are_forwarded_like_a_map() {
 fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
     let client = Some([127, 0, 0, 2].into());
     let (_, mut raw) = both(HEADS[3]);
-    raw.prepare(NextHop::Sidecar, None, client, false, true);
+    raw.prepare(NextHop::Sidecar, None, client, false, true, false);
     // `Trailer` is end to end (RFC 9110 §7.6.1 no longer lists it as hop-by-hop).
     assert_eq!(
         written(&raw),
@@ -182,6 +189,7 @@ fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
         client,
         false,
         true,
+        false,
     );
     assert_eq!(
         written(&raw),
@@ -215,20 +223,31 @@ fn forwarding_removes_hop_by_hop_and_routing_headers_and_keeps_the_rest() {
         client,
         false,
         true,
+        false,
     );
     assert_eq!(written(&raw), ["x-stays: 1"].map(String::from).to_vec());
     let names: Vec<&str> = added.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["x-forwarded-for", "x-forwarded-proto"]);
     // Every earlier X-Forwarded-For value is kept, in order.
     let (_, mut raw) = both(HEADS[7]);
-    let added = raw.prepare(NextHop::Sidecar, None, client, false, true);
+    let added = raw.prepare(NextHop::Sidecar, None, client, false, true, false);
     let xff = added.iter().find(|(n, _)| n == X_FORWARDED_FOR).unwrap();
     assert_eq!(xff.1, "10.0.0.1, 10.0.0.2, 127.0.0.2");
     assert!(added.iter().all(|(n, _)| n != X_FORWARDED_PROTO));
     // The client's spelling and order of names reach the upstream.
     let (_, mut raw) = both("GET / HTTP/1.1\r\nHost: a\r\nX-B: 1\r\nx-a: 2\r\nX-B: 3\r\n\r\n");
-    raw.prepare(NextHop::Sidecar, None, client, false, true);
+    raw.prepare(NextHop::Sidecar, None, client, false, true, false);
     let mut out = Vec::new();
     raw.write_fields(&mut out);
     assert_eq!(out, b"X-B: 1\r\nx-a: 2\r\nX-B: 3\r\n");
+    // A mesh identity goes on only when the activator's own sidecar wrote it.
+    for keep in [false, true] {
+        let (_, mut raw) = both(HEADS[13]);
+        raw.prepare(NextHop::Sidecar, None, client, false, true, keep);
+        let certs = written(&raw)
+            .iter()
+            .filter(|l| l.starts_with("x-forwarded-client-cert"))
+            .count();
+        assert_eq!(certs, if keep { 2 } else { 0 });
+    }
 }

@@ -1,24 +1,33 @@
 //! Which revisions a request may reach, and whose routing headers are believed, on Kubernetes
 //! (SECURITY.md, "Tenancy: routing, trust and the NetworkPolicy").
 //!
-//! - [`RouteBook`]: every Route's hosts and the revisions it routes. A request reaches a
-//!   revision only if its host (the `Host`, or an absolute target's authority) belongs to a
-//!   Route in the revision's namespace that routes the revision now, or stopped routing it less
-//!   than `routing-grace` ago (a deleted Route's revisions likewise), whichever peer sent it
-//!   and whatever `Knative-Serving-*` headers named. The kube side (`roles::routes`) feeds it
-//!   each Route's hosts (as the Route reconciler builds them) and `status.traffic`.
-//! - [`GatewayPeers`]: the ready endpoints of config-istio's gateway Services, the peers
-//!   `trusted-proxies`' default believes on Kubernetes.
+//! - [`RouteBook`]: every Route's hosts, the revisions it routes and each host's traffic
+//!   split. A gateway's request (its routing headers name the revision) reaches a revision
+//!   only if its host belongs to a Route in the revision's namespace that routes it now, or
+//!   stopped routing it less than `routing-grace` ago ([`RouteBook::allows`]). Any other
+//!   request is routed by its host: the host's Route draws a revision from its split, a tag's
+//!   host its tag's revision ([`RouteBook::pick`]). The kube side (`roles::routes`) feeds it
+//!   each Route's hosts per traffic group (as the Route reconciler builds them) and
+//!   `status.traffic`.
+//! - [`GatewayPeers`]: the ready endpoints of the gateway Services, the peers
+//!   `trusted-proxies`' default believes on Kubernetes; [`GatewayIdentities`] their mesh
+//!   identities, believed from the activator's own sidecar (`super::mesh_identity`).
 //!
-//! The request path reads one persistent map (host -> the route's entry: its namespace and a
-//! few revision names): a hash of the normalised host, a namespace comparison and a scan of a
-//! handful of names, no allocation and no clock reading unless the revision is in its grace.
-//! The writer keeps one record per Route and changes only that Route's hosts in the map, so a
-//! change costs O(hosts × log n) whatever the number of Routes; revisions past their grace are
-//! dropped on every change and on [`RouteBook::prune`], so the book holds what the Routes name
-//! and no more.
+//! The request path reads one persistent map (host -> its Route's entry and traffic group): a
+//! hash of the normalised host, then a namespace comparison and a scan of a handful of names,
+//! or a draw from the group's split (one random number, only for a split of two or more). No
+//! allocation, no lock, no clock reading unless the revision is in its grace. The writer keeps
+//! one record per Route and changes only that Route's hosts in the map, so a change costs
+//! O(hosts × log n) whatever the number of Routes; revisions past their grace are dropped on
+//! every change and on [`RouteBook::prune`], so the book holds what the Routes name and no
+//! more.
+//!
+//! A host claimed by two Routes (a tag's host that is another Route's default host, or one
+//! domain template that leaves the namespace out) goes to a tag's claim first, then to the
+//! Route first by namespace and name: the same answer on every activator, whatever order the
+//! Routes were seen in.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -27,65 +36,94 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use super::catch_up::{CATCH_UP, CATCH_UP_SEATS, CatchUpSeats};
+pub use super::mesh_identity::GatewayIdentities;
 use crate::revision::{PersistentMap, RevisionKey, normalize_host};
-
-/// What the book says of a request's host and revision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The host's Route, in the revision's namespace, routes it (or did, within the grace).
-    Allowed,
-    /// The host belongs to a Route of another namespace: no later change makes this right.
-    Refused,
-    /// The host is no Route's, or its Route does not route the revision: a Route written a
-    /// moment ago may still change that ([`RouteBook::catch_up`]).
-    Unknown,
-}
-
-/// How long a request whose host or revision the book does not know (yet) waits for the
-/// Route watch to catch up before its 404: the Route reconciler writes a Route's status just
-/// after its VirtualServices, so a gateway may send a new revision's first requests before
-/// the activator has seen the status that routes it.
-pub const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// One revision of a route's entry: `None` while routed, else when it stopped being routed.
 type Routed = (Box<str>, Option<Instant>);
 
-/// What the request path reads for one host: its Route's namespace and revisions.
+/// A traffic group's split: (revision, percent), percents above 0, and their sum.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Split {
+    targets: Box<[(Box<str>, u32)]>,
+    total: u32,
+}
+
+/// What the request path reads for one Route: its namespace, revisions and groups' splits.
 #[derive(Debug, PartialEq, Eq)]
 struct Entry {
     namespace: Box<str>,
     route: Box<str>,
     revisions: Box<[Routed]>,
+    groups: Box<[Split]>,
+}
+
+/// What the map holds for one host: its Route's entry and the host's traffic group.
+#[derive(Debug, Clone)]
+struct HostRef {
+    entry: Arc<Entry>,
+    group: u16,
 }
 
 /// A Route's `(namespace, name)`.
 type RouteKey = (Box<str>, Box<str>);
-/// The writer's records, by Route.
-type Records = HashMap<RouteKey, Record>;
+
+/// One Route's claim to a host: tags' claims (rank 0) before default ones (rank 1), then by
+/// Route.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Claim {
+    rank: u8,
+    route: RouteKey,
+    group: u16,
+}
 
 /// One Route as the writer keeps it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Record {
-    hosts: Vec<Box<str>>,
+    /// (host, group, rank).
+    hosts: Vec<(Box<str>, u16, u8)>,
+    groups: Box<[Split]>,
     revisions: BTreeMap<Box<str>, Option<Instant>>,
     /// The Route was deleted: the record goes once its revisions' grace has passed.
     deleted: bool,
+    /// What its hosts point at.
+    entry: Arc<Entry>,
 }
 
-/// One Route as the kube side reads it: its hosts (every group's: the default and each tag's,
-/// external and cluster-local) and the revisions its `status.traffic` names.
+/// The writer's state.
+#[derive(Debug, Default)]
+struct Writer {
+    records: HashMap<RouteKey, Record>,
+    /// Each host's claims, sorted: the first one is what the map holds.
+    claims: HashMap<Box<str>, Vec<Claim>>,
+}
+
+/// One traffic group of a Route as the kube side reads it: the default group (`tag: None`) or
+/// a tag's, its hosts (external and cluster-local) and what a request to them draws from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInput {
+    pub tag: Option<String>,
+    pub hosts: Vec<String>,
+    /// (revision, percent): the default group's targets with a percent above 0, or the tag's
+    /// revision at 100.
+    pub split: Vec<(String, u32)>,
+}
+
+/// One Route as the kube side reads it: its traffic groups, and every revision its
+/// `status.traffic` names (whatever the percent or tag).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteInput {
     pub namespace: String,
     pub name: String,
-    pub hosts: Vec<String>,
+    pub groups: Vec<GroupInput>,
     pub revisions: Vec<String>,
 }
 
-/// Every Route's hosts and routed revisions (the module doc).
+/// Every Route's hosts, routed revisions and splits (the module doc).
 pub struct RouteBook {
-    table: ArcSwap<PersistentMap<Box<str>, Arc<Entry>>>,
-    records: Mutex<Records>,
+    table: ArcSwap<PersistentMap<Box<str>, HostRef>>,
+    writer: Mutex<Writer>,
     /// Bumped at each change of the table (the catch-up waits on it).
     version: watch::Sender<u64>,
     /// The Routes have been listed once.
@@ -96,7 +134,7 @@ impl Default for RouteBook {
     fn default() -> Self {
         Self {
             table: ArcSwap::default(),
-            records: Mutex::default(),
+            writer: Mutex::default(),
             version: watch::Sender::new(0),
             synced: watch::Sender::new(false),
         }
@@ -109,91 +147,121 @@ impl RouteBook {
         Arc::new(Self::default())
     }
 
-    /// Whether `host` may reach `key`. `grace` gives the time now and `routing-grace`; it is
-    /// called only for a revision its Route no longer routes.
-    pub fn check(
+    /// Whether `host` may reach `key` (a gateway's choice): the host's Route is of `key`'s
+    /// namespace and routes it, or did within the grace. `grace` gives the time now and
+    /// `routing-grace`; it is called only for a revision its Route no longer routes.
+    pub fn allows(
         &self,
         host: &str,
         key: &RevisionKey,
         grace: impl FnOnce() -> (Instant, Duration),
-    ) -> Verdict {
+    ) -> bool {
         let host = normalize_host(host);
         let table = self.table.load();
-        let Some(entry) = table.get(&*host) else {
-            return Verdict::Unknown;
+        let Some(h) = table.get(&*host) else {
+            return false;
         };
-        if *entry.namespace != *key.namespace {
-            return Verdict::Refused;
+        if *h.entry.namespace != *key.namespace {
+            return false;
         }
-        match entry.revisions.iter().find(|(n, _)| **n == *key.name) {
-            Some((_, None)) => Verdict::Allowed,
+        match h.entry.revisions.iter().find(|(n, _)| **n == *key.name) {
+            Some((_, None)) => true,
             Some((_, Some(unrouted_at))) => {
                 let (now, grace) = grace();
-                if now < *unrouted_at + grace {
-                    Verdict::Allowed
-                } else {
-                    Verdict::Unknown
-                }
+                now < *unrouted_at + grace
             }
-            None => Verdict::Unknown,
+            None => false,
         }
     }
 
-    /// Waits up to [`CATCH_UP`] for the book to say [`Verdict::Allowed`] for `host` and
-    /// `key` (each change re-checked); the last verdict.
-    pub async fn catch_up(
+    /// Routes by `host` alone: its Route's namespace and the revision its traffic group draws
+    /// (`roll(total)` must give a number below `total`; called only for a split of two or
+    /// more), handed to `f`. `None` when no Route has the host or its group routes nothing.
+    pub fn pick<R>(
         &self,
         host: &str,
-        key: &RevisionKey,
-        grace: impl Fn() -> (Instant, Duration),
-    ) -> Verdict {
-        let mut rx = self.version.subscribe();
-        let deadline = Instant::now() + CATCH_UP;
-        loop {
-            let v = self.check(host, key, &grace);
-            if v != Verdict::Unknown {
-                return v;
+        roll: impl FnOnce(u32) -> u32,
+        f: impl FnOnce(&str, &str) -> R,
+    ) -> Option<R> {
+        let host = normalize_host(host);
+        let table = self.table.load();
+        let h = table.get(&*host)?;
+        let split = h.entry.groups.get(usize::from(h.group))?;
+        let name = match &*split.targets {
+            [] => return None,
+            [(only, _)] => only,
+            targets => {
+                let at = roll(split.total);
+                let mut upto = 0;
+                targets
+                    .iter()
+                    .find(|(_, percent)| {
+                        upto += percent;
+                        at < upto
+                    })
+                    .or(targets.last())
+                    .map(|(n, _)| n)?
             }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                _ => return self.check(host, key, &grace),
-            }
-        }
+        };
+        Some(f(&h.entry.namespace, name))
     }
 
-    /// Sets one Route (its hosts and routed revisions); revisions it routed before and not
-    /// now start their grace at `now`.
+    /// Changes each time the table does (the catch-up waits on it).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Sets one Route; revisions it routed before and not now start their grace at `now`.
     pub fn set(&self, route: RouteInput, now: Instant, grace: Duration) {
-        let mut records = self.lock();
-        let key = (Box::from(route.namespace), Box::from(route.name));
-        let old = records.remove(&key).unwrap_or_default();
-        let mut revisions = old.revisions;
-        for (_, since) in revisions.iter_mut() {
+        let mut w = self.lock();
+        let key: RouteKey = (route.namespace.into(), route.name.into());
+        let old = w.records.remove(&key);
+        let old_hosts = old.as_ref().map(|r| r.hosts.clone()).unwrap_or_default();
+        let mut revisions = old.map(|r| r.revisions).unwrap_or_default();
+        for since in revisions.values_mut() {
             since.get_or_insert(now);
         }
         for r in route.revisions {
             revisions.insert(r.into(), None);
         }
-        let mut hosts: Vec<Box<str>> = route
-            .hosts
-            .iter()
-            .map(|h| Box::from(h.to_ascii_lowercase()))
-            .collect();
-        hosts.sort();
-        hosts.dedup();
+        let mut hosts = Vec::new();
+        let mut groups = Vec::new();
+        for (i, g) in route.groups.into_iter().enumerate() {
+            let Ok(group) = u16::try_from(i) else {
+                break;
+            };
+            let rank = u8::from(g.tag.is_none());
+            for h in g.hosts {
+                hosts.push((Box::from(h.to_ascii_lowercase()), group, rank));
+            }
+            let targets: Box<[(Box<str>, u32)]> = g
+                .split
+                .into_iter()
+                .filter(|(_, p)| *p > 0)
+                .map(|(n, p)| (n.into(), p))
+                .collect();
+            let total = targets.iter().map(|(_, p)| *p).sum();
+            groups.push(Split { targets, total });
+        }
+        // A host in two of the Route's groups keeps its tag's claim.
+        hosts.sort_by(|a, b| (&a.0, a.2, a.1).cmp(&(&b.0, b.2, b.1)));
+        hosts.dedup_by(|a, b| a.0 == b.0);
         let record = Record {
             hosts,
+            groups: groups.into(),
             revisions,
             deleted: false,
+            entry: Arc::new(Entry::placeholder()),
         };
-        self.publish(&mut records, key, Some(old.hosts), record, now, grace);
+        self.publish(&mut w, key, &old_hosts, record, now, grace);
     }
 
-    /// A Route was deleted: its revisions start their grace at `now` (the record goes after).
+    /// A Route was deleted: its revisions start their grace at `now` (the record goes after);
+    /// its hosts keep their last split for that long.
     pub fn delete(&self, namespace: &str, name: &str, now: Instant, grace: Duration) {
-        let mut records = self.lock();
-        let key = (Box::from(namespace), Box::from(name));
-        let Some(mut record) = records.remove(&key) else {
+        let mut w = self.lock();
+        let key: RouteKey = (namespace.into(), name.into());
+        let Some(mut record) = w.records.remove(&key) else {
             return;
         };
         for since in record.revisions.values_mut() {
@@ -201,20 +269,21 @@ impl RouteBook {
         }
         record.deleted = true;
         let hosts = record.hosts.clone();
-        self.publish(&mut records, key, Some(hosts), record, now, grace);
+        self.publish(&mut w, key, &hosts, record, now, grace);
     }
 
     /// After a full list: every Route in `routes` is set, every other one deleted, and the
     /// book counts as synced.
     pub fn replace_all(&self, routes: Vec<RouteInput>, now: Instant, grace: Duration) {
-        let listed: std::collections::HashSet<(String, String)> = routes
+        let listed: HashSet<(&str, &str)> = routes
             .iter()
-            .map(|r| (r.namespace.clone(), r.name.clone()))
+            .map(|r| (r.namespace.as_str(), r.name.as_str()))
             .collect();
         let gone: Vec<RouteKey> = self
             .lock()
+            .records
             .keys()
-            .filter(|(ns, n)| !listed.contains(&(ns.to_string(), n.to_string())))
+            .filter(|(ns, n)| !listed.contains(&(&**ns, &**n)))
             .cloned()
             .collect();
         for (ns, n) in gone {
@@ -228,8 +297,9 @@ impl RouteBook {
 
     /// Drops the revisions whose grace has passed (and deleted Routes left with none).
     pub fn prune(&self, now: Instant, grace: Duration) {
-        let mut records = self.lock();
-        let expired: Vec<RouteKey> = records
+        let mut w = self.lock();
+        let expired: Vec<RouteKey> = w
+            .records
             .iter()
             .filter(|(_, r)| {
                 r.revisions
@@ -239,9 +309,9 @@ impl RouteBook {
             .map(|(k, _)| k.clone())
             .collect();
         for key in expired {
-            if let Some(record) = records.remove(&key) {
+            if let Some(record) = w.records.remove(&key) {
                 let hosts = record.hosts.clone();
-                self.publish(&mut records, key, Some(hosts), record, now, grace);
+                self.publish(&mut w, key, &hosts, record, now, grace);
             }
         }
     }
@@ -254,7 +324,7 @@ impl RouteBook {
 
     /// How many Routes the book holds (deleted ones in their grace included).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().records.len()
     }
 
     /// Whether the book holds no Route.
@@ -262,18 +332,18 @@ impl RouteBook {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, Records> {
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stores `record` under `key` (pruned of expired revisions; dropped when deleted and
-    /// empty) and points its hosts at its new entry, removing the `old_hosts` it no longer
-    /// has (and only where they still point at this Route).
+    /// empty), moves its claims from `old_hosts` to its hosts, and points every host whose
+    /// claims changed at its first claim's entry.
     fn publish(
         &self,
-        records: &mut Records,
+        w: &mut Writer,
         key: RouteKey,
-        old_hosts: Option<Vec<Box<str>>>,
+        old_hosts: &[(Box<str>, u16, u8)],
         mut record: Record,
         now: Instant,
         grace: Duration,
@@ -282,15 +352,26 @@ impl RouteBook {
             .revisions
             .retain(|_, since| since.is_none_or(|s| now < s + grace));
         let keep = !(record.deleted && record.revisions.is_empty());
-        let mut table = PersistentMap::clone(&self.table.load());
-        let ours = |e: &Arc<Entry>| e.namespace == key.0 && e.route == key.1;
-        for h in old_hosts.iter().flatten() {
-            if (!keep || !record.hosts.contains(h)) && table.get(h).is_some_and(ours) {
-                table.remove(h);
+        for (h, _, _) in old_hosts {
+            if let Some(claims) = w.claims.get_mut(h) {
+                claims.retain(|c| c.route != key);
+                if claims.is_empty() {
+                    w.claims.remove(h);
+                }
             }
         }
         if keep {
-            let entry = Arc::new(Entry {
+            for (h, group, rank) in &record.hosts {
+                let claims = w.claims.entry(h.clone()).or_default();
+                let claim = Claim {
+                    rank: *rank,
+                    route: key.clone(),
+                    group: *group,
+                };
+                let at = claims.partition_point(|c| *c < claim);
+                claims.insert(at, claim);
+            }
+            record.entry = Arc::new(Entry {
                 namespace: key.0.clone(),
                 route: key.1.clone(),
                 revisions: record
@@ -298,18 +379,53 @@ impl RouteBook {
                     .iter()
                     .map(|(n, s)| (n.clone(), *s))
                     .collect(),
+                groups: record.groups.clone(),
             });
-            for h in &record.hosts {
-                table.insert(h.clone(), entry.clone());
+        }
+        let hosts = if keep {
+            record.hosts.clone()
+        } else {
+            Vec::new()
+        };
+        if keep {
+            w.records.insert(key, record);
+        }
+        let mut table = PersistentMap::clone(&self.table.load());
+        for (h, _, _) in old_hosts.iter().chain(&hosts) {
+            let first = w.claims.get(h).and_then(|c| c.first());
+            match first.and_then(|c| Some((w.records.get(&c.route)?, c.group))) {
+                Some((r, group)) => {
+                    table.insert(
+                        h.clone(),
+                        HostRef {
+                            entry: r.entry.clone(),
+                            group,
+                        },
+                    );
+                }
+                None => {
+                    table.remove(h);
+                }
             }
-            records.insert(key, record);
         }
         self.table.store(Arc::new(table));
         self.version.send_modify(|v| *v += 1);
     }
 }
 
-/// The ready endpoints of config-istio's gateway Services: the peers believed by default.
+impl Entry {
+    /// Stands in until [`RouteBook::publish`] builds the record's entry.
+    fn placeholder() -> Self {
+        Self {
+            namespace: Box::default(),
+            route: Box::default(),
+            revisions: Box::default(),
+            groups: Box::default(),
+        }
+    }
+}
+
+/// The ready endpoints of the gateway Services: the peers believed by default.
 #[derive(Default)]
 pub struct GatewayPeers {
     /// Sorted, canonical (an IPv4-mapped IPv6 address as IPv4).
@@ -338,162 +454,42 @@ impl GatewayPeers {
             .binary_search(&peer.to_canonical())
             .is_ok()
     }
+
+    /// The endpoints now.
+    pub fn list(&self) -> Vec<IpAddr> {
+        self.addrs.load().to_vec()
+    }
 }
 
 /// What a Kubernetes activator checks requests against ([`crate::activator::Activator::guard_routes`]).
 pub struct RouteGuard {
     pub routes: Arc<RouteBook>,
+    /// The gateways' addresses (`trusted-proxies`' default).
     pub gateways: Arc<GatewayPeers>,
+    /// The gateways' mesh identities, believed from the activator's own sidecar.
+    pub identities: Arc<GatewayIdentities>,
+    /// At most this many requests wait in the catch-up at once.
+    pub catch_up_seats: u32,
+}
+
+impl RouteGuard {
+    /// An empty book and no gateway known, with the default catch-up seats.
+    pub fn new() -> Self {
+        Self {
+            routes: RouteBook::new(),
+            gateways: GatewayPeers::new(),
+            identities: GatewayIdentities::new(),
+            catch_up_seats: CATCH_UP_SEATS,
+        }
+    }
+}
+
+impl Default for RouteGuard {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn route(ns: &str, name: &str, hosts: &[&str], revs: &[&str]) -> RouteInput {
-        RouteInput {
-            namespace: ns.into(),
-            name: name.into(),
-            hosts: hosts.iter().map(|h| h.to_string()).collect(),
-            revisions: revs.iter().map(|r| r.to_string()).collect(),
-        }
-    }
-
-    const GRACE: Duration = Duration::from_secs(60);
-
-    #[test]
-    fn a_host_reaches_only_its_routes_revisions_in_its_namespace() {
-        let book = RouteBook::default();
-        let t0 = Instant::now();
-        book.set(
-            route(
-                "team-a",
-                "web",
-                &["web.team-a.example.com", "web.team-a"],
-                &["web-1"],
-            ),
-            t0,
-            GRACE,
-        );
-        book.set(
-            route("team-b", "db", &["db.team-b.example.com"], &["db-1"]),
-            t0,
-            GRACE,
-        );
-        let at = || (t0, GRACE);
-        let a = RevisionKey::new("team-a", "web-1");
-        let b = RevisionKey::new("team-b", "db-1");
-        assert_eq!(
-            book.check("web.team-a.example.com", &a, at),
-            Verdict::Allowed
-        );
-        assert_eq!(
-            book.check("WEB.team-a.example.com:80", &a, at),
-            Verdict::Allowed
-        );
-        assert_eq!(book.check("web.team-a", &a, at), Verdict::Allowed);
-        assert_eq!(
-            book.check("web.team-a.example.com", &b, at),
-            Verdict::Refused
-        );
-        assert_eq!(
-            book.check(
-                "web.team-a.example.com",
-                &RevisionKey::new("team-a", "other"),
-                at
-            ),
-            Verdict::Unknown
-        );
-        assert_eq!(book.check("nobody.example.com", &a, at), Verdict::Unknown);
-    }
-
-    #[test]
-    fn an_unrouted_revision_is_served_within_the_grace_then_dropped() {
-        let book = RouteBook::default();
-        let t0 = Instant::now();
-        book.set(route("ns", "r", &["r.ns"], &["r-1"]), t0, GRACE);
-        book.set(route("ns", "r", &["r.ns"], &["r-2"]), t0, GRACE);
-        let old = RevisionKey::new("ns", "r-1");
-        let within = t0 + GRACE - Duration::from_millis(1);
-        assert_eq!(
-            book.check("r.ns", &old, || (within, GRACE)),
-            Verdict::Allowed
-        );
-        assert_eq!(
-            book.check("r.ns", &old, || (t0 + GRACE, GRACE)),
-            Verdict::Unknown
-        );
-        // The grace is read at each request: a shorter one applies at once.
-        assert_eq!(
-            book.check("r.ns", &old, || (
-                t0 + Duration::from_secs(2),
-                Duration::from_secs(1)
-            )),
-            Verdict::Unknown
-        );
-        book.prune(t0 + GRACE, GRACE);
-        let table = book.table.load();
-        assert_eq!(
-            &*table.get("r.ns").unwrap().revisions,
-            &[("r-2".into(), None)]
-        );
-        // A deleted route keeps its revisions for the grace, then leaves the book.
-        book.delete("ns", "r", t0 + GRACE, GRACE);
-        let new = RevisionKey::new("ns", "r-2");
-        assert_eq!(
-            book.check("r.ns", &new, || (t0 + GRACE, GRACE)),
-            Verdict::Allowed
-        );
-        book.prune(t0 + GRACE * 2, GRACE);
-        assert!(book.is_empty());
-        assert!(book.table.load().is_empty());
-    }
-
-    #[test]
-    fn a_relist_deletes_what_it_no_longer_lists_and_hosts_follow_their_route() {
-        let book = RouteBook::default();
-        let t0 = Instant::now();
-        book.set(route("ns", "a", &["a.ns", "old.ns"], &["a-1"]), t0, GRACE);
-        book.set(route("ns", "b", &["b.ns"], &["b-1"]), t0, GRACE);
-        book.replace_all(vec![route("ns", "a", &["a.ns"], &["a-1"])], t0, GRACE);
-        let table = book.table.load();
-        assert!(table.get("old.ns").is_none(), "a host the route dropped");
-        assert!(table.get("b.ns").is_some(), "a deleted route in its grace");
-        drop(table);
-        book.prune(t0 + GRACE, GRACE);
-        assert!(book.table.load().get("b.ns").is_none());
-        assert_eq!(book.len(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn catch_up_sees_a_route_written_a_moment_later() {
-        let book = Arc::new(RouteBook::default());
-        let key = RevisionKey::new("ns", "r-2");
-        let writer = book.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            writer.set(route("ns", "r", &["r.ns"], &["r-2"]), Instant::now(), GRACE);
-        });
-        let v = book
-            .catch_up("r.ns", &key, || (Instant::now(), GRACE))
-            .await;
-        assert_eq!(v, Verdict::Allowed);
-        let started = Instant::now();
-        let v = book
-            .catch_up("r.ns", &RevisionKey::new("ns", "nope"), || {
-                (Instant::now(), GRACE)
-            })
-            .await;
-        assert_eq!((v, started.elapsed()), (Verdict::Unknown, CATCH_UP));
-    }
-
-    #[test]
-    fn gateway_peers_are_matched_canonically() {
-        let g = GatewayPeers::default();
-        assert!(!g.contains("10.0.0.1".parse().unwrap()));
-        g.set(["10.0.0.2".parse().unwrap(), "10.0.0.1".parse().unwrap()]);
-        assert!(g.contains("10.0.0.1".parse().unwrap()));
-        assert!(g.contains("::ffff:10.0.0.2".parse().unwrap()));
-        assert!(!g.contains("10.0.0.3".parse().unwrap()));
-    }
-}
+#[path = "route_check_tests.rs"]
+mod tests;

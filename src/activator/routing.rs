@@ -8,7 +8,8 @@ use http::{Uri, Version};
 use super::error::ActivatorError;
 use super::headers::{
     FORWARDED, K_KUBELET_PROBE, K_NETWORK_HASH, K_NETWORK_PROBE, KNATIVE_SERVING_NAMESPACE,
-    KNATIVE_SERVING_REVISION, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP, X_REQUEST_ID,
+    KNATIVE_SERVING_REVISION, X_FORWARDED_CLIENT_CERT, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+    X_REAL_IP, X_REQUEST_ID,
 };
 use crate::http1::fields::RawFields;
 use crate::http1::host::{self, HostFields};
@@ -27,8 +28,13 @@ pub struct Seen<'a> {
     pub namespace: Option<FieldRef<'a>>,
     pub revision: Option<FieldRef<'a>>,
     pub request_id: Option<FieldRef<'a>>,
+    /// `X-Forwarded-Client-Cert`: believed only from the activator's own sidecar, and only
+    /// when it came once (`super::mesh_identity`).
+    pub client_cert: Option<FieldRef<'a>>,
     /// How many `Host` fields (two or more is ambiguous: 400).
     pub host_count: u8,
+    /// How many `X-Forwarded-Client-Cert` fields.
+    pub client_cert_count: u8,
     /// Whether any of `X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`, `X-Real-IP` came:
     /// only then does the peer's trust matter to the header hygiene.
     pub forwarding: bool,
@@ -101,6 +107,9 @@ impl<'a> Seen<'a> {
                 &mut s.network_probe
             } else if name == K_NETWORK_HASH {
                 &mut s.network_hash
+            } else if name == X_FORWARDED_CLIENT_CERT {
+                s.client_cert_count = s.client_cert_count.saturating_add(1);
+                &mut s.client_cert
             } else {
                 s.kubelet_probe |= name == K_KUBELET_PROBE;
                 s.forwarding |= name == X_FORWARDED_PROTO

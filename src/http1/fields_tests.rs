@@ -14,6 +14,7 @@ fn known_names_in_any_case() {
         (b"x-forwarded-HOST", Known::ForwardedHost),
         (b"Forwarded", Known::Forwarded),
         (b"X-Real-IP", Known::RealIp),
+        (b"X-Forwarded-Client-Cert", Known::ClientCert),
         (b"hosts", Known::Other),
         (b"hos", Known::Other),
         (b"x-forwarded-fox", Known::Other),

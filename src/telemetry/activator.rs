@@ -151,10 +151,17 @@ pub struct ActivatorMetrics {
     /// for `request-body-idle-timeout` (answered 408, or the connection closed once the
     /// response had started).
     pub request_body_timeouts: Counter,
-    /// `thaw_activator_route_refused_total`: requests the route check refused (their host's
-    /// Route is another namespace's or does not route the revision; also counted as
+    /// `thaw_activator_route_refused_total`: requests the route check could not place within
+    /// the catch-up (no Route has their host, its Route is another namespace's or does not
+    /// route the revision, the revision does not exist; also counted as
     /// `unmatched{reason="not_found"}`).
     pub route_refused: Counter,
+    /// `thaw_activator_route_catch_up_waiting`: requests waiting now for the Route watch or
+    /// the catalog to place them, before their 404 (at most the catch-up's seats).
+    pub route_catch_up_waiting: Gauge,
+    /// `thaw_activator_route_catch_up_full_total`: requests answered 404 at once because every
+    /// catch-up seat was taken.
+    pub route_catch_up_full: Counter,
     /// `thaw_activator_starting_pod_probes_total`: probes sent to pods not ready yet
     /// (`pod-probe-budget`).
     pub starting_pod_probes: Counter,
@@ -186,6 +193,8 @@ impl ActivatorMetrics {
             stats_dropped: Counter::default(),
             request_body_timeouts: Counter::default(),
             route_refused: Counter::default(),
+            route_catch_up_waiting: Gauge::default(),
+            route_catch_up_full: Counter::default(),
             starting_pod_probes: Counter::default(),
             early_ready_pods: Counter::default(),
         };
@@ -282,8 +291,18 @@ impl ActivatorMetrics {
         );
         r.register(
             "activator_route_refused",
-            "Requests refused because their host's Route does not route the revision they name",
+            "Requests answered 404 because the route check could not place them within the catch-up",
             m.route_refused.clone(),
+        );
+        r.register(
+            "activator_route_catch_up_waiting",
+            "Requests waiting for the Route watch or the catalog to place them, before their 404",
+            m.route_catch_up_waiting.clone(),
+        );
+        r.register(
+            "activator_route_catch_up_full",
+            "Requests answered 404 at once because every catch-up seat was taken",
+            m.route_catch_up_full.clone(),
         );
         r.register(
             "activator_starting_pod_probes",

@@ -11,4 +11,5 @@ mod lazy;
 mod listener;
 mod metrics;
 mod proxy;
+mod tenancy;
 mod timeouts;
