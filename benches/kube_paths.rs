@@ -260,6 +260,7 @@ async fn poke_to_patch(api: &kube_support::TestApi) {
             source: "bench".into(),
             metrics: telemetry.remote.clone(),
             dropped: Default::default(),
+            revisions: Arc::new(move || n),
         },
         Default::default(),
     );

@@ -1,7 +1,13 @@
 //! The activator's side of the stats push: [`HttpStatSink`], a [`StatSink`] that never blocks
-//! the request path (a bounded channel; what does not fit is dropped and counted) and a task
+//! the request path (a bounded queue; what does not fit is dropped and counted) and a task
 //! that sends each second's records as one batch, and each poke at once, to the autoscaler
 //! leader it learns from the Lease (`holderIdentity` is the leader's stats address).
+//!
+//! The queue's bound follows the number of revisions that may report: the reporter sends one
+//! record per revision each second, all at once, and a cold revision a poke besides, so a fixed
+//! bound drops whole seconds of records once the activator knows more revisions than it holds.
+//! It holds [`SINK_SECONDS`] seconds of a record and a poke per revision the catalog knows
+//! (re-read each second), and never less than [`SINK_FLOOR`].
 //!
 //! A POST per batch over a kept-alive connection (hyper's pooled client) rather than one
 //! long-lived streaming request: docs/benchmarks.md ("Stats push") has the comparison. A 503
@@ -9,6 +15,9 @@
 //! else the batch is dropped and counted: stats are a stream of 1 s samples, and the next one
 //! supersedes it. A push refused (401) with the current token is sent again with the token it
 //! replaced, while that one is in its grace period ([`super::token`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
@@ -27,30 +36,125 @@ use super::wire::{CONTENT_TYPE, MAX_BATCH_BYTES, STATS_PATH, StatsBatch, WireSta
 use crate::stats::{StatMessage, StatSink};
 use crate::telemetry::remote::RemoteMetrics;
 
-/// Stats the sink holds before dropping: several seconds of reports for thousands of revisions.
-pub const SINK_CAPACITY: usize = 16 * 1024;
+/// The least the sink holds before dropping, however few revisions there are.
+pub const SINK_FLOOR: usize = 16 * 1024;
+/// Seconds of reports (a record and a poke per revision) the sink holds.
+pub const SINK_SECONDS: usize = 3;
+/// How often the bound is brought in line with the number of revisions.
+const RESIZE_EVERY: Duration = Duration::from_secs(1);
 /// The longest one push may take.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the sender waits for more records of the same second before sending the batch.
 const GATHER: Duration = Duration::from_millis(5);
 
+/// What the sink holds for `revisions` revisions that may report.
+pub fn capacity_for(revisions: usize) -> usize {
+    revisions.saturating_mul(2 * SINK_SECONDS).max(SINK_FLOOR)
+}
+
+/// The queue's occupancy and bound, shared by the sink's clones and the sender.
+#[derive(Debug)]
+struct Room {
+    queued: AtomicUsize,
+    capacity: AtomicUsize,
+}
+
+impl Room {
+    /// A place for one message, if the queue is below its bound.
+    fn take(&self) -> bool {
+        let cap = self.capacity.load(Ordering::Relaxed);
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < cap).then_some(q + 1)
+            })
+            .is_ok()
+    }
+
+    /// One message left the queue.
+    fn give(&self) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A [`StatSink`] that pushes to the autoscaler leader. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct HttpStatSink {
-    tx: mpsc::Sender<StatMessage>,
+    tx: mpsc::UnboundedSender<StatMessage>,
+    room: Arc<Room>,
     dropped: Counter,
 }
 
-impl StatSink for HttpStatSink {
-    fn record(&self, stat: crate::stats::Stat) {
-        if self.tx.try_send(StatMessage::Record(stat)).is_err() {
+impl HttpStatSink {
+    fn send(&self, m: StatMessage) {
+        if !self.room.take() {
+            self.dropped.inc();
+            return;
+        }
+        if self.tx.send(m).is_err() {
+            self.room.give();
             self.dropped.inc();
         }
     }
 
+    /// Messages the sink holds now, and its bound.
+    pub fn occupancy(&self) -> (usize, usize) {
+        (
+            self.room.queued.load(Ordering::Acquire),
+            self.room.capacity.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl StatSink for HttpStatSink {
+    fn record(&self, stat: crate::stats::Stat) {
+        self.send(StatMessage::Record(stat));
+    }
+
     fn poke(&self, stat: crate::stats::Stat) {
-        if self.tx.try_send(StatMessage::Poke(stat)).is_err() {
-            self.dropped.inc();
+        self.send(StatMessage::Poke(stat));
+    }
+}
+
+/// The sink and the receiving end of its queue, bounded for `revisions()` (the sender task's
+/// part; [`start`] wires both).
+fn sink(revisions: &(dyn Fn() -> usize + Send + Sync), dropped: Counter) -> (HttpStatSink, Inbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let room = Arc::new(Room {
+        queued: AtomicUsize::new(0),
+        capacity: AtomicUsize::new(capacity_for(revisions())),
+    });
+    let sink = HttpStatSink {
+        tx,
+        room: room.clone(),
+        dropped,
+    };
+    (sink, Inbox { rx, room })
+}
+
+/// The sender's end of the sink's queue: each message taken gives its place back.
+struct Inbox {
+    rx: mpsc::UnboundedReceiver<StatMessage>,
+    room: Arc<Room>,
+}
+
+impl Inbox {
+    async fn recv(&mut self) -> Option<StatMessage> {
+        let m = self.rx.recv().await;
+        if m.is_some() {
+            self.room.give();
+        }
+        m
+    }
+
+    /// Brings the bound in line with `revisions` revisions.
+    fn resize(&self, revisions: usize) {
+        let cap = capacity_for(revisions);
+        if self.room.capacity.swap(cap, Ordering::Relaxed) != cap {
+            tracing::debug!(
+                revisions,
+                capacity = cap,
+                "stats sink bound follows the revisions"
+            );
         }
     }
 }
@@ -66,27 +170,31 @@ pub struct PushSettings {
     pub metrics: RemoteMetrics,
     /// Counts stats dropped before sending (`thaw_activator_stats_dropped_total`).
     pub dropped: Counter,
+    /// How many revisions may report now (the catalog's size): the sink's bound follows it.
+    pub revisions: Arc<dyn Fn() -> usize + Send + Sync>,
 }
 
 /// Starts the sender task; returns the sink. The task ends on `stop` or when every sink clone
 /// is dropped.
 pub fn start(settings: PushSettings, stop: CancellationToken) -> HttpStatSink {
-    let (tx, rx) = mpsc::channel(SINK_CAPACITY);
-    let sink = HttpStatSink {
-        tx,
-        dropped: settings.dropped.clone(),
-    };
-    tokio::spawn(run(settings, rx, stop).instrument(tracing::info_span!("stats_push")));
+    let (sink, inbox) = sink(&*settings.revisions, settings.dropped.clone());
+    tokio::spawn(run(settings, inbox, stop).instrument(tracing::info_span!("stats_push")));
     sink
 }
 
-async fn run(settings: PushSettings, mut rx: mpsc::Receiver<StatMessage>, stop: CancellationToken) {
+async fn run(settings: PushSettings, mut rx: Inbox, stop: CancellationToken) {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .build_http();
+    let mut resize = tokio::time::interval(RESIZE_EVERY);
+    resize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let first = tokio::select! {
             _ = stop.cancelled() => return,
+            _ = resize.tick() => {
+                rx.resize((settings.revisions)());
+                continue;
+            }
             m = rx.recv() => match m { Some(m) => m, None => return },
         };
         let mut batch = Vec::new();
@@ -222,6 +330,51 @@ impl HttpStatSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::revision::RevisionKey;
+    use crate::stats::Stat;
+
+    fn stat(i: usize) -> Stat {
+        Stat {
+            revision: RevisionKey::new("ns", format!("r-{i}")),
+            source: "activator-1".into(),
+            at: 1,
+            average_concurrency: 0.0,
+            requests: 0,
+            proxied_concurrency: 0.0,
+            proxied_requests: 0,
+        }
+    }
+
+    /// A second's reports of 50,000 revisions (one record each, all at once, as the reporter
+    /// sends them) all fit, with a poke each besides; past the bound they are dropped and
+    /// counted. The bound follows the revisions when their number changes, and never goes
+    /// below the floor.
+    #[tokio::test]
+    async fn the_sink_holds_a_second_of_every_reporting_revision() {
+        let revisions = Arc::new(AtomicUsize::new(50_000));
+        let count = revisions.clone();
+        let (sink, mut inbox) = sink(&move || count.load(Ordering::Relaxed), Counter::default());
+        for i in 0..50_000 {
+            sink.record(stat(i));
+            sink.poke(stat(i));
+        }
+        assert_eq!(sink.dropped(), 0, "a second of 50,000 revisions");
+        assert_eq!(sink.occupancy(), (100_000, 300_000));
+        for i in 0..200_001 {
+            sink.record(stat(i));
+        }
+        assert_eq!(sink.dropped(), 1, "past the bound");
+        // Taking a message gives its place back.
+        assert!(inbox.recv().await.is_some());
+        sink.record(stat(0));
+        assert_eq!(sink.dropped(), 1);
+        // Fewer revisions: the floor.
+        inbox.resize(10);
+        assert_eq!(sink.occupancy().1, SINK_FLOOR);
+        revisions.store(1_000_000, Ordering::Relaxed);
+        inbox.resize((*revisions).load(Ordering::Relaxed));
+        assert_eq!(sink.occupancy().1, 6_000_000);
+    }
 
     /// A second's stats for 50,000 revisions with long names (about 11 MiB as one batch)
     /// go as several bodies, each under the receiver's limit, with every stat once.

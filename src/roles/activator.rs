@@ -9,9 +9,11 @@
 //! server is away it keeps serving warm traffic and holding cold traffic (a held request still
 //! ends by its cold-wait deadline). `/readyz` depends on neither after the first sync.
 //!
-//! Every request is checked against the Routes ([`super::routes`]): it reaches a revision
-//! only through a host of a Route of the revision's namespace that routes it (or did, within
-//! `routing-grace`), and `trusted-proxies`' default believes the gateways' endpoints alone.
+//! Every request is checked against the Routes ([`super::routes`]): a gateway's choice reaches
+//! a revision only through a host of a Route of the revision's namespace that routes it (or
+//! did, within `routing-grace`), any other request is routed by its host's Route, and
+//! `trusted-proxies`' default believes the gateways alone (their endpoints' addresses, or their
+//! mesh identity from the activator's own sidecar).
 //!
 //! The admin port answers from the start: `/healthz` at once, `/readyz` 503 saying what it
 //! waits for until the first sync is done and the stats token is known (the Secret, followed
@@ -159,6 +161,11 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
             source: name.clone(),
             metrics: telemetry.remote.clone(),
             dropped: telemetry.activator.stats_dropped.clone(),
+            // The sink's bound follows the revisions that may report: the catalog's.
+            revisions: {
+                let catalog = catalog.clone();
+                Arc::new(move || catalog.load().len())
+            },
         },
         stop.clone(),
     );
