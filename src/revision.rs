@@ -92,6 +92,9 @@ pub struct RevisionSpec {
     pub hosts: Vec<String>,
     /// Effective autoscaler settings.
     pub autoscaling: Arc<AutoscalingSpec>,
+    /// The Revision's `metadata.uid` on Kubernetes (its `K-Proxy-Request` tag covers it,
+    /// [`crate::knative::proxy_tag`]); `None` elsewhere.
+    pub uid: Option<Arc<str>>,
 }
 
 impl RevisionSpec {
@@ -108,6 +111,7 @@ impl RevisionSpec {
             initial_burst: 100,
             hosts: Vec::new(),
             autoscaling: Arc::new(AutoscalingSpec::default()),
+            uid: None,
         }
     }
 }

@@ -58,17 +58,32 @@ struct Harness {
     _api: kube_support::TestApi,
     client: kube::Client,
     ctx: Arc<Ctx>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(t) = &self.task {
+            t.abort();
+        }
     }
 }
 
 impl Harness {
     async fn start() -> Self {
+        let mut h = Self::stopped().await;
+        h.run();
+        h
+    }
+
+    /// The controller started now (after [`Harness::stopped`]).
+    fn run(&mut self) {
+        let ctx = self.ctx.clone();
+        self.task = Some(tokio::spawn(thaw::controller::revision::controller(ctx)));
+    }
+
+    /// The API server, without the controller yet.
+    async fn stopped() -> Self {
         let api = kube_support::TestApi::start().await;
         let client = api.client();
         let settings = Settings {
@@ -79,12 +94,11 @@ impl Harness {
             ..Settings::default()
         };
         let ctx = Ctx::new(client.clone(), settings);
-        let task = tokio::spawn(thaw::controller::revision::controller(ctx.clone()));
         Self {
             _api: api,
             client,
             ctx,
-            task,
+            task: None,
         }
     }
 
@@ -503,52 +517,250 @@ async fn h2c_revisions_get_the_http2_ports() {
     assert_eq!(ports(&public), [("http2".into(), 81, 8012, h2c)]);
 }
 
-/// The stats token known: each revision's sidecar gets its own proxy tag (HMAC of the token
-/// over `namespace/revision`) and never the token; a rotated token gives the revisions their
-/// new tags.
+/// The sidecar's environment in `dep`.
+fn queue_env(dep: &Deployment) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    let pod = dep.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let q = pod.containers.iter().find(|c| c.name == "queue-proxy");
+    q.unwrap().env.clone().unwrap_or_default()
+}
+
+/// The value of the sidecar's variable `name` in `dep` (`Some("")` when set without a value,
+/// `None` when absent).
+fn queue_var(dep: &Deployment, name: &str) -> Option<String> {
+    let env = queue_env(dep);
+    let e = env.iter().find(|e| e.name == name)?;
+    Some(e.value.clone().unwrap_or_default())
+}
+
+const TAG_KEY: &[u8] = b"the-proxy-tag-key-0123456789abcdef";
+const STATS_TOKEN: &[u8] = b"the-stats-token-0123456789abcdef";
+
+/// Tags written with [`TAG_KEY`], the stats token [`STATS_TOKEN`], the upgrade window open
+/// (`open`) or over.
+fn tag_keys(open: bool) -> thaw::knative::proxy_tag::Keys {
+    use thaw::knative::proxy_tag::{Key, Keys};
+    let now = thaw::controller::now().0;
+    let window = Duration::from_secs(1800);
+    Keys {
+        key: Some(Key::new(TAG_KEY)),
+        stats_token: Some(Key::new(STATS_TOKEN)),
+        legacy_until: Some(if open { now + window } else { now - window }),
+    }
+}
+
+/// Puts `tags` in force.
+fn set_tags(h: &Harness, tags: thaw::knative::proxy_tag::Keys) {
+    let mut settings = (*h.ctx.settings()).clone();
+    settings.proxy_tags = tags;
+    h.ctx.set_settings(settings);
+}
+
+/// Returns once `rev` has been reconciled from start to end after this call: its status is
+/// marked (observedGeneration 0), and the controller writes it back only from a reconcile
+/// that read the mark (an older one's write is refused, being at an older resourceVersion).
+/// The Deployment is applied before the status in each reconcile.
+async fn reconciled_after_now(h: &Harness, rev: &str) {
+    let api = h.api::<Revision>();
+    api.patch_status(
+        rev,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"observedGeneration": 0}})),
+    )
+    .await
+    .unwrap();
+    until(&format!("{rev} reconciled"), || async {
+        let r = api.get(rev).await.ok()?;
+        (r.status?.status.observed_generation != Some(0)).then_some(())
+    })
+    .await;
+}
+
+/// The tag key known: each revision's sidecar gets its own proxy tag (HMAC of the tag key over
+/// `namespace/revision/uid`) and never a key; a rotated tag key gives the revisions their new
+/// tags (the only rotation that rolls them).
 #[tokio::test]
-async fn the_sidecar_gets_its_revisions_proxy_tag_not_the_token() {
+async fn the_sidecar_gets_its_revisions_proxy_tag_not_the_key() {
     use thaw::knative::proxy_tag::{Key, tag};
     let h = Harness::start().await;
-    let token = b"the-stats-token-0123456789abcdef";
-    let mut settings = (*h.ctx.settings()).clone();
-    settings.proxy_key = Some(Key::new(token));
-    h.ctx.set_settings(settings.clone());
-    h.create_revision(helloworld("hello-00001")).await;
-    h.create_revision(helloworld("hello-00002")).await;
-    let queue_env = |dep: Deployment| {
-        let pod = dep.spec.unwrap().template.spec.unwrap();
-        let q = pod.containers.into_iter().find(|c| c.name == "queue-proxy");
-        q.unwrap().env.unwrap_or_default()
-    };
-    for rev in ["hello-00001", "hello-00002"] {
-        let dep = h.deployment(&format!("{rev}-deployment")).await;
-        let env = queue_env(dep);
-        let want = tag(token, NS, rev);
+    set_tags(&h, tag_keys(false));
+    let r1 = h.create_revision(helloworld("hello-00001")).await;
+    let r2 = h.create_revision(helloworld("hello-00002")).await;
+    for rev in [&r1, &r2] {
+        let name = rev.name_any();
+        let dep = h.deployment(&format!("{name}-deployment")).await;
+        let want = tag(TAG_KEY, NS, &name, &rev.uid().unwrap());
+        assert_eq!(queue_var(&dep, "THAW_PROXY_TAG"), Some(want), "{name}");
+        // The window is over: no previous form (the variable is there, empty).
         assert_eq!(
-            env.iter()
-                .find(|e| e.name == "THAW_PROXY_TAG")
-                .and_then(|e| e.value.as_deref()),
-            Some(want.as_str()),
-            "{rev}"
+            queue_var(&dep, "THAW_PROXY_TAG_LEGACY").as_deref(),
+            Some("")
         );
-        let text = serde_json::to_string(&env).unwrap();
-        assert!(!text.contains("the-stats-token"), "the token in {text}");
+        let text = serde_json::to_string(&queue_env(&dep)).unwrap();
+        assert!(!text.contains("proxy-tag-key"), "the key in {text}");
+        assert!(!text.contains("stats-token"), "the token in {text}");
     }
-    assert_ne!(tag(token, NS, "hello-00001"), tag(token, NS, "hello-00002"));
-    // A rotation: the next snapshot carries the new key, the Deployments their new tags.
-    let rotated = b"a-rotated-stats-token-fedcba9876";
-    settings.proxy_key = Some(Key::new(rotated));
-    h.ctx.set_settings(settings);
-    let want = tag(rotated, NS, "hello-00001");
+    // A rotation of the tag key: the Deployments roll to their new tags.
+    let rotated = b"a-rotated-proxy-tag-key-fedcba9876";
+    let mut keys = tag_keys(false);
+    keys.key = Some(Key::new(rotated));
+    set_tags(&h, keys);
+    let want = tag(rotated, NS, "hello-00001", &r1.uid().unwrap());
     let deps = h.api::<Deployment>();
     until("the rotated tag", || async {
         let d = deps.get_opt("hello-00001-deployment").await.unwrap()?;
-        let env = queue_env(d);
-        let found = env.iter().find(|e| e.name == "THAW_PROXY_TAG")?;
-        (found.value.as_deref() == Some(want.as_str())).then_some(())
+        (queue_var(&d, "THAW_PROXY_TAG") == Some(want.clone())).then_some(())
     })
     .await;
+}
+
+/// The finding: the tag omitted the revision's UID, so a revision deleted and created again
+/// under the same name kept its tag (whoever learnt it could still mark requests to the new
+/// one as proxied). Its Deployment now carries another tag.
+#[tokio::test]
+async fn a_revision_created_again_under_its_name_gets_another_tag() {
+    use thaw::knative::proxy_tag::tag;
+    let h = Harness::start().await;
+    set_tags(&h, tag_keys(false));
+    let first = h.create_revision(helloworld("hello-00001")).await;
+    let before = queue_var(
+        &h.deployment("hello-00001-deployment").await,
+        "THAW_PROXY_TAG",
+    );
+    // Deleted (the Deployment with it, as the garbage collector would), then created again.
+    h.api::<Revision>()
+        .delete("hello-00001", &Default::default())
+        .await
+        .unwrap();
+    h.api::<Deployment>()
+        .delete("hello-00001-deployment", &Default::default())
+        .await
+        .unwrap();
+    let deps = h.api::<Deployment>();
+    until("the first deployment gone", || async {
+        deps.get_opt("hello-00001-deployment")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let second = h.create_revision(helloworld("hello-00001")).await;
+    assert_ne!(first.uid(), second.uid());
+    let dep = until("the second deployment", || async {
+        let d = deps.get_opt("hello-00001-deployment").await.unwrap()?;
+        let owner = d.metadata.owner_references.as_ref()?.first()?.uid.clone();
+        (Some(owner) == second.uid()).then_some(d)
+    })
+    .await;
+    let after = queue_var(&dep, "THAW_PROXY_TAG");
+    assert_eq!(
+        after,
+        Some(tag(TAG_KEY, NS, "hello-00001", &second.uid().unwrap()))
+    );
+    assert_ne!(after, before);
+    assert_eq!(
+        queue_var(&dep, "THAW_PROXY_TAG_LEGACY").as_deref(),
+        Some("")
+    );
+}
+
+/// The Deployment a previous release wrote for `rev`: its sidecar's only tag the previous
+/// form, `legacy`, in `THAW_PROXY_TAG` (and no `THAW_PROXY_TAG_LEGACY`).
+fn previous_release_deployment(h: &Harness, rev: &Revision, legacy: &str) -> Deployment {
+    let settings = h.ctx.settings();
+    let mut r = thaw::controller::revision::check(rev, &settings).unwrap();
+    r.proxy_tag = Some(legacy.to_string());
+    r.legacy_proxy_tag = None;
+    let mut d = thaw::controller::revision::deployment::deployment(
+        rev,
+        &r,
+        &settings.deployment,
+        &settings.features,
+        Some(1),
+    );
+    let pod = d.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    let q = pod.containers.iter_mut().find(|c| c.name == "queue-proxy");
+    let env = q.unwrap().env.as_mut().unwrap();
+    env.retain(|e| e.name != "THAW_PROXY_TAG_LEGACY");
+    d
+}
+
+/// Each revision Deployment's pod template and generation.
+async fn templates(h: &Harness, names: &[&str]) -> Vec<(String, Option<i64>)> {
+    let mut out = Vec::new();
+    for n in names {
+        let d = h.deployment(&format!("{n}-deployment")).await;
+        let template = serde_json::to_string(&d.spec.as_ref().unwrap().template).unwrap();
+        out.push((template, d.metadata.generation));
+    }
+    out
+}
+
+/// The upgrade, then a stats-token rotation. A Deployment a previous release wrote (its tag
+/// the previous form, under an older stats token) rolls once, to the new tag, carrying its
+/// previous-form tag from the live object; a revision created in the upgrade window gets one
+/// from the stats token; one created after it, none. Then the stats token rotates: every
+/// revision is reconciled again and every Deployment's pod template stays byte for byte as it
+/// was (no pod rolls), its generation too.
+#[tokio::test]
+async fn a_stats_token_rotation_leaves_every_deployment_template_byte_identical() {
+    use thaw::knative::proxy_tag::{Key, legacy_tag, tag};
+    let mut h = Harness::stopped().await;
+    set_tags(&h, tag_keys(true));
+    let upgraded = h.create_revision(helloworld("hello-00001")).await;
+    let older_token = b"an-older-stats-token-0123456789ab";
+    let old_form = legacy_tag(older_token, NS, "hello-00001");
+    let before = previous_release_deployment(&h, &upgraded, &old_form);
+    let created = h
+        .api::<Deployment>()
+        .create(&PostParams::default(), &before)
+        .await
+        .unwrap();
+    let fresh = h.create_revision(helloworld("hello-00002")).await;
+    h.run();
+    let deps = h.api::<Deployment>();
+    let new_tag = tag(TAG_KEY, NS, "hello-00001", &upgraded.uid().unwrap());
+    let rolled = until("the upgrade's roll", || async {
+        let d = deps.get_opt("hello-00001-deployment").await.unwrap()?;
+        (queue_var(&d, "THAW_PROXY_TAG") == Some(new_tag.clone())).then_some(d)
+    })
+    .await;
+    // Carried from the live object (the older token's), not computed from the token in force.
+    assert_eq!(queue_var(&rolled, "THAW_PROXY_TAG_LEGACY"), Some(old_form));
+    assert!(created.metadata.generation.is_some());
+    assert_eq!(
+        rolled.metadata.generation,
+        created.metadata.generation.map(|g| g + 1),
+        "rolled once"
+    );
+    let d2 = h.deployment("hello-00002-deployment").await;
+    assert_eq!(
+        queue_var(&d2, "THAW_PROXY_TAG"),
+        Some(tag(TAG_KEY, NS, "hello-00002", &fresh.uid().unwrap()))
+    );
+    assert_eq!(
+        queue_var(&d2, "THAW_PROXY_TAG_LEGACY"),
+        Some(legacy_tag(STATS_TOKEN, NS, "hello-00002"))
+    );
+    // The window ends; a revision created now gets no previous form, and the others keep theirs.
+    set_tags(&h, tag_keys(false));
+    h.create_revision(helloworld("hello-00003")).await;
+    let d3 = h.deployment("hello-00003-deployment").await;
+    assert_eq!(queue_var(&d3, "THAW_PROXY_TAG_LEGACY").as_deref(), Some(""));
+    let names = ["hello-00001", "hello-00002", "hello-00003"];
+    for n in names {
+        reconciled_after_now(&h, n).await;
+    }
+    let settled = templates(&h, &names).await;
+
+    // The rotation.
+    let mut rotated = tag_keys(false);
+    rotated.stats_token = Some(Key::new(b"a-rotated-stats-token-fedcba98765"));
+    set_tags(&h, rotated);
+    for n in names {
+        reconciled_after_now(&h, n).await;
+    }
+    assert_eq!(templates(&h, &names).await, settled);
 }
 
 /// Whether the field manager's entries of `dep` own `spec.replicas`, per operation.

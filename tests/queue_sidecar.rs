@@ -19,13 +19,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-/// The key the tests' revision tags are computed with (the stats token's place).
-const TAG_KEY: &[u8] = b"test-stats-token-0123456789";
+/// The key the tests' revision tags are computed with (the tag key's place).
+const TAG_KEY: &[u8] = b"test-proxy-tag-key-0123456789";
+/// The UID of the tests' revision.
+const UID: &str = "5d0c1f4e-0000-4000-8000-000000000001";
 
 /// The proxy tag of the tests' revision (`default/hello-00001`), as the controller puts it in
 /// `THAW_PROXY_TAG` and the activator in `K-Proxy-Request`.
 fn revision_tag() -> String {
-    thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00001")
+    thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00001", UID)
 }
 
 /// The sample app's own count: (in flight now, peak).
@@ -153,7 +155,8 @@ async fn pod_stats_each_second_have_the_averages_and_proxied_shares() {
     // And a burst of ten quick ones, three through an activator, two forged (another
     // revision's tag, and the tag's first half).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let other: &'static str = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "other").leak();
+    let other: &'static str =
+        thaw::knative::proxy_tag::tag(TAG_KEY, "default", "other", UID).leak();
     let quick: Vec<_> = (0..10)
         .map(|i| {
             let q = q.clone();
@@ -535,7 +538,7 @@ async fn the_user_container_gets_the_original_host_and_no_internal_headers() {
     );
     // A client's own K-Proxy-Request and K-Original-Host, without the tag (Knative's value, a
     // tag of another revision, none at all): its Host stays, neither header reaches the app.
-    let other = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00002");
+    let other = thaw::knative::proxy_tag::tag(TAG_KEY, "default", "hello-00002", UID);
     let forged: [&[(&str, &str)]; 3] = [
         &[("k-proxy-request", "activator")],
         &[("k-proxy-request", &other)],
@@ -995,5 +998,184 @@ async fn a_stalled_request_body_is_cut_with_408_and_frees_its_place() {
         q.metric("thaw_queue_request_body_timeouts_total").await,
         1.0
     );
+    server.abort();
+}
+
+/// A previous release's sidecar (its `Expected::accepts`): its one tag as the value or one of
+/// the first two list elements.
+fn previous_release_accepts(tag: &str, value: &str) -> bool {
+    value.split(',').take(2).any(|p| p.trim() == tag)
+}
+
+/// Issue 47: the upgrade to tags over the revision's UID, under traffic, counts no proxied
+/// request as direct. An old-form pod (as a previous release's controller wrote it: its only
+/// tag the previous form, HMAC of the stats token over `namespace/revision`) and the new-form
+/// pod this release rolls it to (the tag over `namespace/revision/uid` under the tag key, and
+/// the previous form carried in `THAW_PROXY_TAG_LEGACY`) serve the revision in turn and, mid
+/// roll, together; a previous release's activator (the previous form) and this release's
+/// (its [`Tagger`]: both forms) send to them all along; mid-traffic both keys rotate (the old
+/// activator sends `new, previous` as it does within a stats-token rotation, the new one both
+/// forms under both keys). Every request is counted as proxied: its `K-Original-Host` is the
+/// Host the app sees, and neither pod counts one in
+/// `thaw_queue_untagged_proxy_requests_total`. Each value sent to the old-form pod also
+/// carries its tag within the first two elements, all a previous release's sidecar reads. A
+/// client's forged tag is still direct (the control case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_under_traffic_counts_no_proxied_request_as_direct() {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+    use thaw::knative::proxy_tag::{TagCell, Tagger, legacy_tag, tag};
+
+    let (s1, s2) = (
+        b"stats-token-one-0123456789".as_slice(),
+        b"stats-token-two-9876543210".as_slice(),
+    );
+    let (k1, k2) = (TAG_KEY, b"test-proxy-tag-key-rotated-012".as_slice());
+    let legacy = legacy_tag(s1, "default", "hello-00001");
+    let (port, server) = echo_server().await;
+    let old_pod = Queue::start(port, &[("THAW_PROXY_TAG", &legacy)]);
+    let new_pod = Queue::start(
+        port,
+        &[
+            ("THAW_PROXY_TAG", &tag(k1, "default", "hello-00001", UID)),
+            ("THAW_PROXY_TAG_LEGACY", &legacy),
+        ],
+    );
+    old_pod.admin_until("/readyz", 200).await;
+    new_pod.admin_until("/readyz", 200).await;
+    let pods = Arc::new([old_pod, new_pod]);
+    let tagger = Arc::new(Tagger::default());
+    tagger.set([Some(k1), None], [Some(s1), None]);
+    // 0: the old pod alone; 1: mid roll, both; 2: both, the keys just rotated; 3: the new
+    // pod alone; 4: stop.
+    let phase = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (pods, tagger, phase, sent) =
+                (pods.clone(), tagger.clone(), phase.clone(), sent.clone());
+            let legacy = legacy.clone();
+            tokio::spawn(async move {
+                let (cell, uid) = (TagCell::default(), Arc::<str>::from(UID));
+                let mut per_pod = [0u64; 2];
+                let mut i = w;
+                loop {
+                    let p = phase.load(SeqCst);
+                    if p == 4 {
+                        return per_pod;
+                    }
+                    i += 1;
+                    let pod = match p {
+                        0 => 0,
+                        1 | 2 => i % 2,
+                        _ => 1,
+                    };
+                    // Old and new activators in turn.
+                    let value = if i % 3 == 0 {
+                        if p >= 2 {
+                            format!("{}, {}", legacy_tag(s2, "default", "hello-00001"), legacy)
+                        } else {
+                            legacy.clone()
+                        }
+                    } else {
+                        let v = tagger.value(&cell, "default", "hello-00001", Some(&uid));
+                        v.unwrap().to_str().unwrap().to_string()
+                    };
+                    if pod == 0 {
+                        assert!(previous_release_accepts(&legacy, &value), "{value}");
+                    }
+                    let (status, text) = pods[pod]
+                        .get(
+                            "/echo",
+                            &[
+                                ("host", "10.0.0.7:8012"),
+                                ("k-original-host", "hello.default.example.com"),
+                                ("k-proxy-request", &value),
+                            ],
+                        )
+                        .await;
+                    assert_eq!(status, 200, "{text}");
+                    assert!(
+                        text.contains("host=hello.default.example.com\n"),
+                        "phase {p}, pod {pod}, counted as direct: {value}\n{text}"
+                    );
+                    per_pod[pod] += 1;
+                    sent.fetch_add(1, SeqCst);
+                }
+            })
+        })
+        .collect();
+    let until_sent = |n: u64| {
+        let sent = sent.clone();
+        async move {
+            let end = Instant::now() + Duration::from_secs(30);
+            while sent.load(SeqCst) < n {
+                assert!(
+                    Instant::now() < end,
+                    "traffic stalled at {}",
+                    sent.load(SeqCst)
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    until_sent(100).await;
+    phase.store(1, SeqCst);
+    until_sent(200).await;
+    // Both keys rotate: the new activator sends both forms under both keys.
+    tagger.set([Some(k2), Some(k1)], [Some(s2), Some(s1)]);
+    phase.store(2, SeqCst);
+    until_sent(300).await;
+    phase.store(3, SeqCst);
+    until_sent(400).await;
+    phase.store(4, SeqCst);
+    let mut answered = [0u64; 2];
+    for w in workers {
+        let n = w.await.unwrap();
+        answered[0] += n[0];
+        answered[1] += n[1];
+    }
+    assert!(answered[0] >= 100 && answered[1] >= 100, "{answered:?}");
+    for (pod, n) in pods.iter().zip(answered) {
+        assert_eq!(
+            pod.metric("thaw_queue_untagged_proxy_requests_total").await,
+            0.0
+        );
+        let (_, metrics) = pod.admin("/metrics").await;
+        assert!(
+            metrics.contains(&format!("response_code_class=\"2xx\"}} {n}")),
+            "{n} answers counted:\n{metrics}"
+        );
+    }
+    // The control case: another revision's tag (or the revision's under another UID) is
+    // direct on either pod.
+    let forged = [
+        tag(k1, "default", "hello-00002", UID),
+        tag(
+            k1,
+            "default",
+            "hello-00001",
+            "the-uid-of-an-earlier-revision",
+        ),
+        legacy_tag(s1, "default", "hello-00002"),
+    ];
+    for pod in pods.iter() {
+        for f in &forged {
+            let (_, text) = pod
+                .get(
+                    "/echo",
+                    &[
+                        ("host", "direct.example.com"),
+                        ("k-original-host", "hello.default.example.com"),
+                        ("k-proxy-request", f),
+                    ],
+                )
+                .await;
+            assert!(text.contains("host=direct.example.com\n"), "{text}");
+        }
+        assert_eq!(
+            pod.metric("thaw_queue_untagged_proxy_requests_total").await,
+            forged.len() as f64
+        );
+    }
     server.abort();
 }

@@ -50,7 +50,7 @@ pub struct RevisionState {
     watcher: Mutex<Option<AbortHandle>>,
     all_metrics: ActivatorMetrics,
     scale_states: Option<Arc<ScaleStates>>,
-    /// The revision's `K-Proxy-Request` tag, computed on first use per token.
+    /// The revision's `K-Proxy-Request` value, computed on first use per UID and key.
     pub proxy_tag: TagCell,
 }
 

@@ -35,6 +35,8 @@ pub struct RevisionInput {
     /// `reserve`): Knative's PodAutoscaler reachability `Unreachable`, so min-scale no longer
     /// holds it up. `false` (reachable) for `pending`, `active` or no label.
     pub unreachable: bool,
+    /// The Revision's `metadata.uid` (Kubernetes only).
+    pub uid: Option<String>,
 }
 
 /// Merges `input` with `configs` (annotation over ConfigMap over default) and validates the
@@ -146,5 +148,6 @@ pub fn resolve_revision(
             .unwrap_or(configs.activator.initial_burst),
         hosts: input.hosts.clone(),
         autoscaling: Arc::new(autoscaling),
+        uid: input.uid.as_deref().map(Arc::from),
     })
 }

@@ -166,6 +166,7 @@ pub fn template_problems(
         annotations: template.metadata.annotations.clone().unwrap_or_default(),
         hosts: Vec::new(),
         unreachable: false,
+        uid: None,
     };
     match crate::config::revision::resolve_revision(&input, &configs) {
         Ok(_) => Vec::new(),

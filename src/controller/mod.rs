@@ -77,10 +77,10 @@ pub struct Settings {
     pub deployment: crate::config::DeploymentConfig,
     /// `config-features` (the pod-spec fields a Service may set; the secure pod defaults).
     pub features: crate::config::FeaturesConfig,
-    /// The stats token, the key of each revision's proxy tag in its sidecar's environment
-    /// ([`crate::knative::proxy_tag`]); `None` until the token's Secret is read (the sidecars
-    /// then honour no `K-Proxy-Request`, and get their tag once it is).
-    pub proxy_key: Option<crate::knative::proxy_tag::Key>,
+    /// The keys of each revision's proxy tag in its sidecar's environment
+    /// ([`crate::knative::proxy_tag`]): the tag key (no tag until its Secret is read), and the
+    /// stats token for the previous form during the upgrade window.
+    pub proxy_tags: crate::knative::proxy_tag::Keys,
 }
 
 /// The revision defaults of `namespace`: config-defaults' cluster values with that

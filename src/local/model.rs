@@ -109,6 +109,7 @@ impl ServiceModel {
             hosts: route_hosts(&rev, &self.namespace, domain),
             // Local mode routes every revision it keeps.
             unreachable: false,
+            uid: None,
         }
     }
 

@@ -31,7 +31,8 @@
 //!
 //! A request is proxied (through an activator: counted apart in the pod's stats, its
 //! `K-Original-Host` believed) only when `K-Proxy-Request` carries the revision's tag
-//! ([`crate::knative::proxy_tag`], `THAW_PROXY_TAG`). Without it the request is direct, its
+//! ([`crate::knative::proxy_tag`], `THAW_PROXY_TAG`, or during this release the previous
+//! form's, `THAW_PROXY_TAG_LEGACY`). Without it the request is direct, its
 //! `Host` is its own, and `thaw_queue_untagged_proxy_requests_total` counts the attempt; either
 //! header is removed all the same.
 //!
@@ -73,7 +74,7 @@ use crate::http1::pool::{
 };
 use crate::http1::timed::TimedBody;
 use crate::http1::{ClientRequest, Handler, Limits, Protocol, ResponseBody};
-use crate::knative::proxy_tag::Expected;
+use crate::knative::proxy_tag::Accepted;
 use crate::limiter::{Limiter, Rejected};
 use crate::telemetry::queue::QueueTelemetry;
 
@@ -204,7 +205,7 @@ impl Sidecar {
             B::fields(&req),
             req.uri(),
             req.version(),
-            self.settings.proxy_tag.as_ref(),
+            &self.settings.proxy_tags,
         );
         if seen.untagged {
             // Direct, whatever it says: its `K-Original-Host` is not believed either.
@@ -576,9 +577,10 @@ struct Seen {
 }
 
 impl Seen {
-    /// Reads `fields`; `K-Proxy-Request` counts only when its first field carries `tag`.
-    fn read(fields: HeadersRef<'_>, uri: &Uri, version: Version, tag: Option<&Expected>) -> Self {
-        let tagged = |v: &[u8]| tag.is_some_and(|t| t.accepts(v));
+    /// Reads `fields`; `K-Proxy-Request` counts only when its first field carries one of
+    /// `tags`.
+    fn read(fields: HeadersRef<'_>, uri: &Uri, version: Version, tags: &Accepted) -> Self {
+        let tagged = |v: &[u8]| tags.accepts(v);
         let mut proxy: Option<bool> = None;
         let mut s = Seen {
             network_probe: None,

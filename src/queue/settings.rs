@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use tokio::time::Duration;
 
 use crate::http1::Protocol;
-use crate::knative::proxy_tag::Expected;
+use crate::knative::proxy_tag::{Accepted, Expected};
 
 /// The revision's namespace (required).
 pub const SERVING_NAMESPACE: &str = "SERVING_NAMESPACE";
@@ -53,8 +53,12 @@ pub const THAW_USER_PROTOCOL: &str = "THAW_USER_PROTOCOL";
 pub const THAW_REQUEST_BODY_IDLE_TIMEOUT: &str = "THAW_REQUEST_BODY_IDLE_TIMEOUT";
 /// thaw's: the revision's proxy tag ([`crate::knative::proxy_tag`]), which `K-Proxy-Request`
 /// must carry for a request to count as proxied and its `K-Original-Host` to be believed.
-/// Without it, no request is.
+/// Without it (and without [`THAW_PROXY_TAG_LEGACY`]), no request is.
 pub const THAW_PROXY_TAG: &str = "THAW_PROXY_TAG";
+/// thaw's, this release only: the previous release's form of the revision's tag, accepted
+/// like [`THAW_PROXY_TAG`] so that no request counts as direct mid-upgrade; empty or unset:
+/// none.
+pub const THAW_PROXY_TAG_LEGACY: &str = "THAW_PROXY_TAG_LEGACY";
 
 /// Every variable the sidecar reads, for `--help` and the README.
 pub const VARIABLES: &[&str] = &[
@@ -77,6 +81,7 @@ pub const VARIABLES: &[&str] = &[
     THAW_USER_PROTOCOL,
     THAW_REQUEST_BODY_IDLE_TIMEOUT,
     THAW_PROXY_TAG,
+    THAW_PROXY_TAG_LEGACY,
 ];
 
 /// `thaw queue --help`'s list of variables.
@@ -96,6 +101,8 @@ Environment (Knative's queue-proxy names where one exists):
   THAW_USER_PROTOCOL                    http1 (default) or h2c
   THAW_PROXY_TAG                        the revision's K-Proxy-Request tag (without it no
                                         request counts as proxied)
+  THAW_PROXY_TAG_LEGACY                 the previous release's form of the tag, also accepted
+                                        (upgrade; empty: none)
   SERVING_READINESS_PROBE               the container's readiness probe as JSON (default: TCP on USER_PORT)
   QUEUE_SERVING_PORT                    the data port (default 8012)
   THAW_QUEUE_ADMIN_PORT                 the admin port (default 9091)
@@ -188,8 +195,9 @@ pub struct Settings {
     pub drain_delay: Duration,
     /// `THAW_REQUEST_BODY_IDLE_TIMEOUT`: a stalled request body is cut after this.
     pub request_body_idle: Duration,
-    /// The tag an activator's `K-Proxy-Request` carries (`THAW_PROXY_TAG`).
-    pub proxy_tag: Option<Expected>,
+    /// The tags an activator's `K-Proxy-Request` carries (`THAW_PROXY_TAG`,
+    /// `THAW_PROXY_TAG_LEGACY`).
+    pub proxy_tags: Accepted,
 }
 
 /// A problem with one variable.
@@ -376,11 +384,10 @@ impl Settings {
                 ),
             );
         }
-        let proxy_tag = value(THAW_PROXY_TAG).and_then(|v| {
-            Expected::parse(&v)
-                .map_err(|reason| fail(THAW_PROXY_TAG, reason))
-                .ok()
-        });
+        let mut tag = |var: &'static str| {
+            value(var).and_then(|v| Expected::parse(&v).map_err(|r| fail(var, r)).ok())
+        };
+        let proxy_tags = Accepted::new(tag(THAW_PROXY_TAG), tag(THAW_PROXY_TAG_LEGACY));
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -400,7 +407,7 @@ impl Settings {
             admin,
             drain_delay,
             request_body_idle,
-            proxy_tag,
+            proxy_tags,
         })
     }
 }
@@ -536,6 +543,7 @@ mod tests {
             (THAW_USER_PROTOCOL, "h3"),
             (SERVING_READINESS_PROBE, "{\"exec\":{}}"),
             (THAW_PROXY_TAG, "activator"),
+            (THAW_PROXY_TAG_LEGACY, "0123"),
         ])
         .unwrap_err();
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -548,6 +556,7 @@ mod tests {
             "THAW_USER_PROTOCOL: expected http1 or h2c, got \"h3\"",
             "SERVING_READINESS_PROBE: expected a tcpSocket, httpGet or grpc probe",
             "THAW_PROXY_TAG: must be 64 lowercase hex digits",
+            "THAW_PROXY_TAG_LEGACY: must be 64 lowercase hex digits",
         ] {
             assert!(
                 text.iter().any(|t| t.contains(needle)),

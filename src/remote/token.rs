@@ -9,6 +9,9 @@
 //! no push whichever role sees it first. A deleted Secret keeps the last token in force. The
 //! autoscaler leader creates the Secret, with a random token, when it is absent; a Secret
 //! someone else wrote is never replaced (an invalid one is logged and ignored).
+//!
+//! The follower serves any Secret of one shared key ([`SecretSpec`]): the proxy tags' key
+//! ([`crate::remote::tag_key`]) is followed the same way, with its own name, creator and grace.
 
 use std::fmt;
 use std::sync::Arc;
@@ -33,6 +36,30 @@ pub const SECRET_KEY: &str = "token";
 /// Shortest token accepted (bytes).
 pub const MIN_LEN: usize = 16;
 
+/// A Secret of one shared key in the system namespace, as [`follow_secret`] follows it.
+#[derive(Debug)]
+pub struct SecretSpec {
+    /// The Secret's name (followed by `metadata.name`).
+    pub name: &'static str,
+    /// The key of its `data` holding the secret.
+    pub key: &'static str,
+    /// How long the value it replaced is still in force after a change.
+    pub grace: Duration,
+    /// Which role creates it when absent (for the log of a replica that waits for it).
+    pub creator: &'static str,
+    /// What it is, in logs.
+    pub what: &'static str,
+}
+
+/// The stats token's Secret.
+pub const STATS_TOKEN: SecretSpec = SecretSpec {
+    name: SECRET_NAME,
+    key: SECRET_KEY,
+    grace: PREVIOUS_GRACE,
+    creator: "the autoscaler leader",
+    what: "stats token",
+};
+
 /// A shared secret; never printed (its `Debug` says only its length).
 #[derive(Clone)]
 pub struct Token(Arc<[u8]>);
@@ -47,38 +74,48 @@ impl Token {
     /// A token from its bytes (surrounding whitespace removed): at least [`MIN_LEN`] bytes of
     /// visible ASCII.
     pub fn new(raw: &[u8]) -> Result<Self, String> {
+        Self::parse(raw, SECRET_KEY)
+    }
+
+    /// [`Token::new`], the error naming the Secret's key `key`.
+    fn parse(raw: &[u8], key: &str) -> Result<Self, String> {
         let t = raw.trim_ascii();
         if t.len() < MIN_LEN {
             return Err(format!(
-                "{SECRET_KEY}: must be at least {MIN_LEN} bytes (got {})",
+                "{key}: must be at least {MIN_LEN} bytes (got {})",
                 t.len()
             ));
         }
         if !t.iter().all(|b| b.is_ascii_graphic()) {
-            return Err(format!("{SECRET_KEY}: must be visible ASCII (no spaces)"));
+            return Err(format!("{key}: must be visible ASCII (no spaces)"));
         }
         Ok(Self(Arc::from(t)))
     }
 
     /// The token of a Secret's `token` key (`data`, else `stringData`).
     pub fn from_secret(secret: &Secret) -> Result<Self, String> {
+        Self::from_secret_key(secret, SECRET_KEY)
+    }
+
+    /// The value of a Secret's key `key` (`data`, else `stringData`).
+    pub fn from_secret_key(secret: &Secret, key: &str) -> Result<Self, String> {
         let data = secret
             .data
             .as_ref()
-            .and_then(|d| d.get(SECRET_KEY))
+            .and_then(|d| d.get(key))
             .map(|b| b.0.clone())
             .or_else(|| {
                 secret
                     .string_data
                     .as_ref()
-                    .and_then(|d| d.get(SECRET_KEY))
+                    .and_then(|d| d.get(key))
                     .map(|s| s.clone().into_bytes())
             })
-            .ok_or_else(|| format!("no key {SECRET_KEY:?}"))?;
-        Self::new(&data)
+            .ok_or_else(|| format!("no key {key:?}"))?;
+        Self::parse(&data, key)
     }
 
-    /// The secret's bytes (the proxy tags' HMAC key, [`crate::knative::proxy_tag`]).
+    /// The secret's bytes (a key of the proxy tags, [`crate::knative::proxy_tag`]).
     pub(crate) fn secret(&self) -> &[u8] {
         &self.0
     }
@@ -125,6 +162,8 @@ pub const PREVIOUS_GRACE: Duration = Duration::from_secs(120);
 struct Keyring {
     current: Token,
     previous: Option<(Token, Instant)>,
+    /// The `creationTimestamp` of the Secret the current token was read from.
+    created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// The token in force, followed live ([`follow`]), or fixed ([`Tokens::fixed`]). Cheap to
@@ -144,6 +183,7 @@ impl Tokens {
         let (tx, rx) = watch::channel(Some(Keyring {
             current: t,
             previous: None,
+            created: None,
         }));
         // The sender is dropped: the value stays as it is.
         drop(tx);
@@ -164,6 +204,12 @@ impl Tokens {
             .and_then(|k| k.previous.as_ref())
             .filter(|(_, until)| now < *until)
             .map(|(t, _)| t.clone())
+    }
+
+    /// When the Secret the current token was read from was created (`None` for a fixed token
+    /// or before one is read).
+    pub fn created(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.0.borrow().as_ref().and_then(|k| k.created)
     }
 
     /// Whether `authorization` presents the current token, or the previous one within its
@@ -193,43 +239,6 @@ impl Tokens {
     }
 }
 
-/// How often [`Tokens::tagger`]'s follower looks whether the previous token's grace has ended.
-const GRACE_CHECK: Duration = Duration::from_secs(5);
-
-impl Tokens {
-    /// An activator's proxy tagger ([`crate::knative::proxy_tag::Tagger`]) keyed by the token in
-    /// force and, within its grace, the previous one; follows them until `stop`.
-    pub fn tagger(&self, stop: CancellationToken) -> Arc<crate::knative::proxy_tag::Tagger> {
-        let tagger = Arc::new(crate::knative::proxy_tag::Tagger::default());
-        let set = |t: &crate::knative::proxy_tag::Tagger, tokens: &Tokens| {
-            let (current, previous) = (tokens.current(), tokens.previous());
-            t.set(
-                current.as_ref().map(Token::secret),
-                previous.as_ref().map(Token::secret),
-            );
-        };
-        set(&tagger, self);
-        let (weak, mut tokens) = (Arc::downgrade(&tagger), self.clone());
-        tokio::spawn(
-            async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        changed = tokens.changed() => if !changed {
-                            std::future::pending::<()>().await;
-                        },
-                        _ = tokio::time::sleep(GRACE_CHECK) => {}
-                    }
-                    let Some(t) = weak.upgrade() else { return };
-                    set(&t, &tokens);
-                }
-            }
-            .instrument(tracing::debug_span!("proxy-tags")),
-        );
-        tagger
-    }
-}
-
 /// Follows the Secret [`SECRET_NAME`] in `namespace` (a watch by name). While `create` says
 /// true (the autoscaler's leadership), an absent Secret is created with a random token.
 /// Runs until `stop`.
@@ -239,35 +248,56 @@ pub fn follow(
     create: Option<watch::Receiver<bool>>,
     stop: CancellationToken,
 ) -> Tokens {
+    follow_secret(client, namespace, &STATS_TOKEN, create, stop)
+}
+
+/// Follows the Secret `spec` names in `namespace` (a watch by name): its value in force, the
+/// one it replaced for `spec.grace`. While `create` says true (the creator's leadership), an
+/// absent Secret is created with a random value; a Secret someone else wrote is never
+/// replaced. Runs until `stop`.
+pub fn follow_secret(
+    client: kube::Client,
+    namespace: &str,
+    spec: &'static SecretSpec,
+    create: Option<watch::Receiver<bool>>,
+    stop: CancellationToken,
+) -> Tokens {
     let (tx, rx) = watch::channel(None);
-    let span = tracing::info_span!("watch", resource = "secrets", secret = SECRET_NAME);
-    tokio::spawn(run(client, namespace.to_string(), create, tx, stop).instrument(span));
+    let span = tracing::info_span!("watch", resource = "secrets", secret = spec.name);
+    tokio::spawn(run(client, namespace.to_string(), spec, create, tx, stop).instrument(span));
     Tokens(rx)
 }
 
-/// Puts the token of `secret` in force; a different token moves the current one to
-/// `previous`.
-fn take(tx: &watch::Sender<Option<Keyring>>, secret: &Secret) {
-    let token = match Token::from_secret(secret) {
+/// Puts the value of `secret` in force; a different value moves the current one to
+/// `previous` for `spec.grace`.
+fn take(tx: &watch::Sender<Option<Keyring>>, spec: &SecretSpec, secret: &Secret) {
+    let token = match Token::from_secret_key(secret, spec.key) {
         Ok(t) => t,
         Err(e) => {
-            tracing::warn!(error = %e, "secret {SECRET_NAME}: ignored; keeping the token in force");
+            tracing::warn!(error = %e, "secret {}: ignored; keeping the {} in force", spec.name, spec.what);
             return;
         }
     };
+    let created = secret.metadata.creation_timestamp.as_ref().map(|t| t.0);
     tx.send_if_modified(|ring| match ring {
-        Some(k) if k.current.0 == token.0 => false,
+        Some(k) if k.current.0 == token.0 => {
+            let changed = k.created != created;
+            k.created = created;
+            changed
+        }
         Some(k) => {
-            tracing::info!(grace = ?PREVIOUS_GRACE, "stats token rotated; the previous one is accepted for the grace period");
+            tracing::info!(grace = ?spec.grace, "{} rotated; the previous one stays in force for the grace period", spec.what);
             let old = std::mem::replace(&mut k.current, token.clone());
-            k.previous = Some((old, Instant::now() + PREVIOUS_GRACE));
+            k.previous = Some((old, Instant::now() + spec.grace));
+            k.created = created;
             true
         }
         None => {
-            tracing::info!("stats token read");
+            tracing::info!("{} read", spec.what);
             *ring = Some(Keyring {
                 current: token.clone(),
                 previous: None,
+                created,
             });
             true
         }
@@ -277,12 +307,13 @@ fn take(tx: &watch::Sender<Option<Keyring>>, secret: &Secret) {
 async fn run(
     client: kube::Client,
     namespace: String,
+    spec: &'static SecretSpec,
     mut create: Option<watch::Receiver<bool>>,
     tx: watch::Sender<Option<Keyring>>,
     stop: CancellationToken,
 ) {
     let api: Api<Secret> = Api::namespaced(client, &namespace);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={SECRET_NAME}"));
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", spec.name));
     let mut events = std::pin::pin!(watch_stream(api.clone(), cfg).default_backoff());
     // None until the first list; then whether the Secret exists.
     let mut present: Option<bool> = None;
@@ -294,17 +325,19 @@ async fn run(
         let leading = create.as_ref().is_some_and(|c| *c.borrow());
         if present == Some(false) && leading && retry_at.is_none_or(|t| Instant::now() >= t) {
             retry_at = None;
-            match create_secret(&api, &namespace).await {
+            match create_secret(&api, &namespace, spec).await {
                 Ok(()) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot create secret {namespace}/{SECRET_NAME}; retrying");
+                    tracing::warn!(error = %e, "cannot create secret {namespace}/{}; retrying", spec.name);
                     retry_at = Some(Instant::now() + Duration::from_secs(5));
                 }
             }
         } else if present == Some(false) && !leading && !waiting_logged && tx.borrow().is_none() {
             waiting_logged = true;
             tracing::warn!(
-                "no secret {namespace}/{SECRET_NAME} yet: waiting for it (the autoscaler leader creates it)"
+                "no secret {namespace}/{} yet: waiting for it ({} creates it)",
+                spec.name,
+                spec.creator
             );
         }
         let retry = async {
@@ -335,45 +368,47 @@ async fn run(
                 Some(Ok(Event::InitDone)) => {
                     present = Some(listing.is_some());
                     if let Some(s) = listing.take() {
-                        take(&tx, &s);
+                        take(&tx, spec, &s);
                     }
                 }
                 Some(Ok(Event::Apply(s))) => {
                     present = Some(true);
-                    take(&tx, &s);
+                    take(&tx, spec, &s);
                 }
                 Some(Ok(Event::Delete(_))) => {
                     present = Some(false);
-                    tracing::warn!("secret {namespace}/{SECRET_NAME} deleted; keeping the token in force");
+                    tracing::warn!("secret {namespace}/{} deleted; keeping the {} in force", spec.name, spec.what);
                 }
             },
         }
     }
 }
 
-/// Creates the Secret with a random token; one that appeared meanwhile (another replica, an
+/// Creates the Secret with a random value; one that appeared meanwhile (another replica, an
 /// operator) is left as it is.
-async fn create_secret(api: &Api<Secret>, namespace: &str) -> Result<(), kube::Error> {
+async fn create_secret(
+    api: &Api<Secret>,
+    namespace: &str,
+    spec: &SecretSpec,
+) -> Result<(), kube::Error> {
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(SECRET_NAME.into()),
+            name: Some(spec.name.into()),
             namespace: Some(namespace.into()),
             labels: Some([("app.kubernetes.io/part-of".to_string(), "thaw".to_string())].into()),
             ..ObjectMeta::default()
         },
-        data: Some(
-            [(
-                SECRET_KEY.to_string(),
-                ByteString(Token::random().0.to_vec()),
-            )]
-            .into(),
-        ),
+        data: Some([(spec.key.to_string(), ByteString(Token::random().0.to_vec()))].into()),
         type_: Some("Opaque".into()),
         ..Secret::default()
     };
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
-            tracing::info!("created secret {namespace}/{SECRET_NAME} with a random token");
+            tracing::info!(
+                "created secret {namespace}/{} with a random {}",
+                spec.name,
+                spec.what
+            );
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
@@ -423,14 +458,14 @@ mod tests {
             ..Secret::default()
         };
         assert!(!tokens.accepts(Some(&HeaderValue::from_static("Bearer 0123456789abcdef"))));
-        take(&tx, &secret("0123456789abcdef"));
+        take(&tx, &STATS_TOKEN, &secret("0123456789abcdef"));
         let old = tokens.current().unwrap();
         assert!(tokens.accepts(Some(&old.header())));
         assert!(tokens.previous().is_none());
         // An invalid token in the Secret is ignored.
-        take(&tx, &secret("short"));
+        take(&tx, &STATS_TOKEN, &secret("short"));
         assert_eq!(tokens.current().unwrap().0, old.0);
-        take(&tx, &secret("fedcba9876543210"));
+        take(&tx, &STATS_TOKEN, &secret("fedcba9876543210"));
         let new = tokens.current().unwrap();
         assert_ne!(new.0, old.0);
         assert!(tokens.accepts(Some(&new.header())));

@@ -39,7 +39,7 @@ use crate::config::live::SYSTEM_NAMESPACE;
 use crate::leader::watch_leader;
 use crate::percore::Workers;
 use crate::platform::EndpointSource;
-use crate::remote::{feed, push, token};
+use crate::remote::{feed, push, tag_key, token};
 use crate::telemetry::{Telemetry, init_tracing};
 
 /// Arguments of `thaw activator`.
@@ -120,6 +120,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
     let client = super::kube_client("activator").await?;
     let stop = CancellationToken::new();
     let tokens = token::follow(client.clone(), &args.system_namespace, None, stop.clone());
+    let tag_keys = tag_key::follow(client.clone(), &args.system_namespace, None, stop.clone());
     info!(data = %data_addr, advertise = %advertise, name = %name, "thaw activator starting");
 
     let Some(super::Followed {
@@ -248,7 +249,7 @@ async fn run(args: ActivatorArgs) -> Result<(), String> {
         next_hop: NextHop::Sidecar,
     });
     activator.guard_routes(guard);
-    activator.use_proxy_tags(tokens.tagger(stop.clone()));
+    activator.use_proxy_tags(tag_key::tagger(&tag_keys, &tokens, stop.clone()));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = Arc::new(
         Workers::start(cores)

@@ -11,8 +11,12 @@
 //! At start it refuses to run beside Knative Serving ([`crate::webhook::coexist`]): both would
 //! reconcile the same objects.
 //!
-//! It follows the stats token's Secret (read only) to put each revision's proxy tag into its
-//! sidecar's environment ([`crate::knative::proxy_tag`]).
+//! It follows the proxy tag key's Secret ([`crate::remote::tag_key`]; the leader creates it
+//! when absent) to put each revision's proxy tag into its sidecar's environment
+//! ([`crate::knative::proxy_tag`]), and the stats token's (read only) for the previous form's
+//! tag of Deployments created during the upgrade window. The leader waits a little for the tag
+//! key before it reconciles, so revisions are not built without a tag and rolled a moment
+//! later.
 //!
 //! The queue sidecar runs the controller's own image (read from its Pod, `--name`) unless
 //! `config-deployment` sets `queue-sidecar-image`: retagging the roles' image retags the
@@ -33,11 +37,12 @@ use crate::cli::{parse_duration, parse_listen};
 use crate::config::deployment::DEFAULT_QUEUE_SIDECAR_IMAGE;
 use crate::config::live::{LiveConfig, SYSTEM_NAMESPACE, watch_configmaps};
 use crate::controller::{CONTROLLER_NAME, Ctx, CtxOptions, DEFAULT_WORKERS, Settings};
-use crate::knative::proxy_tag;
 use crate::leader::elect;
+use crate::remote::tag_key;
 use crate::telemetry::{Telemetry, init_tracing};
 
-/// How long the controller waits for the stats token before it starts reconciling.
+/// How long the controller waits for the stats token, and its leader for the tag key, before
+/// it starts reconciling.
 const TOKEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Arguments of `thaw controller`.
@@ -100,7 +105,7 @@ pub fn snapshot(live: &LiveConfig, own_image: Option<&str>) -> Settings {
         },
         deployment,
         features: (**live.features.load()).clone(),
-        proxy_key: None,
+        proxy_tags: Default::default(),
     }
 }
 
@@ -212,9 +217,17 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         Some(pod) => own_image(&client, &args.system_namespace, pod).await,
         None => None,
     };
-    // The stats token, the key of each revision's proxy tag (only tags go into pods). Waited
-    // for a little (one list when the Secret exists), so revisions are not built without a tag
-    // and rolled a moment later; past that, they get no tag until it is read.
+    // The proxy tag key (only tags go into pods), created by the leader when absent; and the
+    // stats token, the previous form's key for Deployments created in the upgrade window.
+    // Waited for a little (one list when the Secret exists); past that, a new revision gets
+    // its previous-form tag only once it is read.
+    let (leading_tx, leading_rx) = watch::channel(false);
+    let tag_keys = tag_key::follow(
+        client.clone(),
+        &args.system_namespace,
+        Some(leading_rx),
+        stop.clone(),
+    );
     let tokens =
         crate::remote::token::follow(client.clone(), &args.system_namespace, None, stop.clone());
     if tokio::time::timeout(TOKEN_WAIT, tokens.wait())
@@ -222,14 +235,15 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         .is_err()
     {
         warn!(
-            "no stats token yet (the Secret thaw-stats-token, which the autoscaler leader creates): revisions get their proxy tag once it is read"
+            "no stats token yet (the Secret thaw-stats-token, which the autoscaler leader creates): revisions created in the upgrade window get their previous-form proxy tag once it is read"
         );
     }
     let settings = {
-        let (live, image, tokens) = (live.clone(), image.clone(), tokens.clone());
+        let (live, image) = (live.clone(), image.clone());
+        let (tag_keys, tokens) = (tag_keys.clone(), tokens.clone());
         move || {
             let mut s = snapshot(&live, image.as_deref());
-            s.proxy_key = tokens.current().map(|t| proxy_tag::Key::new(t.secret()));
+            s.proxy_tags = tag_key::controller_keys(&tag_keys, &tokens);
             s
         }
     };
@@ -245,16 +259,19 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
             metrics: Some(telemetry.controller.clone()),
         },
     );
-    // Each ConfigMap change, and a new stats token, puts a new snapshot in force (and
-    // re-queues everything: a rotated token rolls the revisions to their new tags).
+    // Each ConfigMap change, a new tag key and a new stats token put a new snapshot in force
+    // (and re-queue everything: a rotated tag key rolls the revisions to their new tags; a
+    // rotated stats token changes no template).
     {
-        let (ctx, stop, mut tokens) = (ctx.clone(), stop.clone(), tokens);
+        let (ctx, stop, settings) = (ctx.clone(), stop.clone(), settings.clone());
+        let (mut tag_keys, mut tokens) = (tag_keys.clone(), tokens);
         tokio::spawn(
             async move {
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         r = events.changed() => if r.is_err() { return },
+                        changed = tag_keys.changed() => if !changed { return },
                         changed = tokens.changed() => if !changed { return },
                     }
                     ctx.set_settings(settings());
@@ -264,17 +281,41 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
         );
     }
     let work = {
-        let (ctx, leading) = (ctx.clone(), leading.clone());
+        let (ctx, leading, tag_keys) = (ctx.clone(), leading.clone(), tag_keys.clone());
         move || {
-            let (ctx, leading) = (ctx.clone(), leading.clone());
+            let (ctx, leading, tag_keys) = (ctx.clone(), leading.clone(), tag_keys.clone());
+            let settings = settings.clone();
             async move {
                 let _guard = leading.enter();
+                // This leader creates the tag key when it is absent: wait a little for it.
+                if tokio::time::timeout(TOKEN_WAIT, tag_keys.wait())
+                    .await
+                    .is_err()
+                {
+                    warn!(
+                        "no proxy tag key yet (the Secret {}): revisions get their tag once it is read",
+                        tag_key::SECRET_NAME
+                    );
+                }
+                ctx.set_settings(settings());
                 run_controllers(ctx).await;
             }
         }
     };
-    let _leadership =
+    let leadership =
         elect(client, lease, stop.clone(), work).map_err(|e| format!("thaw controller: {e}"))?;
+    // The tag key's follower creates the Secret while this replica leads.
+    {
+        let mut leader = leadership.subscribe();
+        tokio::spawn(async move {
+            loop {
+                leading_tx.send_replace(*leader.borrow_and_update());
+                if leader.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
     let _ = ready_tx.send(true);
     super::autoscaler::signal_stop().await;
     info!("stopping: releasing the lease");

@@ -536,16 +536,21 @@ async fn the_container_gets_the_clients_host_and_no_sidecar_headers() {
     h.shutdown();
 }
 
-/// With the stats token's tagger, what the activator forwards to a sidecar carries each
-/// revision's own tag in `K-Proxy-Request` (a client's own value replaced), on the direct and
-/// the hyper path alike.
+/// With the tag key's tagger, what the activator forwards to a sidecar carries each
+/// revision's own tag (over its namespace, name and UID) in `K-Proxy-Request` (a client's own
+/// value replaced), on the direct and the hyper path alike.
 #[tokio::test]
 async fn forwarded_requests_carry_the_revisions_proxy_tag() {
     use thaw::knative::proxy_tag::{Tagger, tag};
-    let key = b"the-stats-token-0123456789abcdef";
+    let key = b"the-proxy-tag-key-0123456789abcdef";
     let up = Upstream::start().await;
+    let with_uid = |name: &str| {
+        let mut s = spec(name, 0);
+        s.uid = Some(format!("uid-of-{name}").into());
+        s
+    };
     let mut h = Harness::start(
-        vec![spec("tagged-a", 0), spec("tagged-b", 0)],
+        vec![with_uid("tagged-a"), with_uid("tagged-b")],
         ActivatorConfig::default(),
     )
     .await;
@@ -564,7 +569,7 @@ async fn forwarded_requests_carry_the_revisions_proxy_tag() {
             let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert_eq!(
                 seen["k-proxy-request"],
-                tag(key, "default", name).as_str(),
+                tag(key, "default", name, &format!("uid-of-{name}")).as_str(),
                 "{name} {method}: {seen}"
             );
         }

@@ -89,10 +89,7 @@ pub fn check(rev: &Revision, settings: &Settings) -> Result<Resolved, String> {
                 .collect::<Vec<_>>()
                 .join("; ")
         })?;
-    r.proxy_tag = settings
-        .proxy_key
-        .as_ref()
-        .map(|k| k.tag(&r.namespace, &r.name));
+    r.proxy_tag = settings.proxy_tags.tag(&r.namespace, &r.name, &r.uid);
     Ok(r)
 }
 
@@ -181,6 +178,24 @@ enum DeploymentOutcome {
     Refused(String),
 }
 
+/// The previous form's proxy tag the revision's Deployment carries
+/// ([`crate::knative::proxy_tag`], this release only): the one the live Deployment holds, never
+/// recomputed (a stats-token rotation changes no template); for a Deployment created at `now`,
+/// one computed within the upgrade window.
+pub fn legacy_proxy_tag(
+    live: Option<&Deployment>,
+    r: &Resolved,
+    settings: &Settings,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<String> {
+    match live {
+        Some(live) => queue::live_legacy_tag(live),
+        None => settings
+            .proxy_tags
+            .legacy_for_new(&r.namespace, &r.name, now.0),
+    }
+}
+
 /// The Deployment: created with the initial scale (after the pod dry run when asked for),
 /// else applied without replicas.
 async fn reconcile_deployment(
@@ -191,7 +206,12 @@ async fn reconcile_deployment(
 ) -> Result<DeploymentOutcome, Error> {
     let api = ctx.api::<Deployment>(&r.namespace);
     let name = deployment::deployment_name(&r.name);
-    match api.get_opt(&name).await? {
+    let live = api.get_opt(&name).await?;
+    let r = &Resolved {
+        legacy_proxy_tag: legacy_proxy_tag(live.as_ref(), r, settings, &now()),
+        ..r.clone()
+    };
+    match live {
         None => {
             if wants_dry_run(rev, &settings.features)
                 && let Some(refused) = dry_run(ctx, rev, r, settings).await?

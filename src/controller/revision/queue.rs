@@ -17,9 +17,12 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use k8s_openapi::api::apps::v1::Deployment;
+
 use super::resolve::Resolved;
 use crate::config::DeploymentConfig;
 use crate::config::deployment::SidecarResources;
+use crate::knative::proxy_tag::Expected;
 use crate::queue::settings as env;
 use crate::queue::settings::{DEFAULT_ADMIN_PORT, DEFAULT_DATA_PORT, DEFAULT_DRAIN_DELAY};
 use crate::revision::Protocol;
@@ -142,6 +145,27 @@ pub fn move_readiness(
     )
 }
 
+/// The previous form's proxy tag the sidecar of `live` (a revision's Deployment as it is)
+/// holds, carried into its next template so that nothing but the live object decides it
+/// ([`crate::knative::proxy_tag`]): its `THAW_PROXY_TAG_LEGACY` when the template is this
+/// release's (empty: none), else its `THAW_PROXY_TAG` (a previous release wrote only the
+/// previous form, there). A value that is not a tag is not carried.
+pub fn live_legacy_tag(live: &Deployment) -> Option<String> {
+    let pod = live.spec.as_ref()?.template.spec.as_ref()?;
+    let queue = pod
+        .containers
+        .iter()
+        .find(|c| c.name == QUEUE_CONTAINER_NAME)?;
+    let envs = queue.env.as_deref().unwrap_or_default();
+    let find = |name: &str| envs.iter().find(|e| e.name == name);
+    let held = match find(env::THAW_PROXY_TAG_LEGACY) {
+        Some(legacy) => legacy,
+        None => find(env::THAW_PROXY_TAG)?,
+    };
+    let value = held.value.as_deref()?.trim();
+    Expected::parse(value).ok().map(|_| value.to_string())
+}
+
 fn var(name: &str, value: impl ToString) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -228,6 +252,12 @@ pub fn queue_container(r: &Resolved, cfg: &DeploymentConfig, probe: &MovedProbe)
     if let Some(tag) = &r.proxy_tag {
         env.push(var(env::THAW_PROXY_TAG, tag));
     }
+    // The previous form's tag, on every template this release writes (empty when there is
+    // none): its presence tells [`live_legacy_tag`] that the template is of this release.
+    env.push(var(
+        env::THAW_PROXY_TAG_LEGACY,
+        r.legacy_proxy_tag.as_deref().unwrap_or(""),
+    ));
     let admin = IntOrString::Int(i32::from(DEFAULT_ADMIN_PORT));
     let timing = probe.timing.clone().unwrap_or_default();
     let readiness = Probe {
@@ -401,5 +431,55 @@ mod tests {
             BTreeMap::from([("memory".to_string(), Quantity("800Mi".into()))])
         );
         assert_eq!(resources(&SidecarResources::default()), None);
+    }
+
+    /// A Deployment whose sidecar has `env` (name, value).
+    fn live(env: &[(&str, Option<&str>)]) -> Deployment {
+        let env: Vec<EnvVar> = env
+            .iter()
+            .map(|(n, v)| EnvVar {
+                name: (*n).into(),
+                value: v.map(Into::into),
+                value_from: None,
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "spec": {
+                "selector": {},
+                "template": {"spec": {"containers": [
+                    {"name": "user-container"},
+                    {"name": QUEUE_CONTAINER_NAME, "env": env},
+                ]}},
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_previous_forms_tag_is_carried_from_the_live_template_only() {
+        let (old, new) = ("a".repeat(64), "b".repeat(64));
+        // A previous release's template: its only tag is the previous form.
+        let before = live(&[(env::THAW_PROXY_TAG, Some(&old))]);
+        assert_eq!(live_legacy_tag(&before), Some(old.clone()));
+        // This release's: the previous form is its own variable, the tag is not carried.
+        let carried = live(&[
+            (env::THAW_PROXY_TAG, Some(&new)),
+            (env::THAW_PROXY_TAG_LEGACY, Some(&old)),
+        ]);
+        assert_eq!(live_legacy_tag(&carried), Some(old.clone()));
+        for none in [Some(""), None] {
+            let without = live(&[
+                (env::THAW_PROXY_TAG, Some(&new)),
+                (env::THAW_PROXY_TAG_LEGACY, none),
+            ]);
+            assert_eq!(live_legacy_tag(&without), None, "{none:?}");
+        }
+        // Nothing to carry, or nothing that is a tag.
+        assert_eq!(live_legacy_tag(&live(&[])), None);
+        assert_eq!(
+            live_legacy_tag(&live(&[(env::THAW_PROXY_TAG, Some("x"))])),
+            None
+        );
+        assert_eq!(live_legacy_tag(&Deployment::default()), None);
     }
 }

@@ -51,8 +51,12 @@ pub struct Resolved {
     pub autoscaling: Arc<AutoscalingSpec>,
     /// `serving.knative.dev/progress-deadline`, else config-deployment's `progress-deadline`.
     pub progress_deadline: Duration,
-    /// The revision's proxy tag (the sidecar's `THAW_PROXY_TAG`), when the key is known.
+    /// The revision's proxy tag (the sidecar's `THAW_PROXY_TAG`), when the tag key is known.
     pub proxy_tag: Option<String>,
+    /// The previous form's tag its Deployment carries (`THAW_PROXY_TAG_LEGACY`, this release
+    /// only): from the live Deployment, or computed for a new one within the upgrade window
+    /// ([`crate::knative::proxy_tag`]).
+    pub legacy_proxy_tag: Option<String>,
 }
 
 /// The serving container of a pod spec: the first container with a port, else the first.
@@ -167,6 +171,7 @@ pub fn resolve(
         autoscaling: spec.autoscaling,
         progress_deadline,
         proxy_tag: None,
+        legacy_proxy_tag: None,
     })
 }
 

@@ -114,6 +114,7 @@ pub fn revision_input(rev: &Revision) -> Result<RevisionInput, Problems> {
         response_start_timeout_seconds: response_start,
         idle_timeout_seconds: idle,
         port_name,
+        uid: rev.uid(),
         // Only those the resolver reads: another annotation's change (a controller's
         // bookkeeping) is no change of the data plane's spec, and is not kept per revision.
         annotations: rev
