@@ -219,3 +219,156 @@ async fn strict_pods_are_reached_through_the_private_service() {
     )
     .await;
 }
+
+/// The element Istio's sidecar appends to `X-Forwarded-Client-Cert` for a peer whose SPIFFE id
+/// is `ns/{ns}/sa/{sa}` (Envoy's `APPEND_FORWARD` with Subject, URI and DNS).
+fn sidecar_xfcc(ns: &str, sa: &str) -> String {
+    format!(
+        "By=spiffe://cluster.local/ns/thaw-system/sa/activator;\
+         Hash=00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff;Subject=\"\";\
+         URI=spiffe://cluster.local/ns/{ns}/sa/{sa}"
+    )
+}
+
+/// How many requests the activator has answered 200 for `revision`.
+async fn served(admin: u16, revision: &str) -> f64 {
+    let text = get_text(SocketAddr::from(([127, 0, 0, 1], admin)), "/metrics").await;
+    let rev = format!("revision=\"{revision}\"");
+    metric(
+        &text,
+        "thaw_activator_requests_total",
+        &[&rev, "code=\"200\""],
+    )
+}
+
+/// GET `/` on `act` from `source` with `Host: host` and `headers`; which of `revisions` the
+/// activator served it to (by its per-revision counters), or the status.
+async fn reached(
+    act: SocketAddr,
+    admin: u16,
+    source: [u8; 4],
+    host: &str,
+    headers: &[(&str, &str)],
+    revisions: &[&str],
+) -> String {
+    let mut before = Vec::new();
+    for r in revisions {
+        before.push(served(admin, r).await);
+    }
+    let mut req = http::Request::get(format!("http://{act}/")).header("host", host);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let status = match http_from(source.into()).request(req).await {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => return format!("failed: {e}"),
+    };
+    for (r, b) in revisions.iter().zip(before) {
+        if served(admin, r).await > b {
+            return r.to_string();
+        }
+    }
+    format!("status {status}")
+}
+
+/// Issue 47, point 8, with `thaw activator` as a real process: behind its Istio sidecar
+/// (every peer 127.0.0.6) the gateways are told by the identity the sidecar vouches for in
+/// `X-Forwarded-Client-Cert`, and the activator learns that identity from the pods behind
+/// config-istio's gateway Services (their service account). A gateway keeps the revision its
+/// headers chose; a pod is routed by its host's Route; a pod's own copy of the gateway's
+/// identity, sent without the sidecar, is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_its_sidecar_the_activator_believes_gateways_by_mesh_identity() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let c = Cluster::start(serde_json::json!({})).await;
+    let act = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    c.activator_service(&[act]).await;
+    let warm = serde_json::json!({"autoscaling.knative.dev/min-scale": "1"});
+    for rev in ["hello-00001", "other-00001"] {
+        c.revision(rev, 0, warm.clone()).await;
+    }
+    // A Route over both: hello at 100 %, other routed at 0 % (a gateway may still name it).
+    c.route(NS, "web", &["hello-00001", "other-00001"]).await;
+    // The ingress gateway's pod, at 127.0.0.3, running as Istio's gateway service account.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "istio-system");
+    pods.create(
+        &PostParams::default(),
+        &obj(serde_json::json!({
+            "metadata": {"name": "istio-ingressgateway-1", "namespace": "istio-system"},
+            "spec": {"serviceAccountName": "istio-ingressgateway-service-account",
+                "containers": [{"name": "istio-proxy", "image": "proxyv2"}]},
+        })),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "istio-ingressgateway-1",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"phase": "Running",
+            "podIP": "127.0.0.3", "podIPs": [{"ip": "127.0.0.3"}]}})),
+    )
+    .await
+    .unwrap();
+    let _kubelet = Kubelet::start(
+        c.client.clone(),
+        vec![
+            ("hello-00001".into(), PodKind::default()),
+            ("other-00001".into(), PodKind::default()),
+        ],
+    );
+    let (s1, a1, aa) = (free_port(), free_port(), free_port());
+    let _asc = autoscaler(&c, "autoscaler-1", s1, a1);
+    let _acti = activator(&c, "activator-1", act, aa).await;
+    c.gateways_at(&[[127, 0, 0, 1].into(), [127, 0, 0, 3].into()])
+        .await;
+    until(LONG, "activator ready", || async {
+        ready(aa).await.then_some(())
+    })
+    .await;
+    let client = http();
+    for rev in ["hello-00001", "other-00001"] {
+        until(LONG, "warm revisions serving", || async {
+            (get(&client, act, rev, "/").await.0 == 200).then_some(())
+        })
+        .await;
+    }
+    let revs = ["hello-00001", "other-00001"];
+    let host = format!("web.{NS}.svc.cluster.local");
+    let choice = [
+        ("knative-serving-namespace", NS),
+        ("knative-serving-revision", "other-00001"),
+    ];
+    let gw = sidecar_xfcc("istio-system", "istio-ingressgateway-service-account");
+    let mut from_gateway = choice.to_vec();
+    from_gateway.push(("x-forwarded-client-cert", &gw));
+    // The gateway through the sidecar: its choice, once its pod's identity is followed.
+    until(LONG, "the gateway's identity believed", || async {
+        (reached(act, aa, [127, 0, 0, 6], &host, &from_gateway, &revs).await == "other-00001")
+            .then_some(())
+    })
+    .await;
+    // A pod through the sidecar: its host's Route (hello at 100 %), whatever it named.
+    let pod = sidecar_xfcc(NS, "default");
+    let mut from_pod = choice.to_vec();
+    from_pod.push(("x-forwarded-client-cert", &pod));
+    for _ in 0..3 {
+        assert_eq!(
+            reached(act, aa, [127, 0, 0, 6], &host, &from_pod, &revs).await,
+            "hello-00001"
+        );
+        // A pod sending the gateway's identity itself, without the sidecar: ignored.
+        assert_eq!(
+            reached(act, aa, [127, 0, 0, 2], &host, &from_gateway, &revs).await,
+            "hello-00001"
+        );
+        // Without a sidecar, a pod calling the Route's cluster-local host.
+        assert_eq!(
+            reached(act, aa, [127, 0, 0, 2], &format!("web.{NS}"), &[], &revs).await,
+            "hello-00001"
+        );
+    }
+}
