@@ -222,6 +222,10 @@ async fn revisions_created_changed_and_deleted_follow_into_the_catalog_and_the_p
     assert_eq!(spec.container_concurrency, 5);
     assert_eq!(spec.protocol, Protocol::H2c);
     assert_eq!(spec.service.as_deref(), Some("hello"));
+    // Its UID too: the activator's K-Proxy-Request tag covers it.
+    let created = revs.get("hello-00001").await.unwrap().metadata.uid;
+    assert_eq!(spec.uid.as_deref(), created.as_deref());
+    assert!(created.is_some());
     for host in [
         "hello-00001.default",
         "hello-00001.default.svc",

@@ -196,6 +196,54 @@ async fn helloworld_go_serves_goes_to_zero_and_wakes() {
         zero.is_some_and(|i| scale[i + 1..].iter().any(|r| *r > 0)),
         "/scale changes: {scale:?}"
     );
+    // The controller leader created the tag key, and the revision's sidecar holds its tag over
+    // the revision's UID.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(stack.client.clone(), stack_support::SYSTEM);
+    let key = secrets
+        .get("thaw-proxy-tag-key")
+        .await
+        .expect("the tag key");
+    let key = key.data.unwrap().remove("key").unwrap().0;
+    let revisions: Api<thaw::knative::Revision> = Api::namespaced(stack.client.clone(), NS);
+    let uid = revisions.get(REVISION).await.unwrap().metadata.uid.unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(stack.client.clone(), NS);
+    let template = deployments
+        .get(DEPLOYMENT)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template;
+    let sidecar = template.spec.unwrap().containers;
+    let sidecar = sidecar.iter().find(|c| c.name == "queue-proxy").unwrap();
+    let tag = sidecar
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "THAW_PROXY_TAG");
+    assert_eq!(
+        tag.and_then(|e| e.value.clone()),
+        Some(thaw::knative::proxy_tag::tag(&key, NS, REVISION, &uid))
+    );
+    // The woken pod's sidecar counted that request as proxied: the activator's
+    // K-Proxy-Request carried the tag the controller wrote into the pod (the same tag key, the
+    // same revision UID), so nothing was counted as direct.
+    for pod in pods(&stack).await {
+        let ip = pod.status.and_then(|s| s.pod_ip).expect("a pod IP");
+        let admin = std::net::SocketAddr::new(ip.parse().unwrap(), 9091);
+        let metrics = kube_e2e_support::get_text(admin, "/metrics").await;
+        let value = |name: &str| -> f64 {
+            let line = metrics.lines().find(|l| l.starts_with(name));
+            line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} not in:\n{metrics}"))
+        };
+        assert_eq!(value("thaw_queue_untagged_proxy_requests_total"), 0.0);
+        assert!(
+            metrics.contains("response_code_class=\"2xx\"} 1"),
+            "{metrics}"
+        );
+    }
 
     println!("{}", stack.records().describe());
     println!("wall time {:.1}s", began.elapsed().as_secs_f64());
