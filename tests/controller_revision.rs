@@ -468,6 +468,9 @@ async fn helloworld_revision_gets_its_deployment_and_services_and_goes_ready() {
         PlatformMetrics::default(),
     );
     let key = RevisionKey::new(NS, "hello-00001");
+    // (As the Revision watch would: the controller's Deployment and private Service count
+    // only as controlled by this UID.)
+    platform.observe_uid(&key, ready.metadata.uid.as_deref());
     let mut eps = platform.endpoints(&key);
     let snap = until("the activator's endpoints", || {
         let snap = eps.borrow_and_update().clone();

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, ContainerPort, PodSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -234,12 +233,13 @@ async fn revisions_created_changed_and_deleted_follow_into_the_catalog_and_the_p
         assert_eq!(snap.route_host(host).map(|s| &s.key), Some(&key), "{host}");
     }
     // The platform reads the h2c port of the revision's slices: it knows the protocol. (The
-    // endpoint's pod is the revision's Deployment's: endpoints count by ownership.)
-    let deps: Api<Deployment> = Api::namespaced(api.client(), NS);
-    let dep = kube_support::revision_deployment("hello-00001-deployment", "hello-00001");
-    deps.create(&PostParams::default(), &dep).await.unwrap();
+    // endpoint's pod is the revision's own Deployment's, at its IP: that Deployment and the
+    // private Service are controlled by the Revision's UID, which the watch told the platform.)
+    let uid = revs.get("hello-00001").await.unwrap().metadata.uid.unwrap();
+    kube_support::revision_children(&api.client(), NS, "hello-00001", &uid).await;
     let labels = serde_json::json!({"serving.knative.dev/revision": "hello-00001"});
-    kube_support::owned_pod(&api.client(), NS, "hello-00001-deployment", "p1", labels).await;
+    let dep = "hello-00001-deployment";
+    kube_support::running_pod(&api.client(), NS, dep, "p1", "10.0.0.1", labels).await;
     let slices: Api<EndpointSlice> = Api::namespaced(api.client(), NS);
     slices
         .create(

@@ -1,8 +1,10 @@
 //! Child names (Knative's `kmeta.ChildName`) and the labels every watch selects by.
 //!
-//! The data plane never recomputes a child's name to find it: the revision's pods, Deployment,
-//! private Service and its EndpointSlices carry [`labels::REVISION`], and each watch selects
-//! by label. [`child_name`] is for the controller that creates them.
+//! The revision's pods, Deployment, private Service and its EndpointSlices carry
+//! [`labels::REVISION`], and each data-plane watch selects by label (one watch per kind for
+//! every revision). Labels prove nothing, so the data plane then keeps only the Deployment and
+//! private Service named for the revision by [`child_name`] and controlled by its Revision's
+//! UID (`platform::kubernetes`'s `children`).
 
 use md5::{Digest, Md5};
 

@@ -118,6 +118,16 @@ pub struct WatchLabels {
     pub resource: String,
 }
 
+/// Labels: what the Kubernetes platform ignored and why. `kind`: `deployment`, `service`,
+/// `endpointslice` or `endpoint`; `reason`: see `platform::kubernetes::Ignored`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct IgnoredLabels {
+    /// What was ignored.
+    pub kind: String,
+    /// Why (snake case).
+    pub reason: String,
+}
+
 /// How one `/scale` patch ended (label values: `ok`, `retried`, `missing`, `failed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScaleOutcome {
@@ -201,6 +211,11 @@ pub struct PlatformMetrics {
     /// `thaw_platform_owners_refused_total{resource}`: pods or ReplicaSets the ownership index
     /// refused because it was full (their endpoints stay pending).
     pub owners_refused: Family<WatchLabels, Counter>,
+    /// `thaw_platform_ignored_total{kind,reason}`: objects carrying a revision's labels that
+    /// are not its own (a Deployment or private Service not named for it or not controlled by
+    /// it, a slice not of its private Service) and endpoints not bound to its pods, each
+    /// counted once when it is found so (a change of reason counts again).
+    pub ignored: Family<IgnoredLabels, Counter>,
 }
 
 impl Default for PlatformMetrics {
@@ -216,6 +231,7 @@ impl Default for PlatformMetrics {
             revisions_rejected: Family::default(),
             foreign_endpoints: Family::default(),
             owners_refused: Family::default(),
+            ignored: Family::default(),
         }
     }
 }
@@ -283,6 +299,11 @@ impl PlatformMetrics {
             "platform_owners_refused",
             "Pods or ReplicaSets the ownership index refused because it was full",
             m.owners_refused.clone(),
+        );
+        reg.register(
+            "platform_ignored",
+            "Objects and endpoints carrying a revision's labels that are not its own, by kind and reason",
+            m.ignored.clone(),
         );
         m
     }

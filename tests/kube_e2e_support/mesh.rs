@@ -76,11 +76,17 @@ impl Drop for KubeProxy {
 impl KubeProxy {
     pub async fn start(client: &kube::Client, revision: &str, cluster_ip: Ipv4Addr) -> Self {
         let (http, stats) = (free_port(), free_port());
+        // The revision's private Service (`Cluster::revision` made it, owned by the Revision)
+        // gets its cluster IP and ports.
         let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
-        svcs.create(
+        let name = format!("{revision}-private");
+        let made = svcs.get(&name).await.unwrap();
+        svcs.replace(
+            &name,
             &PostParams::default(),
             &obj(serde_json::json!({
-                "metadata": {"name": format!("{revision}-private"), "labels": {
+                "metadata": {"name": name, "resourceVersion": made.metadata.resource_version,
+                    "ownerReferences": made.metadata.owner_references, "labels": {
                     "serving.knative.dev/revision": revision,
                     "networking.internal.knative.dev/serviceType": "Private"}},
                 "spec": {"clusterIP": cluster_ip.to_string(),

@@ -197,7 +197,8 @@ impl Cluster {
         .unwrap();
     }
 
-    /// A revision as the controller would make it: the Revision, its Deployment (at 0), its
+    /// A revision as the controller would make it: the Revision, its Deployment (at 0) and
+    /// private Service (both controlled by the Revision, as the platform requires), its
     /// public Service without a selector, and a Route of the same name routing it (so
     /// [`get`]'s host, `{name}.{NS}.svc.cluster.local`, reaches it).
     pub async fn revision(&self, name: &str, cc: u32, annotations: serde_json::Value) {
@@ -208,7 +209,7 @@ impl Cluster {
     /// [`Cluster::revision`] without its Route.
     pub async fn unrouted_revision(&self, name: &str, cc: u32, annotations: serde_json::Value) {
         let revs: Api<thaw::knative::Revision> = Api::namespaced(self.client.clone(), NS);
-        revs.create(
+        let made = revs.create(
             &PostParams::default(),
             &obj(serde_json::json!({
                 "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
@@ -220,11 +221,12 @@ impl Cluster {
         )
         .await
         .unwrap();
+        let owner = crate::kube_support::revision_owner(name, &made.metadata.uid.unwrap());
         let deps: Api<Deployment> = Api::namespaced(self.client.clone(), NS);
         deps.create(
             &PostParams::default(),
             &obj(serde_json::json!({
-                "metadata": {"name": format!("{name}-deployment"),
+                "metadata": {"name": format!("{name}-deployment"), "ownerReferences": owner,
                     "labels": {"serving.knative.dev/revision": name}},
                 "spec": {"replicas": 0,
                     "selector": {"matchLabels": {"serving.knative.dev/revision": name}},
@@ -235,6 +237,20 @@ impl Cluster {
         .await
         .unwrap();
         let svcs: Api<Service> = Api::namespaced(self.client.clone(), NS);
+        // (A meshed test gives it a cluster IP: `mesh::KubeProxy`.)
+        svcs.create(
+            &PostParams::default(),
+            &obj(serde_json::json!({
+                "metadata": {"name": format!("{name}-private"), "ownerReferences": owner,
+                    "labels": {
+                    "serving.knative.dev/revision": name,
+                    "networking.internal.knative.dev/serviceType": "Private"}},
+                "spec": {"selector": {"serving.knative.dev/revision": name},
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8012, "protocol": "TCP"}]},
+            })),
+        )
+        .await
+        .unwrap();
         svcs.create(
             &PostParams::default(),
             &obj(serde_json::json!({
@@ -677,6 +693,7 @@ async fn start_pod(
             &name,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Running",
+                "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
                 "containerStatuses": [{"name": "user-container", "ready": !kind.crash,
                     "restartCount": if kind.crash { 5 } else { 0 }, "image": "sample-app",
                     "imageID": "", "state": state}]}})),

@@ -280,13 +280,93 @@ pub async fn owned_pod(
         .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
 }
 
+/// [`owned_pod`], then plays the kubelet: the pod `Running` at `ip` (`status.podIPs`), as
+/// endpoints bound to pods require (`src/platform/kubernetes/owners.rs`).
+pub async fn running_pod(
+    client: &kube::Client,
+    ns: &str,
+    deployment: &str,
+    name: &str,
+    ip: &str,
+    labels: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    owned_pod(client, ns, deployment, name, labels).await;
+    pod_status(client, ns, name, "Running", &[ip]).await
+}
+
+/// Plays the kubelet: pod `ns/name`'s phase and `status.podIPs` (`podIP` the first).
+pub async fn pod_status(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    phase: &str,
+    ips: &[&str],
+) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let ip_list: Vec<serde_json::Value> =
+        ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {
+            "phase": phase, "podIP": ips.first(), "podIPs": ip_list}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("status of pod {name}: {e}"))
+}
+
+/// The `ownerReferences` the controller gives a revision's children: controlled by Revision
+/// `revision` of UID `uid`.
+pub fn revision_owner(revision: &str, uid: &str) -> serde_json::Value {
+    serde_json::json!([{
+        "apiVersion": "serving.knative.dev/v1", "kind": "Revision", "name": revision,
+        "uid": uid, "controller": true, "blockOwnerDeletion": true,
+    }])
+}
+
+/// Revision `revision`'s own Deployment `{revision}-deployment` (at zero, as
+/// [`revision_deployment`]) and private Service `{revision}-private` (selecting its pods;
+/// ports `http` 80 -> 8012, `http2` 81 -> 8013), both controlled by the Revision of UID `uid`,
+/// as the controller makes them: the platform counts only these as the revision's.
+pub async fn revision_children(client: &kube::Client, ns: &str, revision: &str, uid: &str) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, PostParams};
+    let mut d = revision_deployment(&format!("{revision}-deployment"), revision);
+    d.metadata.owner_references =
+        Some(serde_json::from_value(revision_owner(revision, uid)).unwrap());
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    deps.create(&PostParams::default(), &d)
+        .await
+        .unwrap_or_else(|e| panic!("create {revision}-deployment: {e}"));
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{revision}-private"), "labels": {
+            "serving.knative.dev/revision": revision,
+            "networking.internal.knative.dev/serviceType": "Private"},
+            "ownerReferences": revision_owner(revision, uid)},
+        "spec": {"selector": {"serving.knative.dev/revision": revision},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8012, "protocol": "TCP"},
+                {"name": "http2", "port": 81, "targetPort": 8013, "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c"}]},
+    }))
+    .unwrap();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    svcs.create(&PostParams::default(), &svc)
+        .await
+        .unwrap_or_else(|e| panic!("create {revision}-private: {e}"));
+}
+
 /// The `targetRef` of an EndpointSlice endpoint for pod `name` in `ns`.
 pub fn pod_target(ns: &str, name: &str) -> serde_json::Value {
     serde_json::json!({"kind": "Pod", "name": name, "namespace": ns})
 }
 
 /// A Deployment `name` of `revision` at zero replicas (its labels, selector and template's
-/// labels carry the revision's label; the platform finds it by label, whatever its name).
+/// labels carry the revision's label). Owned by nothing: the platform counts it as the
+/// revision's only when it is named for it and controlled by it ([`revision_children`]).
 pub fn revision_deployment(name: &str, revision: &str) -> k8s_openapi::api::apps::v1::Deployment {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"serving.knative.dev/revision": revision}},

@@ -40,7 +40,7 @@ pub fn free_port() -> u16 {
 pub async fn revision(client: kube::Client, i: usize, warm: bool) {
     let name = format!("rev-{i:05}");
     let revs: Api<Revision> = Api::namespaced(client.clone(), NS);
-    revs.create(
+    let made = revs.create(
         &PostParams::default(),
         &obj(serde_json::json!({
             "apiVersion": "serving.knative.dev/v1", "kind": "Revision",
@@ -65,11 +65,14 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
     )
     .await
     .unwrap();
+    // Its Deployment and private Service, controlled by the Revision (the platform's own
+    // are those it controls).
+    let owner = crate::kube_support::revision_owner(&name, &made.metadata.uid.unwrap());
     let deps: Api<Deployment> = Api::namespaced(client.clone(), NS);
     deps.create(
         &PostParams::default(),
         &obj(serde_json::json!({
-            "metadata": {"name": format!("{name}-deployment"),
+            "metadata": {"name": format!("{name}-deployment"), "ownerReferences": owner,
                 "labels": {"serving.knative.dev/revision": name}},
             "spec": {"replicas": i32::from(warm),
                 "selector": {"matchLabels": {"serving.knative.dev/revision": name}},
@@ -80,6 +83,19 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
     .await
     .unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    svcs.create(
+        &PostParams::default(),
+        &obj(serde_json::json!({
+            "metadata": {"name": format!("{name}-private"), "ownerReferences": owner,
+                "labels": {
+                "serving.knative.dev/revision": name,
+                "networking.internal.knative.dev/serviceType": "Private"}},
+            "spec": {"selector": {"serving.knative.dev/revision": name},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8012, "protocol": "TCP"}]},
+        })),
+    )
+    .await
+    .unwrap();
     let svc = svcs
         .create(
             &PostParams::default(),
@@ -119,7 +135,8 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
         let pod = format!("{name}-pod");
         let labels = serde_json::json!({"serving.knative.dev/revision": name});
         let deployment = format!("{name}-deployment");
-        crate::kube_support::owned_pod(&client, NS, &deployment, &pod, labels).await;
+        let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+        crate::kube_support::running_pod(&client, NS, &deployment, &pod, &ip, labels).await;
         let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
         slices
             .create(
@@ -131,7 +148,7 @@ pub async fn revision(client: kube::Client, i: usize, warm: bool) {
                         "kubernetes.io/service-name": format!("{name}-private")}},
                     "addressType": "IPv4",
                     "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": [format!("10.1.{}.{}", i / 250, i % 250 + 1)],
+                    "endpoints": [{"addresses": [ip],
                         "conditions": {"ready": true},
                         "targetRef": crate::kube_support::pod_target(NS, &pod)}],
                 })),

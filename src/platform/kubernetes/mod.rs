@@ -1,33 +1,44 @@
 //! The Kubernetes platform: a revision's replicas are its Deployment's pods.
 //!
-//! [`KubePlatform`] implements [`Platform`] and [`EndpointSource`] with four watches, each
-//! one for all revisions, selected by label (never by recomputed names):
+//! [`KubePlatform`] implements [`Platform`] and [`EndpointSource`] with five watches, each
+//! one for all revisions, selected by label; labels prove nothing, so what each watch finds is
+//! then checked against the revision's names and UIDs:
+//! - **Deployments** and **private Services** carrying `serving.knative.dev/revision`: the
+//!   revision's own are the ones named for it (`{revision}-deployment`, `{revision}-private`)
+//!   **and** controlled by the Revision's UID ([`children`]); the others are ignored (never
+//!   scaled, never read), counted once by reason in `thaw_platform_ignored_total{kind,reason}`
+//!   and logged once. Services are watched metadata-only.
 //! - **EndpointSlices** labelled `networking.internal.knative.dev/serviceType=Private` and
-//!   carrying `serving.knative.dev/revision`: the revision's private Service's slices. Merged
-//!   per revision across all its slices, deduplicated, `ready`/`terminating` from the slice
+//!   carrying `serving.knative.dev/revision`. A slice counts only when its
+//!   `kubernetes.io/service-name` is the revision's private Service and that Service is the
+//!   revision's own; an endpoint of it only when it is bound to one of the revision's pods
+//!   ([`owners`]: the pod is its Deployment's, each address is one of the pod's `podIPs`, the
+//!   pod runs; a pod being deleted keeps its endpoint as terminating, never ready). Merged per
+//!   revision across all its slices, deduplicated, `ready`/`terminating` from the slice
 //!   conditions, the port chosen by the revision's protocol (`http`, or `http2` / appProtocol
-//!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel. Only
-//!   endpoints whose pod belongs to the revision's Deployment count ([`owners`]).
-//! - **Pods** carrying `serving.knative.dev/revision`: a container waiting in
-//!   `CrashLoopBackOff`, or restarted [`KubeOptions::restart_limit`] times, makes the revision
-//!   `Failing` while it has no ready endpoint. Image pull and container config errors do not
-//!   ([`DEADLINE_WAITING_REASONS`]): as in Knative they count against the progress deadline,
-//!   so requests stay held until the activation timeout. Each pod's controlling ReplicaSet
-//!   (by UID) goes into the ownership index.
-//! - **Deployments** carrying `serving.knative.dev/revision`: which Deployment scales which
-//!   revision (its UID: the one whose pods are the revision's).
+//!   `kubernetes.io/h2c`). Each event goes straight onto the revision's watch channel.
+//! - **Pods** carrying `serving.knative.dev/revision`: each pod's controlling ReplicaSet (by
+//!   UID), IPs, phase and deletion go into the ownership index, and every change of those
+//!   judges the revision's endpoints again (a slice that arrives before its pod's `podIPs` is
+//!   served as soon as they do). A container waiting in `CrashLoopBackOff`, or restarted
+//!   [`KubeOptions::restart_limit`] times, makes the revision `Failing` while it has no ready
+//!   endpoint. Image pull and container config errors do not ([`DEADLINE_WAITING_REASONS`]):
+//!   as in Knative they count against the progress deadline, so requests stay held until the
+//!   activation timeout.
 //! - **ReplicaSets** carrying `serving.knative.dev/revision`, metadata only: each one's
 //!   controlling Deployment (by UID), for the ownership index.
 //!
-//! The Revisions themselves are followed by [`revisions::follow_revisions`] (a fifth watch,
-//! into the catalog and [`KubePlatform::upsert`] / [`KubePlatform::remove`]).
+//! The Revisions themselves are followed by [`revisions::follow_revisions`] (a sixth watch,
+//! into the catalog, [`KubePlatform::upsert`] / [`KubePlatform::remove`], and each Revision's
+//! UID into [`KubePlatform::observe_uid`]).
 //!
 //! [`Platform::scale`] records the latest replica count and returns at once; the revision's
 //! own scaler task applies it as a merge patch of the Deployment's `/scale` subresource. A
 //! 409, 429, 5xx or transport error is retried with backoff in that task, so one revision's
 //! trouble never holds another's decision up, and a newer count replaces an older one not yet
-//! applied. A Deployment not there yet is waited for and reported failing
-//! (`DeploymentMissing`) only after [`KubeOptions::missing_deployment_grace`].
+//! applied. Only the revision's own Deployment is ever patched. A Deployment not there yet
+//! (or not the revision's own) is waited for and reported failing (`DeploymentMissing`) only
+//! after [`KubeOptions::missing_deployment_grace`].
 //!
 //! **Activation timeout** (Knative's): after a scale-up from zero, a revision with no ready
 //! endpoint within its progress deadline + 30 s is `Failing` with reason `TimedOut`, until an
@@ -40,6 +51,7 @@
 //! with backoff) and re-list only after a 410. [`EndpointSource::drained`] is ignored: on
 //! Kubernetes the pod's preStop hook waits for its own drain.
 
+mod children;
 mod owners;
 mod pods;
 pub mod revisions;
@@ -49,6 +61,8 @@ mod slices;
 mod state;
 mod watch;
 
+pub use children::{ChildKind, Ignored};
+pub use owners::Foreign;
 pub use pods::{DEADLINE_WAITING_REASONS, FAILING_WAITING_REASONS, PodFailure, pod_failure};
 pub use revisions::{FollowedRevisions, follow_revisions};
 pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};
@@ -65,15 +79,21 @@ use dashmap::DashMap;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use kube::ResourceExt;
+
+use crate::knative::names::labels;
 use crate::knative::status::AutoscalerStatus;
 use crate::platform::{
     BoxFuture, EndpointSnapshot, EndpointSource, Found, Platform, PlatformError,
 };
 use crate::revision::{Protocol, RevisionKey};
-use crate::telemetry::platform::PlatformMetrics;
-use state::RevEntry;
+use crate::telemetry::platform::{IgnoredLabels, PlatformMetrics, RevisionLabels};
+use children::{Child, Judged};
+use slices::Ownership;
+use state::{News, RevEntry};
 
-/// A revision's Deployment as the watch last saw it.
+/// A revision's own Deployment ([`children`]) as the watch last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeploymentRef {
     pub name: String,
@@ -171,8 +191,14 @@ pub(crate) struct Inner {
     /// Every revision seen (subscribed to, scaled, or found in a watch). Bounded by the
     /// revisions in the watched namespaces, plus those asked about.
     pub revisions: DashMap<RevisionKey, Arc<RevEntry>>,
-    /// Revision -> its Deployment (from the Deployment watch).
-    pub deployments: DashMap<RevisionKey, DeploymentRef>,
+    /// Every Deployment and private Service carrying a revision label, by name (their
+    /// watches); a revision's own is found by name and Revision UID ([`children`]).
+    pub children: children::Children,
+    /// Objects found not to be the revision's their labels name, so each is counted once.
+    pub ignored: children::IgnoredSet,
+    /// Each Revision's UID (the Revision watch, [`KubePlatform::observe_uid`]): its own
+    /// Deployment and private Service are the ones it controls.
+    pub revision_uids: DashMap<RevisionKey, String>,
     /// The autoscaler's part of each Revision's stored status (from the Revision watch).
     pub statuses: DashMap<RevisionKey, AutoscalerStatus>,
     /// Whether `/scale` may be written now ([`KubePlatform::fence`]).
@@ -181,12 +207,14 @@ pub(crate) struct Inner {
     pub writes: AtomicU64,
     /// The current term's number (1 before any fence); each [`KubePlatform::fence`] adds one.
     pub term_id: AtomicU64,
-    /// Bumped on every change of `deployments`, so scalers waiting for one wake up.
+    /// Bumped on every change of the Deployments or the Revisions' UIDs, so scalers waiting
+    /// for their Deployment wake up.
     pub deployments_changed: tokio_watch::Sender<u64>,
     /// Set once each watch has finished its first list.
     pub synced: tokio_watch::Sender<u8>,
     pub shutdown: CancellationToken,
-    /// Pods and ReplicaSets by UID: which endpoints are the revisions' own.
+    /// Pods (their ReplicaSet, IPs, phase) and ReplicaSets by UID: which endpoints are the
+    /// revisions' own.
     pub owners: owners::Owners,
 }
 
@@ -199,11 +227,11 @@ impl fmt::Debug for KubePlatform {
     }
 }
 
-/// The four watches; [`KubePlatform::wait_synced`] waits for all of them.
-const WATCHES: u8 = 4;
+/// The five watches; [`KubePlatform::wait_synced`] waits for all of them.
+const WATCHES: u8 = 5;
 
 impl KubePlatform {
-    /// Starts the four watches on `client`. `metrics` are the registered families
+    /// Starts the five watches on `client`. `metrics` are the registered families
     /// (`Telemetry::platform`).
     pub fn start(client: kube::Client, opts: KubeOptions, metrics: PlatformMetrics) -> Self {
         let inner = Arc::new(Inner {
@@ -211,7 +239,9 @@ impl KubePlatform {
             opts,
             metrics,
             revisions: DashMap::new(),
-            deployments: DashMap::new(),
+            children: children::Children::default(),
+            ignored: children::IgnoredSet::default(),
+            revision_uids: DashMap::new(),
             statuses: DashMap::new(),
             fence: ArcSwap::from_pointee(Fence::Open),
             writes: AtomicU64::new(0),
@@ -225,6 +255,7 @@ impl KubePlatform {
         tokio::spawn(watch::replica_sets(inner.clone()));
         tokio::spawn(watch::pods(inner.clone()));
         tokio::spawn(watch::deployments(inner.clone()));
+        tokio::spawn(watch::private_services(inner.clone()));
         Self { inner }
     }
 
@@ -242,11 +273,33 @@ impl KubePlatform {
             .progress_deadline
             .unwrap_or(self.inner.opts.progress_deadline)
             + self.inner.opts.activation_buffer;
-        let verdict = self.inner.verdict_of(&rev.key);
-        entry.update(|st| {
-            st.set_protocol(rev.protocol, &verdict);
+        let judge = self.inner.judge_of(&rev.key);
+        let news = entry.update(|st| {
             st.activation_timeout = Some(timeout);
+            st.set_protocol(rev.protocol, &judge)
         });
+        self.inner.count_news(&rev.key, news);
+    }
+
+    /// Records the UID of Revision `revision` (`None`: it has none): its own Deployment and
+    /// private Service are those it controls. A change judges its children and endpoints
+    /// again (a Revision deleted and made again under its name has a new UID).
+    pub fn observe_uid(&self, revision: &RevisionKey, uid: Option<&str>) {
+        let known = self.inner.revision_uids.get(revision).map(|u| u.clone());
+        if known.as_deref() == uid {
+            return;
+        }
+        match uid {
+            Some(uid) => {
+                self.inner
+                    .revision_uids
+                    .insert(revision.clone(), uid.to_string());
+            }
+            None => {
+                self.inner.revision_uids.remove(revision);
+            }
+        }
+        self.inner.revision_changed(revision);
     }
 
     /// Forgets a revision deleted from the cluster: its subscribers get `Failing` (reason
@@ -255,6 +308,9 @@ impl KubePlatform {
     /// revisions: no-op.
     pub fn remove(&self, key: &RevisionKey) {
         self.inner.statuses.remove(key);
+        if self.inner.revision_uids.remove(key).is_some() {
+            self.inner.revision_changed(key);
+        }
         if let Some((_, entry)) = self.inner.revisions.remove(key) {
             tracing::info!(revision = %key, "revision removed");
             entry.update(|st| st.removed = true);
@@ -263,17 +319,21 @@ impl KubePlatform {
     }
 
     /// Where `revision`'s ready pods serve their stats (the queue sidecar's admin port): each
-    /// ready, non-terminating endpoint of its private slices that has a port named
+    /// ready, non-terminating endpoint bound to one of its pods ([`owners`]) of its private
+    /// Service's slices that has a port named
     /// [`crate::stats::POD_STATS_PORT_NAME`], with its pod's name (from the endpoint's
     /// `targetRef`, else its address). Empty when the slices carry no such port.
     pub fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
         let Some(entry) = self.inner.revisions.get(revision).map(|e| e.clone()) else {
             return Vec::new();
         };
-        let verdict = self.inner.verdict_of(revision);
+        let judge = self.inner.judge_of(revision);
         entry.read(|st| {
             let mut out: Vec<(String, SocketAddr)> = Vec::new();
             for (slice, _) in st.slices.values() {
+                if judge.slice(slice) != Judged::Genuine {
+                    continue;
+                }
                 let Some(port) = slice
                     .ports
                     .iter()
@@ -285,7 +345,7 @@ impl KubePlatform {
                 };
                 for ep in &slice.endpoints {
                     let cond = ep.conditions.as_ref();
-                    if verdict(ep) != owners::Verdict::Owned
+                    if judge.endpoint(ep) != owners::Verdict::Owned
                         || !cond.and_then(|c| c.ready).unwrap_or(true)
                         || cond.and_then(|c| c.terminating).unwrap_or(false)
                     {
@@ -366,25 +426,141 @@ impl Inner {
             .clone()
     }
 
-    /// What an endpoint of `key`'s slices is to it: owned by its Deployment, foreign, or not
-    /// known yet ([`owners`]).
-    pub fn verdict_of(
-        &self,
-        key: &RevisionKey,
-    ) -> impl Fn(&k8s_openapi::api::discovery::v1::Endpoint) -> owners::Verdict + '_ {
-        let deployment = self.deployments.get(key).and_then(|d| d.uid.clone());
-        let namespace = key.namespace.to_string();
-        move |ep| self.owners.verdict(&namespace, deployment.as_deref(), ep)
+    /// Whose `key`'s slices and endpoints are, as the platform knows it now ([`Judge`]).
+    pub fn judge_of(&self, key: &RevisionKey) -> Judge<'_> {
+        let uid = self.revision_uids.get(key).map(|u| u.clone());
+        let service = self
+            .children
+            .of(ChildKind::Service, key, uid.as_deref())
+            .map_or(Judged::Pending, |(_, _, j)| j);
+        let deployment = match self.children.of(ChildKind::Deployment, key, uid.as_deref()) {
+            Some((_, child, Judged::Genuine)) => child.uid,
+            _ => None,
+        };
+        Judge {
+            owners: &self.owners,
+            namespace: key.namespace.clone(),
+            service_name: ChildKind::Service.name_for(&key.name),
+            service,
+            deployment,
+        }
     }
 
-    /// Re-reduces `key`'s slices after its ownership changed (a pod, ReplicaSet or Deployment
-    /// seen, changed or gone). Revisions not known yet: nothing to do.
+    /// `key`'s own Deployment: named for it and controlled by its Revision's UID. `None` when
+    /// there is none, or the Revision's UID is not known yet.
+    pub fn deployment(&self, key: &RevisionKey) -> Option<DeploymentRef> {
+        let uid = self.revision_uids.get(key).map(|u| u.clone());
+        match self
+            .children
+            .of(ChildKind::Deployment, key, uid.as_deref())?
+        {
+            (name, child, Judged::Genuine) => Some(DeploymentRef {
+                name,
+                replicas: child.replicas,
+                uid: child.uid,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Judges `kind` `namespace/name` again (it changed, or its revision's UID did); counts and
+    /// logs it if it is newly ignored.
+    pub fn judge_child(&self, kind: ChildKind, namespace: &str, name: &str) {
+        let child: Option<Child> = self.children.get(kind, namespace, name);
+        let reason = child.as_ref().and_then(|c| {
+            let uid = self
+                .revision_uids
+                .get(&RevisionKey::new(namespace, &c.revision))
+                .map(|u| u.clone());
+            match children::judge(kind, name, c, uid.as_deref()) {
+                Judged::Ignored(why) => Some(why),
+                Judged::Genuine | Judged::Pending => None,
+            }
+        });
+        if self.ignored.note(kind, namespace, name, reason)
+            && let (Some(why), Some(c)) = (reason, child)
+        {
+            tracing::warn!(
+                kind = kind.as_str(),
+                namespace,
+                name,
+                revision = %c.revision,
+                reason = why.as_str(),
+                "carries a revision's label but is not its own: ignored"
+            );
+            self.count_ignored(kind.as_str(), why.as_str(), 1);
+        }
+    }
+
+    fn count_ignored(&self, kind: &str, reason: &str, n: u64) {
+        self.metrics
+            .ignored
+            .get_or_create(&IgnoredLabels {
+                kind: kind.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts and logs what judging `key`'s slices found newly not its own.
+    pub fn count_news(&self, key: &RevisionKey, news: News) {
+        if news.is_empty() {
+            return;
+        }
+        let foreign = news.foreign.total();
+        if foreign > 0 {
+            for f in owners::Foreign::ALL {
+                let n = news.foreign.get(f);
+                if n > 0 {
+                    self.count_ignored("endpoint", f.as_str(), u64::from(n));
+                }
+            }
+            self.metrics
+                .foreign_endpoints
+                .get_or_create(&RevisionLabels {
+                    namespace: key.namespace.to_string(),
+                    revision: key.name.to_string(),
+                })
+                .inc_by(u64::from(foreign));
+            tracing::warn!(
+                revision = %key,
+                no_pod = news.foreign.get(owners::Foreign::NoPod),
+                pod_not_owned = news.foreign.get(owners::Foreign::NotTheRevisions),
+                address_not_the_pods = news.foreign.get(owners::Foreign::Address),
+                "endpoints not bound to the revision's pods: left out"
+            );
+        }
+        for (slice, why) in news.slices {
+            tracing::warn!(
+                revision = %key,
+                slice = %slice,
+                reason = why.as_str(),
+                "EndpointSlice not of the revision's private Service: ignored"
+            );
+            self.count_ignored("endpointslice", why.as_str(), 1);
+        }
+    }
+
+    /// `key`'s Revision UID changed (or it was removed): its children and endpoints are
+    /// judged again, and scalers waiting for its Deployment look again.
+    pub fn revision_changed(&self, key: &RevisionKey) {
+        for kind in [ChildKind::Deployment, ChildKind::Service] {
+            self.judge_child(kind, &key.namespace, &kind.name_for(&key.name));
+        }
+        self.refilter(key);
+        self.deployments_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Re-reduces `key`'s slices after its ownership changed (a pod, ReplicaSet, Deployment,
+    /// private Service or the Revision's UID seen, changed or gone). Revisions not known yet:
+    /// nothing to do.
     pub fn refilter(&self, key: &RevisionKey) {
         let Some(entry) = self.revisions.get(key).map(|e| e.clone()) else {
             return;
         };
-        let verdict = self.verdict_of(key);
-        entry.update(|st| st.refilter(&verdict));
+        let judge = self.judge_of(key);
+        let news = entry.update(|st| st.refilter(&judge));
+        self.count_news(key, news);
     }
 
     /// Re-reduces every revision's slices (a watch listed anew).
@@ -400,6 +576,39 @@ impl Inner {
         entry
             .read(|st| st.activation_timeout)
             .unwrap_or(self.opts.progress_deadline + self.opts.activation_buffer)
+    }
+}
+
+/// Whose a revision's slices and endpoints are, as the platform knew it when made
+/// ([`Inner::judge_of`]).
+pub(crate) struct Judge<'a> {
+    owners: &'a owners::Owners,
+    namespace: Arc<str>,
+    /// `{revision}-private`: the `kubernetes.io/service-name` of the revision's slices.
+    service_name: String,
+    /// What the Service of that name is to the revision.
+    service: Judged,
+    /// The UID of the revision's own Deployment; `None`: none known (yet).
+    deployment: Option<String>,
+}
+
+impl Ownership for Judge<'_> {
+    /// The revision's private Service's slice: named for it by `kubernetes.io/service-name`,
+    /// and that Service is the revision's own (pending while it is not known).
+    fn slice(&self, slice: &EndpointSlice) -> Judged {
+        if slice.labels().get(labels::ENDPOINTSLICE_SERVICE_NAME) != Some(&self.service_name) {
+            return Judged::Ignored(Ignored::NotThePrivateService);
+        }
+        match self.service {
+            Judged::Genuine => Judged::Genuine,
+            Judged::Pending => Judged::Pending,
+            Judged::Ignored(_) => Judged::Ignored(Ignored::NotThePrivateService),
+        }
+    }
+
+    fn endpoint(&self, ep: &Endpoint) -> owners::Verdict {
+        self.owners
+            .verdict(&self.namespace, self.deployment.as_deref(), ep)
     }
 }
 
@@ -441,11 +650,7 @@ impl Platform for KubePlatform {
     /// initialized (`ScaleTargetInitialized`, or `Ready=True` from before the condition).
     fn found(&self, revision: &RevisionKey) -> Found {
         Found {
-            replicas: self
-                .inner
-                .deployments
-                .get(revision)
-                .and_then(|d| d.replicas),
+            replicas: self.inner.deployment(revision).and_then(|d| d.replicas),
             initialized: self
                 .inner
                 .statuses

@@ -9,8 +9,10 @@
 //! ConfigMaps with the one resolver, [`resolve_revision`], that local mode uses too.
 //!
 //! - Added or changed: [`RevisionCatalog::upsert`] and [`KubePlatform::upsert`] (protocol, and
-//!   the progress deadline from `serving.knative.dev/progress-deadline`). O(log n) in the number
-//!   of revisions; an unchanged spec (a re-list, a status update) changes nothing.
+//!   the progress deadline from `serving.knative.dev/progress-deadline`); its UID into
+//!   [`KubePlatform::observe_uid`] (its own Deployment and private Service are those it
+//!   controls). O(log n) in the number of revisions; an unchanged spec (a re-list, a status
+//!   update) changes nothing.
 //! - Deleted: [`RevisionCatalog::remove`] and [`KubePlatform::remove`]; requests held for it are
 //!   answered 503.
 //! - Invalid (a bad annotation, a negative timeout, ...): logged with each field and reason,
@@ -324,6 +326,9 @@ impl Follower {
         // The autoscaler's part of the status, for a leader adopting the revision.
         self.platform
             .observe_status(&key, crate::knative::status::AutoscalerStatus::of(rev));
+        // Its own Deployment and private Service are those it controls (by UID); even an
+        // invalid or unchanged spec's Revision has them.
+        self.platform.observe_uid(&key, rev.uid().as_deref());
         let input = match revision_input(rev) {
             Ok(input) => input,
             Err(problems) => return self.reject(&key, &problems),

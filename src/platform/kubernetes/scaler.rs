@@ -1,5 +1,7 @@
-//! One task per scaled revision: applies the latest replica count to the revision's
-//! Deployment through `/scale`, retrying with backoff, and tracks the activation timeout.
+//! One task per scaled revision: applies the latest replica count to the revision's own
+//! Deployment (named for it and controlled by its Revision, [`super::children`]; never a
+//! labelled impostor) through `/scale`, retrying with backoff, and tracks the activation
+//! timeout.
 //! Tasks are independent, so one revision's retries never delay another's patch.
 
 use std::sync::Arc;
@@ -120,7 +122,7 @@ enum Outcome {
     /// Retryable: 409, 429, 5xx, transport, timeout. (kube's client first retries 429, 503
     /// and 504 itself, a few times with backoff; what still fails lands here.)
     Retry(String),
-    /// The Deployment is not there (not in the index, or 404).
+    /// The revision's own Deployment is not there (not in the index, or 404).
     Missing,
     /// Rejected otherwise: retried at the longest backoff.
     Failed(String),
@@ -171,7 +173,7 @@ async fn apply(
         if desired.has_changed().unwrap_or(false) {
             continue; // withdrawn or replaced meanwhile (a new term withdraws first)
         }
-        let known = inner.deployments.get(&entry.key).map(|d| d.clone());
+        let known = inner.deployment(&entry.key);
         let term_id = inner.term_id.load(Ordering::Relaxed);
         if let Some(d) = &known
             && d.replicas == Some(want)
@@ -218,8 +220,8 @@ async fn apply(
                     if !entry.read(|st| st.deployment_missing) {
                         tracing::warn!(
                             ?grace,
-                            "no Deployment labelled with this revision; revision failing \
-                             (DeploymentMissing), still retrying"
+                            "no Deployment named for this revision and controlled by it; \
+                             revision failing (DeploymentMissing), still retrying"
                         );
                     }
                     entry.update(|st| st.deployment_missing = true);

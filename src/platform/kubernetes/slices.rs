@@ -1,13 +1,16 @@
 //! From a revision's private EndpointSlices to its endpoint sets: the port chosen by the
 //! revision's protocol, `ready` and `terminating` from the slice conditions, merged across
-//! every slice of the revision and deduplicated. Pure functions; the watch loop calls them.
+//! every slice of the revision and deduplicated; only the slices of the revision's private
+//! Service and the endpoints bound to its pods count ([`Ownership`]). Pure functions; the
+//! watch loop calls them.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::owners::Verdict;
+use super::children::{Ignored, Judged};
+use super::owners::{Foreign, Verdict};
 use crate::revision::Protocol;
 
 /// The appProtocol Kubernetes defines for HTTP/2 without TLS.
@@ -16,6 +19,51 @@ pub const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
 pub const PORT_NAME_HTTP: &str = "http";
 /// The private Service's port name for h2c revisions.
 pub const PORT_NAME_HTTP2: &str = "http2";
+
+/// Whose a revision's slices and their endpoints are, as far as the platform knows at one
+/// moment ([`super::owners`], [`super::children`]).
+pub trait Ownership {
+    /// Whether `slice` is the revision's private Service's.
+    fn slice(&self, slice: &EndpointSlice) -> Judged;
+    /// What `ep`, an endpoint of one of the revision's slices, is to it.
+    fn endpoint(&self, ep: &Endpoint) -> Verdict;
+}
+
+/// Endpoints left out of one slice because they are not the revision's, by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tally([u32; Foreign::ALL.len()]);
+
+impl Tally {
+    fn add(&mut self, f: Foreign) {
+        self.0[f.index()] += 1;
+    }
+
+    /// How many were left out for `f`.
+    pub fn get(&self, f: Foreign) -> u32 {
+        self.0[f.index()]
+    }
+
+    /// Endpoints left out, all reasons.
+    pub fn total(&self) -> u32 {
+        self.0.iter().sum()
+    }
+
+    /// Per reason, how many more `self` has than `before` (none fewer).
+    pub fn more_than(&self, before: &Tally) -> Tally {
+        let mut out = Tally::default();
+        for (o, (a, b)) in out.0.iter_mut().zip(self.0.iter().zip(before.0.iter())) {
+            *o = a.saturating_sub(*b);
+        }
+        out
+    }
+
+    /// Adds `other`'s counts.
+    pub fn merge(&mut self, other: &Tally) {
+        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
+            *a += b;
+        }
+    }
+}
 
 /// The endpoints one slice contributes, already reduced to addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -26,6 +74,10 @@ pub struct SliceEndpoints {
     pub terminating: BTreeSet<SocketAddr>,
     /// Not ready (starting, or failing its readiness probe) and not terminating.
     pub starting: BTreeSet<SocketAddr>,
+    /// Endpoints left out as not the revision's ([`Verdict::Foreign`]), by reason.
+    pub foreign: Tally,
+    /// The whole slice left out: not the revision's private Service's.
+    pub ignored: Option<Ignored>,
 }
 
 /// The serving port of a slice for `protocol`: for h2c the port named `http2` or with
@@ -43,39 +95,65 @@ pub fn serving_port(slice: &EndpointSlice, protocol: Protocol) -> Option<u16> {
     u16::try_from(port.port?).ok()
 }
 
-/// One slice's endpoints for `protocol`. An endpoint is terminating when its condition says
-/// so, ready when `ready` is true or unset (Kubernetes: "nil should be interpreted as
-/// true") and it is not terminating, and starting otherwise (not ready yet, or failing its
-/// readiness probe).
-/// Addresses that do not parse as IPs (an FQDN slice) are skipped.
+/// Trusts every slice and endpoint (the reduction's own tests).
 #[cfg(test)]
-pub fn slice_endpoints(slice: &EndpointSlice, protocol: Protocol) -> SliceEndpoints {
-    owned_endpoints(slice, protocol, &|_| Verdict::Owned).0
+pub struct Trusting;
+
+#[cfg(test)]
+impl Ownership for Trusting {
+    fn slice(&self, _: &EndpointSlice) -> Judged {
+        Judged::Genuine
+    }
+    fn endpoint(&self, _: &Endpoint) -> Verdict {
+        Verdict::Owned
+    }
 }
 
-/// [`slice_endpoints`], keeping only the endpoints `verdict` finds [`Verdict::Owned`]; with
-/// how many it found [`Verdict::Foreign`] (pending ones are left out, not counted).
+/// One slice's endpoints for `protocol`, every slice and endpoint trusted.
+#[cfg(test)]
+pub fn slice_endpoints(slice: &EndpointSlice, protocol: Protocol) -> SliceEndpoints {
+    owned_endpoints(slice, protocol, &Trusting)
+}
+
+/// One slice's endpoints for `protocol`, as far as `owner` finds them the revision's:
+/// - a slice that is not the revision's private Service's contributes nothing (`ignored`
+///   says why; a pending one, nothing either);
+/// - an endpoint [`Verdict::Owned`] is terminating when its condition says so, ready when
+///   `ready` is true or unset (Kubernetes: "nil should be interpreted as true") and it is not
+///   terminating, and starting otherwise (not ready yet, or failing its readiness probe);
+/// - an endpoint [`Verdict::Terminating`] (its pod is being deleted) is terminating, whatever
+///   its conditions say;
+/// - a foreign one is left out and tallied; a pending one is left out.
+///
+/// Addresses that do not parse as IPs (an FQDN slice) are skipped.
 pub fn owned_endpoints(
     slice: &EndpointSlice,
     protocol: Protocol,
-    verdict: &dyn Fn(&Endpoint) -> Verdict,
-) -> (SliceEndpoints, usize) {
+    owner: &dyn Ownership,
+) -> SliceEndpoints {
     let mut out = SliceEndpoints::default();
-    let mut foreign = 0;
-    let Some(port) = serving_port(slice, protocol) else {
-        return (out, foreign);
-    };
+    match owner.slice(slice) {
+        Judged::Genuine => {}
+        Judged::Pending => return out,
+        Judged::Ignored(why) => {
+            out.ignored = Some(why);
+            return out;
+        }
+    }
+    let port = serving_port(slice, protocol);
     for ep in &slice.endpoints {
-        match verdict(ep) {
-            Verdict::Owned => {}
-            Verdict::Foreign => {
-                foreign += 1;
+        let deleting = match owner.endpoint(ep) {
+            Verdict::Owned => false,
+            Verdict::Terminating => true,
+            Verdict::Foreign(f) => {
+                out.foreign.add(f);
                 continue;
             }
             Verdict::Pending => continue,
-        }
+        };
+        let Some(port) = port else { continue };
         let cond = ep.conditions.as_ref();
-        let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+        let terminating = deleting || cond.and_then(|c| c.terminating).unwrap_or(false);
         let ready = cond.and_then(|c| c.ready).unwrap_or(true);
         for a in &ep.addresses {
             let Ok(ip) = a.parse::<IpAddr>() else {
@@ -91,7 +169,7 @@ pub fn owned_endpoints(
             }
         }
     }
-    (out, foreign)
+    out
 }
 
 /// Every slice of one revision merged: the union of `ready`, of `terminating` and of
@@ -199,17 +277,101 @@ mod tests {
         );
     }
 
+    /// Judges each endpoint by its first address's last octet (1 owned, 2 terminating, 3 not
+    /// the revision's pod, 4 elsewhere, 5 pending) and every slice as `slice`.
+    struct Scripted(Judged);
+
+    impl Ownership for Scripted {
+        fn slice(&self, _: &EndpointSlice) -> Judged {
+            self.0
+        }
+        fn endpoint(&self, ep: &Endpoint) -> Verdict {
+            match ep.addresses[0].rsplit('.').next() {
+                Some("1") => Verdict::Owned,
+                Some("2") => Verdict::Terminating,
+                Some("3") => Verdict::Foreign(Foreign::NotTheRevisions),
+                Some("4") => Verdict::Foreign(Foreign::Address),
+                _ => Verdict::Pending,
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_revisions_slices_and_endpoints_count() {
+        let s = slice(
+            serde_json::json!([{"name": "http", "port": 8012}]),
+            serde_json::json!([
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.1.1"], "conditions": {"ready": true, "terminating": true}},
+                // Its pod is being deleted: terminating though the slice says ready.
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.1.3"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.4"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.5"], "conditions": {"ready": true}}
+            ]),
+        );
+        let e = owned_endpoints(&s, Protocol::Http1, &Scripted(Judged::Genuine));
+        assert_eq!(
+            e.ready.iter().copied().collect::<Vec<_>>(),
+            [addr("10.0.0.1:8012")]
+        );
+        assert_eq!(
+            e.terminating.iter().copied().collect::<Vec<_>>(),
+            [addr("10.0.0.2:8012"), addr("10.0.1.1:8012")]
+        );
+        assert!(e.starting.is_empty());
+        assert_eq!(e.foreign.get(Foreign::NotTheRevisions), 2);
+        assert_eq!(e.foreign.get(Foreign::Address), 1);
+        assert_eq!(e.foreign.total(), 3);
+        assert_eq!(e.ignored, None);
+        // Foreign endpoints are tallied even when the slice has no port for the protocol.
+        let e = owned_endpoints(&s, Protocol::H2c, &Scripted(Judged::Genuine));
+        assert!(e.ready.is_empty() && e.terminating.is_empty());
+        assert_eq!(e.foreign.total(), 3);
+        // Not the private Service's slice: nothing of it, and why; pending: nothing.
+        let why = Ignored::NotThePrivateService;
+        let e = owned_endpoints(&s, Protocol::Http1, &Scripted(Judged::Ignored(why)));
+        assert_eq!(
+            e,
+            SliceEndpoints {
+                ignored: Some(why),
+                ..SliceEndpoints::default()
+            }
+        );
+        let e = owned_endpoints(&s, Protocol::Http1, &Scripted(Judged::Pending));
+        assert_eq!(e, SliceEndpoints::default());
+    }
+
+    #[test]
+    fn tallies_say_what_is_new() {
+        let mut a = Tally::default();
+        a.add(Foreign::Address);
+        a.add(Foreign::Address);
+        let mut b = Tally::default();
+        b.add(Foreign::Address);
+        b.add(Foreign::NoPod);
+        let more = a.more_than(&b);
+        assert_eq!(more.get(Foreign::Address), 1);
+        assert_eq!(more.get(Foreign::NoPod), 0);
+        let mut sum = more;
+        sum.merge(&b);
+        assert_eq!(sum.total(), 3);
+    }
+
     #[test]
     fn merge_unions_and_deduplicates() {
         let a = SliceEndpoints {
             ready: [addr("10.0.0.1:80"), addr("10.0.0.2:80")].into(),
             terminating: [addr("10.0.0.9:80")].into(),
             starting: [addr("10.0.0.3:80"), addr("10.0.0.5:80")].into(),
+            ..SliceEndpoints::default()
         };
         let b = SliceEndpoints {
             ready: [addr("10.0.0.2:80"), addr("10.0.0.3:80")].into(),
             terminating: [addr("10.0.0.1:80"), addr("10.0.0.6:80")].into(),
             starting: [addr("10.0.0.4:80"), addr("10.0.0.6:80")].into(),
+            ..SliceEndpoints::default()
         };
         let Merged {
             ready,

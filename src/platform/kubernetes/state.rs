@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::sync::watch;
 
-use super::owners::Verdict;
+use super::children::Ignored;
 use super::pods::PodFailure;
-use super::slices::{self, SliceEndpoints};
+use super::slices::{self, Ownership, SliceEndpoints, Tally};
 use crate::platform::{EndpointSnapshot, EndpointStatus};
 use crate::revision::{Protocol, RevisionKey};
 
@@ -97,34 +97,77 @@ impl RevEntry {
     }
 }
 
-/// What an endpoint is to the revision ([`super::owners`]).
-pub(crate) type VerdictFn<'a> = &'a dyn Fn(&Endpoint) -> Verdict;
+/// What judging a revision's slices found newly not the revision's: the caller counts and logs
+/// it (once: a slice received again, or judged again, with the same content is no news).
+#[derive(Debug, Default)]
+pub(crate) struct News {
+    /// Endpoints newly found foreign, by reason.
+    pub foreign: Tally,
+    /// Slices newly found not the revision's private Service's: (name, why).
+    pub slices: Vec<(String, Ignored)>,
+}
+
+impl News {
+    fn add(&mut self, name: &str, before: Option<&SliceEndpoints>, now: &SliceEndpoints) {
+        let none = Tally::default();
+        self.foreign
+            .merge(&now.foreign.more_than(before.map_or(&none, |b| &b.foreign)));
+        if let Some(why) = now.ignored
+            && before.and_then(|b| b.ignored) != Some(why)
+        {
+            self.slices.push((name.to_string(), why));
+        }
+    }
+
+    /// Whether there is anything to count.
+    pub fn is_empty(&self) -> bool {
+        self.foreign.total() == 0 && self.slices.is_empty()
+    }
+}
 
 impl RevState {
-    /// Stores (or replaces) one slice, keeping the endpoints `verdict` finds owned; returns
-    /// how many it found foreign.
-    pub fn put_slice(&mut self, slice: EndpointSlice, verdict: VerdictFn<'_>) -> usize {
+    /// Stores (or replaces) one slice, keeping what `owner` finds the revision's.
+    pub fn put_slice(&mut self, slice: EndpointSlice, owner: &dyn Ownership) -> News {
+        let mut news = News::default();
         let name = slice.metadata.name.clone().unwrap_or_default();
-        let (eps, foreign) = slices::owned_endpoints(&slice, self.protocol, verdict);
+        let eps = slices::owned_endpoints(&slice, self.protocol, owner);
+        news.add(&name, self.slices.get(&name).map(|(_, e)| e), &eps);
         self.slices.insert(name, (slice, eps));
-        foreign
+        news
+    }
+
+    /// Replaces every slice with a fresh list (news only against what was known before).
+    pub fn replace_slices(&mut self, listed: Vec<EndpointSlice>, owner: &dyn Ownership) -> News {
+        let mut news = News::default();
+        let before = std::mem::take(&mut self.slices);
+        for slice in listed {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let eps = slices::owned_endpoints(&slice, self.protocol, owner);
+            news.add(&name, before.get(&name).map(|(_, e)| e), &eps);
+            self.slices.insert(name, (slice, eps));
+        }
+        news
     }
 
     /// Changes the protocol, re-reducing every slice for the new port.
-    pub fn set_protocol(&mut self, protocol: Protocol, verdict: VerdictFn<'_>) {
+    pub fn set_protocol(&mut self, protocol: Protocol, owner: &dyn Ownership) -> News {
         if self.protocol == protocol {
-            return;
+            return News::default();
         }
         self.protocol = protocol;
-        self.refilter(verdict);
+        self.refilter(owner)
     }
 
     /// Re-reduces every slice (ownership became known or changed).
-    pub fn refilter(&mut self, verdict: VerdictFn<'_>) {
+    pub fn refilter(&mut self, owner: &dyn Ownership) -> News {
         let protocol = self.protocol;
-        for (slice, eps) in self.slices.values_mut() {
-            *eps = slices::owned_endpoints(slice, protocol, verdict).0;
+        let mut news = News::default();
+        for (name, (slice, eps)) in self.slices.iter_mut() {
+            let now = slices::owned_endpoints(slice, protocol, owner);
+            news.add(name, Some(eps), &now);
+            *eps = now;
         }
+        news
     }
 
     /// Whether any slice lists a ready endpoint.

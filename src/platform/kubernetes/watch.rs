@@ -1,6 +1,8 @@
-//! The platform's four watches (EndpointSlices, Pods, Deployments, ReplicaSets' metadata), one
-//! each for every revision, selected by label. Each runs until shutdown; kube-runtime's watcher resumes from
-//! the last resourceVersion after an error (with backoff) and re-lists only after a 410.
+//! The platform's five watches (EndpointSlices, Pods, Deployments, private Services' and
+//! ReplicaSets' metadata), one each for every revision, selected by label (what they find is
+//! then judged by name and UID: [`super::children`], [`super::owners`]). Each runs until
+//! shutdown; kube-runtime's watcher resumes from the last resourceVersion after an error (with
+//! backoff) and re-lists only after a 410.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -8,7 +10,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -18,12 +20,13 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::owners::{Stored, controller_uid};
+use super::Inner;
+use super::children::{Child, ChildKind};
+use super::owners::{PodInfo, Stored, controller_uid};
 use super::pods::pod_failure;
-use super::{DeploymentRef, Inner};
 use crate::knative::names::labels;
 use crate::revision::RevisionKey;
-use crate::telemetry::platform::{RevisionLabels, WatchLabels};
+use crate::telemetry::platform::WatchLabels;
 
 fn api<K>(inner: &Inner) -> Api<K>
 where
@@ -126,15 +129,11 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
                 for s in &listed {
                     owner.insert((key.namespace.to_string(), s.name_any()), key.clone());
                 }
-                let verdict = inner.verdict_of(&key);
-                let foreign = inner.entry(&key).update(|st| {
-                    st.slices.clear();
-                    listed
-                        .into_iter()
-                        .map(|s| st.put_slice(s, &verdict))
-                        .sum::<usize>()
-                });
-                count_foreign(inner, &key, foreign);
+                let judge = inner.judge_of(&key);
+                let news = inner
+                    .entry(&key)
+                    .update(|st| st.replace_slices(listed, &judge));
+                inner.count_news(&key, news);
             }
         }
         Event::Apply(s) => {
@@ -145,9 +144,9 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
             {
                 inner.entry(&old).update(|st| st.slices.remove(&id.1));
             }
-            let verdict = inner.verdict_of(&key);
-            let foreign = inner.entry(&key).update(|st| st.put_slice(s, &verdict));
-            count_foreign(inner, &key, foreign);
+            let judge = inner.judge_of(&key);
+            let news = inner.entry(&key).update(|st| st.put_slice(s, &judge));
+            inner.count_news(&key, news);
         }
         Event::Delete(s) => {
             let id = (s.namespace().unwrap_or_default(), s.name_any());
@@ -159,22 +158,6 @@ pub(super) async fn endpoint_slices(inner: Arc<Inner>) {
     drive(inner.clone(), "endpointslices", s, on_event)
         .instrument(tracing::info_span!("watch", resource = "endpointslices"))
         .await
-}
-
-/// Counts `foreign` endpoints found in a slice of `key` (and says so once per slice event).
-fn count_foreign(inner: &Inner, key: &RevisionKey, foreign: usize) {
-    if foreign == 0 {
-        return;
-    }
-    tracing::warn!(revision = %key, foreign, "endpoints whose pod is not the revision's Deployment's: left out");
-    inner
-        .metrics
-        .foreign_endpoints
-        .get_or_create(&RevisionLabels {
-            namespace: key.namespace.to_string(),
-            revision: key.name.to_string(),
-        })
-        .inc_by(foreign as u64);
 }
 
 /// Counts an owner the index refused (full).
@@ -191,7 +174,8 @@ fn owners_full(inner: &Inner, stored: Stored, resource: &str) -> bool {
     stored == Stored::Changed
 }
 
-/// The pods of every revision -> each revision's failing pods, and each pod's ReplicaSet.
+/// The pods of every revision -> each revision's failing pods, and each pod's ReplicaSet, IPs,
+/// phase and deletion (a change of those judges the revision's endpoints again).
 pub(super) async fn pods(inner: Arc<Inner>) {
     let s = stream::<Pod>(&inner, labels::REVISION);
     let restart_limit = inner.opts.restart_limit;
@@ -200,10 +184,11 @@ pub(super) async fn pods(inner: Arc<Inner>) {
     let apply = move |inner: &Inner, pod: &Pod, listed: bool| {
         let Some(key) = revision_of(pod) else { return };
         let name = pod.name_any();
-        let rs = controller_uid(pod.metadata.owner_references.as_deref(), "ReplicaSet");
         if owners_full(
             inner,
-            inner.owners.put_pod(&key.namespace, &name, rs),
+            inner
+                .owners
+                .put_pod(&key.namespace, &name, PodInfo::of(pod)),
             "pods",
         ) && !listed
         {
@@ -262,64 +247,121 @@ pub(super) async fn pods(inner: Arc<Inner>) {
         .await
 }
 
-/// The Deployments of every revision -> which Deployment scales which revision.
-pub(super) async fn deployments(inner: Arc<Inner>) {
-    let s = stream::<Deployment>(&inner, labels::REVISION);
-    let mut listing: Option<Vec<(RevisionKey, DeploymentRef)>> = None;
-    let of = |d: &Deployment| DeploymentRef {
-        name: d.name_any(),
-        uid: d.uid(),
-        replicas: d
-            .spec
-            .as_ref()
-            .and_then(|s| s.replicas)
-            .and_then(|r| u32::try_from(r).ok()),
+/// What the platform keeps of a Deployment or Service carrying a revision label: `None` without
+/// the label or a namespace.
+fn child_of<K: ResourceExt>(obj: &K, replicas: Option<u32>) -> Option<(String, String, Child)> {
+    let revision = obj.labels().get(labels::REVISION)?.clone();
+    let child = Child {
+        revision,
+        uid: obj.uid(),
+        controller: controller_uid(Some(obj.owner_references()), "Revision"),
+        replicas,
     };
-    let on_event = move |inner: &Inner, ev: Event<Deployment>| {
-        match ev {
-            Event::Init => {
-                listing = Some(Vec::new());
-                return;
-            }
-            Event::InitApply(d) => {
-                if let (Some(l), Some(key)) = (listing.as_mut(), revision_of(&d)) {
-                    l.push((key, of(&d)));
-                }
-                return;
-            }
-            Event::InitDone => {
-                inner.deployments.clear();
-                for (k, d) in listing.take().unwrap_or_default() {
-                    inner.deployments.insert(k, d);
-                }
-                inner.refilter_all();
-            }
-            Event::Apply(d) => {
-                if let Some(key) = revision_of(&d) {
-                    let new = of(&d);
-                    let uid_changed = inner
-                        .deployments
-                        .insert(key.clone(), new.clone())
-                        .is_none_or(|old| old.uid != new.uid);
-                    if uid_changed {
-                        inner.refilter(&key);
-                    }
-                }
-            }
-            Event::Delete(d) => {
-                if let Some(key) = revision_of(&d) {
-                    inner
-                        .deployments
-                        .remove_if(&key, |_, known| known.name == d.name_any());
-                    inner.refilter(&key);
-                }
+    Some((obj.namespace()?, obj.name_any(), child))
+}
+
+/// Keeps every object of `kind` the stream lists by name; a change judges it again (counting it
+/// once if it is not its revision's) and, when its label, UID or controller changed, the
+/// endpoints of the revisions it was and is labelled with.
+async fn children<K>(
+    inner: Arc<Inner>,
+    kind: ChildKind,
+    resource: &'static str,
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+    replicas: fn(&K) -> Option<u32>,
+) where
+    K: ResourceExt,
+{
+    let mut listing: Option<Vec<((String, String), Child)>> = None;
+    // Scalers wait for Deployments only.
+    let bump = move |inner: &Inner| {
+        if kind == ChildKind::Deployment {
+            inner.deployments_changed.send_modify(|n| *n += 1);
+        }
+    };
+    let relabelled = |inner: &Inner, ns: &str, old: Option<&Child>, new: Option<&Child>| {
+        let same = |a: &Child, b: &Child| {
+            a.revision == b.revision && a.uid == b.uid && a.controller == b.controller
+        };
+        if let (Some(a), Some(b)) = (old, new)
+            && same(a, b)
+        {
+            return; // replicas only
+        }
+        for c in old.into_iter().chain(new) {
+            inner.refilter(&RevisionKey::new(ns, &c.revision));
+        }
+    };
+    let on_event = move |inner: &Inner, ev: Event<K>| match ev {
+        Event::Init => listing = Some(Vec::new()),
+        Event::InitApply(o) => {
+            if let (Some(l), Some((ns, name, c))) = (listing.as_mut(), child_of(&o, replicas(&o))) {
+                l.push(((ns, name), c));
             }
         }
-        inner.deployments_changed.send_modify(|n| *n += 1);
+        Event::InitDone => {
+            inner
+                .children
+                .replace_all(kind, listing.take().unwrap_or_default());
+            inner.ignored.retain(kind, |ns, name| {
+                inner.children.get(kind, ns, name).is_some()
+            });
+            for (ns, name) in inner.children.keys(kind) {
+                inner.judge_child(kind, &ns, &name);
+            }
+            inner.refilter_all();
+            bump(inner);
+        }
+        Event::Apply(o) => {
+            let Some((ns, name, c)) = child_of(&o, replicas(&o)) else {
+                return;
+            };
+            let old = inner.children.put(kind, &ns, &name, c.clone());
+            inner.judge_child(kind, &ns, &name);
+            relabelled(inner, &ns, old.as_ref(), Some(&c));
+            bump(inner);
+        }
+        Event::Delete(o) => {
+            let (Some(ns), name) = (o.namespace(), o.name_any()) else {
+                return;
+            };
+            let old = inner.children.remove(kind, &ns, &name);
+            inner.judge_child(kind, &ns, &name);
+            relabelled(inner, &ns, old.as_ref(), None);
+            bump(inner);
+        }
     };
-    drive(inner.clone(), "deployments", s, on_event)
-        .instrument(tracing::info_span!("watch", resource = "deployments"))
+    drive(inner.clone(), resource, stream, on_event)
+        .instrument(tracing::info_span!("watch", resource))
         .await
+}
+
+/// The Deployments carrying a revision label, by name: which one scales which revision
+/// ([`super::Inner::deployment`]).
+pub(super) async fn deployments(inner: Arc<Inner>) {
+    let s = stream::<Deployment>(&inner, labels::REVISION);
+    let replicas = |d: &Deployment| {
+        d.spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .and_then(|r| u32::try_from(r).ok())
+    };
+    children(inner, ChildKind::Deployment, "deployments", s, replicas).await
+}
+
+/// The private Services carrying a revision label, metadata only (names, labels, owners): whose
+/// EndpointSlices are the revision's.
+pub(super) async fn private_services(inner: Arc<Inner>) {
+    // `Api<PartialObjectMeta<_>>` asks for metadata only (lists and watch events alike).
+    let api = api::<PartialObjectMeta<Service>>(&inner);
+    let selector = format!(
+        "{}={},{}",
+        labels::SERVICE_TYPE,
+        labels::SERVICE_TYPE_PRIVATE,
+        labels::REVISION
+    );
+    let s = watch_stream(api, watcher::Config::default().labels(&selector)).default_backoff();
+    children(inner, ChildKind::Service, "services", s, |_| None).await
 }
 
 /// The ReplicaSets of every revision, metadata only (`PartialObjectMetadata`: names, labels,
