@@ -146,11 +146,14 @@ fn split_outside_quotes(v: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// One identity: `(namespace, service account)`.
+type Identity = (Box<str>, Box<str>);
+
 /// The gateways' mesh identities: `(namespace, service account)` of each pod behind a gateway
 /// Service of the ingress class in force. Replaced whole by its follower.
 #[derive(Default)]
 pub struct GatewayIdentities {
-    ids: ArcSwap<Box<[(Box<str>, Box<str>)]>>,
+    ids: ArcSwap<Box<[Identity]>>,
 }
 
 impl GatewayIdentities {
@@ -161,7 +164,7 @@ impl GatewayIdentities {
 
     /// Replaces the set.
     pub fn set(&self, ids: impl IntoIterator<Item = (String, String)>) {
-        let mut v: Vec<(Box<str>, Box<str>)> = ids
+        let mut v: Vec<Identity> = ids
             .into_iter()
             .map(|(ns, sa)| (ns.into(), sa.into()))
             .collect();
