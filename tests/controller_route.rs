@@ -2103,11 +2103,11 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
         [
             (
                 vec!["hello.default.example.com".to_string()],
-                Some(format!("{NS}.{main}"))
+                Some(istio_tls::copy_name(&uid, NS, &main))
             ),
             (
                 vec!["candidate-hello.default.example.com".to_string()],
-                Some(format!("{NS}.{tag}"))
+                Some(istio_tls::copy_name(&uid, NS, &tag))
             ),
         ]
     );
@@ -2115,7 +2115,10 @@ async fn tls_certificates_then_https_with_an_istio_tls_gateway() {
     assert_eq!(http.tls, None);
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(run.client.clone(), GATEWAY_NS);
-    let copy = copies.get(&format!("{NS}.{main}")).await.unwrap();
+    let copy = copies
+        .get(&istio_tls::copy_name(&uid, NS, &main))
+        .await
+        .unwrap();
     let origin = run
         .api::<k8s_openapi::api::core::v1::Secret>()
         .get(&main)
@@ -2296,7 +2299,7 @@ async fn gateway_api_tls_is_a_listener_and_a_reference_grant() {
     );
     create_external_gateway(&run).await;
     let host = "hello.default.example.com";
-    let listener = gateway_tls::listener_name(NS, "hello", host);
+    let listener = thaw::controller::route::tls_owner::listener_name(&created.uid().unwrap(), host);
     let gateways: Api<Gateway> = Api::namespaced(run.client.clone(), GATEWAY_NS);
     let listeners_until = |what: &'static str, n: usize| {
         let gateways = gateways.clone();
@@ -2459,6 +2462,8 @@ async fn a_domain_mapping_with_tls() {
         .await
         .unwrap();
     assert_eq!(g.spec.servers[0].hosts, [domain]);
+    let dm_uid = dm.uid().unwrap();
+    let dm_copy = istio_tls::copy_name(&dm_uid, NS, domain);
     assert_eq!(
         g.spec.servers[0]
             .tls
@@ -2466,11 +2471,11 @@ async fn a_domain_mapping_with_tls() {
             .unwrap()
             .credential_name
             .as_deref(),
-        Some("default.hello.example.org")
+        Some(dm_copy.as_str())
     );
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(run.client.clone(), GATEWAY_NS);
-    let copy = copies.get("default.hello.example.org").await.unwrap();
+    let copy = copies.get(&dm_copy).await.unwrap();
     assert_eq!(copy.labels()["serving.knative.dev/domainmapping"], domain);
     vs_until(&run, "hello.example.org-ingress", |s| {
         s.gateways
@@ -2538,7 +2543,8 @@ async fn a_domain_mapping_with_tls() {
             .unwrap()
             .is_none()
     );
-    let copy = copies.get("default.byo-cert").await.unwrap();
+    let byo_copy = istio_tls::copy_name(&dm.uid().unwrap(), NS, "byo-cert");
+    let copy = copies.get(&byo_copy).await.unwrap();
     assert_eq!(copy.data, secret.data);
 
     // A deleted DomainMapping's copy goes with it (the other's stays).
@@ -2548,11 +2554,11 @@ async fn a_domain_mapping_with_tls() {
         .unwrap();
     wait_for(
         "the deleted DomainMapping's copy deleted",
-        || async { copies.get_opt("default.hello.example.org").await.unwrap() },
+        || async { copies.get_opt(&dm_copy).await.unwrap() },
         Option::is_none,
     )
     .await;
-    assert!(copies.get_opt("default.byo-cert").await.unwrap().is_some());
+    assert!(copies.get_opt(&byo_copy).await.unwrap().is_some());
 }
 
 /// Without cert-manager's CRD, a route wanting TLS is `CertificateProvisioned=False

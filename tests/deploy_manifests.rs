@@ -524,7 +524,19 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
         "the CRDs come right after the Namespace: {order:?}"
     );
 
-    // Everything namespaced lives in thaw-system.
+    // Everything namespaced lives in thaw-system, but the controller's Role (and its binding)
+    // in each gateway namespace the shipped config-istio and config-gateway name.
+    let gateway_ns = gateway_namespaces();
+    for ns in &gateway_ns {
+        for k in ["Role", "RoleBinding"] {
+            assert!(
+                all.iter().any(|(_, d)| kind(d).1 == k
+                    && name(d) == GATEWAY_ROLE
+                    && str_at(d, "/metadata/namespace") == ns),
+                "no {k} {GATEWAY_ROLE} in the gateway namespace {ns}"
+            );
+        }
+    }
     for (f, d) in &all {
         let cluster_scoped = matches!(
             kind(d).1,
@@ -536,6 +548,12 @@ fn the_kustomization_lists_every_manifest_once_namespace_and_crds_first() {
                 | "MutatingWebhookConfiguration"
         );
         let ns = str_at(d, "/metadata/namespace");
+        let gateway_role = matches!(kind(d).1, "Role" | "RoleBinding")
+            && name(d) == GATEWAY_ROLE
+            && gateway_ns.contains(ns);
+        if gateway_role {
+            continue;
+        }
         if cluster_scoped {
             assert_eq!(
                 ns,
@@ -669,6 +687,36 @@ fn deploy_config_maps_have_config_dirs_data_in_thaw_system() {
 
 // ---------------------------------------------------------------------------------------
 // RBAC: deploy/rbac/ grants exactly what deploy/rbac-table.yaml lists.
+
+/// The controller's Role in each gateway namespace (the Secret copies, the Gateway API
+/// Gateways' listeners).
+const GATEWAY_ROLE: &str = "thaw-controller-gateway";
+
+/// The namespaces deploy/config/'s config-istio (its external gateway Services) and
+/// config-gateway (its external Gateways) put the shared gateways in: where the controller
+/// writes Secret copies and listeners, so where its Role must be.
+fn gateway_namespaces() -> BTreeSet<String> {
+    use thaw::config::keys::ConfigMap;
+    use thaw::config::network::{GatewayConfig, IstioConfig};
+    let data = |file: &str| -> std::collections::BTreeMap<String, String> {
+        let d = docs(&deploy().join("config").join(file)).remove(0);
+        serde_json::from_value(d["data"].clone()).unwrap_or_default()
+    };
+    let istio = IstioConfig::parse(&data("config-istio.yaml"))
+        .unwrap()
+        .config;
+    let gateway = GatewayConfig::parse(&data("config-gateway.yaml"))
+        .unwrap()
+        .config;
+    let mut out = BTreeSet::new();
+    for g in &istio.external_gateways {
+        out.insert(g.service.split('.').nth(1).unwrap().to_string());
+    }
+    for g in &gateway.external_gateways {
+        out.insert(g.gateway.namespace.clone());
+    }
+    out
+}
 
 /// One permission: (scope, group, resource, resource name or "*", verb).
 type Grant = (String, String, String, String, String);
@@ -823,8 +871,10 @@ fn the_rbac_table_cites_the_code_that_makes_each_call() {
                 r["why"].as_str().is_some_and(|w| !w.is_empty()),
                 "{what}: say why"
             );
+            let scope = r["scope"].as_str().unwrap_or_default();
             assert!(
-                matches!(r["scope"].as_str(), Some("cluster" | SYSTEM_NAMESPACE)),
+                matches!(scope, "cluster" | SYSTEM_NAMESPACE)
+                    || (role == "controller" && gateway_namespaces().contains(scope)),
                 "{what}: scope"
             );
             match (r.get("code"), r.get("planned")) {
@@ -2193,6 +2243,12 @@ fn the_tls_examples_are_what_thaw_writes() {
         name(&istio[1]),
         thaw::controller::route::istio_tls::tls_gateway_name("hello", &config.external_gateways[0])
     );
+    // The Route's uid, as its Certificate's name says.
+    let uid = cert
+        .spec
+        .secret_name
+        .trim_start_matches("route-")
+        .to_string();
     assert_eq!(
         g.spec.servers[0]
             .tls
@@ -2200,22 +2256,22 @@ fn the_tls_examples_are_what_thaw_writes() {
             .unwrap()
             .credential_name
             .as_deref(),
-        Some(format!("default.{}", cert.spec.secret_name).as_str())
+        Some(
+            thaw::controller::route::istio_tls::copy_name(&uid, "default", &cert.spec.secret_name)
+                .as_str()
+        )
     );
     let listener = &gw_api[0]["spec"]["listeners"][1];
     assert_eq!(
         listener["name"],
-        thaw::controller::route::gateway_tls::listener_name(
-            "default",
-            "hello",
-            "hello.default.example.com"
-        )
+        thaw::controller::route::tls_owner::listener_name(&uid, "hello.default.example.com")
     );
     let want = &thaw::controller::route::gateway_tls::listeners(&{
         use thaw::controller::route::ingress::{IngressDesc, Tls};
         IngressDesc {
             namespace: "default".into(),
             name: "hello".into(),
+            owner_uid: uid.clone(),
             cluster_local: false,
             groups: Vec::new(),
             remove_headers: Vec::new(),

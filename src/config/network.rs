@@ -24,7 +24,11 @@
 //!   about as unknown). Defaults: `knative-serving/knative-ingress-gateway` (service
 //!   `istio-ingressgateway.istio-system.svc.cluster.local`) and
 //!   `knative-serving/knative-local-gateway` (service
-//!   `knative-local-gateway.istio-system.svc.cluster.local`).
+//!   `knative-local-gateway.istio-system.svc.cluster.local`). thaw's own keys: `max-tls-hosts-per-namespace`
+//!   (default 8, 1 to 64: the TLS hosts, and so Certificates and Secret copies, one namespace
+//!   may have on the shared gateway; the Istio class's bound) and `secret-copy-refresh-period`
+//!   (default 60 s, 1 s to 60 s: how often the origin of each certificate Secret copy is read
+//!   again, jittered, so a rotated certificate reaches the gateway within it).
 //!
 //! - `config-gateway` ([`GatewayConfig`]): net-gateway-api's keys `external-gateways` and
 //!   `local-gateways`, each a YAML list of `{class, gateway, service, supported-features,
@@ -32,7 +36,9 @@
 //!   net-gateway-api's: `istio-system/knative-gateway` (service
 //!   `istio-system/istio-ingressgateway`) and `istio-system/knative-local-gateway` (service
 //!   `istio-system/knative-local-gateway`), both class `istio` with the
-//!   `HTTPRouteRequestTimeout` feature. Read only by the Gateway API class.
+//!   `HTTPRouteRequestTimeout` feature. thaw's own key `max-tls-hosts-per-namespace` (default 8,
+//!   1 to 64: the TLS listeners, and so Certificates, one namespace may have on each shared
+//!   external Gateway; a Gateway holds at most 64 listeners). Read only by the Gateway API class.
 //!
 //! [`NetworkConfig`] holds the four; the controller's settings snapshot carries one.
 
@@ -62,6 +68,23 @@ pub struct NetworkConfig {
     pub gateway: GatewayConfig,
     /// `config-certmanager` (the certificates' issuer).
     pub certmanager: CertManagerConfig,
+}
+
+impl NetworkConfig {
+    /// The per-namespace bound on TLS hosts of the ingress class in force (config-istio's or
+    /// config-gateway's `max-tls-hosts-per-namespace`).
+    pub fn tls_host_limit(&self) -> TlsHostLimit {
+        match self.templates.ingress_class {
+            IngressClass::Istio => TlsHostLimit {
+                per_namespace: self.istio.max_tls_hosts_per_namespace,
+                config_map: ISTIO_NAME,
+            },
+            IngressClass::GatewayApi => TlsHostLimit {
+                per_namespace: self.gateway.max_tls_hosts_per_namespace,
+                config_map: GATEWAY_NAME,
+            },
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -717,6 +740,43 @@ pub struct IstioConfig {
     pub external_gateways: Vec<Gateway>,
     /// `local-gateways`: serve the cluster-local hosts. Never empty.
     pub local_gateways: Vec<Gateway>,
+    /// `max-tls-hosts-per-namespace`: the TLS hosts (Certificates, Secret copies in the gateway
+    /// Service's namespace) one namespace may have; beyond it a host is served over http.
+    pub max_tls_hosts_per_namespace: u32,
+    /// `secret-copy-refresh-period`: how often the origin of each Secret copy is read again
+    /// (each owner with copies is re-queued after a jittered 3/4 to all of it).
+    pub secret_copy_refresh: std::time::Duration,
+}
+
+/// The key bounding each namespace's TLS hosts on the shared gateway (config-istio and
+/// config-gateway).
+pub const TLS_HOSTS_KEY: &str = "max-tls-hosts-per-namespace";
+/// Its default: a namespace's TLS hosts, and so the Certificates it sends the issuer.
+pub const DEFAULT_TLS_HOSTS_PER_NAMESPACE: u32 = 8;
+/// The most listeners a Gateway API Gateway holds (the CRD's `maxItems`), and so the largest
+/// per-namespace bound.
+pub const MAX_LISTENERS_PER_GATEWAY: u32 = 64;
+/// `secret-copy-refresh-period`'s default and largest value.
+pub const MAX_SECRET_COPY_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The per-namespace bound on TLS hosts in force, and the ConfigMap that set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsHostLimit {
+    /// Hosts per namespace.
+    pub per_namespace: u32,
+    /// `config-istio` or `config-gateway`: the ingress class's ConfigMap.
+    pub config_map: &'static str,
+}
+
+fn parse_tls_hosts(s: &str) -> Result<u32, String> {
+    let v = super::parse::parse_i64(s)?;
+    let max = i64::from(MAX_LISTENERS_PER_GATEWAY);
+    if !(1..=max).contains(&v) {
+        return Err(format!(
+            "must be in [1, {max}] (a Gateway holds at most {max} listeners)"
+        ));
+    }
+    Ok(v as u32)
 }
 
 impl Default for IstioConfig {
@@ -732,6 +792,8 @@ impl Default for IstioConfig {
                 "knative-local-gateway",
                 "knative-local-gateway.istio-system.svc.cluster.local",
             )],
+            max_tls_hosts_per_namespace: DEFAULT_TLS_HOSTS_PER_NAMESPACE,
+            secret_copy_refresh: MAX_SECRET_COPY_REFRESH,
         }
     }
 }
@@ -788,6 +850,35 @@ pub static ISTIO_KEYS: &[Key<IstioConfig>] = &[
             Ok(())
         },
         show: |c| show_gateways(&c.local_gateways),
+    },
+    Key {
+        name: TLS_HOSTS_KEY,
+        unit: "TLS hosts per namespace",
+        help: "The TLS hosts one namespace may have on the external gateways (each a \
+               Certificate and a Secret copy in the gateway's namespace); a host beyond it is \
+               served over http, CertificateProvisioned=False (1 to 64).",
+        parse: |c, s| {
+            c.max_tls_hosts_per_namespace = parse_tls_hosts(s)?;
+            Ok(())
+        },
+        show: |c| super::keys::show_u32(c.max_tls_hosts_per_namespace),
+    },
+    Key {
+        name: "secret-copy-refresh-period",
+        unit: "duration",
+        help: "How often the origin of each certificate Secret copy is read again (jittered \
+               between 3/4 and all of it): a rotated certificate reaches the gateway within it \
+               (1s to 60s).",
+        parse: |c, s| {
+            c.secret_copy_refresh = super::autoscaler::duration_in(
+                s,
+                std::time::Duration::from_secs(1),
+                Some(MAX_SECRET_COPY_REFRESH),
+                false,
+            )?;
+            Ok(())
+        },
+        show: |c| super::keys::show_duration(c.secret_copy_refresh),
     },
 ];
 
@@ -905,6 +996,9 @@ pub struct GatewayConfig {
     pub external_gateways: Vec<GatewayApiGateway>,
     /// `local-gateways`: serve the cluster-local hosts. Never empty.
     pub local_gateways: Vec<GatewayApiGateway>,
+    /// `max-tls-hosts-per-namespace`: the TLS listeners (and so Certificates) one namespace
+    /// may have on each external Gateway; beyond it a host is served over http.
+    pub max_tls_hosts_per_namespace: u32,
 }
 
 impl Default for GatewayConfig {
@@ -918,6 +1012,7 @@ impl Default for GatewayConfig {
                 ("istio-system", "knative-local-gateway"),
                 ("istio-system", "knative-local-gateway"),
             )],
+            max_tls_hosts_per_namespace: DEFAULT_TLS_HOSTS_PER_NAMESPACE,
         }
     }
 }
@@ -982,6 +1077,18 @@ pub static GATEWAY_KEYS: &[Key<GatewayConfig>] = &[
             Ok(())
         },
         show: |c| show_gateway_api_gateways(&c.local_gateways),
+    },
+    Key {
+        name: TLS_HOSTS_KEY,
+        unit: "TLS listeners per namespace",
+        help: "The TLS listeners (each a Certificate) one namespace may have on each external \
+               Gateway; a host beyond it is served over http, CertificateProvisioned=False (1 \
+               to 64, a Gateway's most listeners).",
+        parse: |c, s| {
+            c.max_tls_hosts_per_namespace = parse_tls_hosts(s)?;
+            Ok(())
+        },
+        show: |c| super::keys::show_u32(c.max_tls_hosts_per_namespace),
     },
 ];
 

@@ -23,7 +23,12 @@
 //!    `{domain}` (in its namespace, owned by it, config-certmanager's issuer), the domain
 //!    https once it is Ready (the Route's rules and reasons, [`super::route::certificate`]);
 //!    the class's TLS objects as for a Route ([`super::route::istio_tls`],
-//!    [`super::route::gateway_tls`]); else `TLSNotEnabled`. `Ready` from the four.
+//!    [`super::route::gateway_tls`], named after the DomainMapping's UID); else
+//!    `TLSNotEnabled`. Either way the domain takes one of its namespace's places on the shared
+//!    gateway ([`super::route::tls_limit`]): without one it is served over http,
+//!    `CertificateProvisioned=False TLSHostLimitExceeded`. With Secret copies, or without a
+//!    place, it is re-queued within a minute (its copies follow their origin: a rotated
+//!    `spec.tls` Secret reaches the gateway). `Ready` from the four.
 //!
 //! **Finalizer** (Knative's `domainmappings.serving.knative.dev`, so a DomainMapping Knative
 //! left behind is finalized the same way): put on each DomainMapping at its first reconcile;
@@ -50,8 +55,9 @@ use super::route::certificate::{self, Certificate, TlsOutcome};
 use super::route::http_route::HTTPRoute;
 use super::route::ingress::{Group, IngressDesc, Split, removed_headers};
 use super::route::resources::GroupHosts;
+use super::route::tls_owner::TlsOwner;
 use super::route::virtual_service::VirtualService;
-use super::route::{Served, gateway_api};
+use super::route::{Served, gateway_api, tls_limit};
 use super::{Ctx, Error, now, owner_ref};
 use crate::config::network::{CLUSTER_LOCAL_DOMAIN, IngressClass, NetworkConfig};
 use crate::knative::duck::{Addressable, Condition, ConditionStatus};
@@ -167,6 +173,7 @@ pub fn describe(dm: &DomainMapping, route: &str, host: &str, timeout_seconds: u6
     IngressDesc {
         namespace: dm.namespace().unwrap_or_default(),
         name: domain.clone(),
+        owner_uid: dm.uid().unwrap_or_default(),
         cluster_local: false,
         groups: vec![Group {
             hosts: GroupHosts {
@@ -186,6 +193,20 @@ pub fn describe(dm: &DomainMapping, route: &str, host: &str, timeout_seconds: u6
         }],
         remove_headers: removed_headers(&[]),
         tls: Vec::new(),
+    }
+}
+
+/// The DomainMapping as the owner of TLS objects in shared places (its one host, its domain).
+fn tls_owner(dm: &DomainMapping) -> TlsOwner {
+    TlsOwner {
+        namespace: dm.namespace().unwrap_or_default(),
+        name: dm.name_any(),
+        uid: dm.uid().unwrap_or_default(),
+        hosts: vec![dm.name_any()],
+        label: (
+            DOMAIN_MAPPING_LABEL,
+            crate::knative::names::labels::value(&dm.name_any()),
+        ),
     }
 }
 
@@ -235,31 +256,28 @@ async fn program(
         ));
     }
     let not_owned = |m: String| Ok((ConditionStatus::False, Some("NotOwned".into()), Some(m)));
+    let refused = |r: super::route::ingress::Refusal| {
+        Ok((
+            ConditionStatus::False,
+            Some(r.reason.into()),
+            Some(r.message),
+        ))
+    };
     // The TLS objects of the class (none without TLS; looked at only when TLS is on, or was).
+    let owner = tls_owner(dm);
     if with_tls {
-        let label = crate::knative::names::labels::value(&dm.name_any());
         let made = match class {
             IngressClass::Istio => {
-                super::route::istio_tls::program(
-                    ctx,
-                    dm,
-                    desc,
-                    net,
-                    (DOMAIN_MAPPING_LABEL, &label),
-                    &|n| meta(dm, n),
-                )
-                .await?
+                super::route::istio_tls::program(ctx, dm, &owner, desc, net, &|n| meta(dm, n))
+                    .await?
             }
             IngressClass::GatewayApi => {
-                super::route::gateway_tls::program(ctx, dm, desc, net, &|n| meta(dm, n)).await?
+                super::route::gateway_tls::program(ctx, dm, &owner, desc, net, &|n| meta(dm, n))
+                    .await?
             }
         };
         if let Some(r) = made {
-            return Ok((
-                ConditionStatus::False,
-                Some(r.reason.into()),
-                Some(r.message),
-            ));
+            return refused(r);
         }
     }
     match class {
@@ -294,6 +312,18 @@ async fn program(
                     return not_owned(m);
                 }
             }
+            // The HTTPRoutes name the new listeners now: the owner's others go.
+            if with_tls
+                && let Some(r) = super::route::gateway_tls::prune(
+                    ctx,
+                    net,
+                    &owner,
+                    &super::route::gateway_tls::listener_names(desc),
+                )
+                .await?
+            {
+                return refused(r);
+            }
             let current = |n: &str| stores.http_routes.get(&ObjectRef::new(n).within(&ns));
             Ok(match gateway_api::readiness(&routes, current) {
                 gateway_api::Readiness::Ready => (ConditionStatus::True, None, None),
@@ -318,6 +348,9 @@ pub enum Tls {
     /// `spec.tls.secretName`: a certificate the user provides for the domain (no Certificate
     /// is written).
     Provided { host: String, secret: String },
+    /// `spec.tls.secretName`, and the namespace's bound on TLS hosts leaves the domain without
+    /// TLS: why.
+    Limited(String),
 }
 
 /// Knative's reason for a certificate given in `spec.tls`.
@@ -329,6 +362,16 @@ impl Tls {
         match self {
             Tls::Certificates(t) => !t.https_hosts().is_empty(),
             Tls::Provided { .. } => true,
+            Tls::Limited(_) => false,
+        }
+    }
+
+    /// Whether the namespace's bound left the domain without TLS.
+    pub fn is_limited(&self) -> bool {
+        match self {
+            Tls::Certificates(t) => t.is_limited(),
+            Tls::Provided { .. } => false,
+            Tls::Limited(_) => true,
         }
     }
 
@@ -341,6 +384,7 @@ impl Tls {
                 secret_namespace: ns.to_string(),
                 secret_name: secret.clone(),
             }],
+            Tls::Limited(_) => Vec::new(),
         }
     }
 
@@ -352,13 +396,19 @@ impl Tls {
                 reason: Some(TLS_PROVIDED_EXTERNALLY.into()),
                 ..Condition::new(conditions::CERTIFICATE_PROVISIONED, ConditionStatus::True)
             },
+            Tls::Limited(why) => Condition {
+                reason: Some(certificate::TLS_HOST_LIMIT_EXCEEDED.into()),
+                message: Some(why.clone()),
+                ..Condition::new(conditions::CERTIFICATE_PROVISIONED, ConditionStatus::False)
+            },
         }
     }
 }
 
 /// The DomainMapping's TLS: the Secret `spec.tls` names; else, with `external-domain-tls`,
 /// its Certificate `{domain}` (Knative's name) for the domain, owned by it; else none (its
-/// Certificate deleted).
+/// Certificate deleted). Either needs a place under the namespace's bound on TLS hosts
+/// ([`tls_limit`]): call under its lock.
 async fn tls(
     ctx: &Ctx,
     dm: &DomainMapping,
@@ -367,28 +417,55 @@ async fn tls(
 ) -> Result<Tls, Error> {
     let domain = dm.name_any();
     let provided = dm.spec.tls.as_ref().map(|t| t.secret_name.clone());
-    let desired = (provided.is_none() && net.templates.external_domain_tls).then(|| {
-        vec![certificate::certificate(
-            meta(dm, domain.clone()),
-            &domain,
-            net,
-        )]
-    });
+    let wants_tls = provided.is_some() || net.templates.external_domain_tls;
+    let limited = if wants_tls {
+        let owner = tls_owner(dm);
+        tls_limit::admit(ctx, net, &owner, &owner.hosts)
+            .await?
+            .limited
+            .into_iter()
+            .next()
+    } else {
+        None
+    };
+    let desired =
+        (provided.is_none() && net.templates.external_domain_tls).then(|| match &limited {
+            None => vec![certificate::certificate(
+                meta(dm, domain.clone()),
+                &domain,
+                net,
+            )],
+            Some(_) => Vec::new(),
+        });
+    let limited_reports = match (&limited, &provided) {
+        (Some(l), None) => vec![certificate::CertReport {
+            name: domain.clone(),
+            host: domain.clone(),
+            secret: String::new(),
+            state: certificate::CertState::Limited(l.message.clone()),
+        }],
+        _ => Vec::new(),
+    };
     let t = super::route::write_certificates(
         ctx,
         dm,
         desired,
+        limited_reports,
         &stores.certificates,
         &stores.certificates_served,
         false,
     )
     .await?;
-    Ok(match provided {
-        Some(secret) => Tls::Provided {
+    Ok(match (provided, limited) {
+        (Some(_), Some(l)) => Tls::Limited(format!(
+            "{domain} is served over http (its spec.tls Secret is not used): {}.",
+            l.message
+        )),
+        (Some(secret), None) => Tls::Provided {
             host: domain,
             secret,
         },
-        None => Tls::Certificates(t),
+        (None, _) => Tls::Certificates(t),
     })
 }
 
@@ -477,16 +554,32 @@ pub async fn reconcile(
                     .max_revision_timeout
                     .as_secs();
                 let mut desc = describe(&dm, &route, &host, timeout);
-                let t = tls(&ctx, &dm, net, &stores).await?;
-                desc.tls = t.ingress_tls(&ns);
                 let had = dm
                     .status
                     .as_ref()
                     .is_some_and(|s| certificate::had_tls(s.url.as_deref(), &s.status));
+                // One namespace's TLS owners count and write one at a time ([`tls_limit`]).
+                let wants = dm.spec.tls.is_some() || net.templates.external_domain_tls;
+                // (Waiting for no watch under the lock.)
+                if dm.spec.tls.is_none() && net.templates.external_domain_tls {
+                    super::route::wait_served(stores.certificates_served.clone(), "Certificate")
+                        .await?;
+                }
+                let lock = match wants || had {
+                    true => Some(tls_limit::lock(&ctx, &ns).await),
+                    false => None,
+                };
+                // Deleted while this reconcile waited: its TLS is gone, and must stay gone.
+                if lock.is_some() && tls_limit::forgotten(&ctx, &dm.uid().unwrap_or_default()) {
+                    return Ok(Action::await_change());
+                }
+                let t = tls(&ctx, &dm, net, &stores).await?;
+                desc.tls = t.ingress_tls(&ns);
                 let with_tls =
                     !matches!(t, Tls::Certificates(TlsOutcome::NotEnabled { .. })) || had;
                 let (s, reason, message) =
                     program(&ctx, &dm, &desc, with_tls, net, &stores).await?;
+                drop(lock);
                 set(&mut status.status, INGRESS_READY, s, reason, message);
                 tls_outcome = Some(t);
             }
@@ -545,7 +638,11 @@ pub async fn reconcile(
             .replace_status(&domain, &PostParams::default(), &next)
             .await?;
     }
-    Ok(Action::requeue(ctx.resync()))
+    let requeue = match &tls_outcome {
+        Some(t) => super::route::tls_requeue(t.https(), t.is_limited(), net, ctx.resync()),
+        None => ctx.resync(),
+    };
+    Ok(Action::requeue(requeue))
 }
 
 /// A DomainMapping being deleted that holds [`FINALIZER`]: its claim released when thaw made
@@ -603,7 +700,7 @@ async fn set_finalizers(
 pub async fn controller(ctx: Arc<Ctx>) {
     let (dms, dm_writer) = reflector::store::<DomainMapping>();
     // Deletions go to the TLS cleanup (bounded: one dropped when it is full is logged).
-    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel::<(String, String)>(1024);
+    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel::<TlsOwner>(1024);
     let dm_stream = reflector::reflector(
         dm_writer,
         watcher(ctx.watched::<DomainMapping>(), watcher::Config::default()),
@@ -611,9 +708,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     .default_backoff()
     .inspect(move |ev| {
         if let Ok(watcher::Event::Delete(d)) = ev
-            && deleted_tx
-                .try_send((d.namespace().unwrap_or_default(), d.name_any()))
-                .is_err()
+            && deleted_tx.try_send(tls_owner(d)).is_err()
         {
             tracing::warn!(domain = %d.name_any(),
                 "deletion queue full; its TLS Secret copies and listeners are left");
@@ -705,33 +800,10 @@ pub async fn controller(ctx: Arc<Ctx>) {
 
 /// Deletes what a deleted DomainMapping's TLS left outside its namespace (its Secret copies in
 /// the Istio gateways' namespaces, its listeners on the Gateway API's external Gateways; its
-/// Certificate, TLS Gateway and ReferenceGrant go by owner reference). A failure is logged.
-async fn forget_deleted(ctx: Arc<Ctx>, mut deleted: tokio::sync::mpsc::Receiver<(String, String)>) {
-    while let Some((ns, domain)) = deleted.recv().await {
-        let settings = ctx.settings();
-        let net = &settings.network;
-        let label = crate::knative::names::labels::value(&domain);
-        for g in &net.istio.external_gateways {
-            let Some((_, gw_ns)) = super::route::istio_tls::service_of(&g.service) else {
-                continue;
-            };
-            if let Err(e) = super::route::istio_tls::delete_copies(
-                &ctx,
-                gw_ns,
-                &ns,
-                (DOMAIN_MAPPING_LABEL, &label),
-                &[],
-            )
-            .await
-            {
-                tracing::warn!(namespace = %ns, %domain, error = %e,
-                    "could not delete a deleted DomainMapping's certificate Secret copies");
-            }
-        }
-        if let Err(e) = super::route::gateway_tls::set_listeners(&ctx, net, &ns, &domain, &[]).await
-        {
-            tracing::warn!(namespace = %ns, %domain, error = %e,
-                "could not remove a deleted DomainMapping's TLS listeners");
-        }
+/// Certificate, TLS Gateway and ReferenceGrant go by owner reference), found by its UID. A
+/// failure is logged.
+async fn forget_deleted(ctx: Arc<Ctx>, mut deleted: tokio::sync::mpsc::Receiver<TlsOwner>) {
+    while let Some(owner) = deleted.recv().await {
+        super::route::forget_tls(&ctx, &owner).await;
     }
 }

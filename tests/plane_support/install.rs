@@ -1,8 +1,9 @@
-//! thaw installed on the plane as the README says: `kubectl apply --server-side -k` of deploy/
-//! (through `tests/cluster/overlay`, which only renames the image for the kubelet stand-in),
-//! `kubectl wait` for every Deployment, then Knative's `knative-serving` namespace with the
-//! external Gateway, and the ingress gateway pod (`tests/cluster/ingress-gateway.yaml`) with
-//! Istio's two CRDs the controller writes.
+//! thaw installed on the plane as the README says: Istio's two CRDs the controller writes and
+//! the ingress gateway pod (`tests/cluster/ingress-gateway.yaml`, in istio-system, where
+//! deploy/ puts the controller's gateway Role) first, as Istio is installed before thaw; then
+//! `kubectl apply --server-side -k` of deploy/ (through `tests/cluster/overlay`, which only
+//! renames the image for the kubelet stand-in), `kubectl wait` for every Deployment, then
+//! Knative's `knative-serving` namespace with the external Gateway.
 //!
 //! The images the stand-in can run ([`images`]): thaw's (every role and the queue sidecar) is
 //! the `thaw` binary this test target was built with; Knative's helloworld-go is `thaw
@@ -124,14 +125,8 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
             "--timeout=60s",
         ])
         .await?;
-    plane
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "-k",
-            &repo("tests/cluster/overlay").display().to_string(),
-        ])
-        .await?;
+    // The ingress first, as Istio is installed before thaw (README): deploy/ has the
+    // controller's Role in the gateway namespace, istio-system.
     plane
         .kubectl(&[
             "apply",
@@ -140,6 +135,14 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
             &repo("tests/cluster/ingress-gateway.yaml")
                 .display()
                 .to_string(),
+        ])
+        .await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-k",
+            &repo("tests/cluster/overlay").display().to_string(),
         ])
         .await?;
     plane

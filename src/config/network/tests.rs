@@ -366,3 +366,73 @@ fn config_certmanager_issuer_ref() {
         );
     }
 }
+
+/// `max-tls-hosts-per-namespace` (both ConfigMaps) and `secret-copy-refresh-period`
+/// (config-istio): defaults, the bound in force following the ingress class, and bad values
+/// refused naming the key and the reason (the live reload then keeps the last good config, as
+/// for every key).
+#[test]
+fn tls_bounds_per_namespace_and_the_copy_refresh() {
+    let n = NetworkConfig::default();
+    assert_eq!(n.istio.max_tls_hosts_per_namespace, 8);
+    assert_eq!(n.gateway.max_tls_hosts_per_namespace, 8);
+    assert_eq!(
+        n.istio.secret_copy_refresh,
+        std::time::Duration::from_secs(60)
+    );
+    assert_eq!(
+        n.tls_host_limit(),
+        TlsHostLimit {
+            per_namespace: 8,
+            config_map: "config-istio"
+        }
+    );
+    let g = GatewayConfig::parse(&data(&[("max-tls-hosts-per-namespace", "64")]))
+        .unwrap()
+        .config;
+    assert_eq!(g.max_tls_hosts_per_namespace, 64);
+    let i = IstioConfig::parse(&data(&[
+        ("max-tls-hosts-per-namespace", "2"),
+        ("secret-copy-refresh-period", "5s"),
+    ]))
+    .unwrap()
+    .config;
+    assert_eq!(i.max_tls_hosts_per_namespace, 2);
+    assert_eq!(i.secret_copy_refresh, std::time::Duration::from_secs(5));
+    let mut net = NetworkConfig {
+        gateway: g,
+        istio: i,
+        ..NetworkConfig::default()
+    };
+    assert_eq!(net.tls_host_limit().per_namespace, 2);
+    net.templates.ingress_class = IngressClass::GatewayApi;
+    assert_eq!(
+        net.tls_host_limit(),
+        TlsHostLimit {
+            per_namespace: 64,
+            config_map: "config-gateway"
+        }
+    );
+    for (key, value, why) in [
+        ("max-tls-hosts-per-namespace", "0", "must be in [1, 64]"),
+        ("max-tls-hosts-per-namespace", "65", "must be in [1, 64]"),
+        ("max-tls-hosts-per-namespace", "eight", ""),
+        ("secret-copy-refresh-period", "2m", "must be in [1s, 60s]"),
+        ("secret-copy-refresh-period", "0s", "must be in [1s, 60s]"),
+    ] {
+        let e = IstioConfig::parse(&data(&[(key, value)])).unwrap_err();
+        assert_eq!(e.0[0].key, key, "{value}");
+        assert!(
+            e.0[0].reason.contains(why),
+            "{key}={value}: {}",
+            e.0[0].reason
+        );
+    }
+    let e = GatewayConfig::parse(&data(&[("max-tls-hosts-per-namespace", "100")])).unwrap_err();
+    assert_eq!(e.0[0].key, "max-tls-hosts-per-namespace");
+    assert!(
+        e.0[0]
+            .reason
+            .contains("a Gateway holds at most 64 listeners")
+    );
+}

@@ -11,10 +11,12 @@
 //! - **Status** ([`TlsOutcome::condition`]): `CertificateProvisioned` as Knative's Route marks
 //!   it: True once every Certificate is ready; False `CertificateProvisionFailed` when one
 //!   failed (or cert-manager's CRD is not served), `CertificateNotOwned` when a Certificate of
-//!   that name is not the owner's; otherwise `CertificateNotReady` (Unknown), or, when
-//!   `http-protocol` is `Enabled`, True `HTTPDowngrade` (the host is served over http
-//!   meanwhile). A host is `https://` in the URLs once its Certificate is ready; until then it
-//!   is served, and reported, over http (with any `http-protocol`).
+//!   that name is not the owner's; then False [`TLS_HOST_LIMIT_EXCEEDED`] when a host got no
+//!   Certificate for the namespace's bound on TLS hosts ([`super::tls_limit`]), naming the
+//!   bound; otherwise `CertificateNotReady` (Unknown), or, when `http-protocol` is `Enabled`,
+//!   True `HTTPDowngrade` (the host is served over http meanwhile). A host is `https://` in
+//!   the URLs once its Certificate is ready; until then, and when the bound leaves it without
+//!   one, it is served, and reported, over http (with any `http-protocol`).
 //!
 //! The CRD generated from [`Certificate`] (tests/crds/certificates.cert-manager.io.yaml) is for
 //! the tests' API server and the schema check of deploy/examples/ only: on a cluster
@@ -33,6 +35,10 @@ use crate::knative::duck::{Condition, ConditionStatus};
 pub const CERTIFICATE_CRD: &str = "certificates.cert-manager.io";
 /// Knative's condition type.
 pub const CERTIFICATE_PROVISIONED: &str = "CertificateProvisioned";
+/// `CertificateProvisioned=False`'s reason when the namespace's bound on TLS hosts left a
+/// host without a certificate (config-istio's or config-gateway's
+/// `max-tls-hosts-per-namespace`).
+pub const TLS_HOST_LIMIT_EXCEEDED: &str = "TLSHostLimitExceeded";
 
 /// cert-manager's `CertificateSpec` (the subset thaw writes).
 #[derive(
@@ -141,6 +147,8 @@ pub enum CertState {
     NotReady(Option<String>),
     /// The issuance failed: cert-manager's message.
     Failed(Option<String>),
+    /// No Certificate was written: the namespace's bound on TLS hosts (why, naming it).
+    Limited(String),
 }
 
 /// The state of `desired` as `current` (the watch's copy) shows it.
@@ -200,6 +208,12 @@ impl TlsOutcome {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// Whether the namespace's bound left a host without a Certificate.
+    pub fn is_limited(&self) -> bool {
+        matches!(self, TlsOutcome::Certificates(c)
+            if c.iter().any(|c| matches!(c.state, CertState::Limited(_))))
     }
 
     /// The ingress description's TLS blocks: one per ready Certificate.
@@ -266,6 +280,26 @@ impl TlsOutcome {
                             Some(w) => format!("Certificate {name} fails to be provisioned: {w}"),
                             None => format!("Certificate {name} fails to be provisioned."),
                         }),
+                    );
+                }
+                let limited: Vec<(&str, &str)> = certs
+                    .iter()
+                    .filter_map(|r| match &r.state {
+                        CertState::Limited(why) => Some((r.host.as_str(), why.as_str())),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some((host, why)) = limited.first() {
+                    let more = match limited.len() {
+                        1 => String::new(),
+                        n => format!(" (and {} more hosts)", n - 1),
+                    };
+                    return c(
+                        ConditionStatus::False,
+                        Some(TLS_HOST_LIMIT_EXCEEDED),
+                        Some(format!(
+                            "{host}{more} gets no certificate and is served over http: {why}."
+                        )),
                     );
                 }
                 if let Some((name, why)) = certs.iter().find_map(|r| match &r.state {
@@ -421,6 +455,38 @@ mod tests {
                 ConditionStatus::False,
                 Some("CertificateProvisionFailed"),
                 Some("Certificate route-u fails to be provisioned: no")
+            )
+        );
+        let c = TlsOutcome::Certificates(vec![
+            CertReport {
+                name: "route-u".into(),
+                host: "h".into(),
+                secret: "route-u".into(),
+                state: CertState::NotReady(None),
+            },
+            CertReport {
+                name: "route-u-1".into(),
+                host: "t1".into(),
+                secret: String::new(),
+                state: CertState::Limited("namespace n has its 8 TLS hosts".into()),
+            },
+            CertReport {
+                name: "route-u-2".into(),
+                host: "t2".into(),
+                secret: String::new(),
+                state: CertState::Limited("namespace n has its 8 TLS hosts".into()),
+            },
+        ])
+        .condition(HttpProtocol::Enabled);
+        assert_eq!(
+            (c.status, c.reason.as_deref(), c.message.as_deref()),
+            (
+                ConditionStatus::False,
+                Some(TLS_HOST_LIMIT_EXCEEDED),
+                Some(
+                    "t1 (and 1 more hosts) gets no certificate and is served over http: \
+                     namespace n has its 8 TLS hosts."
+                )
             )
         );
         let ready = report(CertState::Ready);

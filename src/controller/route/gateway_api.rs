@@ -252,7 +252,7 @@ pub fn write_http_routes(
             );
             let tls = !desc.cluster_local && desc.tls.iter().any(|t| t.hosts.contains(ext));
             if tls {
-                let listener = super::gateway_tls::listener_name(&desc.namespace, &desc.name, ext);
+                let listener = super::tls_owner::listener_name(&desc.owner_uid, ext);
                 hr.spec.parent_refs = tls_parents(gateways, &listener, net.templates.http_protocol);
             }
             out.push(hr);

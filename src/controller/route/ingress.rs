@@ -31,6 +31,9 @@ pub struct IngressDesc {
     pub namespace: String,
     /// The owner's name (a Route's, or a DomainMapping's: its domain).
     pub name: String,
+    /// The owner's UID: the names of its TLS listeners derive from it
+    /// ([`super::tls_owner::listener_name`]).
+    pub owner_uid: String,
     /// The owner is served on the local gateways only.
     pub cluster_local: bool,
     /// The target groups, tags first, then the default one.
@@ -47,7 +50,8 @@ pub struct IngressDesc {
 /// `IngressReady=False` reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// `NotOwned` (an object of that name is someone else's) or [`GATEWAY_MISSING`].
+    /// `NotOwned` (an object of that name is someone else's), [`GATEWAY_MISSING`] or
+    /// [`super::tls_owner::GATEWAY_FORBIDDEN`].
     pub reason: &'static str,
     pub message: String,
 }
@@ -171,6 +175,7 @@ pub fn describe(
     IngressDesc {
         namespace: ns,
         name: route.name_any(),
+        owner_uid: route.uid().unwrap_or_default(),
         cluster_local: super::resources::is_cluster_local(route, net),
         groups,
         remove_headers: removed_headers(&[]),

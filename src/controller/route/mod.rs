@@ -32,7 +32,13 @@
 //! `external-domain-tls` is Enabled: then the route's external hosts get cert-manager
 //! Certificates ([`certificate`]), each host is served over https (and `https://` in the
 //! URLs) once its Certificate is Ready, the Istio class writing a TLS Gateway and copying the
-//! Secrets into the gateway's namespace ([`istio_tls`]).
+//! Secrets into the gateway's namespace ([`istio_tls`]), the Gateway API class adding
+//! listeners to the shared Gateways ([`gateway_tls`]); names in shared places derive from the
+//! route's UID ([`tls_owner`]), and each namespace's TLS hosts are bounded
+//! ([`tls_limit`]: the reconciles of one namespace's TLS owners take its lock, count what the
+//! namespace holds and write under it). A route with Secret copies, or with a host the bound
+//! left without TLS, is re-queued within a minute (jittered) rather than at the resync: its
+//! copies follow their origins, and a place freed is taken.
 //!
 //! The controller re-queues a route when its VirtualService or placeholder Services change
 //! (owned), and when a Revision or Configuration it refers to changes (the stores' streams
@@ -48,6 +54,8 @@ pub mod istio_tls;
 pub mod labeler;
 pub mod prober;
 pub mod resources;
+pub mod tls_limit;
+pub mod tls_owner;
 pub mod traffic;
 pub mod virtual_service;
 
@@ -72,6 +80,7 @@ use crate::knative::names::labels;
 use crate::knative::{Configuration, Revision, Route, RouteStatus, condition, validate};
 use certificate::{Certificate, TlsOutcome};
 use http_route::HTTPRoute;
+use tls_owner::TlsOwner;
 use traffic::{Referenced, TargetError, Traffic};
 use virtual_service::VirtualService;
 
@@ -564,10 +573,13 @@ async fn program_gateway_api(
 ) -> Result<Ingress, Error> {
     let ns = &desc.namespace;
     // The TLS listeners and ReferenceGrant first: the HTTPRoutes attach to those listeners.
-    if (!matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route))
-        && let Some(r) =
-            gateway_tls::program(ctx, route, desc, net, &|n| resources::child_meta(route, n))
-                .await?
+    let with_tls = !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route);
+    let owner = tls_owner(route, desc.external_hosts());
+    if with_tls
+        && let Some(r) = gateway_tls::program(ctx, route, &owner, desc, net, &|n| {
+            resources::child_meta(route, n)
+        })
+        .await?
     {
         return Ok(refused(r));
     }
@@ -589,6 +601,13 @@ async fn program_gateway_api(
         .filter(|o| !routes.iter().any(|r| r.name_any() == o.name_any()))
         .collect();
     delete_owned(ctx, ns, stale).await?;
+    // The HTTPRoutes name the new listeners now: the owner's others go.
+    if with_tls
+        && let Some(r) =
+            gateway_tls::prune(ctx, net, &owner, &gateway_tls::listener_names(desc)).await?
+    {
+        return Ok(refused(r));
+    }
     let current = |name: &str| stores.http_routes.get(&ObjectRef::new(name).within(ns));
     Ok(match gateway_api::readiness(&routes, current) {
         gateway_api::Readiness::Ready => Ingress::Programmed,
@@ -624,8 +643,8 @@ async fn program_istio(
     // The TLS Gateways and Secret copies first: the VirtualService binds those Gateways.
     // (Nothing to look at while the route has never had TLS.)
     if !matches!(tls, TlsOutcome::NotEnabled { .. }) || had_tls(route) {
-        let name = route.name_any();
-        if let Some(r) = istio_tls::program(ctx, route, desc, net, (labels::ROUTE, &name), &|n| {
+        let owner = tls_owner(route, desc.external_hosts());
+        if let Some(r) = istio_tls::program(ctx, route, &owner, desc, net, &|n| {
             resources::child_meta(route, n)
         })
         .await?
@@ -824,8 +843,37 @@ fn had_tls(route: &Route) -> bool {
         .is_some_and(|s| certificate::had_tls(s.fields.url.as_deref(), &s.status))
 }
 
-/// Writes the route's Certificates (one per external host, [`certificate`]) and deletes
-/// those no longer wanted (all of them when TLS is off); returns what they say.
+/// The route as the owner of TLS objects in shared places, with its external `hosts`.
+pub fn tls_owner(route: &Route, hosts: Vec<String>) -> TlsOwner {
+    TlsOwner {
+        namespace: route.namespace().unwrap_or_default(),
+        name: route.name_any(),
+        uid: route.uid().unwrap_or_default(),
+        hosts,
+        label: (labels::ROUTE, route.name_any()),
+    }
+}
+
+/// A deleted route as the owner of TLS objects: its hosts as its status last said them (an
+/// older listener is its own only with one of them).
+fn deleted_tls_owner(route: &Route) -> TlsOwner {
+    let hosts = route
+        .status
+        .iter()
+        .flat_map(|s| {
+            s.fields
+                .url
+                .iter()
+                .chain(s.fields.traffic.iter().filter_map(|t| t.url.as_ref()))
+        })
+        .filter_map(|u| u.split_once("://").map(|(_, h)| h.to_string()))
+        .collect();
+    tls_owner(route, hosts)
+}
+
+/// Writes the route's Certificates (one per external host the namespace's bound admits,
+/// [`certificate`], [`tls_limit`]) and deletes those no longer wanted (all of them when TLS is
+/// off); returns what they say. Call under the namespace's [`tls_limit::lock`].
 async fn certificates(
     ctx: &Ctx,
     route: &Route,
@@ -834,23 +882,44 @@ async fn certificates(
     stores: &Stores,
 ) -> Result<TlsOutcome, Error> {
     let mut desired = Vec::new();
+    let mut limited = Vec::new();
     if tls_enabled(route, net) {
         let uid = route.uid().unwrap_or_default();
+        // The default host first, then the tags by name: the bound's order.
         let mut tags: Vec<&Option<String>> = traffic.groups.keys().collect();
         tags.sort_by_key(|t| t.is_some());
-        for tag in tags {
-            let Some(host) = resources::group_hosts(route, tag.as_deref(), net).external else {
-                continue;
-            };
-            let name = certificate::route_certificate_name(&uid, tag.as_deref());
-            let cert = certificate::certificate(resources::child_meta(route, name), &host, net);
-            desired.push(cert);
+        let hosts: Vec<(Option<&str>, String)> = tags
+            .into_iter()
+            .filter_map(|tag| {
+                resources::group_hosts(route, tag.as_deref(), net)
+                    .external
+                    .map(|h| (tag.as_deref(), h))
+            })
+            .collect();
+        let owner = tls_owner(route, hosts.iter().map(|(_, h)| h.clone()).collect());
+        let admission = tls_limit::admit(ctx, net, &owner, &owner.hosts).await?;
+        for (tag, host) in hosts {
+            let name = certificate::route_certificate_name(&uid, tag);
+            match admission.limited.iter().find(|l| l.host == host) {
+                None => desired.push(certificate::certificate(
+                    resources::child_meta(route, name),
+                    &host,
+                    net,
+                )),
+                Some(l) => limited.push(certificate::CertReport {
+                    name,
+                    host,
+                    secret: String::new(),
+                    state: certificate::CertState::Limited(l.message.clone()),
+                }),
+            }
         }
     }
     write_certificates(
         ctx,
         route,
         tls_enabled(route, net).then_some(desired),
+        limited,
         &stores.certificates,
         &stores.certificates_served,
         resources::is_cluster_local(route, net),
@@ -859,11 +928,13 @@ async fn certificates(
 }
 
 /// Writes an owner's Certificates `desired` (`None`: TLS is off) and deletes its others;
-/// returns what they say. `store`/`served`: the owner controller's Certificate watch.
+/// returns what they say, with `limited` (hosts the namespace's bound left without one).
+/// `store`/`served`: the owner controller's Certificate watch.
 pub(crate) async fn write_certificates<P: Resource + Sync>(
     ctx: &Ctx,
     owner: &P,
     desired: Option<Vec<Certificate>>,
+    limited: Vec<certificate::CertReport>,
     store: &Store<Certificate>,
     served: &tokio::sync::watch::Receiver<Served>,
     cluster_local: bool,
@@ -907,10 +978,31 @@ pub(crate) async fn write_certificates<P: Resource + Sync>(
             .collect();
         delete_owned(ctx, &ns, stale).await?;
     }
+    reports.extend(limited);
     Ok(match desired {
         Some(_) => TlsOutcome::Certificates(reports),
         None => TlsOutcome::NotEnabled { cluster_local },
     })
+}
+
+/// How soon an owner with this TLS is reconciled again, if sooner than the resync: with
+/// Secret copies (the Istio class, a host served over https), within config-istio's
+/// `secret-copy-refresh-period`, so a rotated origin reaches its copy; with a host the bound
+/// left without TLS, within a minute, so a place freed is taken. Jittered
+/// ([`tls_limit::recheck`]).
+pub(crate) fn tls_requeue(
+    https: bool,
+    limited: bool,
+    net: &NetworkConfig,
+    resync: std::time::Duration,
+) -> std::time::Duration {
+    let copies = https && net.templates.ingress_class == IngressClass::Istio;
+    let period = match (copies, limited) {
+        (true, _) => net.istio.secret_copy_refresh,
+        (false, true) => crate::config::network::MAX_SECRET_COPY_REFRESH,
+        (false, false) => return resync,
+    };
+    tls_limit::recheck(period, resync)
 }
 
 /// Reconciles one Route (see the module docs).
@@ -932,6 +1024,21 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     };
     let class = net.templates.ingress_class;
     let served = stores.served(class).await?;
+    // One namespace's TLS owners count and write one at a time (the bound, [`tls_limit`]),
+    // waiting for no watch under the lock.
+    let tls_lock = match &resolved {
+        Ok(_) if tls_enabled(&route, net) || had_tls(&route) => {
+            if tls_enabled(&route, net) {
+                wait_served(stores.certificates_served.clone(), "Certificate").await?;
+            }
+            Some(tls_limit::lock(&ctx, &ns).await)
+        }
+        _ => None,
+    };
+    // Deleted while this reconcile waited: its TLS is gone, and must stay gone.
+    if tls_lock.is_some() && tls_limit::forgotten(&ctx, &route.uid().unwrap_or_default()) {
+        return Ok(Action::await_change());
+    }
     let tls = match &resolved {
         Ok(t) => Some(certificates(&ctx, &route, t, net, &stores).await?),
         Err(_) if !tls_enabled(&route, net) => Some(TlsOutcome::NotEnabled {
@@ -952,6 +1059,7 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         }
         _ => Ingress::Unchanged,
     };
+    drop(tls_lock);
     let status = compute_status(&route, &resolved, &ingress, tls.as_ref(), net, &now());
     if invalid.is_empty() {
         label(&ctx, &route, &ns, &status.fields.traffic, &refs, &stores).await?;
@@ -981,7 +1089,16 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         )));
     }
     // Not served: the kind's watch re-queues every route when it lists.
-    Ok(Action::requeue(ctx.resync()))
+    let requeue = match &tls {
+        Some(t) => tls_requeue(
+            !t.https_hosts().is_empty(),
+            t.is_limited(),
+            net,
+            ctx.resync(),
+        ),
+        None => ctx.resync(),
+    };
+    Ok(Action::requeue(requeue))
 }
 
 /// Events for conditions that turn False (the reason and message), as Knative records them.
@@ -1159,8 +1276,16 @@ async fn forget_deleted_routes(
         if routes.get(&ObjectRef::new(&name).within(&ns)).is_none() {
             stores.prober.forget(&ns, &name);
             forget(&ctx, &stores, &ns, &name).await;
-            forget_tls(&ctx, &ns, &name).await;
         }
+    }
+}
+
+/// Takes what each deleted route's TLS left outside its namespace ([`forget_tls`]), as the
+/// Route watch reports the deletions (by UID: a route re-created under the name keeps its
+/// own).
+async fn forget_deleted_tls(ctx: Arc<Ctx>, mut gone: tokio::sync::mpsc::Receiver<TlsOwner>) {
+    while let Some(owner) = gone.recv().await {
+        forget_tls(&ctx, &owner).await;
     }
 }
 
@@ -1183,25 +1308,24 @@ fn report_listed_but_gone(
     }
 }
 
-/// Deletes what a deleted route's TLS left outside its namespace: the copies of its
+/// Deletes what a deleted owner's TLS left outside its namespace: the copies of its
 /// certificate Secrets in the Istio gateways' namespaces ([`istio_tls`]) and its listeners on
 /// the Gateway API's external Gateways ([`gateway_tls`]). (Its Certificates, TLS Gateways and
-/// ReferenceGrant go by owner reference.)
-async fn forget_tls(ctx: &Ctx, ns: &str, name: &str) {
+/// ReferenceGrant go by owner reference.) Under the namespace's TLS lock, so a reconcile of the
+/// owner still writing when it was deleted is done first (the lock is fair). A failure is
+/// logged.
+pub(crate) async fn forget_tls(ctx: &Ctx, owner: &TlsOwner) {
+    tls_limit::forget(ctx, &owner.uid);
+    let _lock = tls_limit::lock(ctx, &owner.namespace).await;
     let settings = ctx.settings();
-    if let Err(e) = gateway_tls::set_listeners(ctx, &settings.network, ns, name, &[]).await {
-        tracing::warn!(namespace = ns, route = name, error = %e,
-            "could not remove a deleted route's TLS listeners");
+    match gateway_tls::prune(ctx, &settings.network, owner, &[]).await {
+        Ok(None) => {}
+        Ok(Some(r)) => tracing::warn!(namespace = %owner.namespace, owner = %owner.name,
+            reason = r.reason, "could not remove a deleted owner's TLS listeners: {}", r.message),
+        Err(e) => tracing::warn!(namespace = %owner.namespace, owner = %owner.name,
+            error = %e, "could not remove a deleted owner's TLS listeners"),
     }
-    for g in &settings.network.istio.external_gateways {
-        let Some((_, gw_ns)) = istio_tls::service_of(&g.service) else {
-            continue;
-        };
-        if let Err(e) = istio_tls::delete_copies(ctx, gw_ns, ns, (labels::ROUTE, name), &[]).await {
-            tracing::warn!(namespace = ns, route = name, error = %e,
-                "could not delete a deleted route's certificate Secret copies");
-        }
-    }
+    istio_tls::forget(ctx, &settings.network, owner).await;
 }
 
 async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
@@ -1303,6 +1427,9 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let (routes, route_writer) = reflector::store::<Route>();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
     let (rev_gone, cfg_gone) = (deleted_tx.clone(), deleted_tx.clone());
+    // And to the TLS cleanup (bounded: one dropped when it is full leaves its listeners and
+    // copies, logged).
+    let (tls_gone_tx, tls_gone_rx) = tokio::sync::mpsc::channel::<TlsOwner>(1024);
     let (routes_listed_tx, routes_listed) = tokio::sync::watch::channel(false);
     let route_stream = reflector::reflector(
         route_writer,
@@ -1310,12 +1437,17 @@ pub async fn controller(ctx: Arc<Ctx>) {
     )
     .default_backoff()
     .inspect(move |ev| match ev {
-        Ok(watcher::Event::Delete(r))
+        Ok(watcher::Event::Delete(r)) => {
             if deleted_tx
                 .try_send((r.namespace().unwrap_or_default(), r.name_any()))
-                .is_err() =>
-        {
-            tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
+                .is_err()
+            {
+                tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
+            }
+            if tls_gone_tx.try_send(deleted_tls_owner(r)).is_err() {
+                tracing::warn!(route = %r.name_any(),
+                    "TLS cleanup queue full; its TLS listeners and Secret copies are left");
+            }
         }
         // The reflector has applied the first list to the store by now.
         Ok(watcher::Event::InitDone) => {
@@ -1410,7 +1542,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let run = super::run(ctx.clone(), KIND, controller, move |route, ctx| {
         reconcile(route, ctx, stores.clone())
     });
-    tokio::join!(run, cleanup);
+    tokio::join!(run, cleanup, forget_deleted_tls(ctx.clone(), tls_gone_rx));
 }
 
 #[cfg(test)]
