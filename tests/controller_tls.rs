@@ -413,10 +413,10 @@ fn first_write(writes: &[(String, Vec<u8>)], line: &str, has: &[&str], lacks: &[
 /// `default/bbbb` and `default/caac` shared one listener prefix (adler32 of `namespace/owner`
 /// collides): each removed the other's listener and still reported https. Named after their
 /// UIDs, both keep theirs, and both are Ready over https. `bbbb`'s listener of the older name
-/// (already on the Gateway) is `bbbb`'s alone — its host is — so `caac` leaves it, and `bbbb`
-/// replaces it without an https gap: the new listener is written beside it, the HTTPRoute's
-/// `sectionName` switched to the new one, and only then the old one removed. The control: a
-/// deleted route's listener goes, the other's stays.
+/// (on the Gateway from before the upgrade) is `bbbb`'s alone — its host is — so `caac`,
+/// reconciled first, leaves it, and `bbbb` replaces it without an https gap: the new listener
+/// is written beside it, the HTTPRoute's `sectionName` switched to the new one, and only then
+/// the old one removed. The control: a deleted route's listener goes, the other's stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_whose_checksums_collide_both_keep_their_listeners() {
     assert_eq!(
@@ -438,16 +438,43 @@ async fn owners_whose_checksums_collide_both_keep_their_listeners() {
         ..Listener::default()
     };
     external_gateway(&p, vec![old]).await;
-    // As a controller before the upgrade left them: both routes with a Ready Certificate.
+    // As a controller before the upgrade left it: caac with a Ready Certificate.
     let settings = tls_settings(IngressClass::GatewayApi, HttpProtocol::Redirected);
-    let b = route(&p, "default", "bbbb", &[]).await;
     let c = route(&p, "default", "caac", &[]).await;
-    for (r, host) in [(&b, b_host), (&c, c_host)] {
-        issued_before(&p, r, host, &settings).await;
-    }
-    p.controllers("default", settings, false);
-    let (b_uid, c_uid) = (b.uid().unwrap(), c.uid().unwrap());
-    let (b_listener, c_listener) = (listener_name(&b_uid, b_host), listener_name(&c_uid, c_host));
+    issued_before(&p, &c, c_host, &settings).await;
+    p.controllers("default", settings.clone(), false);
+    let c_listener = listener_name(&c.uid().unwrap(), c_host);
+    let ready_https = |name: &'static str, host: &'static str| {
+        let p = &p;
+        async move {
+            wait_for(
+                "Ready over https",
+                || async {
+                    accept_all(p, "default").await;
+                    p.api::<Route>("default").get(name).await.unwrap()
+                },
+                |r| {
+                    cond(r, "Ready").is_some_and(|c| c.0 == ConditionStatus::True)
+                        && url(r) == Some(format!("https://{host}"))
+                },
+            )
+            .await
+        }
+    };
+    ready_https("caac", c_host).await;
+    // caac's listeners are written and its older ones pruned: bbbb's, under the same prefix,
+    // is not caac's (its host is not).
+    assert_eq!(
+        listener_names(&p).await,
+        ["http".to_string(), legacy.clone(), c_listener.clone()]
+    );
+
+    // bbbb, as the upgrade found it (its Certificate Ready), reaches the controller.
+    p.relay.hold(&["/routes?", "watch=true"]);
+    let b = route(&p, "default", "bbbb", &[]).await;
+    issued_before(&p, &b, b_host, &settings).await;
+    p.relay.release();
+    let b_listener = listener_name(&b.uid().unwrap(), b_host);
     let mut want = vec!["http".to_string(), b_listener.clone(), c_listener.clone()];
     want.sort();
     wait_for(
@@ -461,18 +488,7 @@ async fn owners_whose_checksums_collide_both_keep_their_listeners() {
     )
     .await;
     for (name, host) in [("bbbb", b_host), ("caac", c_host)] {
-        let r = wait_for(
-            "Ready over https",
-            || async {
-                accept_all(&p, "default").await;
-                p.api::<Route>("default").get(name).await.unwrap()
-            },
-            |r| {
-                cond(r, "Ready").is_some_and(|c| c.0 == ConditionStatus::True)
-                    && url(r) == Some(format!("https://{host}"))
-            },
-        )
-        .await;
+        let r = ready_https(name, host).await;
         assert_eq!(cond(&r, "IngressReady").unwrap().0, ConditionStatus::True);
     }
     // Write, switch, remove: never an HTTPS gap for bbbb's host.
@@ -490,7 +506,7 @@ async fn owners_whose_checksums_collide_both_keep_their_listeners() {
         added < switched && switched < removed,
         "added {added}, switched {switched}, removed {removed}"
     );
-    // No write before bbbb's switch took the older listener away (caac's did not).
+    // No write before bbbb's switch took the older listener away.
     assert!(
         !writes[..switched].iter().any(
             |(l, b)| l.contains(gw) && !b.windows(legacy.len()).any(|w| w == legacy.as_bytes())
