@@ -32,6 +32,7 @@ fn cases() -> Vec<Case> {
         case!(an_invalid_service_is_refused_by_the_webhook),
         case!(the_crds_cel_rules_refuse_what_they_forbid),
         case!(owner_references_need_the_finalizers_rule),
+        case!(the_controller_writes_secrets_in_the_gateway_namespace_only),
         case!(the_kubelet_stand_in_runs_pods_as_a_kubelet_does),
     ]
 }
@@ -152,6 +153,87 @@ async fn the_crds_cel_rules_refuse_what_they_forbid(plane: Arc<Plane>, ns: Strin
 /// controller's ClusterRole without its `*/finalizers` rule is refused; as shipped, admitted.
 async fn owner_references_need_the_finalizers_rule(plane: Arc<Plane>, ns: String) {
     plane_support::checks::owner_references_case(&plane, &ns).await;
+}
+
+/// The controller's Secrets, as the real API server authorizes its ServiceAccount (RBAC from
+/// deploy/): `get` in any namespace (a certificate's Secret is in its owner's), `list`,
+/// `create`, `patch` and `delete` only in the gateway namespace (`istio-system`, the Role
+/// `thaw-controller-gateway`), where it also reads and updates the Gateway API Gateways.
+async fn the_controller_writes_secrets_in_the_gateway_namespace_only(
+    plane: Arc<Plane>,
+    ns: String,
+) {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    // The API server's own answer for the controller's ServiceAccount (a
+    // SubjectAccessReview: no discovery of the kind needed).
+    let can =
+        |verb: &'static str, group: &'static str, resource: &'static str, namespace: String| {
+            let plane = plane.clone();
+            async move {
+                let review = SubjectAccessReview {
+                    spec: SubjectAccessReviewSpec {
+                        user: Some("system:serviceaccount:thaw-system:controller".into()),
+                        groups: Some(vec![
+                            "system:serviceaccounts".into(),
+                            "system:serviceaccounts:thaw-system".into(),
+                            "system:authenticated".into(),
+                        ]),
+                        resource_attributes: Some(ResourceAttributes {
+                            namespace: Some(namespace),
+                            verb: Some(verb.into()),
+                            group: Some(group.into()),
+                            resource: Some(resource.into()),
+                            ..ResourceAttributes::default()
+                        }),
+                        ..SubjectAccessReviewSpec::default()
+                    },
+                    ..SubjectAccessReview::default()
+                };
+                Api::<SubjectAccessReview>::all(plane.admin.clone())
+                    .create(&Default::default(), &review)
+                    .await
+                    .unwrap()
+                    .status
+                    .is_some_and(|s| s.allowed)
+            }
+        };
+    let gw = "istio-system".to_string();
+    assert!(can("get", "", "secrets", ns.clone()).await);
+    for verb in ["list", "watch", "create", "patch", "update", "delete"] {
+        assert!(
+            !can(verb, "", "secrets", ns.clone()).await,
+            "{verb} secrets in {ns}"
+        );
+        assert!(
+            !can(verb, "", "secrets", "thaw-system".into()).await || verb == "create",
+            "{verb} secrets in thaw-system"
+        );
+    }
+    for verb in ["list", "create", "patch", "delete"] {
+        assert!(
+            can(verb, "", "secrets", gw.clone()).await,
+            "{verb} secrets in {gw}"
+        );
+    }
+    for verb in ["watch", "update"] {
+        assert!(
+            !can(verb, "", "secrets", gw.clone()).await,
+            "{verb} secrets in {gw}"
+        );
+    }
+    let group = "gateway.networking.k8s.io";
+    for verb in ["get", "update"] {
+        assert!(
+            can(verb, group, "gateways", gw.clone()).await,
+            "{verb} gateways in {gw}"
+        );
+        assert!(
+            !can(verb, group, "gateways", ns.clone()).await,
+            "{verb} gateways in {ns}"
+        );
+    }
 }
 
 /// The node thaw runs on, checked against what a kubelet does: the Node Ready with its Lease
