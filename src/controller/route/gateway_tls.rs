@@ -384,12 +384,12 @@ mod tests {
         assert_eq!(next[4]["name"], l.name);
         assert_eq!(added(&next, &hello, std::slice::from_ref(&l)), Ok(None));
         // Then the owner's others go; nobody else's.
-        let after = pruned(&next, &hello, &[l.name.clone()]).unwrap();
+        let after = pruned(&next, &hello, std::slice::from_ref(&l.name)).unwrap();
         assert_eq!(
             after,
             [theirs, other, serde_json::to_value(&l).unwrap()].to_vec()
         );
-        assert_eq!(pruned(&after, &hello, &[l.name.clone()]), None);
+        assert_eq!(pruned(&after, &hello, std::slice::from_ref(&l.name)), None);
     }
 
     #[test]
