@@ -158,11 +158,28 @@ pub async fn owner_references_case(plane: &Plane, ns: &str) {
     let child = plane.dir.path().join(format!("{ns}-child.yaml"));
     std::fs::write(&child, owned_deployment(ns)).unwrap();
     let child = child.display().to_string();
+    // OwnerReferencesPermissionEnforcement maps an owner's kind through a discovery cache the
+    // API server refreshes on its own (about every 30 s): until it has seen the CRDs that
+    // deploy/ installed a moment ago, it refuses every blockOwnerDeletion on a Revision with
+    // "cannot find RESTMapping", whoever asks. That answer says nothing about RBAC: asked
+    // again until the plugin knows the kind (bounded by two of its refreshes).
     let create_as = async |user: &str| {
         let user = format!("--as={user}");
-        plane
-            .kubectl(&["create", "--dry-run=server", &user, "-f", &child])
-            .await
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(75);
+        loop {
+            let answer = plane
+                .kubectl(&["create", "--dry-run=server", &user, "-f", &child])
+                .await;
+            match &answer {
+                Err(e)
+                    if e.contains("cannot find RESTMapping")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                _ => return answer,
+            }
+        }
     };
     let refused = create_as(&format!("system:serviceaccount:{ns}:no-finalizers"))
         .await
