@@ -29,3 +29,33 @@ pub fn now_second() -> u64 {
 pub fn instant_of(s: u64) -> Instant {
     epoch() + Duration::from_secs(s)
 }
+
+/// The first instant at or after `now` that lies `offset` (less than a second) into a second of
+/// the process clock.
+pub fn next_at_offset(now: Instant, offset: Duration) -> Instant {
+    let candidate = instant_of(second_of(now)) + offset;
+    if candidate >= now {
+        candidate
+    } else {
+        candidate + Duration::from_secs(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_offset_is_within_a_second_and_at_the_offset() {
+        let offset = Duration::from_millis(500);
+        for after in [0u64, 1, 499, 500, 501, 999] {
+            let now = instant_of(7) + Duration::from_millis(after);
+            let next = next_at_offset(now, offset);
+            assert!(
+                next >= now && next - now < Duration::from_secs(1),
+                "{after}"
+            );
+            assert_eq!(next.duration_since(epoch()).subsec_millis(), 500, "{after}");
+        }
+    }
+}

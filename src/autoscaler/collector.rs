@@ -278,7 +278,8 @@ impl Collector {
         // during s + 1), so the current second has no data yet: unless something was already
         // recorded for it, the windows are read up to the last closed second. Read at `now`,
         // a one-second panic window (a 10 s stable window) would always see the open second
-        // as a gap and average to 0.
+        // as a gap and average to 0. The scaler decides half a second into each second, so the
+        // closed second's stats are in by then.
         let at = if stable.last_write() == Some(now) {
             now
         } else {

@@ -33,6 +33,11 @@ use crate::stats::StatMessage;
 use crate::telemetry::Telemetry;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, RejectLabels};
 
+/// How far into a clock second the periodic decisions run: the reporters' stats for the second
+/// just closed arrive at its end, so a decision at the boundary would race them (and a
+/// one-second panic window would read a gap).
+const DECIDE_OFFSET: tokio::time::Duration = tokio::time::Duration::from_millis(500);
+
 /// The autoscaler's decision loop over every revision in the catalog. See the module docs.
 pub struct Scaler {
     catalog: Arc<RevisionCatalog>,
@@ -81,7 +86,11 @@ impl Scaler {
             let mut catalog_changed = self.catalog.subscribe();
             catalog_changed.mark_unchanged();
             self.sync_catalog(Instant::now()).await;
-            let mut ticker = tokio::time::interval(self.options.tick);
+            // Reporters close a second at its start (the activator at each whole second, the
+            // pod-stats puller likewise): deciding half a second later reads the second just
+            // closed with its stats in, never the instant they are on their way.
+            let first = clock::next_at_offset(Instant::now(), DECIDE_OFFSET);
+            let mut ticker = tokio::time::interval_at(first, self.options.tick);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut stats_open = true;
             tokio::pin!(shutdown);

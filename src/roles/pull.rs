@@ -498,7 +498,10 @@ pub async fn run_with<T: StatsTargets>(
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector);
     let slots = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
-    let mut tick = tokio::time::interval(options.tick);
+    // Ticks at the clock's whole seconds, as the activators' reporters do: a sample covers the
+    // second that just closed, and reaches the scaler before its decisions half a second on.
+    let first = crate::clock::next_at_offset(Instant::now(), Duration::ZERO);
+    let mut tick = tokio::time::interval_at(first, options.tick);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let source: Arc<str> = Arc::from(SOURCE);
     // At most one sample per revision in flight: the revisions in `samples`, by task.
