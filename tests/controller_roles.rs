@@ -123,7 +123,7 @@ async fn one_leader_reconciles_and_a_killed_leader_is_replaced() {
         ) >= 1.0,
         "{metrics}"
     );
-    assert_eq!(metric(&metrics, "thaw_controller_leader", &[]), 1.0);
+    assert_eq!(metric(&metrics, "thaw_controller_leader ", &[]), 1.0);
     let (code, out) = promtool(&metrics);
     assert_eq!(code, 0, "promtool: {out}");
 
@@ -159,6 +159,34 @@ async fn one_leader_reconciles_and_a_killed_leader_is_replaced() {
         "old revisions keep their spec"
     );
 
+    // The standby holds every watch already (warm), and reconciles nothing.
+    let standby_addr = format!("127.0.0.1:{other_port}").parse().unwrap();
+    let standby = get_text(standby_addr, "/metrics").await;
+    let lists = |text: &str| metric(text, "thaw_controller_watch_lists_total", &[]);
+    let listed = lists(&standby);
+    assert!(
+        metric(
+            &standby,
+            "thaw_controller_watch_lists_total",
+            &["kind=\"Revision\""]
+        ) >= 1.0
+            && metric(
+                &standby,
+                "thaw_controller_watch_lists_total",
+                &["kind=\"Deployment\""]
+            ) >= 1.0,
+        "the standby's watches have not listed:\n{standby}"
+    );
+    assert_eq!(
+        metric(&standby, "thaw_controller_reconcile_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric(&standby, "thaw_controller_leader_changes_total", &[]),
+        0.0
+    );
+    let services_before = svcs.list(&Default::default()).await.unwrap().items.len() as f64;
+
     // Kill the leader without a chance to release its Lease.
     let killed = Instant::now();
     if leader == "ctl-a" {
@@ -188,6 +216,31 @@ async fn one_leader_reconciles_and_a_killed_leader_is_replaced() {
     assert!(cfgs.get_opt("second").await.unwrap().is_some());
     let survivor = if new_leader == "ctl-a" { &a } else { &b };
     assert!(survivor.logs().contains("leading"), "{}", survivor.logs());
+    // The new leader started from its warm stores: no watch listed again, every Service
+    // reconciled (the ones from before the change and the one created during it), one term.
+    let promoted = until(
+        Duration::from_secs(30),
+        "every Service reconciled by the new leader",
+        || async {
+            let text = get_text(standby_addr, "/metrics").await;
+            (metric(
+                &text,
+                "thaw_controller_reconcile_total",
+                &["kind=\"Service\""],
+            ) > services_before)
+                .then_some(text)
+        },
+    )
+    .await;
+    assert_eq!(
+        lists(&promoted),
+        listed,
+        "a watch listed again on the leadership change:\n{promoted}"
+    );
+    assert_eq!(
+        metric(&promoted, "thaw_controller_leader_changes_total", &[]),
+        1.0
+    );
 }
 
 /// One image setting: with no `queue-sidecar-image` in config-deployment, a revision's queue

@@ -10,7 +10,7 @@ mod kube_support;
 use std::future::Future;
 use std::time::Duration;
 
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use thaw::controller::{Ctx, Settings};
 use thaw::knative::{Configuration, Revision, Service};
@@ -85,16 +85,22 @@ async fn the_controller_never_updates_an_existing_revisions_spec() {
     settings.defaults.revision_timeout = Duration::from_secs(77);
     ctx.set_settings(settings);
     let pinned = json!([{"revisionName": "hello-00001", "percent": 100}]);
-    let mut s = svcs.get("hello").await.unwrap();
-    s.spec.route = service("v1", pinned).spec.route;
-    svcs.replace("hello", &PostParams::default(), &s)
-        .await
-        .unwrap();
-    let mut s = svcs.get("hello").await.unwrap();
-    s.spec = service("v2", json!([])).spec;
-    svcs.replace("hello", &PostParams::default(), &s)
-        .await
-        .unwrap();
+    // Patches, not read-and-replace: the controller writes the Service's status meanwhile.
+    let spec_patch = |s: Service| json!({"spec": serde_json::to_value(s.spec).unwrap()});
+    svcs.patch(
+        "hello",
+        &PatchParams::default(),
+        &Patch::Merge(spec_patch(service("v1", pinned))),
+    )
+    .await
+    .unwrap();
+    svcs.patch(
+        "hello",
+        &PatchParams::default(),
+        &Patch::Merge(spec_patch(service("v2", json!([])))),
+    )
+    .await
+    .unwrap();
     let second = until("hello-00002", || async {
         revs.get_opt("hello-00002").await.ok().flatten()
     })

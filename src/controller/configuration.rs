@@ -17,8 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+
+use super::informers::Informer;
 
 use super::{Ctx, Error, EventKind, Settings, is_owned_by, now, owner_ref};
 use crate::config::{ConfigSet, DefaultsConfig};
@@ -502,25 +503,25 @@ async fn announce(
     }
 }
 
-/// The Configuration controller: owns Revisions through one reflector, so the store a
-/// reconcile reads already holds the revision change that triggered it.
+/// The shared watches the Configuration controller reads: Configurations, Revisions.
+pub fn watches(ctx: &Ctx) -> (Informer<Configuration>, Informer<Revision>) {
+    (ctx.informer(None), ctx.informer(None))
+}
+
+/// The Configuration controller: owns Revisions, whose shared store a reconcile reads (it
+/// already holds the revision change that triggered it).
 pub async fn controller(ctx: Arc<Ctx>) {
-    let (store, writer) = reflector::store::<Revision>();
-    let revisions = reflector::reflector(
-        writer,
-        watcher(ctx.watched::<Revision>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects();
-    let (configurations, configuration_stream) = super::main_watch(ctx.watched::<Configuration>());
-    let controller =
-        Controller::for_stream(configuration_stream, configurations).owns_stream(revisions);
+    let (configurations, revisions) = watches(&ctx);
+    let (store, configuration_stream) = super::main_watch(&configurations);
+    let controller = Controller::for_stream(configuration_stream, store)
+        .owns_stream(super::child_watch(&revisions));
     let listed = {
-        let store = store.clone();
+        let revisions = revisions.clone();
         Arc::new(super::StoresReady::spawn(async move {
-            store.wait_until_ready().await.map_err(|e| e.to_string())
+            revisions.listed().await
         }))
     };
+    let store = revisions.store();
     super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
         reconcile(cfg, ctx, store.clone(), listed.clone())
     })

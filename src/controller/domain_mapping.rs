@@ -48,9 +48,10 @@ use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::informers::Informer;
 use super::route::certificate::{self, Certificate, TlsOutcome};
 use super::route::http_route::HTTPRoute;
 use super::route::ingress::{Group, IngressDesc, Split, removed_headers};
@@ -695,63 +696,55 @@ async fn set_finalizers(
     Ok(())
 }
 
+/// The shared watches the DomainMapping controller reads: DomainMappings, the
+/// ClusterDomainClaims, Routes, VirtualServices, HTTPRoutes and Certificates.
+#[allow(clippy::type_complexity)]
+pub fn watches(
+    ctx: &Ctx,
+) -> (
+    Informer<DomainMapping>,
+    Informer<ClusterDomainClaim>,
+    Informer<Route>,
+    Informer<VirtualService>,
+    Informer<HTTPRoute>,
+    Informer<Certificate>,
+) {
+    (
+        ctx.informer(None),
+        ctx.cluster_informer(),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+    )
+}
+
 /// The DomainMapping controller: owns its VirtualService or HTTPRoute; follows the claims
 /// and the Routes through stores whose changes re-queue the DomainMappings they concern.
 pub async fn controller(ctx: Arc<Ctx>) {
-    let (dms, dm_writer) = reflector::store::<DomainMapping>();
+    let (dm_watch, claim_watch, route_watch, vs_watch, hr_watch, cert_watch) = watches(&ctx);
+    let dms = dm_watch.store();
     // Deletions go to the TLS cleanup (bounded: one dropped when it is full is logged).
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel::<TlsOwner>(1024);
-    let dm_stream = reflector::reflector(
-        dm_writer,
-        watcher(ctx.watched::<DomainMapping>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .inspect(move |ev| {
-        if let Ok(watcher::Event::Delete(d)) = ev
-            && deleted_tx.try_send(tls_owner(d)).is_err()
-        {
-            tracing::warn!(domain = %d.name_any(),
-                "deletion queue full; its TLS Secret copies and listeners are left");
-        }
-    })
-    .applied_objects();
-    let (claims, claim_writer) = reflector::store::<ClusterDomainClaim>();
-    let claim_stream = reflector::reflector(
-        claim_writer,
-        watcher(
-            Api::<ClusterDomainClaim>::all(ctx.client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
-    let (routes, route_writer) = reflector::store::<Route>();
-    let route_stream = reflector::reflector(
-        route_writer,
-        watcher(ctx.watched::<Route>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects();
-    let (virtual_services, vs_stream, vs_served, vs_now) =
-        super::route::served_watch::<VirtualService>(
-            &ctx,
-            super::route::VIRTUAL_SERVICE_CRD,
-            "VirtualServices",
-            super::route::ISTIO_CLASS_EFFECT,
-        );
-    let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch::<HTTPRoute>(
-        &ctx,
-        gateway_api::HTTP_ROUTE_CRD,
-        "HTTPRoutes",
-        super::route::GATEWAY_API_CLASS_EFFECT,
-    );
+    let dm_stream = dm_watch
+        .events()
+        .inspect(move |ev| {
+            if let Ok(watcher::Event::Delete(d)) = ev
+                && deleted_tx.try_send(tls_owner(d)).is_err()
+            {
+                tracing::warn!(domain = %d.name_any(),
+                    "deletion queue full; its TLS Secret copies and listeners are left");
+            }
+        })
+        .applied_objects();
+    let claims = claim_watch.store();
+    let claim_stream = claim_watch.events().touched_objects();
+    let routes = route_watch.store();
+    let route_stream = route_watch.events().touched_objects();
+    let (virtual_services, vs_stream, vs_served, vs_now) = super::route::served_watch(&vs_watch);
+    let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch(&hr_watch);
     let (certificates, cert_stream, certificates_served, cert_now) =
-        super::route::served_watch::<Certificate>(
-            &ctx,
-            certificate::CERTIFICATE_CRD,
-            "Certificates",
-            "external-domain-tls cannot provision certificates",
-        );
+        super::route::served_watch(&cert_watch);
     let (dms2, dms3) = (dms.clone(), dms.clone());
     let controller = Controller::for_stream(dm_stream, dms)
         .owns_stream(vs_stream)
@@ -775,11 +768,9 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 .map(|d| ObjectRef::from_obj(&*d))
                 .collect::<Vec<_>>()
         });
-    let (c, r) = (claims.clone(), routes.clone());
     let ready = super::StoresReady::spawn(async move {
-        let dropped = |e: reflector::store::WriterDropped| e.to_string();
-        c.wait_until_ready().await.map_err(dropped)?;
-        r.wait_until_ready().await.map_err(dropped)
+        claim_watch.listed().await?;
+        route_watch.listed().await
     });
     let stores = Stores {
         ready,

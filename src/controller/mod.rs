@@ -20,6 +20,7 @@ pub mod apply;
 pub mod configuration;
 pub mod domain_mapping;
 pub mod gc;
+pub mod informers;
 pub mod revision;
 pub mod route;
 pub mod service;
@@ -37,7 +38,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -112,6 +113,10 @@ pub struct Ctx {
     /// Consecutive failures per object, for the per-key backoff.
     failures: DashMap<(&'static str, String, String), u32>,
     reconciles: AtomicU64,
+    /// The shared watches, running from the process's start in every replica.
+    informers: informers::Informers,
+    /// The changes waiting for their reconcile (the event-to-reconcile histogram).
+    triggers: Arc<informers::Triggers>,
 }
 
 /// How a [`Ctx`] is built; every field has the default the role uses.
@@ -151,7 +156,16 @@ impl Ctx {
             controller: CONTROLLER_NAME.into(),
             instance: o.instance,
         };
+        let metrics = o.metrics.unwrap_or_else(ControllerMetrics::unregistered);
+        let triggers = Arc::new(informers::Triggers::default());
         Arc::new(Ctx {
+            informers: informers::Informers::new(
+                client.clone(),
+                o.namespace.clone(),
+                triggers.clone(),
+                metrics.clone(),
+            ),
+            triggers,
             recorder: Recorder::new(client.clone(), reporter),
             client,
             system_namespace: o.system_namespace,
@@ -160,7 +174,7 @@ impl Ctx {
             settings_version: watch::Sender::new(0),
             resync: o.resync,
             workers: o.workers.max(1),
-            metrics: o.metrics.unwrap_or_else(ControllerMetrics::unregistered),
+            metrics,
             failures: DashMap::new(),
             reconciles: AtomicU64::new(0),
         })
@@ -199,6 +213,46 @@ impl Ctx {
     /// Reconciles finished so far, of every kind (a progress figure for tests and benches).
     pub fn reconciles(&self) -> u64 {
         self.reconciles.load(Ordering::Relaxed)
+    }
+
+    /// The shared watch of namespaced `K` selected by `labels` ([`informers`]), started if it
+    /// was not.
+    pub fn informer<K>(&self, labels: Option<&'static str>) -> informers::Informer<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.informers.namespaced(labels)
+    }
+
+    /// The shared watch of cluster-scoped `K`, started if it was not.
+    pub fn cluster_informer<K>(&self) -> informers::Informer<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.informers.cluster()
+    }
+
+    /// The shared watches started so far.
+    pub fn informers(&self) -> &informers::Informers {
+        &self.informers
+    }
+
+    /// Marks this replica leading (its reconcilers run) or not: changes are stamped for the
+    /// event-to-reconcile histogram only while it leads.
+    pub fn set_leading(&self, leading: bool) {
+        self.triggers.set_leading(leading);
     }
 
     /// The API of `K` the controllers watch: every namespace, or the one given.
@@ -348,10 +402,11 @@ pub fn error_policy<K: Resource>(
     Action::requeue(backoff(*n))
 }
 
-/// The watch of the kind a controller reconciles, for `Controller::for_stream`: its store and
-/// the objects it applies, the watch backing off on its own ([`independent_triggers`]).
+/// The trigger stream of the kind a controller reconciles, for `Controller::for_stream`: the
+/// objects its shared watch applies (every object once when the controller starts, from the
+/// warm store), and the store.
 pub fn main_watch<K>(
-    api: Api<K>,
+    informer: &informers::Informer<K>,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -359,23 +414,18 @@ pub fn main_watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .applied_objects();
-    (store, stream)
+    (informer.store(), informer.events().applied_objects())
 }
 
-/// A watch of a child or another kind, for `owns_stream` and `watches_stream`: the objects it
-/// touches, the watch backing off on its own ([`independent_triggers`]).
+/// The trigger stream of a child or another kind, for `owns_stream` and `watches_stream`: the
+/// objects its shared watch touches.
 pub fn child_watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
+    informer: &informers::Informer<K>,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    watcher(api, config).default_backoff().touched_objects()
+    informer.events().touched_objects()
 }
 
 /// The pause of a controller's merged trigger stream after an error: none.
@@ -395,9 +445,8 @@ impl kube::runtime::utils::Backoff for NoPause {
 }
 
 /// Makes each of `controller`'s watches back off alone, as client-go's informers do: every
-/// trigger stream a reconciler module builds backs off on its own ([`main_watch`],
-/// [`child_watch`], or `default_backoff()` on its reflector), and the merged stream does not
-/// pause at all. kube-runtime's default pauses the merged stream, every watch of the
+/// shared watch ([`informers`]) backs off on its own, its subscribers see no error, and the
+/// merged stream does not pause at all. kube-runtime's default pauses the merged stream, every watch of the
 /// controller at once, on any one watch's error, doubling the pause at each error until an
 /// event comes: after an API server restart each watch's errors in turn (the broken
 /// connection, 429 while the server starts, 410 on resuming) added up, and the Revision
@@ -408,6 +457,18 @@ where
     K::DynamicType: Eq + Hash + Clone,
 {
     controller.trigger_backoff(NoPause)
+}
+
+/// Starts every shared watch the reconcilers read ([`informers`]): each replica does at
+/// start, so a standby's stores are warm when it gains the Lease and nothing is listed again.
+/// Returns the number of watches.
+pub fn warm(ctx: &Ctx) -> usize {
+    let _ = service::watches(ctx);
+    let _ = configuration::watches(ctx);
+    let _ = revision::watches(ctx);
+    let _ = route::watches(ctx);
+    let _ = domain_mapping::watches(ctx);
+    ctx.informers.len()
 }
 
 /// The finalizers thaw's reconcilers hold (Knative's names): an object being deleted that
@@ -455,6 +516,16 @@ pub async fn run<K, F, Fut>(
                     namespace = obj.namespace().unwrap_or_default(),
                     name = obj.name_any()
                 );
+                if let Some(waited) = ctx.triggers.take(
+                    &K::kind(&()),
+                    obj.meta().namespace.as_deref().unwrap_or_default(),
+                    obj.meta().name.as_deref().unwrap_or_default(),
+                ) {
+                    ctx.metrics
+                        .event_to_reconcile
+                        .get_or_create(&crate::telemetry::controller::KindLabels { kind })
+                        .observe(waited.as_secs_f64());
+                }
                 async move {
                     if deleting {
                         return Ok(Action::await_change());

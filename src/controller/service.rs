@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::informers::Informer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
@@ -395,17 +395,17 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error
     Ok(Action::requeue(ctx.resync()))
 }
 
+/// The shared watches the Service controller reads: Services, Configurations, Routes.
+pub fn watches(ctx: &Ctx) -> (Informer<Service>, Informer<Configuration>, Informer<Route>) {
+    (ctx.informer(None), ctx.informer(None), ctx.informer(None))
+}
+
 /// The Service controller: owns Configurations and Routes.
 pub async fn controller(ctx: Arc<Ctx>) {
-    let (services, service_stream) = super::main_watch(ctx.watched::<Service>());
-    let controller = Controller::for_stream(service_stream, services)
-        .owns_stream(super::child_watch(
-            ctx.watched::<Configuration>(),
-            watcher::Config::default(),
-        ))
-        .owns_stream(super::child_watch(
-            ctx.watched::<Route>(),
-            watcher::Config::default(),
-        ));
+    let (services, configurations, routes) = watches(&ctx);
+    let (store, service_stream) = super::main_watch(&services);
+    let controller = Controller::for_stream(service_stream, store)
+        .owns_stream(super::child_watch(&configurations))
+        .owns_stream(super::child_watch(&routes));
     super::run(ctx.clone(), KIND, controller, reconcile).await;
 }

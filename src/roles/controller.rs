@@ -3,9 +3,11 @@
 //!
 //! Every replica follows the ConfigMaps in `--system-namespace` (validated and reloaded as the
 //! files are: an invalid edit is rejected naming the key, and the last good value stays) and
-//! runs for the Lease `thaw-controller`. Only the leader reconciles: on gaining the Lease every
-//! kind's controller starts (its watches list everything, so every object is reconciled once);
-//! on losing it they are dropped at once; on SIGTERM the Lease is released so another replica
+//! runs for the Lease `thaw-controller`. Every replica holds the shared watches from the start
+//! ([`crate::controller::informers`]: one per kind and selector, their stores warm in a
+//! standby). Only the leader reconciles: on gaining the Lease every kind's controller starts
+//! from the warm stores (every object is reconciled once, nothing is listed again); on losing
+//! it they are dropped at once; on SIGTERM the Lease is released so another replica
 //! takes over without waiting for it to expire. A ConfigMap change re-queues every object.
 //!
 //! At start it refuses to run beside Knative Serving ([`crate::webhook::coexist`]): both would
@@ -144,8 +146,18 @@ async fn own_image(client: &kube::Client, namespace: &str, pod: &str) -> Option<
     Some(image)
 }
 
-/// Every kind's controller, run together until dropped.
+/// Every kind's controller, run together until dropped: from the shared watches' stores, so
+/// every object is reconciled once at the start (a promotion) with nothing listed again.
 pub async fn run_controllers(ctx: Arc<Ctx>) {
+    struct Term(Arc<Ctx>);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            self.0.set_leading(false);
+        }
+    }
+    ctx.metrics().leader_terms.inc();
+    ctx.set_leading(true);
+    let _term = Term(ctx.clone());
     tokio::join!(
         crate::controller::service::controller(ctx.clone()),
         crate::controller::configuration::controller(ctx.clone()),
@@ -259,6 +271,9 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
             metrics: Some(telemetry.controller.clone()),
         },
     );
+    // Every replica watches from the start; only the leader reconciles.
+    let watches = crate::controller::warm(&ctx);
+    info!(watches, "shared watches started");
     // Each ConfigMap change, a new tag key and a new stats token put a new snapshot in force
     // (and re-queue everything: a rotated tag key rolls the revisions to their new tags; a
     // rotated stats token changes no template).

@@ -46,11 +46,11 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::informers::Informer;
 use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
 use crate::config::FeaturesConfig;
 use crate::config::features::{DRYRUN_ANNOTATION, Flag};
@@ -407,26 +407,42 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
     Ok(Action::requeue(ctx.resync()))
 }
 
+/// The shared watches the Revision controller reads: Revisions, and their Deployments,
+/// Services, HPAs and Pods (by the revision label).
+#[allow(clippy::type_complexity)]
+pub fn watches(
+    ctx: &Ctx,
+) -> (
+    Informer<Revision>,
+    Informer<Deployment>,
+    Informer<Service>,
+    Informer<HorizontalPodAutoscaler>,
+    Informer<Pod>,
+) {
+    let by_revision = Some(labels::REVISION);
+    (
+        ctx.informer(None),
+        ctx.informer(by_revision),
+        ctx.informer(by_revision),
+        ctx.informer(by_revision),
+        ctx.informer(by_revision),
+    )
+}
+
 /// The Revision controller: owns the revisions' Deployments, Services and HPAs, and follows
 /// their Pods (a pod's change re-queues its revision).
 pub async fn controller(ctx: Arc<Ctx>) {
-    let by_revision = || watcher::Config::default().labels(labels::REVISION);
     use crate::controller::child_watch;
-    let (revisions, revision_stream) = crate::controller::main_watch(ctx.watched::<Revision>());
-    let controller = Controller::for_stream(revision_stream, revisions)
-        .owns_stream(child_watch(ctx.watched::<Deployment>(), by_revision()))
-        .owns_stream(child_watch(ctx.watched::<Service>(), by_revision()))
-        .owns_stream(child_watch(
-            ctx.watched::<HorizontalPodAutoscaler>(),
-            by_revision(),
-        ))
-        .watches_stream(
-            child_watch(ctx.watched::<Pod>(), by_revision()),
-            |pod: Pod| {
-                let ns = pod.namespace()?;
-                let rev = pod.labels().get(labels::REVISION)?;
-                Some(ObjectRef::<Revision>::new(rev).within(&ns))
-            },
-        );
+    let (revisions, deployments, services, hpas, pods) = watches(&ctx);
+    let (store, revision_stream) = crate::controller::main_watch(&revisions);
+    let controller = Controller::for_stream(revision_stream, store)
+        .owns_stream(child_watch(&deployments))
+        .owns_stream(child_watch(&services))
+        .owns_stream(child_watch(&hpas))
+        .watches_stream(child_watch(&pods), |pod: Pod| {
+            let ns = pod.namespace()?;
+            let rev = pod.labels().get(labels::REVISION)?;
+            Some(ObjectRef::<Revision>::new(rev).within(&ns))
+        });
     super::run(ctx.clone(), KIND, controller, reconcile).await;
 }

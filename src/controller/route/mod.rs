@@ -68,11 +68,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service as KubeService;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
+use super::informers::Informer;
 use super::{Ctx, Error, EventKind, is_owned_by, now};
 use crate::config::network::{IngressClass, NetworkConfig};
 use crate::knative::duck::{Condition, ConditionStatus};
@@ -94,27 +95,10 @@ pub const VIRTUAL_SERVICE_CRD: &str = "virtualservices.networking.istio.io";
 /// `IngressReady=False`'s reason when the API server does not serve VirtualServices.
 pub const VIRTUAL_SERVICE_NOT_SERVED: &str = "VirtualServiceNotServed";
 
-/// What a missing VirtualService CRD means, in the log.
-pub const ISTIO_CLASS_EFFECT: &str =
-    "routes of the ingress class istio.ingress.networking.knative.dev are IngressReady=False";
-/// What a missing HTTPRoute CRD means, in the log.
-pub const GATEWAY_API_CLASS_EFFECT: &str =
-    "routes of the ingress class gateway-api.ingress.networking.knative.dev are IngressReady=False";
-
 /// The longest a reconcile waits for the VirtualService watch's first answer.
 pub const SERVED_WAIT: tokio::time::Duration = tokio::time::Duration::from_secs(10);
 
-/// Whether the API server serves a kind the ingress is written as (Istio's VirtualService,
-/// the Gateway API's HTTPRoute), as the controller's watch of it found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Served {
-    /// The watch has not listed yet.
-    Unknown,
-    /// The last list or watch was answered 404: the CRD is not installed.
-    Missing,
-    /// Listed: the store holds them.
-    Served,
-}
+pub use super::informers::{Served, not_served};
 
 /// Knative's Route condition types.
 pub mod conditions {
@@ -156,13 +140,13 @@ impl Stores {
         self.ready.wait().await
     }
 
-    /// The gate of the three stores of kinds every cluster serves: one task awaits each
-    /// store's own readiness in turn. (The VirtualServices' store is not in it: without
-    /// Istio's CRD it never lists, and the reconciles must go on to say so.)
+    /// The gate of the three watches of kinds every cluster serves: open once each has
+    /// listed. (The VirtualServices' watch is not in it: without Istio's CRD it never lists,
+    /// and the reconciles must go on to say so.)
     pub fn gate(
-        revisions: &Store<Revision>,
-        configurations: &Store<Configuration>,
-        placeholders: &Store<KubeService>,
+        revisions: &Informer<Revision>,
+        configurations: &Informer<Configuration>,
+        placeholders: &Informer<KubeService>,
     ) -> super::StoresReady {
         let (r, c, p) = (
             revisions.clone(),
@@ -170,10 +154,9 @@ impl Stores {
             placeholders.clone(),
         );
         super::StoresReady::spawn(async move {
-            let dropped = |e: reflector::store::WriterDropped| e.to_string();
-            r.wait_until_ready().await.map_err(dropped)?;
-            c.wait_until_ready().await.map_err(dropped)?;
-            p.wait_until_ready().await.map_err(dropped)
+            r.listed().await?;
+            c.listed().await?;
+            p.listed().await
         })
     }
 
@@ -202,18 +185,6 @@ pub(crate) async fn wait_served(
         .map_err(|_| Error::Other(format!("the {kind} watch has not listed yet")))?
         .map_err(|_| Error::Other(format!("the {kind} watch ended")))?;
     Ok(*s)
-}
-
-/// Whether a watch error says the API server does not serve the kind (404 on its list or
-/// watch: the CRD is not installed).
-pub fn not_served(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
-        watcher::Error::WatchError(s) => s.code == 404,
-        _ => false,
-    }
 }
 
 /// What the status says about the ingress, from the writes of this reconcile.
@@ -1342,10 +1313,7 @@ async fn forget(ctx: &Ctx, stores: &Stores, ns: &str, name: &str) {
 /// served-or-missing state, and a stream that yields each time it becomes served.
 #[allow(clippy::type_complexity)]
 pub(crate) fn served_watch<K>(
-    ctx: &Ctx,
-    crd: &'static str,
-    kinds: &'static str,
-    effect: &'static str,
+    informer: &Informer<K>,
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -1353,7 +1321,7 @@ pub(crate) fn served_watch<K>(
     impl futures::Stream<Item = ()> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
@@ -1361,125 +1329,96 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store::<K>();
-    let (served_tx, served) = tokio::sync::watch::channel(Served::Unknown);
-    let mut served_rx = served.clone();
-    served_rx.mark_unchanged();
-    let now_served = futures::stream::unfold(served_rx, |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() == Served::Served {
-                return Some(((), rx));
-            }
-        }
-    });
-    let stream = reflector::reflector(
-        writer,
-        watcher(ctx.watched::<K>(), watcher::Config::default()),
+    (
+        informer.store(),
+        informer.events().touched_objects(),
+        informer.served(),
+        informer.now_served(),
     )
-    .default_backoff()
-    .inspect(move |ev| match ev {
-        Err(e) if not_served(e) => {
-            let was = served_tx.send_replace(Served::Missing);
-            if was != Served::Missing {
-                tracing::warn!(
-                    crd,
-                    "the API server does not serve {kinds}; {effect} until it does"
-                );
-            }
-        }
-        Ok(watcher::Event::InitDone) => {
-            let was = served_tx.send_replace(Served::Served);
-            if was == Served::Missing {
-                tracing::info!(crd, "{kinds} are served again");
-            }
-        }
-        _ => {}
-    })
-    .touched_objects();
-    (store, stream, served, now_served)
+}
+
+/// The shared watches the Route controller reads: Revisions, Configurations, Routes,
+/// VirtualServices, HTTPRoutes, Certificates and its placeholder Services (by the route
+/// label).
+#[allow(clippy::type_complexity)]
+pub fn watches(
+    ctx: &Ctx,
+) -> (
+    Informer<Revision>,
+    Informer<Configuration>,
+    Informer<Route>,
+    Informer<VirtualService>,
+    Informer<HTTPRoute>,
+    Informer<Certificate>,
+    Informer<KubeService>,
+) {
+    (
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(None),
+        ctx.informer(Some(labels::ROUTE)),
+    )
 }
 
 /// The Route controller: owns VirtualServices, HTTPRoutes and placeholder Services; follows Revisions and
 /// Configurations through reflectors whose stores the reconciles read; only changes a route
 /// reads re-queue routes.
 pub async fn controller(ctx: Arc<Ctx>) {
-    let (revisions, rev_writer) = reflector::store::<Revision>();
-    let rev_stream = relevant_changes(
-        reflector::reflector(
-            rev_writer,
-            watcher(ctx.watched::<Revision>(), watcher::Config::default()),
-        )
-        .default_backoff(),
-        revision_relevance,
-    );
-    let (configurations, cfg_writer) = reflector::store::<Configuration>();
-    let cfg_stream = relevant_changes(
-        reflector::reflector(
-            cfg_writer,
-            watcher(ctx.watched::<Configuration>(), watcher::Config::default()),
-        )
-        .default_backoff(),
-        configuration_relevance,
-    );
+    let (
+        revision_watch,
+        configuration_watch,
+        route_watch,
+        vs_watch,
+        hr_watch,
+        cert_watch,
+        svc_watch,
+    ) = watches(&ctx);
+    let revisions = revision_watch.store();
+    let rev_stream = relevant_changes(revision_watch.events(), revision_relevance);
+    let configurations = configuration_watch.store();
+    let cfg_stream = relevant_changes(configuration_watch.events(), configuration_relevance);
     // The Route watch feeds the controller and reports deletions to the labeler's cleanup
     // (bounded: a deletion dropped when it is full is swept at the next start).
-    let (routes, route_writer) = reflector::store::<Route>();
+    let routes = route_watch.store();
     let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(1024);
     let (rev_gone, cfg_gone) = (deleted_tx.clone(), deleted_tx.clone());
     // And to the TLS cleanup (bounded: one dropped when it is full leaves its listeners and
     // copies, logged).
     let (tls_gone_tx, tls_gone_rx) = tokio::sync::mpsc::channel::<TlsOwner>(1024);
     let (routes_listed_tx, routes_listed) = tokio::sync::watch::channel(false);
-    let route_stream = reflector::reflector(
-        route_writer,
-        watcher(ctx.watched::<Route>(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .inspect(move |ev| match ev {
-        Ok(watcher::Event::Delete(r)) => {
-            if deleted_tx
-                .try_send((r.namespace().unwrap_or_default(), r.name_any()))
-                .is_err()
-            {
-                tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
+    let route_stream = route_watch
+        .events()
+        .inspect(move |ev| match ev {
+            Ok(watcher::Event::Delete(r)) => {
+                if deleted_tx
+                    .try_send((r.namespace().unwrap_or_default(), r.name_any()))
+                    .is_err()
+                {
+                    tracing::warn!(route = %r.name_any(), "deletion queue full; swept at the next start");
+                }
+                if tls_gone_tx.try_send(deleted_tls_owner(r)).is_err() {
+                    tracing::warn!(route = %r.name_any(),
+                        "TLS cleanup queue full; its TLS listeners and Secret copies are left");
+                }
             }
-            if tls_gone_tx.try_send(deleted_tls_owner(r)).is_err() {
-                tracing::warn!(route = %r.name_any(),
-                    "TLS cleanup queue full; its TLS listeners and Secret copies are left");
+            // The store has its first list by now (the replay comes from it).
+            Ok(watcher::Event::InitDone) => {
+                routes_listed_tx.send_replace(true);
             }
-        }
-        // The reflector has applied the first list to the store by now.
-        Ok(watcher::Event::InitDone) => {
-            routes_listed_tx.send_replace(true);
-        }
-        _ => {}
-    })
-    .applied_objects();
+            _ => {}
+        })
+        .applied_objects();
     // The VirtualService and HTTPRoute watches also tell whether the API server serves them:
-    // a 404 is `Missing` (the reconciles of that class say so and end), the first list
-    // `Served` (every route is reconciled again: the CRD appeared, or was there from the
-    // start). Each retries with kube's default backoff (up to 30 s apart) while its CRD is
-    // missing.
-    let (virtual_services, vs_stream, served, vs_now_served) = served_watch::<VirtualService>(
-        &ctx,
-        VIRTUAL_SERVICE_CRD,
-        "VirtualServices",
-        ISTIO_CLASS_EFFECT,
-    );
-    let (http_routes, hr_stream, http_routes_served, hr_now_served) = served_watch::<HTTPRoute>(
-        &ctx,
-        gateway_api::HTTP_ROUTE_CRD,
-        "HTTPRoutes",
-        GATEWAY_API_CLASS_EFFECT,
-    );
+    // a 404 is `Missing` (the reconciles of that class say so and end), a list `Served`
+    // (every route is reconciled again: the CRD appeared). Each retries with kube's default
+    // backoff (up to 30 s apart) while its CRD is missing.
+    let (virtual_services, vs_stream, served, vs_now_served) = served_watch(&vs_watch);
+    let (http_routes, hr_stream, http_routes_served, hr_now_served) = served_watch(&hr_watch);
     let (certificates, cert_stream, certificates_served, cert_now_served) =
-        served_watch::<Certificate>(
-            &ctx,
-            certificate::CERTIFICATE_CRD,
-            "Certificates",
-            "external-domain-tls cannot provision certificates",
-        );
+        served_watch(&cert_watch);
     let now_served = futures::stream::select(
         futures::stream::select(vs_now_served, hr_now_served),
         cert_now_served,
@@ -1488,16 +1427,8 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let (requeue_tx, mut requeue_rx) = tokio::sync::mpsc::channel::<ObjectRef<Route>>(1024);
     let probed = futures::stream::poll_fn(move |cx| requeue_rx.poll_recv(cx));
     let prober = prober::Prober::new(ctx.client.clone(), requeue_tx, ctx.metrics().clone());
-    let (placeholders, svc_writer) = reflector::store::<KubeService>();
-    let svc_stream = reflector::reflector(
-        svc_writer,
-        watcher(
-            ctx.watched::<KubeService>(),
-            watcher::Config::default().labels(labels::ROUTE),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
+    let placeholders = svc_watch.store();
+    let svc_stream = svc_watch.events().touched_objects();
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
         .owns_stream(hr_stream)
@@ -1518,7 +1449,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 refers_to_configuration(r, &cfg)
             })
         });
-    let ready = Stores::gate(&revisions, &configurations, &placeholders);
+    let ready = Stores::gate(&revision_watch, &configuration_watch, &svc_watch);
     let stores = Stores {
         revisions,
         configurations,
