@@ -59,7 +59,7 @@ const PACE: Duration = Duration::from_millis(100);
 /// - the autoscaler leader's pod deleted (SIGTERM, graceful: the Lease is released): the
 ///   other replica leads and makes no `/scale` write and no public-slice write;
 /// - the controller leader's pod deleted: the other replica reconciles every Service,
-///   Configuration, Route and Revision and writes nothing at all.
+///   Configuration, Route, Revision and DomainMapping and writes nothing at all.
 ///
 /// The writes are those the API server's audit log shows from the change to the end of
 /// [`OBSERVE`] (Leases aside: leading is renewing one); nothing is rescaled either.
@@ -75,6 +75,18 @@ async fn leader_changes_write_nothing_on_a_steady_cluster(plane: Arc<Plane>, ns:
     for name in ["warm", "idle"] {
         ready_host(&plane, &ns, name).await;
     }
+    // A DomainMapping of the warm Service's Route (its domain unclaimed: reconciled to
+    // DomainClaimed=False, and steady so).
+    apply(
+        &plane,
+        &ns,
+        "mapping",
+        &format!(
+            "apiVersion: serving.knative.dev/v1beta1\nkind: DomainMapping\nmetadata:\n  name: warm.{ns}.example.org\nspec:\n  ref:\n    apiVersion: serving.knative.dev/v1\n    kind: Route\n    name: warm\n"
+        ),
+    )
+    .await
+    .unwrap();
     let began = Instant::now();
     until("idle at zero and warm at one ready pod", WITHIN, || async {
         let idle = revision_pods(&plane, &ns, "idle").await;
@@ -701,7 +713,7 @@ async fn knative_objects(plane: &Plane) -> BTreeMap<String, u64> {
     let text = plane
         .kubectl(&[
             "get",
-            "services.serving.knative.dev,configurations,routes,revisions",
+            "services.serving.knative.dev,configurations,routes,revisions,domainmappings",
             "-A",
             "-o",
             "json",
