@@ -53,6 +53,16 @@ impl Running {
         out
     }
 
+    /// `thaw_controller_reconcile_total{kind,result}`.
+    fn reconciles(&self, kind: &str, result: &str) -> u64 {
+        let needle =
+            format!("thaw_controller_reconcile_total{{kind=\"{kind}\",result=\"{result}\"}} ");
+        self.text()
+            .lines()
+            .find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `thaw_controller_event_to_reconcile_seconds_count{kind}`.
     fn triggered(&self, kind: &str) -> u64 {
         let needle =
@@ -82,10 +92,21 @@ impl Running {
 
 async fn start() -> Running {
     let api = TestApi::start().await;
+    let client = api.client();
+    start_with(api, client).await
+}
+
+/// The controllers over `api`, talking to it through `relay`.
+async fn start_via_api(api: TestApi, relay: &kube_support::relay::Relay) -> Running {
+    start_with(api, kube_support::client_at(relay.addr())).await
+}
+
+/// The controllers over `api`, their requests made with `client`.
+async fn start_with(api: TestApi, client: kube::Client) -> Running {
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::register(registry.sub_registry_with_prefix("thaw"));
     let ctx: Arc<Ctx> = Ctx::with_options(
-        api.client(),
+        client,
         Settings::default(),
         CtxOptions {
             namespace: Some(NS.into()),
@@ -102,6 +123,21 @@ async fn start() -> Running {
         task,
         _gateway,
     }
+}
+
+fn domain_mapping(name: &str) -> DomainMapping {
+    DomainMapping::new(
+        name,
+        DomainMappingSpec {
+            ref_: KReference {
+                api_version: "serving.knative.dev/v1".into(),
+                kind: "Route".into(),
+                name: "hello".into(),
+                namespace: None,
+            },
+            tls: None,
+        },
+    )
 }
 
 fn service(name: &str, target: &str) -> Service {
@@ -182,19 +218,10 @@ async fn sixty_changes_each_start_their_reconcile() {
     for i in 1..=CHANGES {
         let before = run.triggered("DomainMapping");
         let name = format!("d{i}.example.org");
-        let dm = DomainMapping::new(
-            &name,
-            DomainMappingSpec {
-                ref_: KReference {
-                    api_version: "serving.knative.dev/v1".into(),
-                    kind: "Route".into(),
-                    name: "hello".into(),
-                    namespace: None,
-                },
-                tls: None,
-            },
-        );
-        mappings.create(&PostParams::default(), &dm).await.unwrap();
+        mappings
+            .create(&PostParams::default(), &domain_mapping(&name))
+            .await
+            .unwrap();
         wait_for(
             "the DomainMapping observed",
             || async { mappings.get_status(&name).await.ok() },
@@ -257,4 +284,48 @@ async fn sixty_changes_each_start_their_reconcile() {
             run.max_bucket(kind)
         );
     }
+}
+
+/// A watch that cannot list holds no worker: with the API server failing every list of
+/// ClusterDomainClaims (500), a DomainMapping's reconcile, which reads their store, gives up
+/// after `STORES_WAIT` (10 s) with an error (counted `result="error"`) instead of waiting for
+/// good with its worker; once the claims list, it is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_list_holds_no_worker() {
+    let api = TestApi::start().await;
+    let relay = kube_support::relay::Relay::start(api.addr()).await;
+    relay.refuse("/clusterdomainclaims", 500);
+    let run = start_via_api(api, &relay).await;
+    let mappings = run.api::<DomainMapping>();
+    mappings
+        .create(&PostParams::default(), &domain_mapping("d.example.org"))
+        .await
+        .unwrap();
+    wait_for(
+        "the DomainMapping's reconcile giving up on the claims' store",
+        || async { run.reconciles("DomainMapping", "error") },
+        |n| *n >= 1,
+    )
+    .await;
+    assert!(
+        mappings
+            .get_status("d.example.org")
+            .await
+            .unwrap()
+            .status
+            .is_none(),
+        "reconciled without the claims"
+    );
+    relay.forward("/clusterdomainclaims");
+    wait_for(
+        "the DomainMapping reconciled once the claims list",
+        || async { mappings.get_status("d.example.org").await.ok() },
+        |d| {
+            d.as_ref()
+                .and_then(|d| d.status.as_ref())
+                .and_then(|s| s.status.observed_generation)
+                == Some(1)
+        },
+    )
+    .await;
 }

@@ -513,14 +513,15 @@ pub fn watches(ctx: &Ctx) -> (Informer<Configuration>, Informer<Revision>) {
 pub async fn controller(ctx: Arc<Ctx>) {
     let (configurations, revisions) = watches(&ctx);
     let (store, configuration_stream) = super::main_watch(&configurations);
-    let controller = Controller::for_stream(configuration_stream, store)
-        .owns_stream(super::child_watch(&revisions));
     let listed = {
         let revisions = revisions.clone();
-        Arc::new(super::StoresReady::spawn(async move {
+        Arc::new(super::StoresReady::spawn("Revisions", async move {
             revisions.listed().await
         }))
     };
+    let controller = Controller::for_stream(configuration_stream, store)
+        .owns_stream(super::child_watch(&revisions))
+        .reconcile_all_on(listed.opened_later());
     let store = revisions.store();
     super::run(ctx.clone(), KIND, controller, move |cfg, ctx| {
         reconcile(cfg, ctx, store.clone(), listed.clone())

@@ -745,6 +745,13 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let (http_routes, hr_stream, hr_served, hr_now) = super::route::served_watch(&hr_watch);
     let (certificates, cert_stream, certificates_served, cert_now) =
         super::route::served_watch(&cert_watch);
+    let ready = {
+        let (claim_watch, route_watch) = (claim_watch.clone(), route_watch.clone());
+        super::StoresReady::spawn("ClusterDomainClaims and Routes", async move {
+            claim_watch.listed().await?;
+            route_watch.listed().await
+        })
+    };
     let (dms2, dms3) = (dms.clone(), dms.clone());
     let controller = Controller::for_stream(dm_stream, dms)
         .owns_stream(vs_stream)
@@ -752,7 +759,7 @@ pub async fn controller(ctx: Arc<Ctx>) {
         .owns_stream(cert_stream)
         .reconcile_all_on(futures::stream::select(
             futures::stream::select(vs_now, hr_now),
-            cert_now,
+            futures::stream::select(cert_now, ready.opened_later()),
         ))
         .watches_stream(claim_stream, move |c: ClusterDomainClaim| {
             dms2.state()
@@ -768,10 +775,6 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 .map(|d| ObjectRef::from_obj(&*d))
                 .collect::<Vec<_>>()
         });
-    let ready = super::StoresReady::spawn(async move {
-        claim_watch.listed().await?;
-        route_watch.listed().await
-    });
     let stores = Stores {
         ready,
         claims,

@@ -697,39 +697,59 @@ where
     Ok(Applied::Ours(applied))
 }
 
-/// Whether some reflector stores have listed, for any number of waiters.
-///
-/// kube-runtime's `Store::wait_until_ready` must have one waiter at a time: it polls one
-/// oneshot receiver, which keeps the waker of its last poller only, so of several tasks waiting
-/// at once (concurrent reconciles, a cleanup task) all but the last are never woken, and a
-/// reconcile stuck there holds its object's key forever (the Route reconciler's flake). One
-/// task alone awaits the stores here; everyone else awaits this gate, a `watch` channel, which
-/// wakes every waiter. Do not also await those stores' `wait_until_ready` elsewhere.
+/// The longest a reconcile waits for the stores it reads to have their first list
+/// ([`StoresReady::wait`]): past it, the reconcile fails (retried with backoff) and gives its
+/// worker back, so a watch that cannot list never holds every worker of a kind.
+pub const STORES_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether the stores a reconcile reads have listed, for any number of waiters: a gate that
+/// one task opens once the stores' watches ([`informers`]) have their first lists.
 #[derive(Clone, Debug)]
-pub struct StoresReady(watch::Receiver<Option<Result<(), String>>>);
+pub struct StoresReady {
+    rx: watch::Receiver<Option<Result<(), String>>>,
+    /// What the gate waits for, named in the error of a reconcile that waited too long.
+    what: &'static str,
+}
 
 impl StoresReady {
-    /// Spawns the one task that awaits `ready` (the stores' own `wait_until_ready`, in turn),
-    /// then opens the gate (or closes it for good with the error).
-    pub fn spawn(ready: impl Future<Output = Result<(), String>> + Send + 'static) -> Self {
+    /// Spawns the one task that awaits `ready` (the informers' `listed`, in turn), then opens
+    /// the gate (or closes it for good with the error). `what`: the watches awaited, as an
+    /// error names them.
+    pub fn spawn(
+        what: &'static str,
+        ready: impl Future<Output = Result<(), String>> + Send + 'static,
+    ) -> Self {
         let (tx, rx) = watch::channel(None);
         tokio::spawn(async move {
             let r = ready.await;
             tx.send_replace(Some(r));
             // Keep the value readable after this task ends: the receiver holds it.
         });
-        Self(rx)
+        Self { rx, what }
     }
 
     /// A gate already open (tests of a reconcile without a controller).
     pub fn open() -> Self {
         let (_tx, rx) = watch::channel(Some(Ok(())));
-        Self(rx)
+        Self { rx, what: "" }
     }
 
-    /// Returns once the stores have listed (at once after that).
+    /// Returns once the stores have listed (at once after that), or fails after
+    /// [`STORES_WAIT`] naming the watches that have not: a reconcile gives its worker back
+    /// and is retried ([`StoresReady::opened_later`] queues it again when the gate opens).
     pub async fn wait(&self) -> Result<(), Error> {
-        let mut rx = self.0.clone();
+        match tokio::time::timeout(STORES_WAIT, self.wait_unbounded()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Other(format!(
+                "the watches of {} have not listed yet (the API server does not answer them); retrying",
+                self.what
+            ))),
+        }
+    }
+
+    /// [`StoresReady::wait`] with no bound in time (a background task, not a reconcile).
+    pub async fn wait_unbounded(&self) -> Result<(), Error> {
+        let mut rx = self.rx.clone();
         let seen = rx
             .wait_for(Option::is_some)
             .await
@@ -739,6 +759,23 @@ impl StoresReady {
             Some(Err(e)) => Err(Error::Other(e.clone())),
             None => unreachable!("waited for Some"),
         }
+    }
+
+    /// Yields once when the gate opens, unless it is open already: for `reconcile_all_on`,
+    /// so the reconciles that gave up waiting run at once rather than after their backoff.
+    pub fn opened_later(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        let open = matches!(&*rx.borrow(), Some(Ok(())));
+        futures::stream::once(async move {
+            if open {
+                return None;
+            }
+            rx.wait_for(|v| matches!(v, Some(Ok(()))))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .filter_map(futures::future::ready)
     }
 }
 

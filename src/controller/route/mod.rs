@@ -153,11 +153,14 @@ impl Stores {
             configurations.clone(),
             placeholders.clone(),
         );
-        super::StoresReady::spawn(async move {
-            r.listed().await?;
-            c.listed().await?;
-            p.listed().await
-        })
+        super::StoresReady::spawn(
+            "Revisions, Configurations and placeholder Services",
+            async move {
+                r.listed().await?;
+                c.listed().await?;
+                p.listed().await
+            },
+        )
     }
 
     /// Whether the ingress class's kind is served, once its watch has an answer (its first
@@ -1215,7 +1218,8 @@ async fn forget_deleted_routes(
 ) {
     // The Route store's readiness is the applier's to await (kube-runtime's wait wakes one
     // waiter only): its first list is known here from the Route watch's InitDone.
-    if stores.wait_until_ready().await.is_err() || routes_listed.wait_for(|l| *l).await.is_err() {
+    if stores.ready.wait_unbounded().await.is_err() || routes_listed.wait_for(|l| *l).await.is_err()
+    {
         return;
     }
     let mut gone = std::collections::BTreeSet::new();
@@ -1429,13 +1433,14 @@ pub async fn controller(ctx: Arc<Ctx>) {
     let prober = prober::Prober::new(ctx.client.clone(), requeue_tx, ctx.metrics().clone());
     let placeholders = svc_watch.store();
     let svc_stream = svc_watch.events().touched_objects();
+    let ready = Stores::gate(&revision_watch, &configuration_watch, &svc_watch);
     let controller = Controller::for_stream(route_stream, routes.clone())
         .owns_stream(vs_stream)
         .owns_stream(hr_stream)
         .owns_stream(cert_stream)
         .owns_stream(svc_stream)
         .reconcile_on(probed)
-        .reconcile_all_on(now_served);
+        .reconcile_all_on(futures::stream::select(now_served, ready.opened_later()));
     let routes2 = routes.clone();
     let routes3 = routes.clone();
     let controller = controller
@@ -1449,7 +1454,6 @@ pub async fn controller(ctx: Arc<Ctx>) {
                 refers_to_configuration(r, &cfg)
             })
         });
-    let ready = Stores::gate(&revision_watch, &configuration_watch, &svc_watch);
     let stores = Stores {
         revisions,
         configurations,
