@@ -161,12 +161,22 @@ impl Lifecycle {
 
     /// A revision initialized before this scaler followed it (a leader change), with `ready`
     /// pods ready and `replicas` asked for: active when enough pods are ready, inactive at
-    /// zero, activating otherwise, from `now`.
+    /// zero, activating otherwise.
+    ///
+    /// `recorded` is the activity the earlier scaler recorded (Knative's PodAutoscaler
+    /// `Active` condition and its last transition). The revision continues it, from its
+    /// `since`, when the facts agree with it: active with enough pods ready, activating with
+    /// too few, inactive with its last pods waiting out the grace period or at zero (a
+    /// Knative PodAutoscaler stays inactive until it wants pods again). So the stable window
+    /// of activity, the grace period and the activation timeout run on across leaders. An
+    /// activity the facts contradict (none recorded, a write the old leader did not finish)
+    /// starts from `now`.
     pub fn adopted(
         spec: &AutoscalingSpec,
         reachable: bool,
         ready: u32,
         replicas: Option<u32>,
+        recorded: Option<Activity>,
         now: Instant,
     ) -> Self {
         let mut l = Self {
@@ -182,6 +192,25 @@ impl Lifecycle {
                 reason: InactiveReason::NoTraffic,
             };
         }
+        let since_now = |since: Instant| since.min(now);
+        l.activity = match (recorded, l.activity) {
+            (Some(Activity::Active { since }), Activity::Active { .. }) => Activity::Active {
+                since: since_now(since),
+            },
+            (Some(Activity::Activating { since }), Activity::Activating { .. }) => {
+                Activity::Activating {
+                    since: since_now(since),
+                }
+            }
+            (
+                Some(Activity::Inactive { since, reason }),
+                Activity::Active { .. } | Activity::Inactive { .. },
+            ) => Activity::Inactive {
+                since: since_now(since),
+                reason,
+            },
+            (_, found) => found,
+        };
         l
     }
 

@@ -6,8 +6,11 @@
 //! than lost. [`AutoscalerStatus::of`] reads them back, so a new leader writes nothing that is
 //! already true.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
+use tokio::time::Instant;
 
 use super::duck::{Condition, ConditionSeverity, ConditionStatus};
 use super::{Revision, condition};
@@ -112,6 +115,35 @@ impl AutoscalerStatus {
 
 fn epoch() -> Time {
     Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+/// The wall-clock time of `at` on this process's monotonic clock: what a condition's
+/// `lastTransitionTime` records of a transition the scaler timed with [`Instant`]s.
+pub fn time_of(at: Instant) -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ago = Instant::now().saturating_duration_since(at);
+    let ago = k8s_openapi::jiff::SignedDuration::try_from(ago).unwrap_or_default();
+    Time(now.checked_sub(ago).unwrap_or(now))
+}
+
+/// The instant on this process's monotonic clock at which an earlier leader's `time` was, as
+/// its wall clock and this one's agree (Knative's leaders compare their clocks with the
+/// stored condition times alike). A time in the future is now. A time older than the
+/// monotonic clock can express (it starts near the host's boot) is the oldest instant it can:
+/// every judgment that needs it to be old enough finds it so.
+pub fn instant_of(time: &Time) -> Instant {
+    let now = Instant::now();
+    let ago = k8s_openapi::jiff::Timestamp::now().duration_since(time.0);
+    let Ok(mut ago) = Duration::try_from(ago) else {
+        return now;
+    };
+    // Bounded: at most 64 halvings of a u64 count of seconds.
+    loop {
+        if let Some(at) = now.checked_sub(ago) {
+            return at;
+        }
+        ago /= 2;
+    }
 }
 
 /// Writes the autoscaler's status fields to `revision`'s `/status`: reads the Revision,
