@@ -200,3 +200,23 @@ pub fn set_autoscaler_status(
     }
     conds.sort_by(|a, b| a.type_.cmp(&b.type_));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transition timed on the monotonic clock, written as a condition time and read back
+    /// by another leader, is the same instant (to the clock reads in between); a time ahead of
+    /// the reader's clock is now.
+    #[test]
+    fn condition_times_round_trip_through_the_wall_clock() {
+        let at = Instant::now() - Duration::from_secs(90);
+        let back = instant_of(&time_of(at));
+        let off = back.max(at) - back.min(at);
+        assert!(off < Duration::from_secs(1), "{off:?}");
+        let ahead = Time(k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(3600));
+        let before = Instant::now();
+        let read = instant_of(&ahead);
+        assert!(read >= before && read <= Instant::now());
+    }
+}

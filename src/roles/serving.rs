@@ -1020,4 +1020,71 @@ mod tests {
         let first = small.keys().next().unwrap();
         assert!(out.contains_key(first));
     }
+
+    /// The `Active` condition written: the scaler's inactivity wins over a pod still ready
+    /// (the grace period), with the scaler's time; otherwise the pods say, with the scaler's
+    /// time only when its activity is the one written.
+    #[test]
+    fn the_status_says_inactive_from_the_moment_the_scaler_does() {
+        use crate::autoscaler::lifecycle::{Activity as A, InactiveReason};
+        let t = Instant::now();
+        let ok = EndpointStatus::Ok;
+        let state = |desired, activity| ScaleState {
+            desired,
+            activity,
+            ..ScaleState::default()
+        };
+        let inactive = A::Inactive {
+            since: t,
+            reason: InactiveReason::NoTraffic,
+        };
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, Some(inactive))),
+            (Activity::Inactive, Some(t)),
+            "idle, its last pod waiting out the grace period"
+        );
+        assert_eq!(
+            status_activity(&ok, 0, &state(0, Some(inactive))),
+            (Activity::Inactive, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, Some(A::Active { since: t }))),
+            (Activity::Active, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(3, Some(A::Activating { since: t }))),
+            (Activity::Active, None),
+            "a pod ready, fewer than the scaler waits for: active since the write"
+        );
+        assert_eq!(
+            status_activity(&ok, 0, &state(1, Some(A::Activating { since: t }))),
+            (Activity::Activating, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, None)),
+            (Activity::Active, None),
+            "no scaler's activity (a follower's copy)"
+        );
+        let timed_out = EndpointStatus::Failing {
+            reason: "revision unavailable (TimedOut)".into(),
+        };
+        assert_eq!(
+            status_activity(&timed_out, 0, &state(1, Some(A::Activating { since: t }))),
+            (Activity::TimedOut, None)
+        );
+        assert_eq!(
+            status_activity(
+                &ok,
+                0,
+                &state(
+                    0,
+                    Some(A::Inactive {
+                        since: t,
+                        reason: InactiveReason::TimedOut
+                    })
+                )
+            ),
+            (Activity::TimedOut, Some(t))
+        );
+    }
 }
