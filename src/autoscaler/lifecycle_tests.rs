@@ -233,7 +233,8 @@ fn an_adopted_revision_continues_the_recorded_activity() {
 }
 
 /// A recorded activity the facts contradict (a status write the earlier leader did not make)
-/// starts over from now, as with none recorded; a time ahead of this clock is now.
+/// starts over from now, as with none recorded; a time ahead of this clock is now; an active
+/// revision stays active a few seconds into the term however long ago it became active.
 #[test]
 fn a_recorded_activity_the_facts_contradict_starts_over() {
     let s = spec();
@@ -241,6 +242,25 @@ fn a_recorded_activity_the_facts_contradict_starts_over() {
         Lifecycle::adopted(&s, true, ready, Some(replicas), Some(recorded), at(1000)).activity()
     };
     let long_ago = at(10);
+    // Recorded active long ago: active for a stable window RESUME_SETTLE into the term, not
+    // at once (the new leader's first seconds of stats may miss a reporter).
+    let l = Lifecycle::adopted(
+        &s,
+        true,
+        1,
+        Some(1),
+        Some(Activity::Active { since: long_ago }),
+        at(1000),
+    );
+    assert_eq!(l.activity(), Activity::Active { since: at(946) });
+    assert_eq!(
+        l.verdict(&s, 0, &facts(1, Some(1000), 1005)).why,
+        Why::StableWindowNotOver
+    );
+    assert_eq!(
+        l.verdict(&s, 0, &facts(1, Some(1000), 1006)).why,
+        Why::Deactivating
+    );
     // Recorded active, found at zero: inactive from now.
     assert_eq!(
         adopt(0, 0, Activity::Active { since: long_ago }),
