@@ -127,10 +127,10 @@ pub fn time_of(at: Instant) -> Time {
 }
 
 /// The instant on this process's monotonic clock at which an earlier leader's `time` was, as
-/// its wall clock and this one's agree (Knative's leaders compare their clocks with the
-/// stored condition times alike). A time in the future is now. A time older than the
-/// monotonic clock can express (it starts near the host's boot) is the oldest instant it can:
-/// every judgment that needs it to be old enough finds it so.
+/// far as the two replicas' wall clocks agree (Knative's leaders compare stored condition
+/// times with their own clocks alike). A time in the future is now. A time further back than
+/// the monotonic clock reaches (it starts near the host's boot) is taken at least half as
+/// far back: old enough for every judgment of seconds to hours made on it.
 pub fn instant_of(time: &Time) -> Instant {
     let now = Instant::now();
     let ago = k8s_openapi::jiff::Timestamp::now().duration_since(time.0);
