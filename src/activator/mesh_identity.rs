@@ -94,28 +94,46 @@ fn unquote(v: &[u8]) -> &[u8] {
     }
 }
 
+/// A scan of a header value that knows whether it is inside a quoted string (with backslash
+/// escapes), one byte at a time.
+#[derive(Default)]
+struct Quotes {
+    quoted: bool,
+    escaped: bool,
+}
+
+impl Quotes {
+    /// Takes byte `b`: whether it lies outside quotes and is not a quote itself.
+    fn outside(&mut self, b: u8) -> bool {
+        if self.quoted {
+            match (self.escaped, b) {
+                (true, _) => self.escaped = false,
+                (false, b'\\') => self.escaped = true,
+                (false, b'"') => self.quoted = false,
+                _ => {}
+            }
+            false
+        } else if b == b'"' {
+            self.quoted = true;
+            false
+        } else {
+            true
+        }
+    }
+}
+
 /// The part after the last `,` outside a quoted string; `None` if the value ends inside one
 /// (or is empty).
 fn last_element(v: &[u8]) -> Option<&[u8]> {
     let mut start = 0;
-    let mut quoted = false;
-    let mut escaped = false;
+    let mut q = Quotes::default();
     for (i, b) in v.iter().enumerate() {
-        if quoted {
-            match (escaped, *b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => quoted = false,
-                _ => {}
-            }
-        } else if *b == b'"' {
-            quoted = true;
-        } else if *b == b',' {
+        if q.outside(*b) && *b == b',' {
             start = i + 1;
         }
     }
     let last = v[start..].trim_ascii();
-    (!quoted && !last.is_empty()).then_some(last)
+    (!q.quoted && !last.is_empty()).then_some(last)
 }
 
 /// `v` split at each `sep` outside a quoted string (`v` is one element, already known to end
@@ -124,19 +142,9 @@ fn split_outside_quotes(v: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
     let mut rest = Some(v);
     std::iter::from_fn(move || {
         let s = rest?;
-        let mut quoted = false;
-        let mut escaped = false;
+        let mut q = Quotes::default();
         for (i, b) in s.iter().enumerate() {
-            if quoted {
-                match (escaped, *b) {
-                    (true, _) => escaped = false,
-                    (false, b'\\') => escaped = true,
-                    (false, b'"') => quoted = false,
-                    _ => {}
-                }
-            } else if *b == b'"' {
-                quoted = true;
-            } else if *b == sep {
+            if q.outside(*b) && *b == sep {
                 rest = Some(&s[i + 1..]);
                 return Some(s[..i].trim_ascii());
             }
