@@ -41,6 +41,7 @@ async fn revisions_at_zero_stay_at_zero_across_a_leader_change() {
         replicas: Some(0),
         initialized: true,
         activator_in_path: Some(true),
+        activity: None,
     };
     platform.set_found(&key("idle"), at_zero);
     platform.set_found(&key("reserve"), at_zero);
@@ -80,6 +81,7 @@ async fn a_revision_never_initialized_still_gets_its_initial_scale() {
             replicas: Some(0),
             initialized: false,
             activator_in_path: None,
+            activity: None,
         },
     );
     platform.set_found(
@@ -88,6 +90,7 @@ async fn a_revision_never_initialized_still_gets_its_initial_scale() {
             replicas: Some(1),
             initialized: false,
             activator_in_path: Some(true),
+            activity: None,
         },
     );
     let (path, _) = confirmed();
@@ -119,6 +122,7 @@ async fn a_served_revision_keeps_its_mode_until_a_decision_on_stats() {
             replicas: Some(3),
             initialized: true,
             activator_in_path: Some(false),
+            activity: None,
         },
     );
     platform.set_ready(&key("warm"), 3);
@@ -159,6 +163,7 @@ async fn silence_counts_only_after_a_stable_window_of_watching() {
             replicas: Some(1),
             initialized: true,
             activator_in_path: Some(true),
+            activity: None,
         },
     );
     platform.set_ready(&key("r"), 1);

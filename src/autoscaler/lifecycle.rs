@@ -24,6 +24,13 @@ use tokio::time::Instant;
 
 use crate::config::AutoscalingSpec;
 
+/// How long a revision [`Lifecycle::adopted`] active stays active at least, however long ago
+/// it became active: the new leader's first seconds of stats may lack a reporter that has not
+/// found it yet (an activator following the Lease, the first pod-stats pulls), and a window
+/// of only the reporters that did could read idle. Knative's default panic window, the
+/// shortest window the KPA decides on.
+pub const RESUME_SETTLE: Duration = Duration::from_secs(6);
+
 /// Why a revision is inactive (Knative's `Active=False` reasons).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InactiveReason {
@@ -161,12 +168,24 @@ impl Lifecycle {
 
     /// A revision initialized before this scaler followed it (a leader change), with `ready`
     /// pods ready and `replicas` asked for: active when enough pods are ready, inactive at
-    /// zero, activating otherwise, from `now`.
+    /// zero, activating otherwise.
+    ///
+    /// `recorded` is the activity the earlier scaler recorded (Knative's PodAutoscaler
+    /// `Active` condition and its last transition). The revision continues it, from its
+    /// `since`, when the facts agree with it: active with enough pods ready, activating with
+    /// too few, inactive with its last pods waiting out the grace period or at zero (a
+    /// Knative PodAutoscaler stays inactive until it wants pods again). So the stable window
+    /// of activity, the grace period and the activation timeout run on across leaders. An
+    /// active revision stays active for [`RESUME_SETTLE`] into the term at least (a stable
+    /// window at most, as with nothing recorded): this leader's first seconds of stats may
+    /// lack a reporter that has not found it yet. An activity the facts contradict (none
+    /// recorded, a write the old leader did not finish) starts from `now`.
     pub fn adopted(
         spec: &AutoscalingSpec,
         reachable: bool,
         ready: u32,
         replicas: Option<u32>,
+        recorded: Option<Activity>,
         now: Instant,
     ) -> Self {
         let mut l = Self {
@@ -182,6 +201,27 @@ impl Lifecycle {
                 reason: InactiveReason::NoTraffic,
             };
         }
+        let since_now = |since: Instant| since.min(now);
+        // Active for a stable window at the earliest RESUME_SETTLE into the term.
+        let settled = (now + RESUME_SETTLE.min(spec.stable_window)).checked_sub(spec.stable_window);
+        l.activity = match (recorded, l.activity) {
+            (Some(Activity::Active { since }), Activity::Active { .. }) => Activity::Active {
+                since: since_now(since).max(settled.unwrap_or(since)),
+            },
+            (Some(Activity::Activating { since }), Activity::Activating { .. }) => {
+                Activity::Activating {
+                    since: since_now(since),
+                }
+            }
+            (
+                Some(Activity::Inactive { since, reason }),
+                Activity::Active { .. } | Activity::Inactive { .. },
+            ) => Activity::Inactive {
+                since: since_now(since),
+                reason,
+            },
+            (_, found) => found,
+        };
         l
     }
 

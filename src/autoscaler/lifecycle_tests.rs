@@ -187,3 +187,108 @@ fn traffic_wakes_an_inactive_revision_through_activating() {
     assert!(!idle.observe(&s, -1, &facts(1, Some(0), 102)));
     assert!(matches!(idle.activity(), Activity::Inactive { .. }));
 }
+
+/// A new leader continues the activity the earlier one recorded (Knative's PodAutoscaler
+/// `Active` and its last transition) when the facts agree with it: the stable window of
+/// activity, the grace period and the activation timeout run on from the recorded `since`.
+#[test]
+fn an_adopted_revision_continues_the_recorded_activity() {
+    let s = spec();
+    let adopt = |ready, replicas, recorded| {
+        Lifecycle::adopted(&s, true, ready, Some(replicas), Some(recorded), at(1000))
+    };
+    // Active for 50 s under the earlier leader: idle for 10 s more, it turns inactive.
+    let l = adopt(1, 1, Activity::Active { since: at(950) });
+    assert_eq!(l.activity(), Activity::Active { since: at(950) });
+    let idle = |now| l.verdict(&s, 0, &facts(1, Some(1000), now)).why;
+    assert_eq!(idle(1009), Why::StableWindowNotOver);
+    assert_eq!(idle(1010), Why::Deactivating);
+
+    // Inactive for 20 s with its last pod: it goes once inactive for the grace period, though
+    // this leader confirmed the activators in its path only at takeover.
+    let inactive = Activity::Inactive {
+        since: at(980),
+        reason: InactiveReason::NoTraffic,
+    };
+    let l = adopt(1, 1, inactive);
+    assert_eq!(l.activity(), inactive);
+    let v = |now| l.verdict(&s, 0, &facts(1, Some(1000), now));
+    assert_eq!(v(1009).why, Why::GracePending);
+    assert_eq!(
+        v(1010),
+        Verdict {
+            want: 0,
+            apply: true,
+            why: Why::InactiveLongEnough
+        }
+    );
+
+    // Activating with no pod ready since 500: the activation timeout (630 s) runs out at 1131.
+    let l = adopt(0, 1, Activity::Activating { since: at(500) });
+    assert_eq!(l.activity(), Activity::Activating { since: at(500) });
+    assert_eq!(
+        l.verdict(&s, 0, &facts(0, Some(1000), 1131)).why,
+        Why::ActivationTimedOut
+    );
+}
+
+/// A recorded activity the facts contradict (a status write the earlier leader did not make)
+/// starts over from now, as with none recorded; a time ahead of this clock is now; an active
+/// revision stays active a few seconds into the term however long ago it became active.
+#[test]
+fn a_recorded_activity_the_facts_contradict_starts_over() {
+    let s = spec();
+    let adopt = |ready, replicas, recorded: Activity| {
+        Lifecycle::adopted(&s, true, ready, Some(replicas), Some(recorded), at(1000)).activity()
+    };
+    let long_ago = at(10);
+    // Recorded active long ago: active for a stable window RESUME_SETTLE into the term, not
+    // at once (the new leader's first seconds of stats may miss a reporter).
+    let l = Lifecycle::adopted(
+        &s,
+        true,
+        1,
+        Some(1),
+        Some(Activity::Active { since: long_ago }),
+        at(1000),
+    );
+    assert_eq!(l.activity(), Activity::Active { since: at(946) });
+    assert_eq!(
+        l.verdict(&s, 0, &facts(1, Some(1000), 1005)).why,
+        Why::StableWindowNotOver
+    );
+    assert_eq!(
+        l.verdict(&s, 0, &facts(1, Some(1000), 1006)).why,
+        Why::Deactivating
+    );
+    // Recorded active, found at zero: inactive from now.
+    assert_eq!(
+        adopt(0, 0, Activity::Active { since: long_ago }),
+        Activity::Inactive {
+            since: at(1000),
+            reason: InactiveReason::NoTraffic
+        }
+    );
+    // Recorded inactive, pods asked for and none ready (a scale-up under way): activating.
+    assert_eq!(
+        adopt(
+            0,
+            1,
+            Activity::Inactive {
+                since: long_ago,
+                reason: InactiveReason::NoTraffic
+            }
+        ),
+        Activity::Activating { since: at(1000) }
+    );
+    // Recorded activating, a pod ready: active from now.
+    assert_eq!(
+        adopt(1, 1, Activity::Activating { since: long_ago }),
+        Activity::Active { since: at(1000) }
+    );
+    // A recorded time ahead of this replica's clock counts from now.
+    assert_eq!(
+        adopt(1, 1, Activity::Active { since: at(2000) }),
+        Activity::Active { since: at(1000) }
+    );
+}

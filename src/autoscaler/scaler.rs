@@ -23,6 +23,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::collector::Collector;
+use super::lifecycle::Activity;
 pub use super::options::{ActivatorPath, InPath, RevisionStatus, ScalerOptions, Trigger};
 use super::state::{Env, RevisionState, Revisions};
 use crate::clock;
@@ -367,6 +368,10 @@ pub struct ScaleState {
     /// Whether the revision reached its initial scale once (Knative's
     /// `ScaleTargetInitialized`); never set back.
     pub initialized: bool,
+    /// The revision's activity and since when (Knative's PodAutoscaler `Active`): the leader
+    /// records it on the Revision's status, so the next leader continues from it. `None`
+    /// where no scaler tracks the revision (a follower's copy, another autoscaler class).
+    pub activity: Option<Activity>,
 }
 
 impl Default for ScaleState {
@@ -376,6 +381,7 @@ impl Default for ScaleState {
             decided_at: None,
             activator_in_path: true,
             initialized: false,
+            activity: None,
         }
     }
 }

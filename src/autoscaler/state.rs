@@ -12,11 +12,11 @@ use tracing::{debug, info, warn};
 
 use super::collector::{Collector, Observed, Slot};
 use super::decider::{Decider, Observation};
-use super::lifecycle::{Facts, Lifecycle, Verdict};
+use super::lifecycle::{Activity, Facts, InactiveReason, Lifecycle, Verdict};
 use super::scaler::{ActivatorPath, RevisionStatus, ScaleState, ScaleStates, Trigger};
 use crate::clock;
 use crate::config::{AutoscalingSpec, Metric};
-use crate::platform::{EndpointSnapshot, Found, Platform};
+use crate::platform::{EndpointSnapshot, Found, FoundActivity, Platform};
 use crate::revision::RevisionKey;
 use crate::telemetry::autoscaler::{AutoscalerMetrics, FloatGauge, MetricLabels, RevisionLabels};
 
@@ -188,7 +188,19 @@ impl RevisionState {
         gauges.set([0, i64::from(ready), i64::from(ready > 1), 0]);
         gauges.set_load(&spec, None, metrics);
         let lifecycle = if found.initialized {
-            Lifecycle::adopted(&spec, spec.reachable, ready, found.replicas, now)
+            let recorded = found.activity.map(|a| match a {
+                FoundActivity::Active { since } => Activity::Active { since },
+                FoundActivity::Activating { since } => Activity::Activating { since },
+                FoundActivity::Inactive { since, timed_out } => Activity::Inactive {
+                    since,
+                    reason: if timed_out {
+                        InactiveReason::TimedOut
+                    } else {
+                        InactiveReason::NoTraffic
+                    },
+                },
+            });
+            Lifecycle::adopted(&spec, spec.reachable, ready, found.replicas, recorded, now)
         } else {
             Lifecycle::new(&spec, spec.reachable, now)
         };
@@ -229,6 +241,7 @@ impl RevisionState {
             decided_at: self.decided_at,
             activator_in_path: self.activator_in_path,
             initialized: self.lifecycle.initialized(),
+            activity: Some(self.lifecycle.activity()),
         }
     }
 
@@ -278,6 +291,7 @@ impl RevisionState {
                 decided_at: Some(now),
                 activator_in_path: self.activator_in_path,
                 initialized: self.lifecycle.initialized(),
+                activity: Some(self.lifecycle.activity()),
             };
             env.scale_states.publish(key, announced.clone());
             self.published = announced;

@@ -6,8 +6,11 @@
 //! than lost. [`AutoscalerStatus::of`] reads them back, so a new leader writes nothing that is
 //! already true.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
+use tokio::time::Instant;
 
 use super::duck::{Condition, ConditionSeverity, ConditionStatus};
 use super::{Revision, condition};
@@ -114,6 +117,35 @@ fn epoch() -> Time {
     Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
 
+/// The wall-clock time of `at` on this process's monotonic clock: what a condition's
+/// `lastTransitionTime` records of a transition the scaler timed with [`Instant`]s.
+pub fn time_of(at: Instant) -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ago = Instant::now().saturating_duration_since(at);
+    let ago = k8s_openapi::jiff::SignedDuration::try_from(ago).unwrap_or_default();
+    Time(now.checked_sub(ago).unwrap_or(now))
+}
+
+/// The instant on this process's monotonic clock at which an earlier leader's `time` was, as
+/// far as the two replicas' wall clocks agree (Knative's leaders compare stored condition
+/// times with their own clocks alike). A time in the future is now. A time further back than
+/// the monotonic clock reaches (it starts near the host's boot) is taken at least half as
+/// far back: old enough for every judgment of seconds to hours made on it.
+pub fn instant_of(time: &Time) -> Instant {
+    let now = Instant::now();
+    let ago = k8s_openapi::jiff::Timestamp::now().duration_since(time.0);
+    let Ok(mut ago) = Duration::try_from(ago) else {
+        return now;
+    };
+    // Bounded: at most 64 halvings of a u64 count of seconds.
+    loop {
+        if let Some(at) = now.checked_sub(ago) {
+            return at;
+        }
+        ago /= 2;
+    }
+}
+
 /// Writes the autoscaler's status fields to `revision`'s `/status`: reads the Revision,
 /// sets `desiredReplicas`, `actualReplicas` and the given conditions (by type, leaving every
 /// other field and condition as read), and PUTs it back with the `resourceVersion` read, as
@@ -167,4 +199,24 @@ pub fn set_autoscaler_status(
         }
     }
     conds.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transition timed on the monotonic clock, written as a condition time and read back
+    /// by another leader, is the same instant (to the clock reads in between); a time ahead of
+    /// the reader's clock is now.
+    #[test]
+    fn condition_times_round_trip_through_the_wall_clock() {
+        let at = Instant::now() - Duration::from_secs(90);
+        let back = instant_of(&time_of(at));
+        let off = back.max(at) - back.min(at);
+        assert!(off < Duration::from_secs(1), "{off:?}");
+        let ahead = Time(k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(3600));
+        let before = Instant::now();
+        let read = instant_of(&ahead);
+        assert!(read >= before && read <= Instant::now());
+    }
 }

@@ -104,6 +104,34 @@ pub struct Found {
     /// Whether the activators are in the revision's request path as found (its public
     /// endpoints); `None` when nothing was written yet.
     pub activator_in_path: Option<bool>,
+    /// The revision's activity as the earlier scaler recorded it, and since when (Knative's
+    /// PodAutoscaler `Active` condition, kept on the Revision's status); `None` when none was
+    /// recorded.
+    pub activity: Option<FoundActivity>,
+}
+
+/// A revision's activity as an earlier scaler recorded it, with the instant (on this
+/// process's clock) it entered it: a new leader continues the stable window, the grace period
+/// and the activation timeout from there instead of starting them over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundActivity {
+    /// Enough pods ready (`Active=True`).
+    Active {
+        /// Since when.
+        since: tokio::time::Instant,
+    },
+    /// Asked to have pods, fewer ready (`Active=Unknown`).
+    Activating {
+        /// Since when.
+        since: tokio::time::Instant,
+    },
+    /// No traffic, or the activation timed out (`Active=False`).
+    Inactive {
+        /// Since when.
+        since: tokio::time::Instant,
+        /// Whether because the activation timed out (reason `TimedOut`).
+        timed_out: bool,
+    },
 }
 
 /// Where replicas run: child processes (`local`) or Deployments (`kubernetes`).

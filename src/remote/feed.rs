@@ -173,6 +173,7 @@ fn apply(states: &ScaleStates, line: &[u8]) {
             decided_at,
             activator_in_path: d.activator_in_path,
             initialized: false,
+            activity: None,
         },
     );
 }

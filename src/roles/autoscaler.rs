@@ -112,19 +112,18 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
     let stop = CancellationToken::new();
     let telemetry = Arc::new(Telemetry::new());
     let (ready_tx, ready_rx) = watch::channel(false);
-    let leading_now = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let leading = super::Leading::new(telemetry.autoscaler.leader.clone());
     let scale_states = ScaleStates::new();
     let revisions_view: Arc<std::sync::Mutex<Option<RevisionsView>>> = Arc::default();
     {
-        let (identity, leading_now, states) =
-            (identity.clone(), leading_now.clone(), scale_states.clone());
+        let (identity, leading, states) = (identity.clone(), leading.clone(), scale_states.clone());
         let state = Arc::new(admin::AdminState {
             telemetry: telemetry.clone(),
             ready: ready_rx,
             leader: Box::new(move || {
                 serde_json::json!({
                     "identity": identity,
-                    "leading": leading_now.load(Ordering::Relaxed),
+                    "leading": leading.get(),
                     "revisions": states.all().len(),
                 })
             }),
@@ -232,7 +231,6 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
             stats_tx.clone(),
             flow.clone(),
         );
-        let leading_now = leading_now.clone();
         move || {
             let mesh = mesh.clone();
             let (catalog, platform, states, telemetry, options, stats_tx, flow, swap, stats_rx) = (
@@ -246,12 +244,11 @@ async fn run(args: AutoscalerArgs) -> Result<(), String> {
                 swap.clone(),
                 stats_rx.clone(),
             );
-            let leading_now = leading_now.clone();
+            let leading = leading.clone();
             async move {
                 let term = CancellationToken::new();
                 let _end = term.clone().drop_guard();
-                leading_now.store(true, Ordering::Relaxed);
-                let _not_leading = Flag(leading_now);
+                let _leading = leading.enter();
                 info!("leading: scaling, pulling pod stats, swapping serving modes");
                 telemetry.autoscaler.leader_changes.inc();
                 // Writes are made only while this term lasts (the Lease renewed within its
@@ -440,15 +437,6 @@ impl RevisionsView {
             }));
         }
         serde_json::json!({ "revisions": out })
-    }
-}
-
-/// Clears the "leading" flag of `/leader` when a term ends.
-struct Flag(Arc<std::sync::atomic::AtomicBool>);
-
-impl Drop for Flag {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
     }
 }
 

@@ -111,6 +111,7 @@ pub fn hpa_status(
         decided_at: None,
         activator_in_path: ready == 0,
         initialized: u32::try_from(ready).is_ok_and(|r| r >= threshold),
+        activity: None,
     };
     (state, Activity::Active)
 }
@@ -687,6 +688,42 @@ fn stored_activity(status: ConditionStatus, reason: Option<&str>) -> Activity {
     }
 }
 
+/// The `Active` condition to write, and since when when the scaler timed it: the scaler's
+/// activity (Knative's PodAutoscaler `Active`, which Knative's Revision mirrors) where it is
+/// inactive, so `Active=False NoTraffic` is written the moment the revision turns idle, while
+/// its last pod waits out the grace period (a new leader continues the grace period from
+/// it); otherwise from the pods: active with a ready pod, activating while asked for pods,
+/// inactive at zero, timed out when the platform's activation timeout ran out with none ready.
+/// The time is the scaler's when its activity is the one written, else the time of writing.
+pub fn status_activity(
+    status: &EndpointStatus,
+    ready: i32,
+    state: &ScaleState,
+) -> (Activity, Option<Instant>) {
+    use crate::autoscaler::lifecycle::{Activity as Scaler, InactiveReason};
+    let activity = match (status, ready, state.activity) {
+        (EndpointStatus::Failing { reason }, 0, _) if reason.contains("TimedOut") => {
+            Activity::TimedOut
+        }
+        (_, _, Some(Scaler::Inactive { reason, .. })) => match reason {
+            InactiveReason::NoTraffic => Activity::Inactive,
+            InactiveReason::TimedOut => Activity::TimedOut,
+        },
+        (_, r, _) if r > 0 => Activity::Active,
+        _ if state.desired > 0 => Activity::Activating,
+        _ => Activity::Inactive,
+    };
+    let since = match (activity, state.activity) {
+        (Activity::Active, Some(Scaler::Active { since }))
+        | (Activity::Activating, Some(Scaler::Activating { since }))
+        | (Activity::Inactive | Activity::TimedOut, Some(Scaler::Inactive { since, .. })) => {
+            Some(since)
+        }
+        _ => None,
+    };
+    (activity, since)
+}
+
 /// What the status write covers: (desired, actual, activity, initialized).
 type StatusKey = (i32, i32, Activity, bool);
 
@@ -819,18 +856,13 @@ async fn revision_task(
         }
         // The autoscaler's part of the Revision status.
         let ready = i32::try_from(snap.ready.len()).unwrap_or(i32::MAX);
-        let activity = match (&snap.status, ready, state.desired) {
-            (EndpointStatus::Failing { reason }, 0, _) if reason.contains("TimedOut") => {
-                Activity::TimedOut
-            }
-            (_, r, _) if r > 0 => Activity::Active,
-            (_, _, d) if d > 0 => Activity::Activating,
-            _ => Activity::Inactive,
-        };
-        let (state, activity) = if hpa {
-            hpa_status(spec.as_deref(), ready, swap.platform.found(&key).replicas)
+        let (activity, since) = status_activity(&snap.status, ready, &state);
+        let (state, activity, since) = if hpa {
+            let (state, activity) =
+                hpa_status(spec.as_deref(), ready, swap.platform.found(&key).replicas);
+            (state, activity, None)
         } else {
-            (state, activity)
+            (state, activity, since)
         };
         let initialized = state.initialized || stored_initialized;
         // Without a decision yet the desired count is not written (the one stored stands),
@@ -845,7 +877,7 @@ async fn revision_task(
         let status = (desired_key, ready, activity, initialized);
         if (decided || initialized) && status_written != Some(status) {
             if status_written.is_none_or(|(_, _, a, _)| a != activity) {
-                activity_since = now_time();
+                activity_since = since.map_or_else(now_time, crate::knative::status::time_of);
             }
             let init = initialized.then(|| {
                 initialized_condition(initialized_since.get_or_insert_with(now_time).clone())
@@ -987,5 +1019,72 @@ mod tests {
         let small = slices(&key, &svc, &backends[..10]);
         let first = small.keys().next().unwrap();
         assert!(out.contains_key(first));
+    }
+
+    /// The `Active` condition written: the scaler's inactivity wins over a pod still ready
+    /// (the grace period), with the scaler's time; otherwise the pods say, with the scaler's
+    /// time only when its activity is the one written.
+    #[test]
+    fn the_status_says_inactive_from_the_moment_the_scaler_does() {
+        use crate::autoscaler::lifecycle::{Activity as A, InactiveReason};
+        let t = Instant::now();
+        let ok = EndpointStatus::Ok;
+        let state = |desired, activity| ScaleState {
+            desired,
+            activity,
+            ..ScaleState::default()
+        };
+        let inactive = A::Inactive {
+            since: t,
+            reason: InactiveReason::NoTraffic,
+        };
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, Some(inactive))),
+            (Activity::Inactive, Some(t)),
+            "idle, its last pod waiting out the grace period"
+        );
+        assert_eq!(
+            status_activity(&ok, 0, &state(0, Some(inactive))),
+            (Activity::Inactive, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, Some(A::Active { since: t }))),
+            (Activity::Active, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(3, Some(A::Activating { since: t }))),
+            (Activity::Active, None),
+            "a pod ready, fewer than the scaler waits for: active since the write"
+        );
+        assert_eq!(
+            status_activity(&ok, 0, &state(1, Some(A::Activating { since: t }))),
+            (Activity::Activating, Some(t))
+        );
+        assert_eq!(
+            status_activity(&ok, 1, &state(1, None)),
+            (Activity::Active, None),
+            "no scaler's activity (a follower's copy)"
+        );
+        let timed_out = EndpointStatus::Failing {
+            reason: "revision unavailable (TimedOut)".into(),
+        };
+        assert_eq!(
+            status_activity(&timed_out, 0, &state(1, Some(A::Activating { since: t }))),
+            (Activity::TimedOut, None)
+        );
+        assert_eq!(
+            status_activity(
+                &ok,
+                0,
+                &state(
+                    0,
+                    Some(A::Inactive {
+                        since: t,
+                        reason: InactiveReason::TimedOut
+                    })
+                )
+            ),
+            (Activity::TimedOut, Some(t))
+        );
     }
 }

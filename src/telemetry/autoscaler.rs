@@ -80,7 +80,11 @@ pub struct AutoscalerMetrics {
     /// `thaw_autoscaler_scale_errors_total`: platform scale calls that failed or timed out
     /// (retried at the next decision).
     pub scale_errors: Counter,
-    /// `thaw_autoscaler_leader_changes_total`: times this replica became the leader.
+    /// `thaw_autoscaler_leader`: 1 while this replica leads (scales, pulls pod stats, writes),
+    /// as `thaw_controller_leader` and `thaw_webhook_leader` for their roles.
+    pub leader: Gauge,
+    /// `thaw_autoscaler_leader_changes_total`: times this replica became the leader (summed
+    /// over the replicas: the leader changes; alert on its rate).
     pub leader_changes: Counter,
     /// `thaw_autoscaler_takeover_seconds`: the last takeover, from acquiring the Lease to
     /// every revision adopted (first decision round, every serving mode read back).
@@ -108,6 +112,7 @@ impl Default for AutoscalerMetrics {
             stats_rejected: Family::default(),
             stats_clamped: Counter::default(),
             scale_errors: Counter::default(),
+            leader: Gauge::default(),
             leader_changes: Counter::default(),
             takeover_seconds: FloatGauge::default(),
             takeover_writes: Gauge::default(),
@@ -123,7 +128,7 @@ impl AutoscalerMetrics {
     }
 
     /// As [`AutoscalerMetrics::register`]; [`super::Scope::Local`] leaves out the leader's
-    /// families (leader changes, takeovers, API writes).
+    /// families (leadership, leader changes, takeovers, API writes).
     pub fn register_scoped(reg: &mut Registry, scope: super::Scope) -> Self {
         let m = Self::default();
         reg.register(
@@ -184,6 +189,11 @@ impl AutoscalerMetrics {
         if scope == super::Scope::Local {
             return m;
         }
+        reg.register(
+            "autoscaler_leader",
+            "1 while this replica leads: scales, pulls pod stats and writes",
+            m.leader.clone(),
+        );
         reg.register(
             "autoscaler_leader_changes",
             "Times this replica became the leader",

@@ -244,6 +244,7 @@ async fn cold_start_phases_include_the_scaler_decision() {
             decided_at: Some(tokio::time::Instant::now()),
             activator_in_path: true,
             initialized: false,
+            activity: None,
         },
     );
     let up = Upstream::start().await;

@@ -85,7 +85,7 @@ use kube::ResourceExt;
 use crate::knative::names::labels;
 use crate::knative::status::AutoscalerStatus;
 use crate::platform::{
-    BoxFuture, EndpointSnapshot, EndpointSource, Found, Platform, PlatformError,
+    BoxFuture, EndpointSnapshot, EndpointSource, Found, FoundActivity, Platform, PlatformError,
 };
 use crate::revision::{Protocol, RevisionKey};
 use crate::telemetry::platform::{IgnoredLabels, PlatformMetrics, RevisionLabels};
@@ -646,19 +646,39 @@ impl Platform for KubePlatform {
         })
     }
 
-    /// The Deployment's `spec.replicas` and whether the Revision's status says it was
-    /// initialized (`ScaleTargetInitialized`, or `Ready=True` from before the condition).
+    /// The Deployment's `spec.replicas`, whether the Revision's status says it was
+    /// initialized (`ScaleTargetInitialized`, or `Ready=True` from before the condition), and
+    /// its `Active` condition with the condition's last transition.
     fn found(&self, revision: &RevisionKey) -> Found {
+        let (initialized, activity) = self
+            .inner
+            .statuses
+            .get(revision)
+            .map(|s| (s.initialized, found_activity(&s)))
+            .unwrap_or_default();
         Found {
             replicas: self.inner.deployment(revision).and_then(|d| d.replicas),
-            initialized: self
-                .inner
-                .statuses
-                .get(revision)
-                .is_some_and(|s| s.initialized),
+            initialized,
             activator_in_path: None,
+            activity,
         }
     }
+}
+
+/// The stored `Active` condition as a [`FoundActivity`]; `None` without the condition or its
+/// last transition time.
+fn found_activity(status: &AutoscalerStatus) -> Option<FoundActivity> {
+    use crate::knative::duck::ConditionStatus;
+    let (state, reason, time) = status.active.as_ref()?;
+    let since = crate::knative::status::instant_of(time.as_ref()?);
+    Some(match state {
+        ConditionStatus::True => FoundActivity::Active { since },
+        ConditionStatus::Unknown => FoundActivity::Activating { since },
+        ConditionStatus::False => FoundActivity::Inactive {
+            since,
+            timed_out: reason.as_deref() == Some("TimedOut"),
+        },
+    })
 }
 
 // The integrator holds the platform as `Arc<dyn Platform>` beside the activator and scaler.
