@@ -778,15 +778,17 @@ spec:
     )
 }
 
-/// Waits until the namespaces of the cases before this one are gone (their deletion is work
-/// for thaw).
+/// Waits until the namespaces of the cases before this one that are being deleted are gone
+/// (their deletion is work for thaw).
 async fn others_gone(plane: &Plane, ns: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: Api<Namespace> = Api::all(plane.admin.clone());
     until("the earlier cases' namespaces gone", WITHIN, || async {
         let list = api.list(&ListParams::default()).await.ok()?;
+        // A failed case's namespace stays (steady, no work); a passed one's is being deleted.
         list.items
             .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_some())
             .filter_map(|n| n.metadata.name.as_deref())
             .all(|n| !n.starts_with("case-") || n == ns)
             .then_some(())
