@@ -6,8 +6,10 @@
 //! sends it, never buffered whole). What it adds is a delay the test sets while it runs
 //! ([`LatencyProxy::set_delay`]): for Lease calls only (paths under `/apis/coordination.k8s.io/`)
 //! or for every call. The delay comes before the request is forwarded, as a queue in front of
-//! a slow API server: a write lands late, and a caller that gives up meanwhile (a Lease renewal
-//! past its deadline) may still see its write land.
+//! a slow API server: a write lands late. A caller that gives up during the delay (a Lease
+//! renewal past its renew deadline) closes its connection and the request goes with it, never
+//! forwarded (the drills saw no renewal land after its round had given up); only answered
+//! calls are in [`LatencyProxy::lease_calls`].
 //!
 //! Pods reach it through their kubeconfig ([`super::kubelet::Kubelet::set_pod_server`]).
 //! Bounded: [`MAX_CONNECTIONS`] client connections at once (more wait to be accepted), each
