@@ -1,9 +1,10 @@
 //! Leader election with a `coordination.k8s.io/v1` Lease, for the roles that run several
 //! replicas of which one acts (the autoscaler, later the controller).
 //!
-//! [`elect`] runs [`k8s_controller::LeaderElection`] (client-go's protocol: the leader renews
-//! the Lease every retry period; a candidate takes it over once it has seen the Lease
-//! unchanged for the lease duration, judged on its own clock, so clock skew does not matter)
+//! [`elect`] runs client-go's protocol (the leader renews the Lease every retry period, and
+//! gives up when a round of renewals has not succeeded within the renew deadline; a candidate
+//! takes it over once it has seen the Lease unchanged for the lease duration, judged on its
+//! own clock, so clock skew does not matter; [`k8s_controller::LeaderElection`] releases it)
 //! in a loop: while this replica holds the Lease, [`Leadership::is_leader`] is true and the
 //! work runs; when renewal fails the work is dropped at once and the replica rejoins the
 //! election. The Lease's `holderIdentity` is the leader's **stats address** (where activators
@@ -13,10 +14,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -111,6 +113,13 @@ impl Leadership {
 /// becomes a candidate again. On `stop` the work is dropped and, if leading, the Lease is
 /// released so another replica takes over without waiting for it to expire. Returns the
 /// [`Leadership`] watch at once; the election runs in a spawned task.
+///
+/// The renewals follow client-go's (what Knative's leader election runs): a retry period
+/// after each successful renewal a renewal round starts, which retries every retry period
+/// and gives up leading when it has not renewed within the renew deadline of its start. A
+/// renewal is one `replace` of the Lease this replica last wrote (a GET first only when that
+/// write conflicts), so a slow API server costs a leader its Lease only when a renewal round
+/// takes longer than the renew deadline, not when successive renewals are each slow.
 pub fn elect<F, Fut>(
     client: kube::Client,
     settings: LeaseSettings,
@@ -123,8 +132,8 @@ where
 {
     settings.validate()?;
     let (tx, rx) = watch::channel(false);
-    let election = k8s_controller::LeaderElection::new(
-        client,
+    let release = k8s_controller::LeaderElection::new(
+        client.clone(),
         &settings.namespace,
         &settings.name,
         &settings.identity,
@@ -132,29 +141,41 @@ where
     .with_lease_duration(settings.lease_duration)
     .with_renew_deadline(settings.renew_deadline)
     .with_retry_period(settings.retry_period);
+    let mut lease = LeaseClient {
+        api: Api::namespaced(client, &settings.namespace),
+        settings: settings.clone(),
+        held: None,
+    };
     let span = tracing::info_span!("leader_election", lease = %settings.name, identity = %settings.identity);
     tokio::spawn(
         async move {
             loop {
                 let tx = &tx;
-                let job = work();
-                let held = election.with_lease(async move {
+                let term = async {
+                    lease.acquire().await;
                     tracing::info!("leading");
                     tx.send_replace(true);
-                    job.await;
-                    // The work ended on its own: keep leading until stopped.
-                    std::future::pending::<()>().await
-                });
+                    let job = work();
+                    let job = async {
+                        job.await;
+                        // The work ended on its own: keep leading until stopped or lost.
+                        std::future::pending::<()>().await
+                    };
+                    tokio::select! {
+                        () = job => {}
+                        () = lease.hold() => {}
+                    }
+                };
                 tokio::select! {
                     _ = stop.cancelled() => {
                         let was = tx.send_replace(false);
                         if was {
-                            election.release().await;
+                            release.release().await;
                             tracing::info!("stopped; lease released");
                         }
                         return;
                     }
-                    _ = held => {
+                    _ = term => {
                         tx.send_replace(false);
                         tracing::warn!("lost the lease; rejoining the election");
                     }
@@ -164,6 +185,193 @@ where
         .instrument(span),
     );
     Ok(Leadership { rx })
+}
+
+/// The Lease as one candidate reads and writes it.
+struct LeaseClient {
+    api: Api<Lease>,
+    settings: LeaseSettings,
+    /// The Lease as this replica last wrote it while holding it (its resourceVersion is what
+    /// the next renewal replaces).
+    held: Option<Lease>,
+}
+
+impl LeaseClient {
+    /// Returns once this replica holds the Lease: it is free (no holder, or released), ours
+    /// already, or unchanged for a whole lease duration as this replica observed it (its own
+    /// clock: skew does not matter). Tries every retry period (jittered by up to 20 %, as
+    /// client-go).
+    async fn acquire(&mut self) {
+        self.held = None;
+        tracing::info!("attempting to acquire the lease");
+        let mut observed: Option<(k8s_openapi::api::coordination::v1::LeaseSpec, Instant)> = None;
+        loop {
+            match self.try_acquire(&mut observed).await {
+                Ok(true) => {
+                    tracing::info!("acquired the lease");
+                    return;
+                }
+                Ok(false) => tracing::debug!("the lease is held by another candidate"),
+                Err(e) => tracing::warn!(error = %e, "acquiring the lease"),
+            }
+            let jitter = rand::RngExt::random_range(&mut rand::rng(), 1.0..1.2);
+            tokio::time::sleep(self.settings.retry_period.mul_f64(jitter)).await;
+        }
+    }
+
+    async fn try_acquire(
+        &mut self,
+        observed: &mut Option<(k8s_openapi::api::coordination::v1::LeaseSpec, Instant)>,
+    ) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.settings.name).await? else {
+            let lease = Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(self.settings.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(self.next_spec(None)),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(written) => {
+                    self.held = Some(written);
+                    Ok(true)
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty());
+        let ours = holder == Some(self.settings.identity.as_str());
+        if !ours && holder.is_some() {
+            if observed.as_ref().is_none_or(|(last, _)| *last != spec) {
+                *observed = Some((spec, Instant::now()));
+                return Ok(false);
+            }
+            if observed
+                .as_ref()
+                .is_some_and(|(_, at)| at.elapsed() < self.settings.lease_duration)
+            {
+                return Ok(false);
+            }
+        }
+        lease.spec = Some(self.next_spec(Some(&spec)));
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                self.held = Some(written);
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renews the Lease until it is lost, then returns: a retry period after each success a
+    /// round starts, retrying every retry period, bounded by the renew deadline (client-go's
+    /// `renew`).
+    async fn hold(&mut self) {
+        loop {
+            tokio::time::sleep(self.settings.retry_period).await;
+            let deadline = self.settings.renew_deadline;
+            let retry = self.settings.retry_period;
+            let round = tokio::time::timeout(deadline, async {
+                loop {
+                    match self.renew().await {
+                        Ok(held) => return held,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "renewing the lease");
+                            tokio::time::sleep(retry).await;
+                        }
+                    }
+                }
+            })
+            .await;
+            match round {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!("the lease was taken by another candidate");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        renew_deadline = ?deadline,
+                        "the lease was not renewed within the renew deadline; giving up leadership"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One renewal: the Lease last written replaced with a new renew time; on a conflict,
+    /// read again and renew only if this replica still holds it. `Ok(false)`: another holds it.
+    async fn renew(&mut self) -> Result<bool, kube::Error> {
+        let name = self.settings.name.clone();
+        let pp = PostParams::default();
+        if let Some(mut lease) = self.held.clone() {
+            let prev = lease.spec.take();
+            lease.spec = Some(self.next_spec(prev.as_ref()));
+            match self.api.replace(&name, &pp, &lease).await {
+                Ok(written) => {
+                    self.held = Some(written);
+                    return Ok(true);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => self.held = None,
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(mut lease) = self.api.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.take().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return Ok(false);
+        }
+        lease.spec = Some(self.next_spec(Some(&spec)));
+        match self.api.replace(&name, &pp, &lease).await {
+            Ok(written) => {
+                self.held = Some(written);
+                Ok(true)
+            }
+            // Written meanwhile (by another candidate, or a late write of ours): read again
+            // at the next try.
+            Err(kube::Error::Api(e)) if e.code == 409 => Err(kube::Error::Api(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The spec that makes this replica the holder, renewed now, after `prev`.
+    fn next_spec(
+        &self,
+        prev: Option<&k8s_openapi::api::coordination::v1::LeaseSpec>,
+    ) -> k8s_openapi::api::coordination::v1::LeaseSpec {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let identity = &self.settings.identity;
+        let ours = prev.is_some_and(|s| s.holder_identity.as_deref() == Some(identity.as_str()));
+        k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.settings.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: if ours {
+                prev.and_then(|s| s.acquire_time.clone())
+            } else {
+                Some(now.clone())
+            },
+            renew_time: Some(now),
+            lease_transitions: match prev {
+                None => Some(0),
+                Some(s) if ours => s.lease_transitions,
+                Some(s) => Some(s.lease_transitions.unwrap_or(0).saturating_add(1)),
+            },
+            ..Default::default()
+        }
+    }
 }
 
 /// Follows the Lease: the current `holderIdentity` (the leader's stats address), `None` while

@@ -22,6 +22,7 @@ pub mod checks;
 pub mod harness;
 pub mod install;
 pub mod kubelet;
+pub mod latency;
 pub mod netns;
 pub mod pki;
 pub mod serving_checks;

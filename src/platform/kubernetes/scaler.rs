@@ -22,8 +22,12 @@ use crate::telemetry::platform::{ScaleLabels, ScaleOutcome};
 /// The field manager of thaw's autoscaler, owner of every revision Deployment's `/scale`.
 pub const FIELD_MANAGER: &str = "autoscaler.thaw.dev";
 
-/// Bound on one patch request (the client's own read timeout is long, for watches).
-const PATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one patch request (the client's own read timeout is long, for watches): the API
+/// server's own default `--request-timeout`, past which it gives up on a request itself. A
+/// shorter bound gave up on every patch of an API server answering in 12 s (the request
+/// dropped before it reached the server, retried the same way): no revision could be scaled
+/// until the latency went (`real_stack_drills`).
+const PATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs until shutdown. `entry.desired` carries the latest count asked for.
 pub(super) async fn run(inner: Arc<Inner>, entry: Arc<RevEntry>) {

@@ -168,6 +168,10 @@ struct Shared {
     /// Pods bound here, by UID (kept after their task ends until the API drops them, so a
     /// late watch event cannot start a deleted pod again).
     pods: Mutex<BTreeMap<String, PodHandle>>,
+    /// Namespace -> the API server's URL written into the kubeconfig of that namespace's
+    /// pods instead of [`KubeletConfig::server`] ([`Kubelet::set_pod_server`]); empty by
+    /// default.
+    pod_servers: Mutex<BTreeMap<String, String>>,
 }
 
 /// A process in [`Shared::procs`]; leaves it when dropped (after the process was reaped).
@@ -209,6 +213,16 @@ impl Shared {
         }
     }
 
+    /// The API server's URL for the kubeconfig of a pod in `ns`.
+    fn server_for(&self, ns: &str) -> String {
+        self.pod_servers
+            .lock()
+            .unwrap()
+            .get(ns)
+            .cloned()
+            .unwrap_or_else(|| self.cfg.server.clone())
+    }
+
     /// Logs a kubelet message on stderr, naming the node.
     fn say(&self, msg: impl std::fmt::Display) {
         eprintln!("kubelet {}: {msg}", self.cfg.node_name);
@@ -237,6 +251,7 @@ impl Kubelet {
             next_id: AtomicU64::new(1),
             logs: Mutex::default(),
             pods: Mutex::default(),
+            pod_servers: Mutex::default(),
         });
         let registered = node::register(&k).await;
         let mut loops = vec![
@@ -298,6 +313,19 @@ impl Kubelet {
             .ok_or_else(|| format!("no running container {key} on this node"))?;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
             .map_err(|e| format!("{signal} to {key} (pid {pid}): {e}"))
+    }
+
+    /// Makes the kubeconfig of every pod of namespace `ns` whose token is written from now on
+    /// (a pod started, or its token renewed) name `server` as the API server (e.g. a proxy
+    /// in front of it, with a certificate of the plane's CA), or [`KubeletConfig::server`]
+    /// again with `None`. Pods already running keep the kubeconfig they have until their
+    /// token is renewed: restart them for the change to take.
+    pub fn set_pod_server(&self, ns: &str, server: Option<String>) {
+        let mut servers = self.k.pod_servers.lock().unwrap();
+        match server {
+            Some(s) => servers.insert(ns.to_string(), s),
+            None => servers.remove(ns),
+        };
     }
 
     /// Stops every pod at once (SIGKILL), removes their network namespaces (their pause

@@ -88,10 +88,11 @@ pub(super) async fn refresh(
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ca_data = serde_json::to_value(ByteString(k.cfg.ca_pem.as_bytes().to_vec()))
         .map_err(|e| e.to_string())?;
+    let server = k.server_for(&ns);
     let kubeconfig = json!({
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "plane", "cluster": {"server": k.cfg.server,
+        "clusters": [{"name": "plane", "cluster": {"server": server,
             "certificate-authority-data": ca_data}}],
         "users": [{"name": "pod", "user": {"token": status.token}}],
         "contexts": [{"name": "pod", "context": {"cluster": "plane", "user": "pod",
