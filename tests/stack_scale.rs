@@ -13,7 +13,7 @@
 //! - the time from the first create to every Service `Ready`, and each role's CPU time, peak
 //!   RSS (`VmHWM`) and API calls by verb over that time;
 //! - the time until the cluster settles (every revision scaled to zero by the autoscaler, no
-//!   role writing for 30 s), then over `THAW_SCALE_STEADY_SECS` (default 120) of steady
+//!   role writing for 30 s: Lease renewals apart, as everywhere below), then over `THAW_SCALE_STEADY_SECS` (default 120) of steady
 //!   state each role's API calls per minute by verb (writes counted separately), CPU share
 //!   and RSS (`VmRSS`);
 //! - a leader change of the controller: the leader is sent SIGTERM (it releases the Lease);
@@ -43,7 +43,8 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::ResourceExt;
 use scale_support::{
-    CallCounts, Kubelet, PodServer, ProcStats, RoleProc, by_verb, diff, metric, render, writes,
+    CallCounts, Kubelet, PodServer, ProcStats, RoleProc, by_verb, diff, lease_writes, metric,
+    render, writes,
 };
 use thaw::knative::Service;
 use tokio::time::Instant;
@@ -502,7 +503,7 @@ async fn services_in_namespaces_whole_stack() {
     );
     println!();
     println!(
-        "| role | CPU to Ready | peak RSS (VmHWM) | steady RSS (VmRSS) | steady CPU | steady API calls/min | steady writes |"
+        "| role | CPU to Ready | peak RSS (VmHWM) | steady RSS (VmRSS) | steady CPU | steady API calls/min | steady writes (Lease renewals apart) |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut steady_writes = 0;
@@ -512,12 +513,13 @@ async fn services_in_namespaces_whole_stack() {
         let w = writes(&during);
         steady_writes += w;
         println!(
-            "| {n} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.1} % | {} | {w} |",
+            "| {n} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.1} % | {} | {w} ({} Lease) |",
             stats1[n].cpu - stats0[n].cpu,
             stats2[n].hwm_mib.max(stats3[n].hwm_mib),
             stats3[n].rss_mib,
             100.0 * (stats3[n].cpu - stats2[n].cpu) / steady.as_secs_f64(),
             per_minute(&during, steady),
+            lease_writes(&during),
         );
     }
     println!(
