@@ -39,9 +39,9 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::ResourceExt;
 use scale_support::{
     CallCounts, Kubelet, PodServer, ProcStats, RoleProc, by_verb, diff, lease_writes, metric,
     render, writes,
@@ -118,8 +118,7 @@ fn follow_ready(client: kube::Client) -> (Arc<AtomicUsize>, tokio::task::JoinHan
         let api: Api<Service> = Api::all(client);
         let mut seen: HashMap<String, bool> = HashMap::new();
         let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-        let is_ready =
-            |s: &Service| s.status.as_ref().is_some_and(|s| s.status.is_true("Ready"));
+        let is_ready = |s: &Service| s.status.as_ref().is_some_and(|s| s.status.is_true("Ready"));
         while let Some(ev) = stream.next().await {
             let Ok(ev) = ev else { continue };
             match ev {
@@ -154,7 +153,10 @@ impl Roles {
     }
 
     fn stats(&self) -> BTreeMap<String, ProcStats> {
-        self.all.iter().map(|r| (r.name.clone(), r.stats())).collect()
+        self.all
+            .iter()
+            .map(|r| (r.name.clone(), r.stats()))
+            .collect()
     }
 
     fn total_writes(&self) -> u64 {
@@ -227,15 +229,20 @@ async fn services_in_namespaces_whole_stack() {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM);
     let ns_api: Api<Namespace> = Api::all(client.clone());
     ns_api
-        .create(&PostParams::default(), &obj(serde_json::json!({"metadata": {"name": SYSTEM}})))
+        .create(
+            &PostParams::default(),
+            &obj(serde_json::json!({"metadata": {"name": SYSTEM}})),
+        )
         .await
         .unwrap();
     // Knative's defaults everywhere; the sidecar's image named so the controller need not read
     // its own Pod.
     cms.create(
         &PostParams::default(),
-        &obj(serde_json::json!({"metadata": {"name": "config-deployment"},
-            "data": {"queue-sidecar-image": "ghcr.io/thaw-dev/thaw:scale"}})),
+        &obj(
+            serde_json::json!({"metadata": {"name": "config-deployment"},
+            "data": {"queue-sidecar-image": "ghcr.io/thaw-dev/thaw:scale"}}),
+        ),
     )
     .await
     .unwrap();
@@ -277,7 +284,10 @@ async fn services_in_namespaces_whole_stack() {
     };
     let a = free_addr();
     let ctl1 = start_role("controller-1", controller_args("controller-1", a), a).await;
-    until(Duration::from_secs(60), "controller-1 leading", || leading(&ctl1)).await;
+    until(Duration::from_secs(60), "controller-1 leading", || {
+        leading(&ctl1)
+    })
+    .await;
     let a = free_addr();
     let ctl2 = start_role("controller-2", controller_args("controller-2", a), a).await;
     until(Duration::from_secs(60), "controller-2 ready", || async {
@@ -319,7 +329,12 @@ async fn services_in_namespaces_whole_stack() {
     })
     .await;
     let roles = Arc::new(Roles {
-        all: vec![ctl1.clone(), ctl2.clone(), autoscaler.clone(), activator.clone()],
+        all: vec![
+            ctl1.clone(),
+            ctl2.clone(),
+            autoscaler.clone(),
+            activator.clone(),
+        ],
     });
     println!(
         "stack up: {n_services} Services in {n_namespaces} namespaces to create; roles: {}",
@@ -379,7 +394,10 @@ async fn services_in_namespaces_whole_stack() {
         .await
         .unwrap();
     let created = started.elapsed();
-    println!("{:>6.1} s: {n_services} Services created", created.as_secs_f64());
+    println!(
+        "{:>6.1} s: {n_services} Services created",
+        created.as_secs_f64()
+    );
     let deadline = started + bound;
     while ready.load(Ordering::Relaxed) < n_services {
         assert!(
@@ -547,14 +565,21 @@ async fn services_in_namespaces_whole_stack() {
             steady.as_secs_f64(),
             render(&diff(&counts2[n], &counts3[n]))
         );
-        println!("{n}: User-Agents: {:?}", r.proxy.agents().keys().collect::<Vec<_>>());
+        println!(
+            "{n}: User-Agents: {:?}",
+            r.proxy.agents().keys().collect::<Vec<_>>()
+        );
     }
     println!();
     println!(
         "Leader change (SIGTERM to controller-1, which {}): controller-2 leads after {}, has \
          reconciled every Service, Configuration, Route and Revision after {}; its RSS {:.0} -> \
          {:.0} MiB (peak {:.0}), CPU {:.1} s; its API calls until then ({} writes):\n{}",
-        if ctl1_exited { "exited" } else { "had not exited 10 s later" },
+        if ctl1_exited {
+            "exited"
+        } else {
+            "had not exited 10 s later"
+        },
         led_after.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
         resumed_after.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64())),
         ctl2_stats0.rss_mib,

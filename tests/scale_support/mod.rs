@@ -95,7 +95,9 @@ pub fn classify(method: &http::Method, uri: &http::Uri, content_type: &str) -> (
         Some(sub) => format!("{resource}/{sub}"),
         None => resource.to_string(),
     };
-    let watch = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
     let verb = match *method {
         http::Method::GET if watch => "watch",
         http::Method::GET if named => "get",
@@ -529,7 +531,9 @@ impl PodServer {
                         } else {
                             "hello".to_string()
                         };
-                        async move { Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body)))) }
+                        async move {
+                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+                        }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
@@ -826,13 +830,13 @@ async fn reconcile(d: Arc<Deployment>, ctx: Arc<KubeletCtx>) -> Result<Action, k
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(serde_json::json!({"status": {
-                    "observedGeneration": generation,
-                    "replicas": n, "readyReplicas": n, "availableReplicas": n,
-                    "updatedReplicas": n,
-                    "conditions": [
-                        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-                        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
-                    ]}})),
+                "observedGeneration": generation,
+                "replicas": n, "readyReplicas": n, "availableReplicas": n,
+                "updatedReplicas": n,
+                "conditions": [
+                    {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                    {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+                ]}})),
             )
             .await?;
             ctx.wrote();
