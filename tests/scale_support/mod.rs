@@ -48,7 +48,8 @@ use tracing::Instrument;
 
 /// Requests by (verb, resource): Kubernetes' verbs (`get`, `list`, `watch`, `create`,
 /// `update`, `patch`, `apply` for a server-side apply, `delete`) and the resource with its
-/// subresource (`deployments/scale`, `revisions/status`).
+/// group and subresource (`services` of the core group, `deployments.apps/scale`,
+/// `revisions.serving.knative.dev/status`).
 pub type CallCounts = BTreeMap<(String, String), u64>;
 
 /// The verbs that write.
@@ -70,16 +71,21 @@ impl Drop for CountingProxy {
     }
 }
 
-/// Kubernetes' verb and resource of a request (`GET .../deployments?watch=true` is `watch`
-/// `deployments`; `PATCH .../deployments/d/scale` is `patch` `deployments/scale`).
+/// Kubernetes' verb and resource of a request (`GET /apis/apps/v1/.../deployments?watch=true`
+/// is `watch` `deployments.apps`; `PATCH .../deployments/d/scale` is `patch`
+/// `deployments.apps/scale`).
 pub fn classify(method: &http::Method, uri: &http::Uri, content_type: &str) -> (String, String) {
     let path = uri.path();
     let query = uri.query().unwrap_or("");
+    // The group, for `/apis/{group}/{version}/...` (`services.serving.knative.dev` is not the
+    // core `services`).
+    let mut group = None;
     let rest: Vec<&str> = if let Some(r) = path.strip_prefix("/api/v1") {
         r.split('/').filter(|s| !s.is_empty()).collect()
     } else if let Some(r) = path.strip_prefix("/apis/") {
-        // group/version/...
-        r.split('/').filter(|s| !s.is_empty()).skip(2).collect()
+        let parts: Vec<&str> = r.split('/').filter(|s| !s.is_empty()).collect();
+        group = parts.first().copied();
+        parts.into_iter().skip(2).collect()
     } else {
         return (method.as_str().to_lowercase(), path.to_string());
     };
@@ -89,11 +95,15 @@ pub fn classify(method: &http::Method, uri: &http::Uri, content_type: &str) -> (
     } else {
         &rest
     };
-    let resource = rest.first().copied().unwrap_or("discovery");
+    let resource = match (rest.first(), group) {
+        (Some(r), Some(g)) => format!("{r}.{g}"),
+        (Some(r), None) => r.to_string(),
+        (None, _) => "discovery".to_string(),
+    };
     let named = rest.len() >= 2;
     let resource = match rest.get(2) {
         Some(sub) => format!("{resource}/{sub}"),
-        None => resource.to_string(),
+        None => resource,
     };
     let watch = query
         .split('&')
@@ -247,7 +257,7 @@ pub fn by_verb(counts: &CallCounts) -> BTreeMap<String, u64> {
 
 /// The resource of leader election's renewals: written each retry period by every leader
 /// (and each try by every candidate), so never part of "no write without a change".
-pub const LEASES: &str = "leases";
+pub const LEASES: &str = "leases.coordination.k8s.io";
 
 /// Writes in `counts`, Lease renewals left out ([`lease_writes`]).
 pub fn writes(counts: &CallCounts) -> u64 {
@@ -274,7 +284,7 @@ pub fn render(counts: &CallCounts) -> String {
         .map(|((v, r), n)| {
             (
                 !WRITE_VERBS.contains(&v.as_str()),
-                format!("      {v:<7} {r:<32} {n}"),
+                format!("      {v:<7} {r:<48} {n}"),
             )
         })
         .collect();
