@@ -184,6 +184,18 @@ impl Roles {
     }
 }
 
+/// `counts` summed by verb: `get 12, list 3`.
+fn totals(counts: &CallCounts) -> String {
+    let v = by_verb(counts);
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.iter()
+        .map(|(verb, n)| format!("{verb} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn per_minute(counts: &CallCounts, over: Duration) -> String {
     let mins = over.as_secs_f64() / 60.0;
     let v = by_verb(counts);
@@ -436,7 +448,7 @@ async fn services_in_namespaces_whole_stack() {
             stats1[n].cpu - stats0[n].cpu,
             stats1[n].hwm_mib,
             stats1[n].rss_mib,
-            per_minute(&during, Duration::from_secs(60)),
+            totals(&during),
             writes(&during),
         );
     }
