@@ -25,7 +25,7 @@
 //! new leader writes while it resumes, or when it does not resume within the same bound.
 //!
 //! `cargo test --release --test stack_scale -- --ignored --nocapture`
-//! (`THAW_SCALE_SERVICES=1000 THAW_SCALE_NAMESPACES=50` for a quick run).
+//! (`THAW_SCALE_SERVICES=200 THAW_SCALE_NAMESPACES=10` for a quick run).
 
 mod kube_support;
 mod scale_support;
