@@ -26,6 +26,7 @@ pub mod latency;
 pub mod netns;
 pub mod pki;
 pub mod serving_checks;
+pub mod stack;
 pub mod traffic;
 
 use std::net::{Ipv4Addr, SocketAddr};

@@ -25,6 +25,7 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::plane_support::harness::{Case, apply};
+use crate::plane_support::stack::{role_pod_objects, role_pods, scale_of, service, until};
 use crate::plane_support::traffic::{Report, SteadyLoop};
 use crate::plane_support::{Plane, audit, checks};
 
@@ -399,36 +400,6 @@ async fn rollouts_and_an_api_server_restart_fail_no_request(plane: Arc<Plane>, n
 
 const MIN_SCALE_1: (&str, &str) = ("min-scale", "1");
 
-/// Knative's helloworld-go as a Service `name` with `autoscaling.knative.dev/` annotations.
-fn service(name: &str, annotations: &[(&str, &str)]) -> String {
-    let annotations: String = annotations
-        .iter()
-        .map(|(k, v)| format!("        autoscaling.knative.dev/{k}: \"{v}\"\n"))
-        .collect();
-    let annotations = if annotations.is_empty() {
-        String::new()
-    } else {
-        format!("    metadata:\n      annotations:\n{annotations}")
-    };
-    format!(
-        r#"apiVersion: serving.knative.dev/v1
-kind: Service
-metadata:
-  name: {name}
-spec:
-  template:
-{annotations}    spec:
-      containers:
-        - image: ghcr.io/knative/helloworld-go:latest
-          ports:
-            - containerPort: 8080
-          env:
-            - name: TARGET
-              value: "{name}"
-"#
-    )
-}
-
 /// Waits until the namespaces of the cases before this one are gone: a namespace being
 /// deleted is work for thaw (its revisions' pods go, their public slices are refused), so the
 /// cluster is not steady until then.
@@ -444,22 +415,6 @@ async fn others_gone(plane: &Plane, ns: &str) {
             .then_some(())
     })
     .await;
-}
-
-/// Polls `f` every 250 ms until it gives something; panics naming `what` after `within`.
-async fn until<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Waits for Service `name` to be Ready; its URL's host.
@@ -491,16 +446,6 @@ async fn answers(gateway: SocketAddr, host: &str) {
         || async { matches!(checks::get(gateway, host, "/").await, Ok((200, _))).then_some(()) },
     )
     .await;
-}
-
-/// Revision `{svc}-00001`'s Deployment's `spec.replicas`.
-async fn scale_of(plane: &Plane, ns: &str, svc: &str) -> Option<i32> {
-    let api: Api<Deployment> = Api::namespaced(plane.admin.clone(), ns);
-    api.get_opt(&format!("{svc}-00001-deployment"))
-        .await
-        .ok()??
-        .spec?
-        .replicas
 }
 
 /// Every Deployment's `spec.replicas` in `ns`.
@@ -556,21 +501,6 @@ async fn public_addresses(plane: &Plane, ns: &str, svc: &str) -> Vec<String> {
         .flat_map(|s| s.endpoints)
         .flat_map(|e| e.addresses)
         .collect()
-}
-
-/// The names of `role`'s pods in thaw-system, terminating ones included.
-async fn role_pods(plane: &Plane, role: &str) -> Vec<String> {
-    role_pod_objects(plane, role)
-        .await
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect()
-}
-
-async fn role_pod_objects(plane: &Plane, role: &str) -> Vec<Pod> {
-    let api: Api<Pod> = Api::namespaced(plane.admin.clone(), SYSTEM);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/name={role}"));
-    api.list(&lp).await.map(|l| l.items).unwrap_or_default()
 }
 
 /// The IPs of `role`'s pods that are not terminating.

@@ -32,13 +32,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::plane_support::harness::{Case, apply};
 use crate::plane_support::latency::{self, LatencyProxy, Scope};
+use crate::plane_support::stack::{role_pod_objects, role_pods, scale_of, service, until};
 use crate::plane_support::{Plane, audit, checks, netns};
 
 /// This module's cases.
@@ -748,36 +748,6 @@ fn renewals(
 
 const MIN_SCALE_1: (&str, &str) = ("min-scale", "1");
 
-/// Knative's helloworld-go as a Service `name` with `autoscaling.knative.dev/` annotations.
-fn service(name: &str, annotations: &[(&str, &str)]) -> String {
-    let annotations: String = annotations
-        .iter()
-        .map(|(k, v)| format!("        autoscaling.knative.dev/{k}: \"{v}\"\n"))
-        .collect();
-    let annotations = if annotations.is_empty() {
-        String::new()
-    } else {
-        format!("    metadata:\n      annotations:\n{annotations}")
-    };
-    format!(
-        r#"apiVersion: serving.knative.dev/v1
-kind: Service
-metadata:
-  name: {name}
-spec:
-  template:
-{annotations}    spec:
-      containers:
-        - image: ghcr.io/knative/helloworld-go:latest
-          ports:
-            - containerPort: 8080
-          env:
-            - name: TARGET
-              value: "{name}"
-"#
-    )
-}
-
 /// Waits until the namespaces of the cases before this one that are being deleted are gone
 /// (their deletion is work for thaw).
 async fn others_gone(plane: &Plane, ns: &str) {
@@ -794,22 +764,6 @@ async fn others_gone(plane: &Plane, ns: &str) {
             .then_some(())
     })
     .await;
-}
-
-/// Polls `f` every 250 ms until it gives something; panics naming `what` after `within`.
-async fn until<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = f().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Whether Service `ns/name` is Ready (read directly from the API server).
@@ -839,31 +793,6 @@ async fn ready(plane: &Plane, ns: &str, name: &str) {
             .unwrap_or_default();
         panic!("{ns}/{name} not Ready within {WITHIN:?}\n{got}");
     }
-}
-
-/// Revision `{svc}-00001`'s Deployment's `spec.replicas`.
-async fn scale_of(plane: &Plane, ns: &str, svc: &str) -> Option<i32> {
-    let api: Api<Deployment> = Api::namespaced(plane.admin.clone(), ns);
-    api.get_opt(&format!("{svc}-00001-deployment"))
-        .await
-        .ok()??
-        .spec?
-        .replicas
-}
-
-async fn role_pod_objects(plane: &Plane, role: &str) -> Vec<Pod> {
-    let api: Api<Pod> = Api::namespaced(plane.admin.clone(), SYSTEM);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/name={role}"));
-    api.list(&lp).await.map(|l| l.items).unwrap_or_default()
-}
-
-/// The names of `role`'s pods in thaw-system, terminating ones included.
-async fn role_pods(plane: &Plane, role: &str) -> Vec<String> {
-    role_pod_objects(plane, role)
-        .await
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect()
 }
 
 /// Waits for `role`'s Deployment to be rolled out with its 2 pods Ready.
