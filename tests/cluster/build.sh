@@ -47,6 +47,37 @@ if [ ! -f "$conf_out/stamp" ] || [ "$(cat "$conf_out/stamp")" != "$conf_stamp" ]
   echo "tests/cluster/build.sh: conformance suite built in $(( $(date +%s) - start )) s" >&2
 fi
 
+# Knative Serving's own components (tests/cluster/knative): controller, webhook, autoscaler,
+# activator and queue-proxy from knative.dev/serving, and net-gateway-api's controller, each
+# into OUT/knative/bin/<name>, the programs the kubelet stand-in runs for the images
+# thaw.test/knative/<name> (the Knative install the migration tests move onto thaw and back),
+# and Knative's release YAML (config/ of each module) into OUT/knative/config. A stamp of its
+# own (OUT/knative/stamp); about 60 s on 2 cores once the conformance suite's modules are in
+# the cache.
+kn="$here/knative"
+kn_out="$out/knative"
+kn_stamp="$( (cat "$kn/go.mod" "$kn/go.sum" "$kn/tools.go" "$0"; go version) | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$kn_out/stamp" ] || [ "$(cat "$kn_out/stamp")" != "$kn_stamp" ]; then
+  start=$(date +%s)
+  echo "tests/cluster/build.sh: building Knative Serving's components into $kn_out" >&2
+  rm -rf "$kn_out"
+  mkdir -p "$kn_out/bin" "$kn_out/config"
+  (cd "$kn" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$kn_out/bin/" \
+    knative.dev/serving/cmd/activator knative.dev/serving/cmd/autoscaler \
+    knative.dev/serving/cmd/controller knative.dev/serving/cmd/queue \
+    knative.dev/serving/cmd/webhook)
+  (cd "$kn" && go build -mod=readonly -trimpath -ldflags "-s -w" \
+    -o "$kn_out/bin/net-gateway-api" knative.dev/net-gateway-api/cmd/controller)
+  for m in knative.dev/serving knative.dev/networking knative.dev/net-gateway-api; do
+    dir="$(cd "$kn" && go list -mod=readonly -m -f '{{.Dir}}' "$m")"
+    mkdir -p "$kn_out/config/$(basename "$m")"
+    cp -r "$dir/config/." "$kn_out/config/$(basename "$m")/"
+  done
+  chmod -R u+w "$kn_out/config"
+  echo "$kn_stamp" > "$kn_out/stamp"
+  echo "tests/cluster/build.sh: Knative's components built in $(( $(date +%s) - start )) s" >&2
+fi
+
 kube_version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }
   $1 == "k8s.io/kubernetes" { print $2 }' "$here/kube/go.mod" | head -1)"
 minor="$(echo "$kube_version" | cut -d. -f2)"
