@@ -401,9 +401,33 @@ pub fn string_match(m: &StringMatch, s: &str) -> bool {
     }
     if let Some(r) = &m.regex {
         // Envoy matches the whole value (RE2 safe_regex).
-        return regex::Regex::new(&format!("^(?:{r})$")).is_ok_and(|re| re.is_match(s));
+        return compiled(r).is_some_and(|re| re.is_match(s));
     }
     true
+}
+
+/// The whole-value regex of a `StringMatch`, compiled once: a gateway in front of thousands of
+/// routes matches every request against each route's authority, as Envoy does against its
+/// compiled configuration, and compiling each time made the gateway the slowest part of a
+/// whole-stack run. `None` for a pattern that does not compile (it matches nothing). Bounded:
+/// past `REGEX_CACHE` patterns it starts again.
+fn compiled(pattern: &str) -> Option<Arc<regex::Regex>> {
+    const REGEX_CACHE: usize = 100_000;
+    static CACHE: std::sync::LazyLock<
+        Mutex<std::collections::HashMap<String, Option<Arc<regex::Regex>>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut cache = CACHE.lock().unwrap();
+    if let Some(re) = cache.get(pattern) {
+        return re.clone();
+    }
+    if cache.len() >= REGEX_CACHE {
+        cache.clear();
+    }
+    let re = regex::Regex::new(&format!("^(?:{pattern})$"))
+        .ok()
+        .map(Arc::new);
+    cache.insert(pattern.to_string(), re.clone());
+    re
 }
 
 /// Writes the gateway Service `host` (`{name}.{namespace}.svc...`, port 80 named `http2`)
