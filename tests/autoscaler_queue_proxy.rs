@@ -14,8 +14,10 @@
 //! - [`the_autoscaler_scales_a_queue_proxy_pod_up_under_load_and_to_zero_when_idle`]: the
 //!   scaler, fed by that pull only, scales up under load and to zero once idle.
 //! - [`the_activator_forwards_through_queue_proxy_and_its_probe_is_answered`]: thaw's
-//!   activator forwards through queue-proxy (which counts its requests as proxied), and its
-//!   early probe (`K-Network-Probe: queue`) makes a starting pod ready.
+//!   activator forwards through queue-proxy, which counts its requests as proxied once the
+//!   platform says the pod runs queue-proxy (the activator then sends `K-Proxy-Request:
+//!   activator`, not the revision's tag), and its early probe (`K-Network-Probe: queue`) makes
+//!   a starting pod ready.
 
 mod autoscaler_common;
 
@@ -43,6 +45,7 @@ use thaw::activator::testing::StaticEndpoints;
 use thaw::activator::{Activator, ActivatorDeps, NextHop};
 use thaw::autoscaler::scaler::ActivatorPath;
 use thaw::config::ActivatorConfig;
+use thaw::knative::proxy_tag::Tagger;
 use thaw::platform::memory::MemoryPlatform;
 use thaw::platform::{EndpointSnapshot, EndpointSource};
 use thaw::revision::{CatalogSnapshot, RevisionCatalog, RevisionKey, RevisionSpec};
@@ -499,17 +502,17 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
                 let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
             }
 
-            // Forwarding: thaw's activator, the pod as the revision's ready endpoint.
+            // Forwarding: thaw's activator as on Kubernetes (tagging `K-Proxy-Request` with the
+            // revision's tag for thaw's sidecar), the pod as the revision's ready endpoint.
             let catalog = Arc::new(RevisionCatalog::new(CatalogSnapshot::new(
                 vec![RevisionSpec::test("default", "hello-00001")],
                 [],
             )));
             let endpoints = StaticEndpoints::new();
-            endpoints.set_ready(&key, vec![DATA]);
             let (sink, _stats) = stat_channel(10_000);
             let activator = Activator::new(ActivatorDeps {
                 catalog,
-                endpoints,
+                endpoints: endpoints.clone(),
                 stats: Arc::new(sink),
                 scale_states: None,
                 config: Arc::new(ArcSwap::from_pointee(ActivatorConfig::default())),
@@ -517,6 +520,7 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
                 source_name: "activator-test".into(),
                 next_hop: NextHop::Sidecar,
             });
+            activator.use_proxy_tags(Arc::new(Tagger::fixed(b"queue-proxy-test-tag-key-0123")));
             let data = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let at = data.local_addr().unwrap();
@@ -524,41 +528,74 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
             let served = tokio::spawn(activator.serve(data, admin, async {
                 let _ = shutdown.await;
             }));
-            let load = Load::start(
-                LOAD,
-                at,
-                &[
-                    ("knative-serving-namespace", "default"),
-                    ("knative-serving-revision", "hello-00001"),
-                ],
-            );
-            // queue-proxy counts the activator's requests (`K-Proxy-Request: activator`) as
-            // proxied: the autoscaler subtracts them, as the activator reports them itself.
-            let from = thaw::clock::now_second() + 2;
             let (stats, _) = start_pull(
                 RevisionSpec::test("default", "hello-00001"),
                 |_: &RevisionKey| vec![target()],
                 CancellationToken::new(),
             );
-            until(&pod, "two seconds of pulled stats through the activator", || {
-                stats.lock().unwrap().iter().filter(|s| s.at >= from).count() >= 2
-            })
-            .await;
-            let (ok, failed) = load.answered();
-            drop(load);
-            eprintln!("through the activator: {ok} answered 200, {failed} otherwise");
-            assert!(ok > 0);
-            assert_eq!(failed, 0);
-            for s in stats.lock().unwrap().iter().filter(|s| s.at >= from) {
+            let routed = [
+                ("knative-serving-namespace", "default"),
+                ("knative-serving-revision", "hello-00001"),
+            ];
+            // Two seconds of stats wholly under a load of `LOAD` through the activator, with
+            // the platform saying whether the pod runs queue-proxy.
+            let through = async |queue_proxy: bool| -> Vec<Stat> {
+                endpoints.set(
+                    &key,
+                    EndpointSnapshot {
+                        ready: vec![DATA],
+                        queue_proxy,
+                        ..Default::default()
+                    },
+                );
+                let load = Load::start(LOAD, at, &routed);
+                let from = thaw::clock::now_second() + 2;
+                until(&pod, "two seconds of pulled stats through the activator", || {
+                    stats.lock().unwrap().iter().filter(|s| s.at >= from).count() >= 2
+                })
+                .await;
+                let (ok, failed) = load.answered();
+                drop(load);
                 eprintln!(
-                    "second {}: average concurrency {:.3} (proxied {:.3}), requests {} (proxied {})",
-                    s.at, s.average_concurrency, s.proxied_concurrency, s.requests, s.proxied_requests
+                    "through the activator (queue_proxy {queue_proxy}): {ok} answered 200, \
+                     {failed} otherwise"
                 );
-                let n = LOAD as f64;
-                pod.check(
-                    (n - 0.5..=n + 0.01).contains(&s.average_concurrency),
-                    &format!("concurrency {} through the activator", s.average_concurrency),
-                );
+                assert!(ok > 0);
+                assert_eq!(failed, 0);
+                let got: Vec<Stat> = stats
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s.at >= from)
+                    .cloned()
+                    .collect();
+                for s in &got {
+                    eprintln!(
+                        "second {}: average concurrency {:.3} (proxied {:.3}), requests {} \
+                         (proxied {})",
+                        s.at,
+                        s.average_concurrency,
+                        s.proxied_concurrency,
+                        s.requests,
+                        s.proxied_requests
+                    );
+                    let n = LOAD as f64;
+                    pod.check(
+                        (n - 0.5..=n + 0.01).contains(&s.average_concurrency),
+                        &format!("concurrency {} through the activator", s.average_concurrency),
+                    );
+                }
+                got
+            };
+            // The control: the revision's tag, which only thaw's sidecar reads, makes
+            // queue-proxy count every forwarded request as direct (the activator reports them
+            // too: counted twice).
+            for s in through(false).await {
+                assert_eq!((s.proxied_concurrency, s.proxied_requests), (0.0, 0));
+            }
+            // A pod the platform knows runs queue-proxy gets `K-Proxy-Request: activator`:
+            // all proxied, subtracted by the collector.
+            for s in through(true).await {
                 assert_eq!(s.proxied_concurrency, s.average_concurrency);
                 assert_eq!(s.proxied_requests, s.requests);
             }

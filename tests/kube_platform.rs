@@ -1050,7 +1050,8 @@ async fn a_slice_that_arrives_before_its_pods_ips_is_served_once_they_do() {
 /// A cluster moved from Knative: one pod of the revision still runs Knative's queue-proxy (its
 /// container declares Knative's ports), the other thaw's sidecar. The autoscaler pulls the
 /// first at queue-proxy's own metrics port (9090, whatever the slices name) as Knative's
-/// protobuf Stat, the second at the slices' port as thaw's.
+/// protobuf Stat, the second at the slices' port as thaw's; the endpoint snapshot says the
+/// revision has queue-proxy pods.
 #[tokio::test]
 async fn a_pod_with_knatives_queue_proxy_is_pulled_at_its_metrics_port() {
     let api = kube_support::TestApi::start().await;
@@ -1123,6 +1124,12 @@ async fn a_pod_with_knatives_queue_proxy_is_pulled_at_its_metrics_port() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The activator is told too: it marks what it forwards `K-Proxy-Request: activator`.
+    let mut rx = p.endpoints(&rev);
+    wait_snapshot(&mut rx, "queue-proxy in the snapshot", |s| {
+        s.queue_proxy && s.ready == addrs(&["10.0.8.1:8012", "10.0.8.2:8012"])
+    })
+    .await;
     p.shutdown();
 }
 

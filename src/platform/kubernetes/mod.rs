@@ -616,6 +616,13 @@ impl Ownership for Judge<'_> {
         self.owners
             .verdict(&self.namespace, self.deployment.as_deref(), ep)
     }
+
+    fn sidecar(&self, ep: &Endpoint) -> crate::stats::PodStatsWire {
+        ep.target_ref
+            .as_ref()
+            .and_then(|r| r.name.as_deref())
+            .map_or(crate::stats::PodStatsWire::Thaw, |n| self.stats_wire(n).0)
+    }
 }
 
 impl Judge<'_> {
