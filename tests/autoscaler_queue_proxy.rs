@@ -104,7 +104,10 @@ fn in_own_network<F: std::future::Future<Output = ()>>(test: &str, body: impl Fn
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(INSIDE_ENV, "1");
     let status = cmd.status().expect("unshare (util-linux)");
-    assert!(status.success(), "{test} in its own network namespace: {status}");
+    assert!(
+        status.success(),
+        "{test} in its own network namespace: {status}"
+    );
 }
 
 /// Knative's queue-proxy binary.
@@ -207,7 +210,10 @@ impl Pod {
         let client = probe_client();
         let limit = Instant::now() + DEADLINE;
         while probe(&client, DATA).await != ProbeResult::Answered {
-            pod.check(Instant::now() < limit, "queue-proxy never answered its probe");
+            pod.check(
+                Instant::now() < limit,
+                "queue-proxy never answered its probe",
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         pod
@@ -429,7 +435,11 @@ fn the_autoscaler_scales_a_queue_proxy_pod_up_under_load_and_to_zero_when_idle()
             tokio::spawn(pull::run_with(
                 PullOptions::default(),
                 move |_: &RevisionKey| {
-                    if p.ready(&k) > 0 { vec![target()] } else { vec![] }
+                    if p.ready(&k) > 0 {
+                        vec![target()]
+                    } else {
+                        vec![]
+                    }
                 },
                 h.catalog.clone(),
                 tx,
@@ -459,7 +469,10 @@ fn the_autoscaler_scales_a_queue_proxy_pod_up_under_load_and_to_zero_when_idle()
             // Idle: the window empties, then the grace period, then zero.
             drop(load);
             let idle = Instant::now();
-            until(&pod, "zero pods once idle", || platform.replicas(&key) == Some(0)).await;
+            until(&pod, "zero pods once idle", || {
+                platform.replicas(&key) == Some(0)
+            })
+            .await;
             eprintln!(
                 "scaled to zero {:.1} s after the load stopped; scale calls: {:?}",
                 idle.elapsed().as_secs_f64(),
@@ -498,7 +511,10 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
             let mut rx = early.endpoints(&key);
             let limit = Instant::now() + DEADLINE;
             while !rx.borrow_and_update().ready.contains(&DATA) {
-                pod.check(Instant::now() < limit, "the early probe never made the pod ready");
+                pod.check(
+                    Instant::now() < limit,
+                    "the early probe never made the pod ready",
+                );
                 let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
             }
 
@@ -550,9 +566,19 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
                 );
                 let load = Load::start(LOAD, at, &routed);
                 let from = thaw::clock::now_second() + 2;
-                until(&pod, "two seconds of pulled stats through the activator", || {
-                    stats.lock().unwrap().iter().filter(|s| s.at >= from).count() >= 2
-                })
+                until(
+                    &pod,
+                    "two seconds of pulled stats through the activator",
+                    || {
+                        stats
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .filter(|s| s.at >= from)
+                            .count()
+                            >= 2
+                    },
+                )
                 .await;
                 let (ok, failed) = load.answered();
                 drop(load);
@@ -582,7 +608,10 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
                     let n = LOAD as f64;
                     pod.check(
                         (n - 0.5..=n + 0.01).contains(&s.average_concurrency),
-                        &format!("concurrency {} through the activator", s.average_concurrency),
+                        &format!(
+                            "concurrency {} through the activator",
+                            s.average_concurrency
+                        ),
                     );
                 }
                 got
@@ -613,12 +642,19 @@ async fn get(addr: SocketAddr, path: &str, protobuf: bool) -> (StatusCode, Optio
     if protobuf {
         req = req.header(http::header::ACCEPT, queue_proxy_stat::PROTOBUF);
     }
-    let resp = client.request(req.body(Empty::new()).unwrap()).await.unwrap();
+    let resp = client
+        .request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
     let status = resp.status();
     let ct = resp
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    (status, ct, resp.into_body().collect().await.unwrap().to_bytes())
+    (
+        status,
+        ct,
+        resp.into_body().collect().await.unwrap().to_bytes(),
+    )
 }

@@ -1099,7 +1099,12 @@ async fn a_pod_with_knatives_queue_proxy_is_pulled_at_its_metrics_port() {
     slices
         .create(
             &PostParams::default(),
-            &slice("moved-00001-private", "moved-00001", &["10.0.8.1", "10.0.8.2"], &[]),
+            &slice(
+                "moved-00001-private",
+                "moved-00001",
+                &["10.0.8.1", "10.0.8.2"],
+                &[],
+            ),
         )
         .await
         .unwrap();

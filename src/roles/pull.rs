@@ -65,9 +65,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::mesh::{Mesh, Reach, SERVICE_PULL_TRIES};
+use super::queue_proxy_stat::{self, KnativeStat};
 use crate::platform::kubernetes::KubePlatform;
 use crate::revision::{RevisionCatalog, RevisionKey};
-use super::queue_proxy_stat::{self, KnativeStat};
 use crate::stats::{
     POD_STATS_PATH, POD_STATS_PORT_NAME, PodStats, PodStatsWire, Stat, StatMessage, StatsTarget,
 };
@@ -693,9 +693,11 @@ async fn sample_through(
         let mut last = Err(PullFailure::Rejected);
         for _ in 0..SERVICE_PULL_TRIES {
             let result = match timeout_at(deadline, slots.acquire()).await {
-                Ok(Ok(_slot)) => timeout_at(deadline, pull_with(client, addr, PodStatsWire::Thaw, true))
-                    .await
-                    .unwrap_or(Err(PullFailure::Timeout)),
+                Ok(Ok(_slot)) => {
+                    timeout_at(deadline, pull_with(client, addr, PodStatsWire::Thaw, true))
+                        .await
+                        .unwrap_or(Err(PullFailure::Timeout))
+                }
                 _ => Err(PullFailure::Busy),
             };
             metrics.pulled(result.as_ref().err().map_or("ok", |f| f.label()));
@@ -759,7 +761,10 @@ async fn pull_with(
     // Knative's scraper refuses any other media type (queue-proxy answers Prometheus text to a
     // client that does not ask for protobuf).
     if wire == PodStatsWire::QueueProxy
-        && resp.headers().get(http::header::CONTENT_TYPE).map(|v| v.as_bytes())
+        && resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
             != Some(queue_proxy_stat::PROTOBUF.as_bytes())
     {
         return Err(PullFailure::Rejected);

@@ -121,7 +121,13 @@ mod tests {
     fn wire(pod: &str, avg: f64, proxied: f64, count: f64, proxied_count: f64) -> Vec<u8> {
         let mut b = vec![0x0a, pod.len() as u8];
         b.extend_from_slice(pod.as_bytes());
-        for (tag, v) in [(2u8, avg), (3, proxied), (4, count), (5, proxied_count), (6, 12.5)] {
+        for (tag, v) in [
+            (2u8, avg),
+            (3, proxied),
+            (4, count),
+            (5, proxied_count),
+            (6, 12.5),
+        ] {
             if v != 0.0 {
                 b.push(tag << 3 | 1);
                 b.extend_from_slice(&v.to_le_bytes());
@@ -170,8 +176,14 @@ mod tests {
         };
         assert_eq!(nan.to_pod_stats().unwrap_err(), Refused::Invalid);
         let above = KnativeStat::decode_body(&wire("p", 1.0, 2.0, 1.0, 0.0)).unwrap();
-        assert_eq!(above.to_pod_stats().unwrap_err(), Refused::ProxiedAboveWhole);
+        assert_eq!(
+            above.to_pod_stats().unwrap_err(),
+            Refused::ProxiedAboveWhole
+        );
         let above = KnativeStat::decode_body(&wire("p", 1.0, 0.0, 1.0, 3.0)).unwrap();
-        assert_eq!(above.to_pod_stats().unwrap_err(), Refused::ProxiedAboveWhole);
+        assert_eq!(
+            above.to_pod_stats().unwrap_err(),
+            Refused::ProxiedAboveWhole
+        );
     }
 }

@@ -213,7 +213,11 @@ impl Owners {
 
     /// How pod `namespace/name` serves its stats, and at which port when not its slices' (the
     /// default, [`crate::stats::PodStatsWire::Thaw`], for a pod not seen).
-    pub fn stats_wire(&self, namespace: &str, name: &str) -> (crate::stats::PodStatsWire, Option<u16>) {
+    pub fn stats_wire(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> (crate::stats::PodStatsWire, Option<u16>) {
         self.pods
             .get(&(namespace.to_string(), name.to_string()))
             .map_or_else(Default::default, |p| (p.stats_wire, p.stats_port))

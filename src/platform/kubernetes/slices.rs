@@ -266,15 +266,25 @@ mod tests {
                 "conditions": {"ready": ready, "terminating": terminating}})
         };
         let of = |endpoints| {
-            owned_endpoints(&slice(ports.clone(), endpoints), Protocol::Http1, &KnativeAtNine)
+            owned_endpoints(
+                &slice(ports.clone(), endpoints),
+                Protocol::Http1,
+                &KnativeAtNine,
+            )
         };
         let thaw_only = of(serde_json::json!([ep("10.0.0.1", true, false)]));
-        let ready = of(serde_json::json!([ep("10.0.0.1", true, false), ep("10.0.0.9", true, false)]));
+        let ready = of(serde_json::json!([
+            ep("10.0.0.1", true, false),
+            ep("10.0.0.9", true, false)
+        ]));
         let starting = of(serde_json::json!([ep("10.0.0.9", false, false)]));
         let leaving = of(serde_json::json!([ep("10.0.0.9", false, true)]));
         assert!(!thaw_only.queue_proxy);
         assert!(ready.queue_proxy && starting.queue_proxy);
-        assert!(!leaving.queue_proxy, "a terminating pod takes no new request");
+        assert!(
+            !leaving.queue_proxy,
+            "a terminating pod takes no new request"
+        );
         assert!(merge([&thaw_only, &starting]).queue_proxy);
         assert!(!merge([&thaw_only, &leaving]).queue_proxy);
     }
@@ -433,6 +443,7 @@ mod tests {
             ready,
             terminating,
             starting,
+            ..
         } = merge([&a, &b]);
         assert_eq!(
             ready,
