@@ -9,11 +9,11 @@
 //! re-executes itself, alone, in its own network namespace (`unshare`), where those ports are
 //! its own: like a pod, and never in the way of another test on the host.
 //!
-//! - [`the_pull_reads_queue_proxys_stat_under_load`]: the autoscaler's pod-stats pull decodes
+//! - `the_pull_reads_queue_proxys_stat_under_load`: the autoscaler's pod-stats pull decodes
 //!   queue-proxy's protobuf `Stat` under a load of [`LOAD`] requests in flight at once.
-//! - [`the_autoscaler_scales_a_queue_proxy_pod_up_under_load_and_to_zero_when_idle`]: the
+//! - `the_autoscaler_scales_a_queue_proxy_pod_up_under_load_and_to_zero_when_idle`: the
 //!   scaler, fed by that pull only, scales up under load and to zero once idle.
-//! - [`the_activator_forwards_through_queue_proxy_and_its_probe_is_answered`]: thaw's
+//! - `the_activator_forwards_through_queue_proxy_and_its_probe_is_answered`: thaw's
 //!   activator forwards through queue-proxy, which counts its requests as proxied once the
 //!   platform says the pod runs queue-proxy (the activator then sends `K-Proxy-Request:
 //!   activator`, not the revision's tag), and its early probe (`K-Network-Probe: queue`) makes
