@@ -325,6 +325,14 @@ fn start_pull(
     (stats, flow)
 }
 
+/// Whether `average` is what [`LOAD`] looping clients keep in flight: each has one request in
+/// flight but for the moments between two (well under a millisecond on loopback; the bound
+/// allows an eighth of each 250 ms on a busy host).
+fn in_flight(average: f64) -> bool {
+    let n = LOAD as f64;
+    (n - 1.0..=n + 0.01).contains(&average)
+}
+
 /// Polls `done` until it holds; fails with `what` after [`DEADLINE`] (a liveness bound).
 async fn until(pod: &Pod, what: &str, mut done: impl FnMut() -> bool) {
     let limit = Instant::now() + DEADLINE;
@@ -368,17 +376,15 @@ fn the_pull_reads_queue_proxys_stat_under_load() {
                 s.at, s.average_concurrency, s.requests, s.proxied_concurrency, s.proxied_requests
             );
         }
-        // `LOAD` clients each keep one request in flight but for the moments between two.
-        let n = LOAD as f64;
         for s in &under_load {
             pod.check(
-                (n - 0.5..=n + 0.01).contains(&s.average_concurrency),
+                in_flight(s.average_concurrency),
                 &format!("concurrency {} for {LOAD} in flight", s.average_concurrency),
             );
-            // Each client sends about 4 a second (250 ms each): 32, give or take a request
-            // per client at the period's edges.
+            // Each client sends at most 4 a second (250 ms each), one more at the period's
+            // edges; a busy host slows them, never below 2 each.
             pod.check(
-                (24..=40).contains(&s.requests),
+                (2 * LOAD as u64..=5 * LOAD as u64).contains(&s.requests),
                 &format!("{} requests in a second", s.requests),
             );
             assert_eq!((s.proxied_concurrency, s.proxied_requests), (0.0, 0));
@@ -605,9 +611,8 @@ fn the_activator_forwards_through_queue_proxy_and_its_probe_is_answered() {
                         s.requests,
                         s.proxied_requests
                     );
-                    let n = LOAD as f64;
                     pod.check(
-                        (n - 0.5..=n + 0.01).contains(&s.average_concurrency),
+                        in_flight(s.average_concurrency),
                         &format!(
                             "concurrency {} through the activator",
                             s.average_concurrency
