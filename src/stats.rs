@@ -96,6 +96,40 @@ pub const POD_STATS_PATH: &str = "/stats";
 /// revision whose slices carry no such port has no pod stats: the activator stays in its path.
 pub const POD_STATS_PORT_NAME: &str = "http-autometric";
 
+/// Which sidecar a pod runs, and so how the autoscaler pulls its stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PodStatsWire {
+    /// thaw's sidecar: [`PodStats`] as JSON at [`POD_STATS_PATH`] on the port the private
+    /// slices name [`POD_STATS_PORT_NAME`].
+    #[default]
+    Thaw,
+    /// Knative's queue-proxy, on a pod not yet rolled to thaw's sidecar: its protobuf `Stat`
+    /// at `/metrics` on its metrics port (`crate::roles::queue_proxy_stat`).
+    QueueProxy,
+}
+
+/// One pod the autoscaler may pull stats from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StatsTarget {
+    /// The pod's name (its endpoint's `targetRef`, else its address).
+    pub pod: String,
+    /// Where its sidecar serves stats.
+    pub addr: std::net::SocketAddr,
+    /// How.
+    pub wire: PodStatsWire,
+}
+
+impl From<(String, std::net::SocketAddr)> for StatsTarget {
+    /// A pod running thaw's sidecar.
+    fn from((pod, addr): (String, std::net::SocketAddr)) -> Self {
+        Self {
+            pod,
+            addr,
+            wire: PodStatsWire::Thaw,
+        }
+    }
+}
+
 /// Where reporters send stats. Implementations never block and are bounded: when the receiver
 /// falls behind, stats are dropped and counted, never queued without limit.
 pub trait StatSink: Send + Sync + 'static {

@@ -479,7 +479,7 @@ async fn helloworld_revision_gets_its_deployment_and_services_and_goes_ready() {
     .await;
     assert_eq!(snap.ready, ["10.1.2.3:8012".parse().unwrap()]);
     let targets = until("the autoscaler's stats target", || {
-        let t = platform.stats_targets(&key);
+        let t = pairs(platform.stats_targets(&key));
         async move { (!t.is_empty()).then_some(t) }
     })
     .await;
@@ -1164,4 +1164,15 @@ async fn an_invalid_revision_is_reported_with_the_field_named() {
             .unwrap()
             .is_none()
     );
+}
+
+/// The targets as `(pod, address)`, for pods running thaw's sidecar.
+fn pairs(targets: Vec<thaw::stats::StatsTarget>) -> Vec<(String, std::net::SocketAddr)> {
+    targets
+        .into_iter()
+        .map(|t| {
+            assert_eq!(t.wire, thaw::stats::PodStatsWire::Thaw);
+            (t.pod, t.addr)
+        })
+        .collect()
 }

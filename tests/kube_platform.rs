@@ -664,7 +664,7 @@ async fn a_slice_whose_pods_are_not_the_revisions_is_ignored_and_counted() {
     // Left out of the activator's endpoints and the autoscaler's stats targets alike.
     assert_eq!(rx.borrow().ready, own_only);
     assert_eq!(
-        p.stats_targets(&rev),
+        pairs(p.stats_targets(&rev)),
         [(pod_of("10.0.3.1"), "10.0.3.1:9091".parse().unwrap())]
     );
     p.shutdown();
@@ -730,7 +730,7 @@ async fn an_endpoint_naming_a_revision_pod_at_another_address_is_ignored_and_cou
     assert_eq!(rx.borrow().ready, own_only);
     assert!(rx.borrow().starting.is_empty() && rx.borrow().terminating.is_empty());
     assert_eq!(
-        p.stats_targets(&rev),
+        pairs(p.stats_targets(&rev)),
         [(pod, "10.0.4.1:9091".parse().unwrap())]
     );
 
@@ -1047,6 +1047,97 @@ async fn a_slice_that_arrives_before_its_pods_ips_is_served_once_they_do() {
 /// A pod being deleted (its `deletionTimestamp` set, a finalizer holding it) keeps its
 /// endpoint as the revision's, terminating and never ready, even while the slice still says
 /// ready: requests in flight drain, no new one is sent there. Gone, it leaves.
+/// A cluster moved from Knative: one pod of the revision still runs Knative's queue-proxy (its
+/// container declares Knative's ports), the other thaw's sidecar. The autoscaler pulls the
+/// first at queue-proxy's own metrics port (9090, whatever the slices name) as Knative's
+/// protobuf Stat, the second at the slices' port as thaw's; the endpoint snapshot says the
+/// revision has queue-proxy pods.
+#[tokio::test]
+async fn a_pod_with_knatives_queue_proxy_is_pulled_at_its_metrics_port() {
+    let api = kube_support::TestApi::start().await;
+    let client = api.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let p = platform(client.clone(), opts()).await;
+    let rev = RevisionKey::new(NS, "moved-00001");
+    revision(&p, &client, "moved-00001").await;
+    let owners = kube_support::pod_owner_refs(&client, NS, &deployment_of("moved-00001")).await;
+    let sidecar = |ports: serde_json::Value| {
+        serde_json::json!({"containers": [
+            {"name": "user-container", "image": "img"},
+            {"name": "queue-proxy", "image": "sidecar", "ports": ports}
+        ]})
+    };
+    let specs = [
+        (
+            "10.0.8.1",
+            sidecar(serde_json::json!([
+                {"name": "queue-port", "containerPort": 8012},
+                {"name": "http-queueadm", "containerPort": 8022},
+                {"name": "http-autometric", "containerPort": 9090},
+                {"name": "http-usermetric", "containerPort": 9091}
+            ])),
+        ),
+        (
+            "10.0.8.2",
+            sidecar(serde_json::json!([
+                {"name": "http1", "containerPort": 8012},
+                {"name": "http-autometric", "containerPort": 9091}
+            ])),
+        ),
+    ];
+    for (ip, spec) in specs {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": pod_of(ip), "ownerReferences": owners,
+                "labels": {"serving.knative.dev/revision": "moved-00001"}},
+            "spec": spec,
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        kube_support::pod_status(&client, NS, &pod_of(ip), "Running", &[ip]).await;
+    }
+    slices
+        .create(
+            &PostParams::default(),
+            &slice(
+                "moved-00001-private",
+                "moved-00001",
+                &["10.0.8.1", "10.0.8.2"],
+                &[],
+            ),
+        )
+        .await
+        .unwrap();
+    let want = [
+        thaw::stats::StatsTarget {
+            pod: pod_of("10.0.8.1"),
+            addr: "10.0.8.1:9090".parse().unwrap(),
+            wire: thaw::stats::PodStatsWire::QueueProxy,
+        },
+        thaw::stats::StatsTarget {
+            pod: pod_of("10.0.8.2"),
+            addr: "10.0.8.2:9091".parse().unwrap(),
+            wire: thaw::stats::PodStatsWire::Thaw,
+        },
+    ];
+    let limit = tokio::time::Instant::now() + DEADLINE;
+    while p.stats_targets(&rev) != want {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "stats targets: {:?}",
+            p.stats_targets(&rev)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The activator is told too: it marks what it forwards `K-Proxy-Request: activator`.
+    let mut rx = p.endpoints(&rev);
+    wait_snapshot(&mut rx, "queue-proxy in the snapshot", |s| {
+        s.queue_proxy && s.ready == addrs(&["10.0.8.1:8012", "10.0.8.2:8012"])
+    })
+    .await;
+    p.shutdown();
+}
+
 #[tokio::test]
 async fn a_pod_being_deleted_keeps_its_endpoint_as_terminating_never_ready() {
     let api = kube_support::TestApi::start().await;
@@ -1098,7 +1189,7 @@ async fn a_pod_being_deleted_keeps_its_endpoint_as_terminating_never_ready() {
             .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
     );
     assert_eq!(
-        p.stats_targets(&rev),
+        pairs(p.stats_targets(&rev)),
         [(pod_of("10.0.7.2"), "10.0.7.2:9091".parse().unwrap())]
     );
 
@@ -1241,4 +1332,15 @@ async fn scale_writes_stop_when_the_term_ends() {
     p.scale(&rev, 4).await.unwrap();
     wait_replicas(&deps, &d, 4).await;
     p.shutdown();
+}
+
+/// The targets as `(pod, address)`, for pods running thaw's sidecar.
+fn pairs(targets: Vec<thaw::stats::StatsTarget>) -> Vec<(String, std::net::SocketAddr)> {
+    targets
+        .into_iter()
+        .map(|t| {
+            assert_eq!(t.wire, thaw::stats::PodStatsWire::Thaw);
+            (t.pod, t.addr)
+        })
+        .collect()
 }

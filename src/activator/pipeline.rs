@@ -501,7 +501,10 @@ fn proxy_request<'a, B: ClientRequest + Send + 'a>(
             trusted,
             keep_cert,
         );
+        // Knative's queue-proxy counts a request as proxied only for `activator` (the value
+        // `prepare` wrote): pods that still run it get that, not the tag.
         if next_hop == NextHop::Sidecar
+            && !state.queue_proxy()
             && let Some(tag) = act.proxy_tag(state)
         {
             hdr::set_proxy_tag(&mut additions, tag);

@@ -52,6 +52,9 @@ pub struct RevisionState {
     scale_states: Option<Arc<ScaleStates>>,
     /// The revision's `K-Proxy-Request` value, computed on first use per UID and key.
     pub proxy_tag: TagCell,
+    /// The latest snapshot's [`EndpointSnapshot::queue_proxy`]: some of its pods run Knative's
+    /// queue-proxy, so forwarded requests say `K-Proxy-Request: activator` rather than the tag.
+    queue_proxy: AtomicBool,
 }
 
 impl RevisionState {
@@ -93,6 +96,7 @@ impl RevisionState {
             all_metrics: metrics.clone(),
             scale_states,
             proxy_tag: TagCell::default(),
+            queue_proxy: AtomicBool::new(false),
         });
         state.apply(&first);
         let task = runtime.spawn(
@@ -106,6 +110,8 @@ impl RevisionState {
     /// Applies one endpoint snapshot: throttler limits and dispatch, the ready gauge, and the
     /// cold-start phase "ready".
     fn apply(&self, snap: &EndpointSnapshot) {
+        // Before the throttler releases anything: a released request reads it.
+        self.queue_proxy.store(snap.queue_proxy, SeqCst);
         // The cold-start phase "ready" is recorded before the throttler releases held
         // requests: a released request can be forwarded and answered on a data worker before
         // this thread gets further, and its first byte must find the episode awaiting it.
@@ -161,6 +167,12 @@ impl RevisionState {
 
     fn watcher_lock(&self) -> MutexGuard<'_, Option<AbortHandle>> {
         self.watcher.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether some of the revision's pods run Knative's queue-proxy
+    /// ([`EndpointSnapshot::queue_proxy`]).
+    pub fn queue_proxy(&self) -> bool {
+        self.queue_proxy.load(SeqCst)
     }
 
     /// The latest endpoint snapshot.

@@ -93,6 +93,7 @@ impl Rev {
                 None => EndpointStatus::Ok,
             },
             reach_pending: false,
+            queue_proxy: false,
         };
         self.tx.send_if_modified(|cur| {
             if **cur == snap {

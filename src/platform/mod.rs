@@ -58,6 +58,12 @@ pub struct EndpointSnapshot {
     /// reached at their addresses or through its private Service (`crate::roles::share`). A
     /// request meanwhile waits for that probe, not for a cold start: the revision is not cold.
     pub reach_pending: bool,
+    /// Some of the revision's ready or starting pods still run Knative's queue-proxy (a
+    /// cluster moved from Knative Serving, before the revision rolls to thaw's sidecar). The
+    /// activator then marks what it forwards `K-Proxy-Request: activator`, the one value
+    /// queue-proxy counts as proxied, instead of the revision's tag, which only thaw's sidecar
+    /// reads (docs/decisions.md, "Pods with Knative's queue-proxy").
+    pub queue_proxy: bool,
 }
 
 /// A source of per-revision endpoint snapshots (the platform, or a test feeding them directly).

@@ -205,6 +205,7 @@ impl Tracker {
             status: snap.status.clone(),
             limit: snap.limit,
             reach_pending: snap.reach_pending,
+            queue_proxy: snap.queue_proxy,
         }
     }
 }

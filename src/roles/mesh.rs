@@ -292,6 +292,7 @@ pub fn through_service(
         starting: Vec::new(),
         status: snap.status.clone(),
         reach_pending: false,
+        queue_proxy: snap.queue_proxy,
     }
 }
 

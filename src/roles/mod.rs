@@ -11,6 +11,7 @@ pub mod controller;
 pub mod early_ready;
 pub mod mesh;
 pub mod pull;
+pub mod queue_proxy_stat;
 pub mod routes;
 pub mod serving;
 pub mod share;

@@ -4,6 +4,12 @@
 //! does: all pods up to 3, else ceil(N·X/(N+X−1)) with X = 1.96²·100/5² (about 16 at most),
 //! sums them, scales by N/n and records one stat for the revision. The proxied share is
 //! scaled alike; the collector subtracts it (the activators report those requests).
+//! Pods that still run Knative's queue-proxy (a cluster moved from Knative Serving, before
+//! their revision rolls to thaw's sidecar; the platform tells them by their spec,
+//! [`crate::stats::PodStatsWire`]) are pulled as Knative's autoscaler scrapes them: `GET
+//! /metrics` on their metrics port with `Accept: application/protobuf`, the answer Knative's
+//! protobuf `Stat` ([`super::queue_proxy_stat`]); the rest of the sample is the same, so a
+//! revision may mix both kinds of pod.
 //! Revisions with `target-burst-capacity: -1` are not pulled (the activator is always in
 //! their path and reports everything). The pull is the autoscaler's own initiative: no
 //! credential lives in user namespaces.
@@ -59,9 +65,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::mesh::{Mesh, Reach, SERVICE_PULL_TRIES};
+use super::queue_proxy_stat::{self, KnativeStat};
 use crate::platform::kubernetes::KubePlatform;
 use crate::revision::{RevisionCatalog, RevisionKey};
-use crate::stats::{POD_STATS_PATH, POD_STATS_PORT_NAME, PodStats, Stat, StatMessage};
+use crate::stats::{
+    POD_STATS_PATH, POD_STATS_PORT_NAME, PodStats, PodStatsWire, Stat, StatMessage, StatsTarget,
+};
 use crate::telemetry::remote::RemoteMetrics;
 
 /// The source name of pulled stats (Knative's `service-scraper`).
@@ -106,10 +115,11 @@ impl Default for PullOptions {
     }
 }
 
-/// Where the puller finds a revision's pods: `(pod name, stats address)` of each ready pod
-/// that serves stats. The Kubernetes platform reads them from the private EndpointSlices.
+/// Where the puller finds a revision's pods: name, stats address and sidecar of each ready pod
+/// that serves stats. The Kubernetes platform reads them from the private EndpointSlices and
+/// its pod watch.
 pub trait StatsTargets: Send + Sync + 'static {
-    fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)>;
+    fn stats_targets(&self, revision: &RevisionKey) -> Vec<StatsTarget>;
 
     /// The one address the revision's pods are pulled through, when they are not pulled at
     /// their own (its private Service, `super::mesh`).
@@ -149,7 +159,7 @@ impl MeshTargets {
 }
 
 impl StatsTargets for MeshTargets {
-    fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
+    fn stats_targets(&self, revision: &RevisionKey) -> Vec<StatsTarget> {
         self.platform.stats_targets(revision)
     }
 
@@ -190,17 +200,20 @@ impl StatsTargets for MeshTargets {
 }
 
 impl StatsTargets for KubePlatform {
-    fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
+    fn stats_targets(&self, revision: &RevisionKey) -> Vec<StatsTarget> {
         KubePlatform::stats_targets(self, revision)
     }
 }
 
-impl<F> StatsTargets for F
+/// `(pod name, address)` pairs of pods running thaw's sidecar, or whole [`StatsTarget`]s
+/// (tests and benchmarks).
+impl<F, T> StatsTargets for F
 where
-    F: Fn(&RevisionKey) -> Vec<(String, SocketAddr)> + Send + Sync + 'static,
+    F: Fn(&RevisionKey) -> Vec<T> + Send + Sync + 'static,
+    T: Into<StatsTarget>,
 {
-    fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
-        self(revision)
+    fn stats_targets(&self, revision: &RevisionKey) -> Vec<StatsTarget> {
+        self(revision).into_iter().map(Into::into).collect()
     }
 }
 
@@ -560,11 +573,12 @@ pub async fn run_with<T: StatsTargets>(
             flow.see(key, generation);
             let n = sample_size(pods.len());
             let through = targets.through(key);
-            let addrs: Vec<SocketAddr> = match through {
-                Some(service) => vec![service; n],
+            // Through the Service: pulled `n` times there instead.
+            let addrs: Vec<(SocketAddr, PodStatsWire)> = match through {
+                Some(_) => Vec::new(),
                 None => pods
                     .sample(&mut rand::rng(), n)
-                    .map(|(_, addr)| *addr)
+                    .map(|t| (t.addr, t.wire))
                     .collect(),
             };
             let (client, slots, metrics) = (client.clone(), slots.clone(), metrics.clone());
@@ -572,8 +586,8 @@ pub async fn run_with<T: StatsTargets>(
             let handle = samples.spawn(
                 async move {
                     let started = Instant::now();
-                    let results = if through.is_some() {
-                        sample_through(&client, &slots, &addrs, deadline, &metrics).await
+                    let results = if let Some(service) = through {
+                        sample_through(&client, &slots, service, n, deadline, &metrics).await
                     } else {
                         sample(&client, &slots, &addrs, deadline, &metrics).await
                     };
@@ -638,17 +652,17 @@ fn record(
     let _ = stats.try_send(StatMessage::Record(stat));
 }
 
-/// Pulls every address at once, each under `deadline`; counts each outcome.
+/// Pulls every address at once, each its own way and under `deadline`; counts each outcome.
 async fn sample(
     client: &PullClient,
     slots: &Semaphore,
-    addrs: &[SocketAddr],
+    addrs: &[(SocketAddr, PodStatsWire)],
     deadline: Instant,
     metrics: &RemoteMetrics,
 ) -> Vec<Result<PodStats, PullFailure>> {
-    futures::future::join_all(addrs.iter().map(|&addr| async move {
+    futures::future::join_all(addrs.iter().map(|&(addr, wire)| async move {
         let result = match timeout_at(deadline, slots.acquire()).await {
-            Ok(Ok(_slot)) => timeout_at(deadline, pull(client, addr))
+            Ok(Ok(_slot)) => timeout_at(deadline, pull(client, addr, wire))
                 .await
                 .unwrap_or(Err(PullFailure::Timeout)),
             _ => Err(PullFailure::Busy),
@@ -659,27 +673,31 @@ async fn sample(
     .await
 }
 
-/// [`sample`] through one address standing for several pods (a private Service): each of
-/// the `addrs` (the Service, once per pod sampled) is pulled on a new connection, up to
+/// [`sample`] through one address standing for several pods (a private Service, whose
+/// sidecars are taken to be thaw's): the Service is pulled once per pod sampled (`n`), each
+/// on a new connection, up to
 /// [`SERVICE_PULL_TRIES`] times until it reaches a pod no other pull of the sample reached, as
 /// Knative's scraper does; a slot that only found pods already sampled counts as its last
 /// failure, or as [`PullFailure::Rejected`] when every try answered.
 async fn sample_through(
     client: &PullClient,
     slots: &Semaphore,
-    addrs: &[SocketAddr],
+    addr: SocketAddr,
+    n: usize,
     deadline: Instant,
     metrics: &RemoteMetrics,
 ) -> Vec<Result<PodStats, PullFailure>> {
     let seen = std::sync::Mutex::new(HashSet::<String>::new());
     let seen = &seen;
-    futures::future::join_all(addrs.iter().map(|&addr| async move {
+    futures::future::join_all((0..n).map(|_| async move {
         let mut last = Err(PullFailure::Rejected);
         for _ in 0..SERVICE_PULL_TRIES {
             let result = match timeout_at(deadline, slots.acquire()).await {
-                Ok(Ok(_slot)) => timeout_at(deadline, pull_with(client, addr, true))
-                    .await
-                    .unwrap_or(Err(PullFailure::Timeout)),
+                Ok(Ok(_slot)) => {
+                    timeout_at(deadline, pull_with(client, addr, PodStatsWire::Thaw, true))
+                        .await
+                        .unwrap_or(Err(PullFailure::Timeout))
+                }
                 _ => Err(PullFailure::Busy),
             };
             metrics.pulled(result.as_ref().err().map_or("ok", |f| f.label()));
@@ -702,17 +720,30 @@ async fn sample_through(
     .await
 }
 
-async fn pull(client: &PullClient, addr: SocketAddr) -> Result<PodStats, PullFailure> {
-    pull_with(client, addr, false).await
+async fn pull(
+    client: &PullClient,
+    addr: SocketAddr,
+    wire: PodStatsWire,
+) -> Result<PodStats, PullFailure> {
+    pull_with(client, addr, wire, false).await
 }
 
-/// One pull; `close`: on a connection of its own (`Connection: close`).
+/// One pull, as the pod's sidecar (`wire`) serves its stats; `close`: on a connection of its
+/// own (`Connection: close`).
 async fn pull_with(
     client: &PullClient,
     addr: SocketAddr,
+    wire: PodStatsWire,
     close: bool,
 ) -> Result<PodStats, PullFailure> {
-    let mut req = Request::get(format!("http://{addr}{POD_STATS_PATH}"));
+    let (path, limit) = match wire {
+        PodStatsWire::Thaw => (POD_STATS_PATH, BODY_LIMIT),
+        PodStatsWire::QueueProxy => (queue_proxy_stat::PATH, queue_proxy_stat::BODY_LIMIT),
+    };
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    if wire == PodStatsWire::QueueProxy {
+        req = req.header(http::header::ACCEPT, queue_proxy_stat::PROTOBUF);
+    }
     if close {
         req = req.header(http::header::CONNECTION, "close");
     }
@@ -727,7 +758,18 @@ async fn pull_with(
     if resp.status() != StatusCode::OK {
         return Err(PullFailure::Status(resp.status().as_u16()));
     }
-    let body = Limited::new(resp.into_body(), BODY_LIMIT)
+    // Knative's scraper refuses any other media type (queue-proxy answers Prometheus text to a
+    // client that does not ask for protobuf).
+    if wire == PodStatsWire::QueueProxy
+        && resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            != Some(queue_proxy_stat::PROTOBUF.as_bytes())
+    {
+        return Err(PullFailure::Rejected);
+    }
+    let body = Limited::new(resp.into_body(), limit)
         .collect()
         .await
         .map_err(|e| {
@@ -738,6 +780,11 @@ async fn pull_with(
             }
         })?
         .to_bytes();
+    if wire == PodStatsWire::QueueProxy {
+        return KnativeStat::decode_body(&body)
+            .and_then(|s| s.to_pod_stats())
+            .map_err(|_| PullFailure::Rejected);
+    }
     let s: PodStats = serde_json::from_slice(&body).map_err(|_| PullFailure::Rejected)?;
     let valid = s.average_concurrency.is_finite()
         && s.average_concurrency >= 0.0

@@ -502,3 +502,90 @@ async fn broken_revisions_say_why_and_leave_with_the_catalog() {
     assert_eq!(left.len(), 3, "{left:?}");
     assert!(!left.contains(&"b".to_string()));
 }
+
+/// A pod answering `GET /metrics` as Knative's queue-proxy would when asked for protobuf (the
+/// request's `Accept` checked): `body` with `content_type`; anything else 404.
+async fn queue_proxy_like(content_type: &'static str, body: Vec<u8>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body = Bytes::from(body);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let body = body.clone();
+                    async move {
+                        let asked = req.uri().path() == queue_proxy_stat::PATH
+                            && req
+                                .headers()
+                                .get(http::header::ACCEPT)
+                                .map(|v| v.as_bytes())
+                                == Some(queue_proxy_stat::PROTOBUF.as_bytes());
+                        let mut resp = Response::new(Full::new(body));
+                        if asked {
+                            resp.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static(content_type),
+                            );
+                        } else {
+                            *resp.status_mut() = StatusCode::NOT_FOUND;
+                        }
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_queue_proxy_pod_is_pulled_as_knatives_scraper_does() {
+    use prost::Message;
+    let client: PullClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let stat = KnativeStat {
+        pod_name: "hello-00001-deployment-x".into(),
+        average_concurrent_requests: 2.5,
+        average_proxied_concurrent_requests: 0.5,
+        request_count: 9.0,
+        proxied_request_count: 1.0,
+        process_uptime: 30.0,
+        timestamp: 0,
+    };
+    let pod = queue_proxy_like(queue_proxy_stat::PROTOBUF, stat.encode_to_vec()).await;
+    let got = pull(&client, pod, PodStatsWire::QueueProxy).await.unwrap();
+    assert_eq!(
+        got,
+        PodStats {
+            pod: "hello-00001-deployment-x".into(),
+            average_concurrency: 2.5,
+            requests: 9,
+            proxied_concurrency: 0.5,
+            proxied_requests: 1,
+        }
+    );
+    // Pulled as thaw's sidecar, the same pod has no `/stats`.
+    assert_eq!(
+        pull(&client, pod, PodStatsWire::Thaw).await,
+        Err(PullFailure::Status(404))
+    );
+    // Another media type (queue-proxy's Prometheus text), or an answer past the limit: refused.
+    let text = queue_proxy_like("text/plain; version=0.0.4", stat.encode_to_vec()).await;
+    assert_eq!(
+        pull(&client, text, PodStatsWire::QueueProxy).await,
+        Err(PullFailure::Rejected)
+    );
+    let long = KnativeStat {
+        pod_name: "p".repeat(queue_proxy_stat::BODY_LIMIT),
+        ..stat
+    };
+    let long = queue_proxy_like(queue_proxy_stat::PROTOBUF, long.encode_to_vec()).await;
+    assert_eq!(
+        pull(&client, long, PodStatsWire::QueueProxy).await,
+        Err(PullFailure::Rejected)
+    );
+}

@@ -258,6 +258,7 @@ impl SharedEndpoints {
                 status: snap.status.clone(),
                 limit: None,
                 reach_pending: true,
+                queue_proxy: snap.queue_proxy,
             },
             _ => EndpointSnapshot {
                 ready: share(&snap.ready, cc, place, key),
@@ -266,6 +267,7 @@ impl SharedEndpoints {
                 status: snap.status.clone(),
                 limit: None,
                 reach_pending: false,
+                queue_proxy: snap.queue_proxy,
             },
         }
     }

@@ -17,6 +17,7 @@ fn snapshot(ready: &[u16], terminating: &[u16]) -> EndpointSnapshot {
         starting: Vec::new(),
         status: EndpointStatus::Ok,
         reach_pending: false,
+        queue_proxy: false,
     }
 }
 

@@ -63,7 +63,10 @@ mod watch;
 
 pub use children::{ChildKind, Ignored};
 pub use owners::Foreign;
-pub use pods::{DEADLINE_WAITING_REASONS, FAILING_WAITING_REASONS, PodFailure, pod_failure};
+pub use pods::{
+    DEADLINE_WAITING_REASONS, FAILING_WAITING_REASONS, PodFailure, QUEUE_PROXY_ADMIN_PORT_NAME,
+    QUEUE_PROXY_METRICS_PORT, SIDECAR_CONTAINER, pod_failure, stats_wire,
+};
 pub use revisions::{FollowedRevisions, follow_revisions};
 pub use slices::{APP_PROTOCOL_H2C, PORT_NAME_HTTP, PORT_NAME_HTTP2, SliceEndpoints};
 
@@ -88,6 +91,7 @@ use crate::platform::{
     BoxFuture, EndpointSnapshot, EndpointSource, Found, FoundActivity, Platform, PlatformError,
 };
 use crate::revision::{Protocol, RevisionKey};
+use crate::stats::StatsTarget;
 use crate::telemetry::platform::{IgnoredLabels, PlatformMetrics, RevisionLabels};
 use children::{Child, Judged};
 use slices::Ownership;
@@ -322,14 +326,16 @@ impl KubePlatform {
     /// ready, non-terminating endpoint bound to one of its pods ([`owners`]) of its private
     /// Service's slices that has a port named
     /// [`crate::stats::POD_STATS_PORT_NAME`], with its pod's name (from the endpoint's
-    /// `targetRef`, else its address). Empty when the slices carry no such port.
-    pub fn stats_targets(&self, revision: &RevisionKey) -> Vec<(String, SocketAddr)> {
+    /// `targetRef`, else its address) and its sidecar ([`stats_wire`]). A pod that runs
+    /// Knative's queue-proxy is pulled at that sidecar's own fixed port instead of the slices'.
+    /// Empty when the slices carry no such port.
+    pub fn stats_targets(&self, revision: &RevisionKey) -> Vec<StatsTarget> {
         let Some(entry) = self.inner.revisions.get(revision).map(|e| e.clone()) else {
             return Vec::new();
         };
         let judge = self.inner.judge_of(revision);
         entry.read(|st| {
-            let mut out: Vec<(String, SocketAddr)> = Vec::new();
+            let mut out: Vec<StatsTarget> = Vec::new();
             for (slice, _) in st.slices.values() {
                 if judge.slice(slice) != Judged::Genuine {
                     continue;
@@ -351,17 +357,17 @@ impl KubePlatform {
                     {
                         continue;
                     }
+                    let name = ep.target_ref.as_ref().and_then(|r| r.name.clone());
+                    let (wire, own_port) = name
+                        .as_deref()
+                        .map_or_else(Default::default, |n| judge.stats_wire(n));
                     for a in &ep.addresses {
                         let Ok(ip) = a.parse::<std::net::IpAddr>() else {
                             continue;
                         };
-                        let addr = SocketAddr::new(ip, port);
-                        let pod = ep
-                            .target_ref
-                            .as_ref()
-                            .and_then(|r| r.name.clone())
-                            .unwrap_or_else(|| addr.to_string());
-                        out.push((pod, addr));
+                        let addr = SocketAddr::new(ip, own_port.unwrap_or(port));
+                        let pod = name.clone().unwrap_or_else(|| addr.to_string());
+                        out.push(StatsTarget { pod, addr, wire });
                     }
                 }
             }
@@ -609,6 +615,20 @@ impl Ownership for Judge<'_> {
     fn endpoint(&self, ep: &Endpoint) -> owners::Verdict {
         self.owners
             .verdict(&self.namespace, self.deployment.as_deref(), ep)
+    }
+
+    fn sidecar(&self, ep: &Endpoint) -> crate::stats::PodStatsWire {
+        ep.target_ref
+            .as_ref()
+            .and_then(|r| r.name.as_deref())
+            .map_or(crate::stats::PodStatsWire::Thaw, |n| self.stats_wire(n).0)
+    }
+}
+
+impl Judge<'_> {
+    /// How the revision's pod `name` serves its stats ([`owners::Owners::stats_wire`]).
+    fn stats_wire(&self, name: &str) -> (crate::stats::PodStatsWire, Option<u16>) {
+        self.owners.stats_wire(&self.namespace, name)
     }
 }
 

@@ -108,6 +108,11 @@ pub struct PodInfo {
     pub running: bool,
     /// It has a `deletionTimestamp`.
     pub deleting: bool,
+    /// Which sidecar it runs ([`super::pods::stats_wire`]): how the autoscaler pulls its stats.
+    pub stats_wire: crate::stats::PodStatsWire,
+    /// The port its stats are pulled at when not the one its slices name (Knative's
+    /// queue-proxy serves them on a fixed port).
+    pub stats_port: Option<u16>,
 }
 
 impl PodInfo {
@@ -128,11 +133,14 @@ impl PodInfo {
         {
             ips.push(ip);
         }
+        let (stats_wire, stats_port) = super::pods::stats_wire(pod);
         Self {
             replica_set: controller_uid(pod.metadata.owner_references.as_deref(), "ReplicaSet"),
             ips,
             running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            stats_wire,
+            stats_port,
         }
     }
 }
@@ -201,6 +209,18 @@ impl Owners {
     /// Forgets every ReplicaSet (a new list replaces them).
     pub fn clear_replica_sets(&self) {
         self.replica_sets.clear();
+    }
+
+    /// How pod `namespace/name` serves its stats, and at which port when not its slices' (the
+    /// default, [`crate::stats::PodStatsWire::Thaw`], for a pod not seen).
+    pub fn stats_wire(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> (crate::stats::PodStatsWire, Option<u16>) {
+        self.pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .map_or_else(Default::default, |p| (p.stats_wire, p.stats_port))
     }
 
     /// What `ep`, an endpoint of a slice in `namespace`, is to the revision whose Deployment
@@ -281,6 +301,7 @@ mod tests {
             ips: vec!["10.0.0.1".parse().unwrap()],
             running: true,
             deleting: false,
+            ..PodInfo::default()
         }
     }
 

@@ -1,7 +1,43 @@
-//! Why a revision's pod cannot serve, read from its container statuses. Pure; the pod watch
-//! calls it on every pod event.
+//! Why a revision's pod cannot serve, read from its container statuses, and which sidecar it
+//! runs, read from its spec. Pure; the pod watch calls both on every pod event.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+use crate::stats::PodStatsWire;
+
+/// The sidecar's container name, Knative's and thaw's alike.
+pub const SIDECAR_CONTAINER: &str = "queue-proxy";
+/// The port Knative's queue-proxy declares for its admin server (8022); thaw's sidecar
+/// declares none of that name.
+pub const QUEUE_PROXY_ADMIN_PORT_NAME: &str = "http-queueadm";
+/// Knative's queue-proxy serves its autoscaler stats on this port, whatever it declares
+/// (`networking.AutoscalingQueueMetricsPort`, fixed in its code).
+pub const QUEUE_PROXY_METRICS_PORT: u16 = 9090;
+
+/// Which sidecar `pod` runs, and the port its stats are pulled at when that is not the one the
+/// private slices name (`Some` for Knative's queue-proxy, [`QUEUE_PROXY_METRICS_PORT`]).
+///
+/// Knative's queue-proxy is told from thaw's sidecar by the pod's own spec, not by its
+/// Deployment: both containers are named [`SIDECAR_CONTAINER`] (thaw kept Knative's name), but
+/// only Knative's revision reconciler declares [`QUEUE_PROXY_ADMIN_PORT_NAME`] on it. The pod
+/// is what runs, so a pod of an older ReplicaSet still carrying queue-proxy while its revision
+/// rolls to thaw's sidecar is read right, whatever the Deployment's template says by then.
+pub fn stats_wire(pod: &Pod) -> (PodStatsWire, Option<u16>) {
+    let knative = pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers.iter().any(|c| {
+            c.name == SIDECAR_CONTAINER
+                && c.ports
+                    .iter()
+                    .flatten()
+                    .any(|p| p.name.as_deref() == Some(QUEUE_PROXY_ADMIN_PORT_NAME))
+        })
+    });
+    if knative {
+        (PodStatsWire::QueueProxy, Some(QUEUE_PROXY_METRICS_PORT))
+    } else {
+        (PodStatsWire::Thaw, None)
+    }
+}
 
 /// Waiting reasons that fail a revision at once: the container ran and keeps crashing.
 pub const FAILING_WAITING_REASONS: &[&str] = &["CrashLoopBackOff"];
@@ -100,6 +136,44 @@ mod tests {
             "name": "user-container", "image": "i", "imageID": "", "ready": false,
             "restartCount": restarts, "state": state, "lastState": last
         })
+    }
+
+    fn with_sidecar(ports: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "user-container", "ports": [{"name": "user-port", "containerPort": 8080}]},
+                {"name": "queue-proxy", "ports": ports}
+            ]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn knatives_queue_proxy_is_told_from_thaws_sidecar_by_its_ports() {
+        // As Knative's revision reconciler (v1.15) declares them.
+        let knative = with_sidecar(serde_json::json!([
+            {"name": "queue-port", "containerPort": 8012},
+            {"name": "http-queueadm", "containerPort": 8022},
+            {"name": "http-autometric", "containerPort": 9090},
+            {"name": "http-usermetric", "containerPort": 9091}
+        ]));
+        assert_eq!(stats_wire(&knative), (PodStatsWire::QueueProxy, Some(9090)));
+        // As thaw's controller declares them (controller/revision/queue.rs).
+        let thaw = with_sidecar(serde_json::json!([
+            {"name": "http1", "containerPort": 8012},
+            {"name": "http-autometric", "containerPort": 9091}
+        ]));
+        assert_eq!(stats_wire(&thaw), (PodStatsWire::Thaw, None));
+        // The port on another container is not the sidecar's.
+        let elsewhere: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "user-container", "ports": [{"name": "http-queueadm", "containerPort": 8022}]}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(stats_wire(&elsewhere), (PodStatsWire::Thaw, None));
     }
 
     #[test]

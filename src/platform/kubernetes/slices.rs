@@ -12,6 +12,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use super::children::{Ignored, Judged};
 use super::owners::{Foreign, Verdict};
 use crate::revision::Protocol;
+use crate::stats::PodStatsWire;
 
 /// The appProtocol Kubernetes defines for HTTP/2 without TLS.
 pub const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
@@ -27,6 +28,10 @@ pub trait Ownership {
     fn slice(&self, slice: &EndpointSlice) -> Judged;
     /// What `ep`, an endpoint of one of the revision's slices, is to it.
     fn endpoint(&self, ep: &Endpoint) -> Verdict;
+    /// Which sidecar the pod of `ep` (an endpoint it owns) runs; thaw's unless known otherwise.
+    fn sidecar(&self, _ep: &Endpoint) -> PodStatsWire {
+        PodStatsWire::Thaw
+    }
 }
 
 /// Endpoints left out of one slice because they are not the revision's, by reason.
@@ -78,6 +83,9 @@ pub struct SliceEndpoints {
     pub foreign: Tally,
     /// The whole slice left out: not the revision's private Service's.
     pub ignored: Option<Ignored>,
+    /// A ready or starting endpoint's pod runs Knative's queue-proxy
+    /// ([`EndpointSnapshot::queue_proxy`](crate::platform::EndpointSnapshot::queue_proxy)).
+    pub queue_proxy: bool,
 }
 
 /// The serving port of a slice for `protocol`: for h2c the port named `http2` or with
@@ -168,6 +176,9 @@ pub fn owned_endpoints(
                 out.starting.insert(addr);
             }
         }
+        if !terminating && owner.sidecar(ep) == PodStatsWire::QueueProxy {
+            out.queue_proxy = true;
+        }
     }
     out
 }
@@ -180,7 +191,9 @@ pub fn merge<'a>(slices: impl IntoIterator<Item = &'a SliceEndpoints>) -> Merged
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
     let mut starting = BTreeSet::new();
+    let mut queue_proxy = false;
     for s in slices {
+        queue_proxy |= s.queue_proxy;
         ready.extend(s.ready.iter().copied());
         terminating.extend(s.terminating.iter().copied());
         starting.extend(s.starting.iter().copied());
@@ -194,6 +207,7 @@ pub fn merge<'a>(slices: impl IntoIterator<Item = &'a SliceEndpoints>) -> Merged
         ready: ready.into_iter().collect(),
         terminating: terminating.into_iter().collect(),
         starting,
+        queue_proxy,
     }
 }
 
@@ -203,6 +217,8 @@ pub struct Merged {
     pub ready: Vec<SocketAddr>,
     pub terminating: Vec<SocketAddr>,
     pub starting: Vec<SocketAddr>,
+    /// A slice's ready or starting endpoint runs Knative's queue-proxy.
+    pub queue_proxy: bool,
 }
 
 #[cfg(test)]
@@ -221,6 +237,56 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// Owns every endpoint; the pods at `.9` addresses run Knative's queue-proxy.
+    struct KnativeAtNine;
+
+    impl Ownership for KnativeAtNine {
+        fn slice(&self, _: &EndpointSlice) -> Judged {
+            Judged::Genuine
+        }
+        fn endpoint(&self, _: &Endpoint) -> Verdict {
+            Verdict::Owned
+        }
+        fn sidecar(&self, ep: &Endpoint) -> PodStatsWire {
+            if ep.addresses[0].ends_with(".9") {
+                PodStatsWire::QueueProxy
+            } else {
+                PodStatsWire::Thaw
+            }
+        }
+    }
+
+    #[test]
+    fn a_ready_or_starting_queue_proxy_pod_marks_the_revision() {
+        let ports = serde_json::json!([{"name": "http", "port": 8012}]);
+        let ep = |a: &str, ready: bool, terminating: bool| {
+            serde_json::json!({"addresses": [a],
+                "conditions": {"ready": ready, "terminating": terminating}})
+        };
+        let of = |endpoints| {
+            owned_endpoints(
+                &slice(ports.clone(), endpoints),
+                Protocol::Http1,
+                &KnativeAtNine,
+            )
+        };
+        let thaw_only = of(serde_json::json!([ep("10.0.0.1", true, false)]));
+        let ready = of(serde_json::json!([
+            ep("10.0.0.1", true, false),
+            ep("10.0.0.9", true, false)
+        ]));
+        let starting = of(serde_json::json!([ep("10.0.0.9", false, false)]));
+        let leaving = of(serde_json::json!([ep("10.0.0.9", false, true)]));
+        assert!(!thaw_only.queue_proxy);
+        assert!(ready.queue_proxy && starting.queue_proxy);
+        assert!(
+            !leaving.queue_proxy,
+            "a terminating pod takes no new request"
+        );
+        assert!(merge([&thaw_only, &starting]).queue_proxy);
+        assert!(!merge([&thaw_only, &leaving]).queue_proxy);
     }
 
     #[test]
@@ -377,6 +443,7 @@ mod tests {
             ready,
             terminating,
             starting,
+            ..
         } = merge([&a, &b]);
         assert_eq!(
             ready,

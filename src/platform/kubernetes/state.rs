@@ -180,6 +180,7 @@ impl RevState {
             ready,
             terminating,
             starting,
+            queue_proxy,
         } = slices::merge(self.slices.values().map(|(_, e)| e));
         let status = if self.removed {
             EndpointStatus::Failing {
@@ -209,6 +210,7 @@ impl RevState {
             starting,
             status,
             reach_pending: false,
+            queue_proxy,
         }
     }
 }

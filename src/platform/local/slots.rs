@@ -84,6 +84,8 @@ impl RevState {
             starting: Vec::new(),
             status,
             reach_pending: false,
+            // Local replicas are `thaw queue` or the app itself.
+            queue_proxy: false,
         }
     }
 
