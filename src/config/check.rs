@@ -2,10 +2,13 @@
 //! file) and print the effective configuration, every key with its value and whether it is the
 //! default.
 //!
-//! Exit code 0 when every file is valid; 1 otherwise, with one `FILE: KEY: VALUE: REASON` line
-//! per problem on stderr (all problems of all files, not only the first). Warnings (unknown
-//! keys, fields that mean nothing locally) go to stderr as `warning: FILE: ...` and do not fail
-//! the check. `--output json` prints one object of one shape whatever happened:
+//! The rule is [`super::keys`]'s, the same as the live reload's: only an invalid value of a key
+//! thaw implements fails the check. Exit code 0 when every file is valid; 1 otherwise, with one
+//! `FILE: KEY: VALUE: REASON` line per problem on stderr (all problems of all files, not only
+//! the first). Keys with no effect in thaw (unknown keys, Knative keys thaw does not implement,
+//! flag values Knative would ignore; local.yaml fields that mean nothing locally) go to stderr
+//! as `warning: FILE: KEY: WHY` and fail the check only with `--strict`. `--output json`
+//! prints one object of one shape whatever happened (`ok` is the exit code's verdict):
 //!
 //! ```json
 //! {"ok": false,
@@ -48,6 +51,9 @@ pub struct CheckArgs {
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Fail (exit 1) also when a key has no effect in thaw, not only on invalid values.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// One checked file: its ConfigMap name and every key shown.
@@ -202,8 +208,16 @@ pub fn render_text(checked: &[Checked]) -> String {
     out
 }
 
-/// The JSON report (the module's documentation shows its shape).
-pub fn render_json(report: &Report) -> Value {
+impl Report {
+    /// Whether the check passes: no problem, and under `strict` no key without effect either.
+    pub fn passes(&self, strict: bool) -> bool {
+        self.problems.is_empty() && !(strict && !self.warnings.is_empty())
+    }
+}
+
+/// The JSON report (the module's documentation shows its shape); `ok` is
+/// [`Report::passes`].
+pub fn render_json(report: &Report, strict: bool) -> Value {
     let settings: Vec<Value> = report
         .checked
         .iter()
@@ -233,7 +247,7 @@ pub fn render_json(report: &Report) -> Value {
         })
         .collect();
     json!({
-        "ok": report.problems.is_empty(),
+        "ok": report.passes(strict),
         "errors": report.problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
         "warnings": report
             .warnings
@@ -260,9 +274,16 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             crate::cli::out(&render_text(&report.checked))
         }
         Output::Text => {}
-        Output::Json => crate::cli::out(&format!("{:#}\n", render_json(&report))),
+        Output::Json => crate::cli::out(&format!("{:#}\n", render_json(&report, args.strict))),
     }
-    if report.problems.is_empty() {
+    if args.strict && report.problems.is_empty() && !report.warnings.is_empty() {
+        let _ = writeln!(
+            err,
+            "--strict: {} key(s) with no effect in thaw",
+            report.warnings.len()
+        );
+    }
+    if report.passes(args.strict) {
         ExitCode::SUCCESS
     } else {
         crate::cli::invalid()

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::keys::{ConfigMap, Shown};
+use super::keys::{ConfigMap, Parsed, Shown};
 use super::parse::{Problem, Problems};
 use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 
@@ -107,6 +107,11 @@ pub fn read_manifest(path: &Path) -> Result<ConfigMapData, Problems> {
 
 /// Reads `path` as the ConfigMap `T` (its `metadata.name` must be `T::NAME`).
 pub fn from_manifest<T: ConfigMap>(path: &Path) -> Result<T, Problems> {
+    parsed_from_manifest(path).map(|p| p.config)
+}
+
+/// [`from_manifest`] with the keys that have no effect in thaw ([`Parsed::warnings`]).
+pub fn parsed_from_manifest<T: ConfigMap>(path: &Path) -> Result<Parsed<T>, Problems> {
     let cm = read_manifest(path)?;
     if cm.name != T::NAME {
         return Err(Problems(vec![Problem::new(
@@ -115,7 +120,7 @@ pub fn from_manifest<T: ConfigMap>(path: &Path) -> Result<T, Problems> {
             format!("expected the {} ConfigMap", T::NAME),
         )]));
     }
-    T::parse(&cm.data).map(|p| p.config)
+    T::parse(&cm.data)
 }
 
 /// A ConfigMap recognised by its name and checked: every key shown, or every problem; plus

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::config::{self as local_config, LocalFile, RevisionTemplateSpec, TrafficTarget};
 use crate::config::keys::ConfigMap;
-use crate::config::load::from_manifest;
+use crate::config::load::parsed_from_manifest;
 use crate::config::parse::{Problem, Problems};
 use crate::config::revision::{RevisionInput, resolve_revision};
 use crate::config::{ConfigSet, annotations};
@@ -147,6 +147,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
     let mut problems = Vec::new();
     let mut configs = ConfigSet::default();
     let mut config_files = Vec::new();
+    let mut config_warnings = Vec::new();
     if let Some(base) = base {
         let abs = |p: &Path| {
             let p = file.resolve_path(base, p);
@@ -161,6 +162,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.autoscaler,
             &abs,
             &mut problems,
+            &mut config_warnings,
             &mut config_files,
         );
         load_into(
@@ -168,6 +170,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.defaults,
             &abs,
             &mut problems,
+            &mut config_warnings,
             &mut config_files,
         );
         load_into(
@@ -175,6 +178,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.activator,
             &abs,
             &mut problems,
+            &mut config_warnings,
             &mut config_files,
         );
         load_into(
@@ -182,10 +186,12 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.gc,
             &abs,
             &mut problems,
+            &mut config_warnings,
             &mut config_files,
         );
     }
     let mut warnings = local_config::warnings(&file);
+    warnings.append(&mut config_warnings);
     let services: Vec<ServiceModel> = file
         .services
         .iter()
@@ -229,18 +235,24 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
 }
 
 /// Loads the ConfigMap `T` from `path` (made absolute by `abs`) into `slot`, recording the file
-/// for live reload and any problem.
+/// for live reload, any problem, and each key with no effect in thaw (a warning naming the
+/// file, [`crate::config::keys`]'s rule).
 fn load_into<T: ConfigMap>(
     slot: &mut Arc<T>,
     path: &Option<PathBuf>,
     abs: &dyn Fn(&Path) -> PathBuf,
     problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
     files: &mut Vec<(&'static str, PathBuf)>,
 ) {
     let Some(path) = path else { return };
     let path = abs(path);
-    match from_manifest::<T>(&path) {
-        Ok(c) => *slot = Arc::new(c),
+    match parsed_from_manifest::<T>(&path) {
+        Ok(parsed) => {
+            let file = path.display().to_string();
+            warnings.extend(parsed.warnings.iter().map(|w| format!("{file}: {w}")));
+            *slot = Arc::new(parsed.config)
+        }
         Err(e) => {
             let file = path.display().to_string();
             problems.extend(e.0.into_iter().map(|p| p.in_file(&file)));
