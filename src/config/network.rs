@@ -655,7 +655,7 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
 impl ConfigMap for TemplateConfig {
     const NAME: &'static str = NETWORK_NAME;
     /// Knative's other config-network keys: no other certificate class than cert-manager's,
-    /// no cluster-local or system-internal TLS, no namespace wildcard certificates, no mesh
+    /// no cluster-local or system-internal TLS (nor its older spelling `internal-encryption`), no namespace wildcard certificates, no mesh
     /// pod addressability (passthrough load balancing) or gradual rollout.
     const INERT: &'static [&'static str] = &[
         "certificate-class",
@@ -668,6 +668,7 @@ impl ConfigMap for TemplateConfig {
         "default-external-scheme",
         "activator-ca",
         "activator-san",
+        "internal-encryption",
     ];
 
     fn keys() -> &'static [Key<Self>] {
