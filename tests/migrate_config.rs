@@ -54,8 +54,8 @@ fn split_stream(stream: &str, dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `(config map, key)` of every `warning:` line of `config check` (`warning: FILE: KEY: WHY`,
-/// the file named by its ConfigMap).
+/// `(config map, key)` of every `warning:` line of `config check`: `warning: FILE: KEY: WHY`
+/// for a file named by its ConfigMap, `warning: FILE (CONFIG-MAP): KEY: WHY` in a stream.
 fn check_warnings(err: &str) -> BTreeSet<(String, String)> {
     err.lines()
         .filter_map(|l| l.strip_prefix("warning: "))
@@ -63,11 +63,14 @@ fn check_warnings(err: &str) -> BTreeSet<(String, String)> {
             let mut parts = l.splitn(3, ": ");
             let file = parts.next().unwrap();
             let key = parts.next().unwrap();
-            let cm = Path::new(file)
-                .file_stem()
-                .unwrap()
-                .to_string_lossy()
-                .to_string();
+            let cm = match file.rsplit_once(" (") {
+                Some((_, name)) => name.trim_end_matches(')').to_string(),
+                None => Path::new(file)
+                    .file_stem()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string(),
+            };
             (cm, key.to_string())
         })
         .collect()
@@ -112,8 +115,30 @@ fn migrate_and_check(files: &[String]) -> (Value, Value, String) {
         migration["configMaps"],
         "the stream and the JSON carry the same ConfigMaps"
     );
+    // The stream as written, and each ConfigMap on its own, check clean, with the same
+    // warnings: the keys migrate named as having no effect.
     let dir = tempfile::tempdir().unwrap();
-    let written = split_stream(&stream, dir.path());
+    let whole = dir.path().join("thaw-config.yaml");
+    std::fs::write(&whole, &stream).unwrap();
+    let (code, out, err) = thaw(
+        &[
+            "config",
+            "check",
+            "--output",
+            "json",
+            whole.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "thaw config check of the migrated stream:\n{err}");
+    let checked: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        check_warnings(&err),
+        no_effect_notes(&migration),
+        "migrate names exactly the keys config check warns about"
+    );
+    let single = tempfile::tempdir().unwrap();
+    let written = split_stream(&stream, single.path());
     let mut check = vec!["config", "check", "--output", "json"];
     check.extend(written.iter().map(String::as_str));
     let (code, out, err) = thaw(&check, None);
@@ -121,12 +146,17 @@ fn migrate_and_check(files: &[String]) -> (Value, Value, String) {
         code, 0,
         "thaw config check of the migrated ConfigMaps:\n{err}"
     );
-    let checked: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(
-        check_warnings(&err),
-        no_effect_notes(&migration),
-        "migrate names exactly the keys config check warns about"
-    );
+    let one_by_one: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(check_warnings(&err), no_effect_notes(&migration));
+    let values = |v: &Value| -> Vec<Value> {
+        v["settings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| json!([s["configMap"], s["values"]]))
+            .collect()
+    };
+    assert_eq!(values(&checked), values(&one_by_one));
     (migration, checked, notes)
 }
 

@@ -1,6 +1,7 @@
-//! `thaw config check FILE...`: validate ConfigMap manifests (and `thaw local`'s services
-//! file) and print the effective configuration, every key with its value and whether it is the
-//! default.
+//! `thaw config check FILE...`: validate ConfigMap manifests (one per file, or a `---` stream
+//! of them as `thaw migrate config` writes, each then named `FILE (CONFIG-MAP)`) and `thaw
+//! local`'s services file, and print the effective configuration, every key with its value and
+//! whether it is the default.
 //!
 //! The rule is [`super::keys`]'s, the same as the live reload's: only an invalid value of a key
 //! thaw implements fails the check. Exit code 0 when every file is valid; 1 otherwise, with one
@@ -28,7 +29,7 @@ use std::process::ExitCode;
 use serde_json::{Map, Value, json};
 
 use super::keys::Shown;
-use super::load::{check_named, read_manifest};
+use super::load::{check_named, read_manifests};
 use super::parse::Problem;
 
 /// Output format of `thaw config check`.
@@ -45,8 +46,9 @@ pub enum Output {
 /// Arguments of `thaw config check`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// ConfigMap manifests (config-autoscaler, config-defaults, config-activator), recognised by
-    /// their `metadata.name`, or a `thaw local` services file (local.yaml).
+    /// ConfigMap manifests (config-autoscaler, config-defaults, config-activator, ...; one per
+    /// file, or a `---` stream of them as `thaw migrate config` writes), recognised by their
+    /// `metadata.name`, or a `thaw local` services file (local.yaml).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
@@ -105,22 +107,35 @@ pub fn check(files: &[PathBuf]) -> Report {
             }
             continue;
         }
-        let cm = match read_manifest(path) {
-            Ok(cm) => cm,
+        let cms = match read_manifests(path) {
+            Ok(cms) => cms,
             Err(p) => {
                 r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file)));
                 continue;
             }
         };
-        let (result, w) = check_named(&cm);
-        r.warnings.extend(warn(w));
-        match result {
-            Ok(keys) => r.checked.push(Checked {
-                name: cm.name,
-                path: path.clone(),
-                keys,
-            }),
-            Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
+        // A stream of several ConfigMaps (`thaw migrate config`'s output) names each one
+        // beside the file.
+        let many = cms.len() > 1;
+        for cm in cms {
+            let at = if many {
+                format!("{file} ({})", cm.name)
+            } else {
+                file.clone()
+            };
+            let (result, w) = check_named(&cm);
+            r.warnings.extend(w.into_iter().map(|message| Warning {
+                file: at.clone(),
+                message,
+            }));
+            match result {
+                Ok(keys) => r.checked.push(Checked {
+                    name: cm.name,
+                    path: path.clone(),
+                    keys,
+                }),
+                Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&at))),
+            }
         }
     }
     r
