@@ -338,13 +338,40 @@ pub async fn read_cluster(client: kube::Client, namespace: &str) -> Result<Vec<S
     Ok(out)
 }
 
-/// thaw's ConfigMaps as a YAML stream, each document headed by where it came from.
+/// A manifest's fields in the order kubectl prints them (a JSON map would sort them).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Ordered<'a> {
+    api_version: &'a Value,
+    kind: &'a Value,
+    metadata: OrderedMeta<'a>,
+    data: &'a Value,
+}
+
+#[derive(serde::Serialize)]
+struct OrderedMeta<'a> {
+    name: &'a Value,
+    namespace: &'a Value,
+    annotations: &'a Value,
+}
+
+/// thaw's ConfigMaps as a YAML stream.
 pub fn render_yaml(m: &Migration) -> String {
     let mut out = String::new();
     for cm in &m.config_maps {
+        let ordered = Ordered {
+            api_version: &cm["apiVersion"],
+            kind: &cm["kind"],
+            metadata: OrderedMeta {
+                name: &cm["metadata"]["name"],
+                namespace: &cm["metadata"]["namespace"],
+                annotations: &cm["metadata"]["annotations"],
+            },
+            data: &cm["data"],
+        };
         out.push_str("---\n");
-        // Serialising a JSON value of strings and maps cannot fail.
-        out.push_str(&serde_saphyr::to_string(cm).expect("a ConfigMap serialises to YAML"));
+        // Serialising strings and maps cannot fail.
+        out.push_str(&serde_saphyr::to_string(&ordered).expect("a ConfigMap serialises to YAML"));
     }
     out
 }
