@@ -14,8 +14,8 @@
 //!   itself would ignore and keep the key's default for (`config-features`' unknown flag
 //!   values). Each such key is one warning, written `{key}: {why}` (so [`warning_key`] finds
 //!   the key): a WARN line live, a `warning:` line in `config check` (exit 1 only with
-//!   `--strict`), and the `thaw_config_ineffective_keys{config_map}` gauge on the roles'
-//!   `/metrics`.
+//!   `--strict`), and the `thaw_config_ineffective_keys{config_map}` gauge on `/metrics` (the
+//!   roles' and `thaw local`'s admin port).
 //! - `_example` is dropped silently, as Knative does.
 
 use std::collections::{BTreeMap, BTreeSet};

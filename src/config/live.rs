@@ -30,7 +30,7 @@ use super::reload::{Outcome, apply};
 use super::{
     ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, FeaturesConfig, GcConfig,
 };
-use crate::telemetry::config::{ConfigLabels, ConfigMapLabels, ConfigMetrics};
+use crate::telemetry::config::{ConfigLabels, ConfigMetrics};
 
 /// The default system namespace (`--system-namespace`).
 pub const SYSTEM_NAMESPACE: &str = "thaw-system";
@@ -246,11 +246,6 @@ fn parse<T: ConfigMap>(
             "{w} (accepted: the key has no effect in thaw)"
         );
     }
-    metrics
-        .ineffective
-        .get_or_create(&ConfigMapLabels {
-            config_map: T::NAME.to_string(),
-        })
-        .set(warnings.len() as i64);
+    metrics.set_ineffective(T::NAME, warnings.len());
     T::parse(data).map(|p| p.config)
 }

@@ -31,8 +31,12 @@ pub struct LocalModel {
     /// The ConfigMap files in use, as (ConfigMap name, absolute path), for live reload.
     pub config_files: Vec<(&'static str, PathBuf)>,
     pub services: Vec<ServiceModel>,
-    /// Warnings (unknown annotations, global-only keys as annotations).
+    /// Warnings (unknown annotations, global-only keys as annotations, ConfigMap keys with no
+    /// effect in thaw).
     pub warnings: Vec<String>,
+    /// Per ConfigMap file in use, its keys with no effect in thaw (for
+    /// `thaw_config_ineffective_keys`).
+    pub ineffective_keys: Vec<(&'static str, usize)>,
 }
 
 /// One service of local.yaml.
@@ -148,6 +152,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
     let mut configs = ConfigSet::default();
     let mut config_files = Vec::new();
     let mut config_warnings = Vec::new();
+    let mut ineffective_keys = Vec::new();
     if let Some(base) = base {
         let abs = |p: &Path| {
             let p = file.resolve_path(base, p);
@@ -163,6 +168,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &abs,
             &mut problems,
             &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -171,6 +177,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &abs,
             &mut problems,
             &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -179,6 +186,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &abs,
             &mut problems,
             &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -187,6 +195,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &abs,
             &mut problems,
             &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
     }
@@ -231,6 +240,7 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
         config_files,
         services,
         warnings,
+        ineffective_keys,
     })
 }
 
@@ -243,6 +253,7 @@ fn load_into<T: ConfigMap>(
     abs: &dyn Fn(&Path) -> PathBuf,
     problems: &mut Vec<Problem>,
     warnings: &mut Vec<String>,
+    ineffective: &mut Vec<(&'static str, usize)>,
     files: &mut Vec<(&'static str, PathBuf)>,
 ) {
     let Some(path) = path else { return };
@@ -251,6 +262,7 @@ fn load_into<T: ConfigMap>(
         Ok(parsed) => {
             let file = path.display().to_string();
             warnings.extend(parsed.warnings.iter().map(|w| format!("{file}: {w}")));
+            ineffective.push((T::NAME, parsed.warnings.len()));
             *slot = Arc::new(parsed.config)
         }
         Err(e) => {
@@ -351,6 +363,37 @@ mod tests {
         assert_eq!(
             m.configs.autoscaler.stable_window,
             std::time::Duration::from_secs(20)
+        );
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert!(m.ineffective_keys.iter().all(|(_, n)| *n == 0));
+    }
+
+    /// A ConfigMap key with no effect in thaw is accepted and named, with its file, and counted
+    /// per ConfigMap (config::keys' rule); the key beside it applies.
+    #[test]
+    fn configmap_keys_without_effect_are_named_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("as.yaml"),
+            "kind: ConfigMap\nmetadata: {name: config-autoscaler}\ndata: {stable-window: 20s, made-up: x}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("local.yaml"),
+            "configMaps: {autoscaler: as.yaml}\nservices: []\n",
+        )
+        .unwrap();
+        let m = load(&Source::File(dir.path().join("local.yaml"))).unwrap();
+        assert_eq!(
+            m.configs.autoscaler.stable_window,
+            std::time::Duration::from_secs(20)
+        );
+        assert_eq!(m.ineffective_keys, [("config-autoscaler", 1)]);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].ends_with("as.yaml: made-up: unknown key, ignored"),
+            "{:?}",
+            m.warnings
         );
     }
 

@@ -33,6 +33,15 @@ pub struct ConfigMetrics {
 }
 
 impl ConfigMetrics {
+    /// Sets `thaw_config_ineffective_keys{config_map}` to `count`.
+    pub fn set_ineffective(&self, config_map: &str, count: usize) {
+        self.ineffective
+            .get_or_create(&ConfigMapLabels {
+                config_map: config_map.to_string(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
     pub fn register(reg: &mut Registry) -> Self {
         let m = Self::default();
         reg.register(
