@@ -44,6 +44,11 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Moving from Knative Serving to thaw.
+    Migrate {
+        #[command(subcommand)]
+        command: MigrateCommand,
+    },
     /// A tiny HTTP/1.1 + h2c server to run as a replica (hello, /stream, /healthz).
     #[command(after_help = EXIT_CODES)]
     SampleApp(thaw::sample_app::SampleAppArgs),
@@ -67,6 +72,14 @@ enum ConfigCommand {
     Check(thaw::config::check::CheckArgs),
 }
 
+#[derive(Debug, Subcommand)]
+enum MigrateCommand {
+    /// Write thaw's ConfigMaps from Knative's (files or a live cluster), naming every key
+    /// that has no effect in thaw.
+    #[command(after_help = EXIT_CODES)]
+    Config(thaw::config::migrate::MigrateConfigArgs),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -78,6 +91,9 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check(args),
         } => thaw::config::check::run(&args),
+        Command::Migrate {
+            command: MigrateCommand::Config(args),
+        } => thaw::config::migrate::run(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
         Command::Crds(args) => thaw::knative::cmd::run(&args),

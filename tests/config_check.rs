@@ -401,7 +401,8 @@ fn shipped_network_configs_are_knatives_defaults() {
 }
 
 /// config/config-features.yaml sets every key thaw reads, each at Knative's default, with a
-/// comment above it; a value that is no flag is refused naming the key.
+/// comment above it; a value that is no flag keeps the key's default, as Knative, and is named
+/// (exit 1 only with `--strict`).
 #[test]
 fn shipped_features_config_documents_every_key_at_knatives_default() {
     let (code, out, err) = thaw(&[
@@ -436,13 +437,63 @@ fn shipped_features_config_documents_every_key_at_knatives_default() {
         "features.yaml",
         "kind: ConfigMap\nmetadata: {name: config-features}\ndata: {kubernetes.podspec-hostnetwork: \"yes\"}\n",
     );
-    let (code, _, err) = thaw(&["config", "check", &bad]);
-    assert_eq!(code, 1);
-    assert!(err.contains("kubernetes.podspec-hostnetwork"), "{err}");
+    let (code, out, err) = thaw(&["config", "check", "--output", "json", &bad]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: ") && err.contains("kubernetes.podspec-hostnetwork: \"yes\""),
+        "{err}"
+    );
     assert!(
         err.contains("expected enabled, allowed or disabled"),
         "{err}"
     );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["settings"][0]["values"]["kubernetes.podspec-hostnetwork"], "disabled",
+        "the default stays: {v:#}"
+    );
+    let (code, _, err) = thaw(&["config", "check", "--strict", &bad]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--strict: 1 key(s) with no effect"), "{err}");
+}
+
+/// The one rule for keys: an unknown key, a Knative key thaw does not implement and an unknown
+/// flag value are accepted and named (`warning:` lines, exit 0; exit 1 with `--strict`, and
+/// `ok: false` in JSON then); an invalid value of an implemented key fails with or without it.
+#[test]
+fn keys_without_effect_fail_only_with_strict_and_invalid_values_always() {
+    let dir = tempfile::tempdir().unwrap();
+    let inert = write(
+        dir.path(),
+        "deployment.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-deployment}\ndata:\n  digest-resolution-timeout: 10s\n  progress-deadline: 300s\n  nope: x\n",
+    );
+    let (code, out, err) = thaw(&["config", "check", &inert]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("progress-deadline"), "{out}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    assert!(warnings[0].contains("digest-resolution-timeout: known Knative key with no effect"));
+    assert!(warnings[1].contains("nope: unknown key"));
+    let (code, out, err) = thaw(&["config", "check", "--strict", "--output", "json", &inert]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], false, "{v:#}");
+    assert_eq!(v["errors"], serde_json::json!([]), "{v:#}");
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 2, "{v:#}");
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "kind: ConfigMap\nmetadata: {name: config-deployment}\ndata:\n  progress-deadline: soon\n  nope: x\n",
+    );
+    for args in [
+        &["config", "check", &bad][..],
+        &["config", "check", "--strict", &bad],
+    ] {
+        let (code, _, err) = thaw(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("progress-deadline: soon"), "{err}");
+    }
 }
 
 /// config/config-certmanager.yaml is net-certmanager's default issuer; a bad `issuerRef` is

@@ -191,3 +191,94 @@ async fn a_bad_issuer_ref_keeps_the_last_good_one() {
     assert_eq!(live.certmanager.load().issuer_ref.name, "letsencrypt");
     stop.cancel();
 }
+
+/// The one rule for keys, live: a ConfigMap with keys that have no effect in thaw (an unknown
+/// config-features value, a Knative key thaw does not implement) is applied — the good keys in
+/// force, the unknown value's key at its default as in Knative — and the keys are counted in
+/// `thaw_config_ineffective_keys{config_map}` on the roles' /metrics; an edit without them
+/// brings the gauge back to 0. net-istio's older gateway keys apply live.
+#[tokio::test]
+async fn keys_without_effect_apply_live_and_are_counted() {
+    use thaw::config::features::Flag;
+    let api = kube_support::TestApi::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), SYSTEM_NAMESPACE);
+    cms.create(
+        &PostParams::default(),
+        &cm(
+            "config-features",
+            &[
+                ("kubernetes.podspec-affinity", "enabled"),
+                ("kubernetes.podspec-volumes-emptydir", "sometimes"),
+                ("autodetect-http2", "enabled"),
+            ],
+        ),
+    )
+    .await
+    .unwrap();
+    let telemetry = thaw::telemetry::Telemetry::new();
+    let live = LiveConfig::default();
+    let stop = CancellationToken::new();
+    let mut rx = watch_configmaps(
+        api.client(),
+        SYSTEM_NAMESPACE,
+        live.clone(),
+        telemetry.config.clone(),
+        stop.clone(),
+    );
+    let mut seen = 0;
+    assert_eq!(
+        next_event(&mut rx, &mut seen, "config-features").await,
+        Outcome::Applied
+    );
+    let f = live.features.load();
+    assert_eq!(f.podspec_affinity, Flag::Enabled);
+    assert_eq!(
+        f.podspec_volumes_emptydir,
+        Flag::Enabled,
+        "Knative's default stays"
+    );
+    let exposition = telemetry.encode();
+    assert!(
+        exposition.contains("thaw_config_ineffective_keys{config_map=\"config-features\"} 2"),
+        "{exposition}"
+    );
+
+    cms.replace("config-features", &PostParams::default(), &{
+        let mut c = cms.get("config-features").await.unwrap();
+        c.data = cm("", &[("kubernetes.podspec-affinity", "disabled")]).data;
+        c
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        next_event(&mut rx, &mut seen, "config-features").await,
+        Outcome::Applied
+    );
+    assert_eq!(live.features.load().podspec_affinity, Flag::Disabled);
+    assert!(
+        telemetry
+            .encode()
+            .contains("thaw_config_ineffective_keys{config_map=\"config-features\"} 0")
+    );
+
+    cms.create(
+        &PostParams::default(),
+        &cm(
+            "config-istio",
+            &[("gateway.edge.public", "public-gw.edge.svc.cluster.local")],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_event(&mut rx, &mut seen, "config-istio").await,
+        Outcome::Applied
+    );
+    let istio = live.istio.load();
+    assert_eq!(istio.external_gateways[0].reference(), "edge/public");
+    assert_eq!(
+        istio.external_gateways[0].service,
+        "public-gw.edge.svc.cluster.local"
+    );
+    stop.cancel();
+}

@@ -1,11 +1,15 @@
-//! `thaw config check FILE...`: validate ConfigMap manifests (and `thaw local`'s services
-//! file) and print the effective configuration, every key with its value and whether it is the
-//! default.
+//! `thaw config check FILE...`: validate ConfigMap manifests (one per file, or a `---` stream
+//! of them as `thaw migrate config` writes, each then named `FILE (CONFIG-MAP)`) and `thaw
+//! local`'s services file, and print the effective configuration, every key with its value and
+//! whether it is the default.
 //!
-//! Exit code 0 when every file is valid; 1 otherwise, with one `FILE: KEY: VALUE: REASON` line
-//! per problem on stderr (all problems of all files, not only the first). Warnings (unknown
-//! keys, fields that mean nothing locally) go to stderr as `warning: FILE: ...` and do not fail
-//! the check. `--output json` prints one object of one shape whatever happened:
+//! The rule is [`super::keys`]'s, the same as the live reload's: only an invalid value of a key
+//! thaw implements fails the check. Exit code 0 when every file is valid; 1 otherwise, with one
+//! `FILE: KEY: VALUE: REASON` line per problem on stderr (all problems of all files, not only
+//! the first). Keys with no effect in thaw (unknown keys, Knative keys thaw does not implement,
+//! flag values Knative would ignore; local.yaml fields that mean nothing locally) go to stderr
+//! as `warning: FILE: KEY: WHY` and fail the check only with `--strict`. `--output json`
+//! prints one object of one shape whatever happened (`ok` is the exit code's verdict):
 //!
 //! ```json
 //! {"ok": false,
@@ -25,7 +29,7 @@ use std::process::ExitCode;
 use serde_json::{Map, Value, json};
 
 use super::keys::Shown;
-use super::load::{check_named, read_manifest};
+use super::load::{check_named, read_manifests};
 use super::parse::Problem;
 
 /// Output format of `thaw config check`.
@@ -42,12 +46,16 @@ pub enum Output {
 /// Arguments of `thaw config check`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// ConfigMap manifests (config-autoscaler, config-defaults, config-activator), recognised by
-    /// their `metadata.name`, or a `thaw local` services file (local.yaml).
+    /// ConfigMap manifests (config-autoscaler, config-defaults, config-activator, ...; one per
+    /// file, or a `---` stream of them as `thaw migrate config` writes), recognised by their
+    /// `metadata.name`, or a `thaw local` services file (local.yaml).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Fail (exit 1) also when a key has no effect in thaw, not only on invalid values.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// One checked file: its ConfigMap name and every key shown.
@@ -99,22 +107,35 @@ pub fn check(files: &[PathBuf]) -> Report {
             }
             continue;
         }
-        let cm = match read_manifest(path) {
-            Ok(cm) => cm,
+        let cms = match read_manifests(path) {
+            Ok(cms) => cms,
             Err(p) => {
                 r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file)));
                 continue;
             }
         };
-        let (result, w) = check_named(&cm);
-        r.warnings.extend(warn(w));
-        match result {
-            Ok(keys) => r.checked.push(Checked {
-                name: cm.name,
-                path: path.clone(),
-                keys,
-            }),
-            Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&file))),
+        // A stream of several ConfigMaps (`thaw migrate config`'s output) names each one
+        // beside the file.
+        let many = cms.len() > 1;
+        for cm in cms {
+            let at = if many {
+                format!("{file} ({})", cm.name)
+            } else {
+                file.clone()
+            };
+            let (result, w) = check_named(&cm);
+            r.warnings.extend(w.into_iter().map(|message| Warning {
+                file: at.clone(),
+                message,
+            }));
+            match result {
+                Ok(keys) => r.checked.push(Checked {
+                    name: cm.name,
+                    path: path.clone(),
+                    keys,
+                }),
+                Err(p) => r.problems.extend(p.0.into_iter().map(|p| p.in_file(&at))),
+            }
         }
     }
     r
@@ -202,8 +223,16 @@ pub fn render_text(checked: &[Checked]) -> String {
     out
 }
 
-/// The JSON report (the module's documentation shows its shape).
-pub fn render_json(report: &Report) -> Value {
+impl Report {
+    /// Whether the check passes: no problem, and under `strict` no key without effect either.
+    pub fn passes(&self, strict: bool) -> bool {
+        self.problems.is_empty() && (!strict || self.warnings.is_empty())
+    }
+}
+
+/// The JSON report (the module's documentation shows its shape); `ok` is
+/// [`Report::passes`].
+pub fn render_json(report: &Report, strict: bool) -> Value {
     let settings: Vec<Value> = report
         .checked
         .iter()
@@ -233,7 +262,7 @@ pub fn render_json(report: &Report) -> Value {
         })
         .collect();
     json!({
-        "ok": report.problems.is_empty(),
+        "ok": report.passes(strict),
         "errors": report.problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
         "warnings": report
             .warnings
@@ -260,9 +289,16 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             crate::cli::out(&render_text(&report.checked))
         }
         Output::Text => {}
-        Output::Json => crate::cli::out(&format!("{:#}\n", render_json(&report))),
+        Output::Json => crate::cli::out(&format!("{:#}\n", render_json(&report, args.strict))),
     }
-    if report.problems.is_empty() {
+    if args.strict && report.problems.is_empty() && !report.warnings.is_empty() {
+        let _ = writeln!(
+            err,
+            "--strict: {} key(s) with no effect in thaw",
+            report.warnings.len()
+        );
+    }
+    if report.passes(args.strict) {
         ExitCode::SUCCESS
     } else {
         crate::cli::invalid()

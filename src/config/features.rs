@@ -16,9 +16,9 @@
 //!   for templates annotated `features.knative.dev/podspec-dryrun: enabled`.
 //! - `multi-container` (`enabled`): `disabled` refuses pod specs with more than one container.
 //!
-//! Values are matched without regard to case, as Knative does; unlike Knative (which keeps the
-//! default on a value it does not know), a value that is none of them rejects the ConfigMap
-//! with the key and the reason, and the last good one keeps serving.
+//! Values are matched without regard to case, as Knative does. A value that is none of them
+//! keeps the key's default, as Knative's `asFlag` does, and is named as a key with no effect
+//! (a warning, [`super::keys`]'s rule): it never rejects the ConfigMap.
 //!
 //! No key opens `privileged`, `procMount`, `seLinuxOptions` (pod or container) or
 //! `windowsOptions`, `sysctls`, `volumeDevices`, `lifecycle`, `hostPort`: as in Knative.
@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::keys::{ConfigMap, Key};
-use super::parse::Problem;
+use super::keys::{ConfigMap, Key, Parsed};
+use super::parse::{Problem, Problems};
 
 /// Name of the ConfigMap.
 pub const NAME: &str = "config-features";
@@ -321,6 +321,47 @@ impl ConfigMap for FeaturesConfig {
     fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
         Vec::new()
     }
+
+    /// As every ConfigMap, except that a value no flag has keeps the key's default and is a
+    /// warning, not a problem (Knative's `asFlag`).
+    fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        let (known, mut unknown) = split_unknown_values(data);
+        let mut parsed = super::keys::parse_data(KEYS, Self::INERT, &known, Self::validate)?;
+        parsed.warnings.append(&mut unknown);
+        Ok(parsed)
+    }
+
+    fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        let (_, unknown) = split_unknown_values(data);
+        let mut w = super::keys::warnings(KEYS, Self::INERT, data);
+        w.extend(unknown);
+        w
+    }
+}
+
+/// `data` without the keys whose value is none of the key's values, and a warning for each of
+/// those: the key keeps its default, as in Knative.
+fn split_unknown_values(
+    data: &BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let defaults = FeaturesConfig::default();
+    let mut known = data.clone();
+    let mut warnings = Vec::new();
+    for key in KEYS {
+        let Some(value) = data.get(key.name) else {
+            continue;
+        };
+        if let Err(reason) = (key.parse)(&mut FeaturesConfig::default(), value.trim()) {
+            known.remove(key.name);
+            warnings.push(format!(
+                "{}: {value:?} is not a value of the key ({reason}): its default, {}, stays in \
+                 force, as in Knative",
+                key.name,
+                (key.show)(&defaults).0
+            ));
+        }
+    }
+    (known, warnings)
 }
 
 #[cfg(test)]
@@ -374,17 +415,52 @@ mod tests {
         }
     }
 
+    /// Knative's `asFlag` leaves the default in place for a value it does not know; thaw
+    /// does the same, and names the key (with the value and the values it has) as a warning.
     #[test]
-    fn a_value_that_is_no_flag_is_refused_with_the_key_and_the_reason() {
-        let err = parse(&[(key::HOST_PID, "yes"), (key::SECURE_POD_DEFAULTS, "on")]).unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains(key::HOST_PID), "{text}");
+    fn a_value_that_is_no_flag_keeps_the_default_and_is_named() {
+        let data: BTreeMap<String, String> = [
+            (key::HOST_PID.to_string(), "yes".to_string()),
+            (key::SECURE_POD_DEFAULTS.to_string(), "on".to_string()),
+            (key::VOLUMES_EMPTYDIR.to_string(), "sometimes".to_string()),
+            (key::TOLERATIONS.to_string(), "enabled".to_string()),
+        ]
+        .into();
+        let parsed = FeaturesConfig::parse(&data).unwrap();
+        let c = &parsed.config;
+        assert_eq!(c.podspec_host_pid, Flag::Disabled);
+        assert_eq!(c.secure_pod_defaults, SecurePodDefaults::Disabled);
+        assert_eq!(c.podspec_volumes_emptydir, Flag::Enabled, "default kept");
+        assert_eq!(c.podspec_tolerations, Flag::Enabled, "the good key applies");
+        assert!(!parsed.given.contains(key::HOST_PID));
+        let w = &parsed.warnings;
+        assert_eq!(w.len(), 3, "{w:?}");
+        let text = w.join("\n");
+        assert!(
+            text.contains("kubernetes.podspec-hostpid: \"yes\""),
+            "{text}"
+        );
         assert!(
             text.contains("expected enabled, allowed or disabled"),
             "{text}"
         );
         assert!(text.contains("secure-pod-defaults"), "{text}");
         assert!(text.contains("allow-root-bounded"), "{text}");
+        assert!(text.contains("its default, enabled, stays"), "{text}");
+        assert_eq!(FeaturesConfig::warnings(&data), *w);
+        let keys: Vec<&str> = w
+            .iter()
+            .map(|w| crate::config::keys::warning_key(w))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                key::VOLUMES_EMPTYDIR,
+                key::HOST_PID,
+                key::SECURE_POD_DEFAULTS
+            ],
+            "in the table's order"
+        );
     }
 
     #[test]

@@ -1,6 +1,22 @@
 //! The key-table machinery shared by every ConfigMap: one [`Key`] per Knative key, beside its
 //! parser, its unit and what it does; [`parse_data`] applies a table to a ConfigMap's `data:` map
 //! and reports every problem, not only the first.
+//!
+//! # One rule for every key
+//!
+//! The same everywhere a ConfigMap is read: `thaw config check`, the live reload
+//! ([`super::live`], [`super::reload`]), `thaw local`'s files and `thaw migrate config`.
+//! - A key thaw implements with a value it cannot use is **refused**: a [`Problem`] naming the
+//!   key, the value and the reason. Live, the whole update is rejected and the last good
+//!   configuration stays; `config check` and `migrate config` exit 1.
+//! - A key with **no effect in thaw** is **accepted and named**, never refused: an unknown key,
+//!   a Knative key thaw does not implement (each ConfigMap's `INERT`), or a value Knative
+//!   itself would ignore and keep the key's default for (`config-features`' unknown flag
+//!   values). Each such key is one warning, written `{key}: {why}` (so [`warning_key`] finds
+//!   the key): a WARN line live, a `warning:` line in `config check` (exit 1 only with
+//!   `--strict`), and the `thaw_config_ineffective_keys{config_map}` gauge on `/metrics` (the
+//!   roles' and `thaw local`'s admin port).
+//! - `_example` is dropped silently, as Knative does.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,7 +57,8 @@ pub trait ConfigMap: Default + Sized + 'static {
         parse_data(Self::keys(), Self::INERT, data, Self::validate)
     }
 
-    /// Unknown-key warnings for a `data:` map, valid or not.
+    /// The keys of a `data:` map, valid or not, that have no effect in thaw: one warning per
+    /// key, `{key}: {why}` (the module's rule).
     fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
         warnings(Self::keys(), Self::INERT, data)
     }
@@ -58,7 +75,8 @@ pub struct Parsed<T> {
     pub config: T,
     /// Keys present in the input (after `_example` and unknown keys are dropped).
     pub given: BTreeSet<String>,
-    /// Human-readable warnings: unknown keys, keys that have no effect in thaw.
+    /// The keys that have no effect in thaw, one warning each, `{key}: {why}` (the module's
+    /// rule).
     pub warnings: Vec<String>,
 }
 
@@ -143,6 +161,12 @@ pub fn warnings<T>(
             }
         })
         .collect()
+}
+
+/// The key a warning names: every ConfigMap warning is written `{key}: {why}`, and a
+/// ConfigMap key never holds `:` (Kubernetes allows `[-._a-zA-Z0-9]` only).
+pub fn warning_key(warning: &str) -> &str {
+    warning.split_once(':').map_or(warning, |(k, _)| k).trim()
 }
 
 /// Every key of a table with its effective value and whether it equals the default.

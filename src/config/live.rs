@@ -3,7 +3,9 @@
 //! `config-network`, `config-istio`, `config-gateway`, `config-certmanager`) in the system namespace (`--system-namespace`, default
 //! `thaw-system`),
 //! followed through one watch of that namespace and validated exactly as the files are
-//! ([`super::reload::apply`]): a valid update is swapped in; an invalid one is rejected with
+//! ([`super::reload::apply`], under [`super::keys`]'s rule): a key with no effect in thaw is
+//! accepted, named in a WARN line and counted in `thaw_config_ineffective_keys{config_map}`;
+//! a valid update is swapped in; an invalid one is rejected with
 //! each key, value and reason logged, counted in `thaw_config_reload_rejected_total`, and the
 //! last good configuration keeps serving. A ConfigMap that is missing (or deleted) leaves the
 //! value in force (the defaults, or the last good one) and says so in the log.
@@ -133,64 +135,67 @@ pub fn watch_configmaps(
                 let span = tracing::info_span!("configmap", config = %name);
                 let outcome = span.in_scope(|| match name.as_str() {
                     super::autoscaler::NAME => apply(
-                        parse::<AutoscalerConfig>(&data),
+                        parse::<AutoscalerConfig>(&data, &metrics),
                         &config.autoscaler,
                         &metrics,
                         &labels,
                     ),
                     super::defaults::NAME => apply(
-                        parse::<DefaultsConfig>(&data),
+                        parse::<DefaultsConfig>(&data, &metrics),
                         &config.defaults,
                         &metrics,
                         &labels,
                     ),
-                    super::gc::NAME => {
-                        apply(parse::<GcConfig>(&data), &config.gc, &metrics, &labels)
-                    }
+                    super::gc::NAME => apply(
+                        parse::<GcConfig>(&data, &metrics),
+                        &config.gc,
+                        &metrics,
+                        &labels,
+                    ),
                     super::network::DOMAIN_NAME => apply(
-                        parse::<DomainConfig>(&data),
+                        parse::<DomainConfig>(&data, &metrics),
                         &config.domain,
                         &metrics,
                         &labels,
                     ),
                     super::network::NETWORK_NAME => apply(
-                        parse::<TemplateConfig>(&data),
+                        parse::<TemplateConfig>(&data, &metrics),
                         &config.network,
                         &metrics,
                         &labels,
                     ),
                     super::network::ISTIO_NAME => apply(
-                        parse::<IstioConfig>(&data),
+                        parse::<IstioConfig>(&data, &metrics),
                         &config.istio,
                         &metrics,
                         &labels,
                     ),
                     super::network::GATEWAY_NAME => apply(
-                        parse::<GatewayConfig>(&data),
+                        parse::<GatewayConfig>(&data, &metrics),
                         &config.gateway,
                         &metrics,
                         &labels,
                     ),
                     super::network::CERTMANAGER_NAME => apply(
-                        parse::<CertManagerConfig>(&data),
+                        parse::<CertManagerConfig>(&data, &metrics),
                         &config.certmanager,
                         &metrics,
                         &labels,
                     ),
                     super::deployment::NAME => apply(
-                        parse::<DeploymentConfig>(&data),
+                        parse::<DeploymentConfig>(&data, &metrics),
                         &config.deployment,
                         &metrics,
                         &labels,
                     ),
                     super::features::NAME => apply(
-                        parse::<FeaturesConfig>(&data),
+                        parse::<FeaturesConfig>(&data, &metrics),
                         &config.features,
                         &metrics,
                         &labels,
                     ),
                     _ => apply(
-                        parse::<ActivatorConfig>(&data),
+                        parse::<ActivatorConfig>(&data, &metrics),
                         &config.activator,
                         &metrics,
                         &labels,
@@ -226,9 +231,21 @@ fn is_ours(name: &str) -> bool {
     .contains(&name)
 }
 
-fn parse<T: ConfigMap>(data: &BTreeMap<String, String>) -> Result<T, super::Problems> {
-    for w in T::warnings(data) {
-        tracing::warn!(config = T::NAME, "{w}");
+/// Parses one ConfigMap under [`super::keys`]'s rule: each key with no effect in thaw is
+/// named in a WARN line and counted in `thaw_config_ineffective_keys{config_map}` (the
+/// ConfigMap as last read, applied or not); only invalid values make it an error.
+fn parse<T: ConfigMap>(
+    data: &BTreeMap<String, String>,
+    metrics: &ConfigMetrics,
+) -> Result<T, super::Problems> {
+    let warnings = T::warnings(data);
+    for w in &warnings {
+        tracing::warn!(
+            config = T::NAME,
+            key = super::keys::warning_key(w),
+            "{w} (accepted: the key has no effect in thaw)"
+        );
     }
+    metrics.set_ineffective(T::NAME, warnings.len());
     T::parse(data).map(|p| p.config)
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::keys::{ConfigMap, Shown};
+use super::keys::{ConfigMap, Parsed, Shown};
 use super::parse::{Problem, Problems};
 use super::{ActivatorConfig, AutoscalerConfig, DefaultsConfig, DeploymentConfig, GcConfig};
 
@@ -105,8 +105,55 @@ pub fn read_manifest(path: &Path) -> Result<ConfigMapData, Problems> {
     parse_manifest(&text, &origin)
 }
 
+/// Reads the ConfigMaps of a manifest file: one, or each document of a `---` stream (and each
+/// item of a `kind: List`), in order. A single document keeps [`read_manifest`]'s errors (with
+/// the line); in a stream, every document must be a ConfigMap.
+pub fn read_manifests(path: &Path) -> Result<Vec<ConfigMapData>, Problems> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Problems(vec![Problem::new(&origin, "", format!("cannot read: {e}"))]))?;
+    let docs = match serde_saphyr::from_multiple::<serde_json::Value>(&text) {
+        Ok(docs) => docs,
+        Err(_) => return parse_manifest(&text, &origin).map(|cm| vec![cm]),
+    };
+    let is_list = |d: &serde_json::Value| d.get("kind").and_then(|k| k.as_str()) == Some("List");
+    if docs.len() <= 1 && !docs.iter().any(is_list) {
+        return parse_manifest(&text, &origin).map(|cm| vec![cm]);
+    }
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for doc in &docs {
+        let items: Vec<&serde_json::Value> = if is_list(doc) {
+            doc.get("items")
+                .and_then(|i| i.as_array())
+                .map(|a| a.iter().collect())
+                .unwrap_or_default()
+        } else {
+            vec![doc]
+        };
+        for item in items {
+            // Re-read through the one manifest parser, so values are read as in a single file.
+            let yaml = serde_saphyr::to_string(item).unwrap_or_default();
+            match parse_manifest(&yaml, &origin) {
+                Ok(cm) => out.push(cm),
+                Err(p) => problems.extend(p.0),
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(Problems(problems))
+    }
+}
+
 /// Reads `path` as the ConfigMap `T` (its `metadata.name` must be `T::NAME`).
 pub fn from_manifest<T: ConfigMap>(path: &Path) -> Result<T, Problems> {
+    parsed_from_manifest(path).map(|p| p.config)
+}
+
+/// [`from_manifest`] with the keys that have no effect in thaw ([`Parsed::warnings`]).
+pub fn parsed_from_manifest<T: ConfigMap>(path: &Path) -> Result<Parsed<T>, Problems> {
     let cm = read_manifest(path)?;
     if cm.name != T::NAME {
         return Err(Problems(vec![Problem::new(
@@ -115,7 +162,7 @@ pub fn from_manifest<T: ConfigMap>(path: &Path) -> Result<T, Problems> {
             format!("expected the {} ConfigMap", T::NAME),
         )]));
     }
-    T::parse(&cm.data).map(|p| p.config)
+    T::parse(&cm.data)
 }
 
 /// A ConfigMap recognised by its name and checked: every key shown, or every problem; plus
@@ -190,6 +237,37 @@ mod tests {
             err.0[0].value.contains("line 6") || err.0[0].value.contains("line 5"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_stream_or_a_list_gives_each_config_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.yaml");
+        std::fs::write(
+            &p,
+            "---\nkind: ConfigMap\nmetadata: {name: config-gc}\ndata: {min-non-active-revisions: 5}\n\
+             ---\nkind: List\nitems:\n- kind: ConfigMap\n  metadata: {name: config-domain}\n",
+        )
+        .unwrap();
+        let cms = read_manifests(&p).unwrap();
+        let names: Vec<&str> = cms.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["config-gc", "config-domain"]);
+        assert_eq!(cms[0].data["min-non-active-revisions"], "5");
+        std::fs::write(
+            &p,
+            "kind: ConfigMap\nmetadata: {name: config-gc}\n---\nkind: Secret\nmetadata: {name: x}\n",
+        )
+        .unwrap();
+        let e = read_manifests(&p).unwrap_err();
+        assert_eq!(e.0[0].reason, "kind must be ConfigMap");
+        // One document keeps the single-file errors, with the line.
+        std::fs::write(
+            &p,
+            "kind: ConfigMap\nmetadata:\n  name: config-gc\n data: x\n",
+        )
+        .unwrap();
+        let e = read_manifests(&p).unwrap_err();
+        assert!(e.0[0].value.starts_with("line "), "{e}");
     }
 
     #[test]

@@ -20,7 +20,10 @@
 //! (annotation over ConfigMap over default).
 //!
 //! Every parse reports *all* problems as [`Problem`]s naming the key, the value and the reason.
-//! Only a fully valid config is ever stored for serving (see [`reload`]).
+//! Only a fully valid config is ever stored for serving (see [`reload`]). One rule decides
+//! between refusing and accepting everywhere ([`keys`]): only an invalid value of a key thaw
+//! implements is refused; a key with no effect in thaw is accepted and named.
+//! [`migrate`] carries Knative Serving's ConfigMaps over to thaw's under the same rule.
 //!
 //! Room: parsing, validation and live reload of settings. May use: `telemetry` (reload
 //! counters), `revision`'s types, and `local`'s model (`config check` reads local.yaml); no
@@ -38,6 +41,7 @@ pub mod keys;
 pub mod leader_election;
 pub mod live;
 pub mod load;
+pub mod migrate;
 pub mod network;
 pub mod parse;
 pub mod reload;

@@ -20,8 +20,8 @@
 //! - `config-istio` ([`IstioConfig`]): net-istio's current keys `external-gateways` and
 //!   `local-gateways`, each a YAML list of `{name, namespace, service}` (the `service` is the
 //!   gateway's Kubernetes Service host, where the route's placeholder Service points). The
-//!   older `gateway.<ns>.<name>` / `local-gateway.<ns>.<name>` keys are not read (warned
-//!   about as unknown). Defaults: `knative-serving/knative-ingress-gateway` (service
+//!   older `gateway.<ns>.<name>` / `local-gateway.<ns>.<name>` keys are read as net-istio
+//!   reads them, when neither current key is given ([`istio_legacy`] has the rule). Defaults: `knative-serving/knative-ingress-gateway` (service
 //!   `istio-ingressgateway.istio-system.svc.cluster.local`) and
 //!   `knative-serving/knative-local-gateway` (service
 //!   `knative-local-gateway.istio-system.svc.cluster.local`). thaw's own keys: `max-tls-hosts-per-namespace`
@@ -655,7 +655,7 @@ pub static NETWORK_KEYS: &[Key<TemplateConfig>] = &[
 impl ConfigMap for TemplateConfig {
     const NAME: &'static str = NETWORK_NAME;
     /// Knative's other config-network keys: no other certificate class than cert-manager's,
-    /// no cluster-local or system-internal TLS, no namespace wildcard certificates, no mesh
+    /// no cluster-local or system-internal TLS (nor its older spelling `internal-encryption`), no namespace wildcard certificates, no mesh
     /// pod addressability (passthrough load balancing) or gradual rollout.
     const INERT: &'static [&'static str] = &[
         "certificate-class",
@@ -668,6 +668,7 @@ impl ConfigMap for TemplateConfig {
         "default-external-scheme",
         "activator-ca",
         "activator-san",
+        "internal-encryption",
     ];
 
     fn keys() -> &'static [Key<Self>] {
@@ -892,6 +893,67 @@ impl ConfigMap for IstioConfig {
 
     fn validate(&self, _data: &BTreeMap<String, String>) -> Vec<Problem> {
         Vec::new()
+    }
+
+    /// The current keys as every ConfigMap's; then net-istio's older per-gateway keys, read
+    /// when no current gateway key is given ([`istio_legacy`]).
+    fn parse(data: &BTreeMap<String, String>) -> Result<Parsed<Self>, Problems> {
+        let legacy = istio_legacy::Legacy::read(data);
+        let current: BTreeMap<String, String> = data
+            .iter()
+            .filter(|(k, _)| !istio_legacy::is_legacy(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut problems = legacy.problems.clone();
+        if legacy.any()
+            && let Some(newer) = ["external-gateways", "local-gateways"]
+                .into_iter()
+                .find(|k| current.contains_key(*k))
+        {
+            let first = legacy
+                .read
+                .first()
+                .cloned()
+                .or_else(|| legacy.problems.first().map(|p| p.key.clone()))
+                .unwrap_or_default();
+            problems.push(Problem::new(
+                &first,
+                data.get(&first).cloned().unwrap_or_default(),
+                format!(
+                    "net-istio's older gateway keys cannot be given with {newer} (net-istio \
+                     refuses such a config-istio): keep one form"
+                ),
+            ));
+        }
+        match super::keys::parse_data(ISTIO_KEYS, Self::INERT, &current, Self::validate) {
+            Ok(mut parsed) if problems.is_empty() => {
+                if !legacy.external.is_empty() {
+                    parsed.config.external_gateways = legacy.external;
+                }
+                if !legacy.local.is_empty() {
+                    parsed.config.local_gateways = legacy.local;
+                }
+                parsed.given.extend(legacy.read);
+                parsed.warnings.extend(legacy.warnings);
+                Ok(parsed)
+            }
+            Ok(_) => Err(Problems(problems)),
+            Err(Problems(mut p)) => {
+                p.extend(problems);
+                Err(Problems(p))
+            }
+        }
+    }
+
+    fn warnings(data: &BTreeMap<String, String>) -> Vec<String> {
+        let current: BTreeMap<String, String> = data
+            .iter()
+            .filter(|(k, _)| !istio_legacy::is_legacy(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut w = super::keys::warnings(ISTIO_KEYS, Self::INERT, &current);
+        w.extend(istio_legacy::Legacy::read(data).warnings);
+        w
     }
 }
 
@@ -1209,6 +1271,8 @@ impl ConfigMap for CertManagerConfig {
         Vec::new()
     }
 }
+
+pub mod istio_legacy;
 
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::config::{self as local_config, LocalFile, RevisionTemplateSpec, TrafficTarget};
 use crate::config::keys::ConfigMap;
-use crate::config::load::from_manifest;
+use crate::config::load::parsed_from_manifest;
 use crate::config::parse::{Problem, Problems};
 use crate::config::revision::{RevisionInput, resolve_revision};
 use crate::config::{ConfigSet, annotations};
@@ -31,8 +31,12 @@ pub struct LocalModel {
     /// The ConfigMap files in use, as (ConfigMap name, absolute path), for live reload.
     pub config_files: Vec<(&'static str, PathBuf)>,
     pub services: Vec<ServiceModel>,
-    /// Warnings (unknown annotations, global-only keys as annotations).
+    /// Warnings (unknown annotations, global-only keys as annotations, ConfigMap keys with no
+    /// effect in thaw).
     pub warnings: Vec<String>,
+    /// Per ConfigMap file in use, its keys with no effect in thaw (for
+    /// `thaw_config_ineffective_keys`).
+    pub ineffective_keys: Vec<(&'static str, usize)>,
 }
 
 /// One service of local.yaml.
@@ -147,6 +151,8 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
     let mut problems = Vec::new();
     let mut configs = ConfigSet::default();
     let mut config_files = Vec::new();
+    let mut config_warnings = Vec::new();
+    let mut ineffective_keys = Vec::new();
     if let Some(base) = base {
         let abs = |p: &Path| {
             let p = file.resolve_path(base, p);
@@ -161,6 +167,8 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.autoscaler,
             &abs,
             &mut problems,
+            &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -168,6 +176,8 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.defaults,
             &abs,
             &mut problems,
+            &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -175,6 +185,8 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.activator,
             &abs,
             &mut problems,
+            &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
         load_into(
@@ -182,10 +194,13 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
             &file.config_maps.gc,
             &abs,
             &mut problems,
+            &mut config_warnings,
+            &mut ineffective_keys,
             &mut config_files,
         );
     }
     let mut warnings = local_config::warnings(&file);
+    warnings.append(&mut config_warnings);
     let services: Vec<ServiceModel> = file
         .services
         .iter()
@@ -225,22 +240,31 @@ pub fn from_file(file: LocalFile, base: Option<&Path>) -> Result<LocalModel, Pro
         config_files,
         services,
         warnings,
+        ineffective_keys,
     })
 }
 
 /// Loads the ConfigMap `T` from `path` (made absolute by `abs`) into `slot`, recording the file
-/// for live reload and any problem.
+/// for live reload, any problem, and each key with no effect in thaw (a warning naming the
+/// file, [`crate::config::keys`]'s rule).
 fn load_into<T: ConfigMap>(
     slot: &mut Arc<T>,
     path: &Option<PathBuf>,
     abs: &dyn Fn(&Path) -> PathBuf,
     problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
+    ineffective: &mut Vec<(&'static str, usize)>,
     files: &mut Vec<(&'static str, PathBuf)>,
 ) {
     let Some(path) = path else { return };
     let path = abs(path);
-    match from_manifest::<T>(&path) {
-        Ok(c) => *slot = Arc::new(c),
+    match parsed_from_manifest::<T>(&path) {
+        Ok(parsed) => {
+            let file = path.display().to_string();
+            warnings.extend(parsed.warnings.iter().map(|w| format!("{file}: {w}")));
+            ineffective.push((T::NAME, parsed.warnings.len()));
+            *slot = Arc::new(parsed.config)
+        }
         Err(e) => {
             let file = path.display().to_string();
             problems.extend(e.0.into_iter().map(|p| p.in_file(&file)));
@@ -339,6 +363,37 @@ mod tests {
         assert_eq!(
             m.configs.autoscaler.stable_window,
             std::time::Duration::from_secs(20)
+        );
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert!(m.ineffective_keys.iter().all(|(_, n)| *n == 0));
+    }
+
+    /// A ConfigMap key with no effect in thaw is accepted and named, with its file, and counted
+    /// per ConfigMap (config::keys' rule); the key beside it applies.
+    #[test]
+    fn configmap_keys_without_effect_are_named_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("as.yaml"),
+            "kind: ConfigMap\nmetadata: {name: config-autoscaler}\ndata: {stable-window: 20s, made-up: x}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("local.yaml"),
+            "configMaps: {autoscaler: as.yaml}\nservices: []\n",
+        )
+        .unwrap();
+        let m = load(&Source::File(dir.path().join("local.yaml"))).unwrap();
+        assert_eq!(
+            m.configs.autoscaler.stable_window,
+            std::time::Duration::from_secs(20)
+        );
+        assert_eq!(m.ineffective_keys, [("config-autoscaler", 1)]);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].ends_with("as.yaml: made-up: unknown key, ignored"),
+            "{:?}",
+            m.warnings
         );
     }
 

@@ -248,6 +248,9 @@ async fn run(args: LocalArgs) -> Result<Stopped, String> {
         let _ = rx.wait_for(|stop| *stop).await;
     }));
 
+    for (config_map, n) in &model.ineffective_keys {
+        telemetry.config.set_ineffective(config_map, *n);
+    }
     let _watches = watch_files(
         &source,
         &model,
@@ -398,11 +401,12 @@ fn watch_files(
     );
     for w in &watches {
         let mut events = w.events();
-        let (controller, live, activator_config, said) = (
+        let (controller, live, activator_config, said, metrics) = (
             controller.clone(),
             live.clone(),
             activator_config.clone(),
             said.clone(),
+            telemetry.config.clone(),
         );
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
@@ -416,6 +420,9 @@ fn watch_files(
                                 warn!("{w}");
                             }
                         }
+                    }
+                    for (config_map, n) in &model.ineffective_keys {
+                        metrics.set_ineffective(config_map, *n);
                     }
                     activator_config.store(model.configs.activator.clone());
                     controller.apply(model);

@@ -181,12 +181,62 @@ fn gateways_parse_net_istio_lists() {
         assert_eq!(e.0[0].key, "local-gateways");
         assert!(e.0[0].reason.contains(why), "{value}: {e}");
     }
-    // The older per-gateway keys are not read.
-    let w = IstioConfig::warnings(&data(&[(
-        "gateway.knative-serving.knative-ingress-gateway",
-        "x",
-    )]));
-    assert!(w[0].contains("unknown"), "{w:?}");
+    // The older per-gateway keys are read as net-istio reads them (istio_legacy has the
+    // details), and are no warning.
+    let old = data(&[
+        (
+            "gateway.knative-serving.knative-ingress-gateway",
+            "istio-ingressgateway.istio-system.svc.cluster.local",
+        ),
+        (
+            "local-gateway.edge.private",
+            "private.edge.svc.cluster.local",
+        ),
+    ]);
+    assert!(IstioConfig::warnings(&old).is_empty());
+    let p = IstioConfig::parse(&old).unwrap();
+    assert_eq!(
+        p.config.external_gateways,
+        IstioConfig::default().external_gateways,
+        "the older key for the default gateway reads as the default"
+    );
+    assert_eq!(p.config.local_gateways[0].reference(), "edge/private");
+    assert_eq!(
+        p.config.local_gateways[0].service,
+        "private.edge.svc.cluster.local"
+    );
+    assert!(
+        p.given.contains("local-gateway.edge.private"),
+        "{:?}",
+        p.given
+    );
+    // Only the local one given: the external keeps its default.
+    let p = IstioConfig::parse(&data(&[("local-gateway.edge.private", "p.edge")])).unwrap();
+    assert_eq!(
+        p.config.external_gateways,
+        IstioConfig::default().external_gateways
+    );
+    // Both forms: refused as net-istio refuses it, naming the older key and the newer one.
+    let mut both = old.clone();
+    both.insert(
+        "local-gateways".into(),
+        "- name: gw\n  namespace: x\n  service: s.x\n".into(),
+    );
+    let e = IstioConfig::parse(&both).unwrap_err();
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(
+        e.0[0].key,
+        "gateway.knative-serving.knative-ingress-gateway"
+    );
+    assert!(e.0[0].reason.contains("local-gateways"), "{e}");
+    // A bad older value is refused with its key, beside the other keys' problems.
+    let e = IstioConfig::parse(&data(&[
+        ("gateway.a.b", "not a host"),
+        (TLS_HOSTS_KEY, "0"),
+    ]))
+    .unwrap_err();
+    let keys: Vec<&str> = e.0.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, [TLS_HOSTS_KEY, "gateway.a.b"], "{e}");
 }
 
 #[test]
