@@ -397,7 +397,7 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
 /// Applies `desired` unless an object of its name exists that is not the route's; a child
 /// equal to what is wanted (`same`) is not written again. `cached`: the child as the
 /// controller's store holds it. Returns the NotOwned message when it is someone else's.
-pub(crate) async fn apply_child<P: Resource, K>(
+pub(crate) async fn apply_child<P, K>(
     ctx: &Ctx,
     route: &P,
     desired: &K,
@@ -405,6 +405,7 @@ pub(crate) async fn apply_child<P: Resource, K>(
     same: impl Fn(&K, &K) -> bool,
 ) -> Result<Option<String>, Error>
 where
+    P: Resource,
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + Serialize
