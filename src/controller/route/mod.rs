@@ -1041,6 +1041,10 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     }
 
     let before = route.status.clone().unwrap_or_default();
+    let ingress_ready = status
+        .status
+        .condition(conditions::INGRESS_READY)
+        .is_some_and(|c| c.status == ConditionStatus::True);
     if status != before {
         announce(&ctx, &route, &before, &status).await;
         let mut next = (*route).clone();
@@ -1048,6 +1052,11 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         ctx.api::<Route>(&ns)
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
+    }
+    // Under --adopt-knative: thaw serves the route now; what Knative made for it goes.
+    if ctx.adopt() && ingress_ready {
+        super::adopt::route::drop_route_finalizer(&ctx, &route).await?;
+        super::adopt::route::retire_ingress(&ctx, &*route, true).await?;
     }
     if let Err(TargetError::Invalid(msg)) = resolved {
         return Err(Error::Invalid(msg));
