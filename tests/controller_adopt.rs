@@ -13,7 +13,6 @@
 mod controller_support;
 mod kube_support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -271,30 +270,36 @@ async fn knative_revision(run: &Running, rev: &Revision, chain: Chain) -> Knativ
     public_labels[labels::SERVICE_TYPE] = "Public".into();
     public_labels["networking.internal.knative.dev/serverlessservice"] = name.clone().into();
     let public: Service = run
-        .create(json!({"metadata": {"name": name, "namespace": NS, "labels": public_labels,
+        .create(
+            json!({"metadata": {"name": name, "namespace": NS, "labels": public_labels,
             "ownerReferences": sks_owner},
             "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP",
-                "targetPort": 8012}]}}))
+                "targetPort": 8012}]}}),
+        )
         .await;
     let mut private_labels = rev_labels.clone();
     private_labels[labels::SERVICE_TYPE] = "Private".into();
     let private: Service = run
-        .create(json!({"metadata": {"name": format!("{name}-private"), "namespace": NS,
+        .create(
+            json!({"metadata": {"name": format!("{name}-private"), "namespace": NS,
             "labels": private_labels, "ownerReferences": sks_owner},
             "spec": {"selector": {labels::REVISION_UID: rev_uid}, "ports": [
                 {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8012},
                 {"name": "http-autometric", "port": 9090, "protocol": "TCP", "targetPort": 9090},
                 {"name": "http-usermetric", "port": 9091, "protocol": "TCP", "targetPort": 9091},
                 {"name": "http-queueadm", "port": 8022, "protocol": "TCP", "targetPort": 8022},
-                {"name": "http-istio", "port": 8012, "protocol": "TCP", "targetPort": 8012}]}}))
+                {"name": "http-istio", "port": 8012, "protocol": "TCP", "targetPort": 8012}]}}),
+        )
         .await;
     // The SKS reconciler's Endpoints of the public Service (Proxy mode: Knative's
     // activator, stopped by now).
     let _: Endpoints = run
-        .create(json!({"metadata": {"name": name, "namespace": NS, "labels": public_labels,
+        .create(
+            json!({"metadata": {"name": name, "namespace": NS, "labels": public_labels,
             "ownerReferences": sks_owner},
             "subsets": [{"addresses": [{"ip": "10.9.0.7"}],
-                "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}]}]}))
+                "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}]}]}),
+        )
         .await;
     let dep: Deployment = run
         .create(json!({"metadata": {"name": format!("{name}-deployment"), "namespace": NS,
@@ -340,7 +345,12 @@ fn containers(d: &Deployment) -> Vec<(String, String)> {
         .collect()
 }
 
-async fn revision_condition(run: &Running, type_: &str, want: ConditionStatus, reason: Option<&str>) {
+async fn revision_condition(
+    run: &Running,
+    type_: &str,
+    want: ConditionStatus,
+    reason: Option<&str>,
+) {
     let api = run.api::<Revision>();
     wait_for(
         &format!("{REV} {type_}={want:?} {reason:?}"),
@@ -393,7 +403,10 @@ async fn adopt_mode_takes_a_knative_revision_over_in_place_and_rolls_it_when_rel
         .collect();
     assert_eq!(
         port_names,
-        [("http".to_string(), 80), ("http-autometric".to_string(), 9091)]
+        [
+            ("http".to_string(), 80),
+            ("http-autometric".to_string(), 9091)
+        ]
     );
 
     // The Deployment: held, its template Knative's.
@@ -406,19 +419,24 @@ async fn adopt_mode_takes_a_knative_revision_over_in_place_and_rolls_it_when_rel
     )
     .await;
     assert_eq!(dep.uid().unwrap(), knative.deployment_uid);
-    assert_eq!(containers(&dep)[1], ("queue-proxy".into(), KNATIVE_QUEUE.into()));
+    assert_eq!(
+        containers(&dep)[1],
+        ("queue-proxy".into(), KNATIVE_QUEUE.into())
+    );
 
     // Knative's Endpoints stay while thaw's slices do not serve the public Service.
     let endpoints = run.api::<Endpoints>();
     assert!(endpoints.get_opt(REV).await.unwrap().is_some());
     // Playing thaw's autoscaler: the public Service's slice, the activator in the path.
     let _: EndpointSlice = run
-        .create(json!({"metadata": {"name": format!("{REV}-a1"), "namespace": NS,
+        .create(
+            json!({"metadata": {"name": format!("{REV}-a1"), "namespace": NS,
             "labels": {labels::ENDPOINTSLICE_SERVICE_NAME: REV,
                 labels::ENDPOINTSLICE_MANAGED_BY: labels::MANAGED_BY_AUTOSCALER}},
             "addressType": "IPv4",
             "endpoints": [{"addresses": ["10.1.0.5"], "conditions": {"ready": true}}],
-            "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}]}))
+            "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}]}),
+        )
         .await;
     wait_for(
         "Knative's Endpoints gone",
@@ -439,9 +457,17 @@ async fn adopt_mode_takes_a_knative_revision_over_in_place_and_rolls_it_when_rel
         )
         .await;
     }
-    assert_eq!(services.get(REV).await.unwrap().uid().unwrap(), knative.public_uid);
     assert_eq!(
-        services.get(&format!("{REV}-private")).await.unwrap().uid().unwrap(),
+        services.get(REV).await.unwrap().uid().unwrap(),
+        knative.public_uid
+    );
+    assert_eq!(
+        services
+            .get(&format!("{REV}-private"))
+            .await
+            .unwrap()
+            .uid()
+            .unwrap(),
         knative.private_uid
     );
     // Still held, Knative's template as found.
@@ -453,14 +479,20 @@ async fn adopt_mode_takes_a_knative_revision_over_in_place_and_rolls_it_when_rel
         .patch(
             REV,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {RELEASE_TEMPLATE_ANNOTATION: "true"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {RELEASE_TEMPLATE_ANNOTATION: "true"}}}),
+            ),
         )
         .await
         .unwrap();
     let dep = wait_for(
         "thaw's template",
         || async { deployments.get(&dep_name).await.unwrap() },
-        |d| containers(d).iter().any(|(n, i)| n == "queue-proxy" && i == IMAGE),
+        |d| {
+            containers(d)
+                .iter()
+                .any(|(n, i)| n == "queue-proxy" && i == IMAGE)
+        },
     )
     .await;
     assert_eq!(dep.uid().unwrap(), knative.deployment_uid);
@@ -488,7 +520,13 @@ async fn stays_not_owned(run: &Running) {
         assert_eq!(o.kind, "ServerlessService", "{name}");
     }
     assert!(run.api::<Endpoints>().get_opt(REV).await.unwrap().is_some());
-    assert!(run.dynamic(&pa_kind()).get_opt(REV).await.unwrap().is_some());
+    assert!(
+        run.dynamic(&pa_kind())
+            .get_opt(REV)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -604,7 +642,10 @@ async fn adopt_mode_takes_a_knative_route_over_and_retires_its_kingress() {
         |r| route_condition(r, "IngressReady").map(|c| c.0) == Some(ConditionStatus::True),
     )
     .await;
-    assert_eq!(route_condition(&r, "Ready").unwrap().0, ConditionStatus::True);
+    assert_eq!(
+        route_condition(&r, "Ready").unwrap().0,
+        ConditionStatus::True
+    );
     // The same VirtualServices, now the Route's, written as thaw writes them.
     let vss = run.api::<VirtualService>();
     for (name, uid) in ["hello-ingress", "hello-mesh"].iter().zip(&vs_uids) {
@@ -614,7 +655,12 @@ async fn adopt_mode_takes_a_knative_route_over_and_retires_its_kingress() {
         assert_eq!(vs.owner_references().len(), 1);
     }
     let ingress = vss.get("hello-ingress").await.unwrap();
-    assert!(ingress.spec.hosts.contains(&"hello.default.svc.cluster.local".to_string()));
+    assert!(
+        ingress
+            .spec
+            .hosts
+            .contains(&"hello.default.svc.cluster.local".to_string())
+    );
     // Knative's KIngress (its finalizer removed first) and Certificate gone; the labeler's
     // finalizer off the Route.
     let king = run.dynamic(&king_kind());
@@ -666,7 +712,13 @@ async fn a_kingress_of_another_route_is_not_adopted_from() {
             .await
             .unwrap();
         assert_eq!(vs.owner_references()[0].kind, "Ingress");
-        assert!(run.dynamic(&king_kind()).get_opt("hello").await.unwrap().is_some());
+        assert!(
+            run.dynamic(&king_kind())
+                .get_opt("hello")
+                .await
+                .unwrap()
+                .is_some()
+        );
         let r = routes.get("hello").await.unwrap();
         assert_eq!(r.finalizers(), ["routes.serving.knative.dev"]);
     }

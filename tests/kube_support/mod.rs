@@ -93,7 +93,11 @@ impl TestApi {
                 "serverlessservices",
             ),
             ("networking.internal.knative.dev", "Ingress", "ingresses"),
-            ("networking.internal.knative.dev", "Certificate", "certificates"),
+            (
+                "networking.internal.knative.dev",
+                "Certificate",
+                "certificates",
+            ),
         ] {
             handlers.push(Arc::new(StoreBackedHandler::new(
                 store.clone(),

@@ -119,7 +119,11 @@ where
     }];
     let mut current = child.clone();
     for link in links {
-        let at = format!("{} {}", hops[hops.len() - 1].kind, hops[hops.len() - 1].name);
+        let at = format!(
+            "{} {}",
+            hops[hops.len() - 1].kind,
+            hops[hops.len() - 1].name
+        );
         let Some(r) = controller(&current).filter(|r| {
             r.kind == link.kind && group_of(&r.api_version) == link.group && !r.uid.is_empty()
         }) else {
@@ -198,7 +202,10 @@ mod tests {
         }
     }
 
-    const SKS: (&str, &str) = ("networking.internal.knative.dev/v1alpha1", "ServerlessService");
+    const SKS: (&str, &str) = (
+        "networking.internal.knative.dev/v1alpha1",
+        "ServerlessService",
+    );
     const PA: (&str, &str) = ("autoscaling.internal.knative.dev/v1alpha1", "PodAutoscaler");
     const REV: (&str, &str) = ("serving.knative.dev/v1", "Revision");
 
@@ -261,14 +268,20 @@ mod tests {
         );
         assert!(matches!(
             run(&svc, &l, "rev").await,
-            Err(Refusal::UidMismatch { kind: "ServerlessService", .. })
+            Err(Refusal::UidMismatch {
+                kind: "ServerlessService",
+                ..
+            })
         ));
         // A missing link.
         let mut l = links.clone();
         l.remove(&("PodAutoscaler", "hello-00001".into()));
         assert!(matches!(
             run(&svc, &l, "rev").await,
-            Err(Refusal::Missing { kind: "PodAutoscaler", .. })
+            Err(Refusal::Missing {
+                kind: "PodAutoscaler",
+                ..
+            })
         ));
         // The PA not controlled at all; the SKS controlled by a Revision directly (a link
         // skipped).
@@ -285,7 +298,10 @@ mod tests {
         );
         assert!(matches!(
             run(&svc, &l, "rev").await,
-            Err(Refusal::WrongController { want: "PodAutoscaler", .. })
+            Err(Refusal::WrongController {
+                want: "PodAutoscaler",
+                ..
+            })
         ));
         // A ServerlessService of another API group; a Service with no controller.
         let forged = owned("svc", Some(("example.com/v1", SKS.1, "hello-00001", "sks")));

@@ -137,8 +137,11 @@ pub async fn get_meta(
 /// server-side apply would otherwise leave Knative's extra ports in).
 pub fn reown_patch(found: &ObjectMeta, owners: &[OwnerReference], ports: Option<&Value>) -> Value {
     let refs = found.owner_references.clone().unwrap_or_default();
-    let mut next: Vec<OwnerReference> =
-        refs.iter().filter(|r| r.controller != Some(true)).cloned().collect();
+    let mut next: Vec<OwnerReference> = refs
+        .iter()
+        .filter(|r| r.controller != Some(true))
+        .cloned()
+        .collect();
     next.extend(owners.iter().cloned());
     let mut ops = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": found.uid}),
@@ -225,9 +228,13 @@ where
     };
     let patched = ctx
         .api::<K>(&ns)
-        .patch(&name, &pp, &Patch::<()>::Json(serde_json::from_value(patch).map_err(
-            |e| Error::Other(e.to_string()),
-        )?))
+        .patch(
+            &name,
+            &pp,
+            &Patch::<()>::Json(
+                serde_json::from_value(patch).map_err(|e| Error::Other(e.to_string()))?,
+            ),
+        )
         .await?;
     tracing::info!(kind = %kind, name = %name, namespace = %ns, chain = %chain::render(&hops),
         "adopted a Knative object");
@@ -339,12 +346,22 @@ mod tests {
         };
         let found = ObjectMeta {
             uid: Some("svc".into()),
-            owner_references: Some(vec![r("ServerlessService", "sks", true), r("X", "x", false)]),
+            owner_references: Some(vec![
+                r("ServerlessService", "sks", true),
+                r("X", "x", false),
+            ]),
             ..ObjectMeta::default()
         };
-        let patch = reown_patch(&found, &[r("Revision", "rev", true)], Some(&json!([{"port": 80}])));
+        let patch = reown_patch(
+            &found,
+            &[r("Revision", "rev", true)],
+            Some(&json!([{"port": 80}])),
+        );
         let ops = patch.as_array().unwrap();
-        assert_eq!(ops[0], json!({"op": "test", "path": "/metadata/uid", "value": "svc"}));
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/uid", "value": "svc"})
+        );
         assert_eq!(ops[1]["op"], "test");
         assert_eq!(ops[1]["value"][0]["uid"], "sks");
         let next: Vec<OwnerReference> = serde_json::from_value(ops[2]["value"].clone()).unwrap();
@@ -352,6 +369,9 @@ mod tests {
             next.iter().map(|o| o.uid.as_str()).collect::<Vec<_>>(),
             ["x", "rev"]
         );
-        assert_eq!(ops[3], json!({"op": "replace", "path": "/spec/ports", "value": [{"port": 80}]}));
+        assert_eq!(
+            ops[3],
+            json!({"op": "replace", "path": "/spec/ports", "value": [{"port": 80}]})
+        );
     }
 }

@@ -76,7 +76,9 @@ pub fn log_hold(found: &Deployment, rev: &Revision, now_held: bool) {
 /// endpoint (the activators or the pods).
 fn serves(slices: &[EndpointSlice]) -> bool {
     slices.iter().any(|s| {
-        s.labels().get(labels::ENDPOINTSLICE_MANAGED_BY).map(String::as_str)
+        s.labels()
+            .get(labels::ENDPOINTSLICE_MANAGED_BY)
+            .map(String::as_str)
             == Some(labels::MANAGED_BY_AUTOSCALER)
             && s.endpoints.iter().any(|e| {
                 !e.addresses.is_empty()
@@ -200,7 +202,10 @@ mod tests {
         let rev = RevisionFixture::new("hello-00001").build();
         let knatives = deployment(&[], &[]);
         let thaws = deployment(&[], &[(APPLIED_ANNOTATION, "h")]);
-        let held_one = deployment(&[(TEMPLATE_HELD_LABEL, "true")], &[(APPLIED_ANNOTATION, "h")]);
+        let held_one = deployment(
+            &[(TEMPLATE_HELD_LABEL, "true")],
+            &[(APPLIED_ANNOTATION, "h")],
+        );
         assert!(template_held(true, &knatives, &rev));
         // Without the switch, Knative's is not adopted (today's behaviour); one held stays so.
         assert!(!template_held(false, &knatives, &rev));
@@ -243,7 +248,10 @@ mod tests {
         };
         assert!(serves(&[slice(labels::MANAGED_BY_AUTOSCALER, Some(true))]));
         assert!(serves(&[slice(labels::MANAGED_BY_AUTOSCALER, None)]));
-        assert!(!serves(&[slice(labels::MANAGED_BY_AUTOSCALER, Some(false))]));
+        assert!(!serves(&[slice(
+            labels::MANAGED_BY_AUTOSCALER,
+            Some(false)
+        )]));
         assert!(!serves(&[slice(
             "endpointslicemirroring-controller.k8s.io",
             Some(true)
