@@ -550,7 +550,8 @@ async fn without_the_switch_nothing_is_adopted() {
 }
 
 /// Knative's objects of route `hello` (its labeler's finalizer on it): the KIngress `hello`
-/// with net-istio's finalizer, net-istio's two VirtualServices, a networking Certificate.
+/// with net-istio's finalizer, net-istio's two VirtualServices (and a third of a name thaw does
+/// not write), a networking Certificate.
 /// `king_owner`: the KIngress's controller UID (the route's, or another).
 async fn knative_route(run: &Running, king_owner: Option<&str>) -> (Route, Vec<String>) {
     let mut r = Route::new(
@@ -584,7 +585,8 @@ async fn knative_route(run: &Running, king_owner: Option<&str>) -> (Route, Vec<S
         )
         .await;
     let mut vs_uids = Vec::new();
-    for vs in ["hello-ingress", "hello-mesh"] {
+    // The third a name thaw does not write (not adopted).
+    for vs in ["hello-ingress", "hello-mesh", "hello-stale"] {
         let mut vs_labels = route_labels.clone();
         vs_labels["networking.internal.knative.dev/ingress"] = "hello".into();
         let created: VirtualService = run
@@ -654,6 +656,13 @@ async fn adopt_mode_takes_a_knative_route_over_and_retires_its_kingress() {
         assert_eq!(controller_uid(&vs.metadata), route.uid(), "{name}");
         assert_eq!(vs.owner_references().len(), 1);
     }
+    // The one the KIngress still controlled (not adopted) deleted, not orphaned.
+    wait_for(
+        "the VirtualService thaw did not adopt gone",
+        || async { vss.get_opt("hello-stale").await.unwrap() },
+        Option::is_none,
+    )
+    .await;
     let ingress = vss.get("hello-ingress").await.unwrap();
     assert!(
         ingress
@@ -712,6 +721,13 @@ async fn a_kingress_of_another_route_is_not_adopted_from() {
             .await
             .unwrap();
         assert_eq!(vs.owner_references()[0].kind, "Ingress");
+        assert!(
+            run.api::<VirtualService>()
+                .get_opt("hello-stale")
+                .await
+                .unwrap()
+                .is_some()
+        );
         assert!(
             run.dynamic(&king_kind())
                 .get_opt("hello")

@@ -5,13 +5,17 @@
 //! ([`ROUTE_FINALIZER`]) is removed so that deleting the Route does not hang. The
 //! VirtualServices or HTTPRoutes the KIngress controlled were re-owned by the Route's
 //! reconcile before ([`super::try_adopt`]): thaw writes net-istio's names (`{route}-ingress`,
-//! `{route}-mesh`) and net-gateway-api's (the longest host).
+//! `{route}-mesh`) and net-gateway-api's (the longest host); any the KIngress still controls
+//! (a name thaw does not write) would route the same hosts beside thaw's once orphaned, so it is
+//! deleted before the KIngress.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 
 use super::{CERTIFICATE, INGRESS, chain, finalizer_patch, get_meta, retire};
+use crate::controller::route::http_route::HTTPRoute;
+use crate::controller::route::virtual_service::VirtualService;
 use crate::controller::{Ctx, Error, FIELD_MANAGER};
 use crate::knative::Route;
 use crate::knative::names::{child_name, labels};
@@ -38,6 +42,41 @@ pub async fn drop_route_finalizer(ctx: &Ctx, route: &Route) -> Result<(), Error>
     Ok(())
 }
 
+/// Deletes the objects of kind `K` in `ns` that the KIngress of UID `king` still controls
+/// (those thaw adopted are the parent's by now), logged. A kind the API server does not serve
+/// has none.
+async fn not_adopted<K>(ctx: &Ctx, ns: &str, king: Option<&str>) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = ctx.api::<K>(ns);
+    let found = match api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for o in found.iter().filter(|o| controlled_by(o.meta(), king)) {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: o.meta().uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&o.name_any(), &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(kind = %K::kind(&()), name = %o.name_any(), namespace = %ns,
+            "deleted a Knative object thaw did not adopt: its KIngress is retired");
+    }
+    Ok(())
+}
+
 /// Whether `meta` is controlled by the object of UID `uid`.
 fn controlled_by(meta: &ObjectMeta, uid: Option<&str>) -> bool {
     uid.is_some() && chain::controller(meta).is_some_and(|r| Some(r.uid.as_str()) == uid)
@@ -58,6 +97,11 @@ pub async fn retire_ingress<P: Resource>(
     if let Some(king) = get_meta(ctx, INGRESS, &ns, &child_name(&name, "")).await?
         && controlled_by(&king, uid)
     {
+        // What it still controls thaw did not adopt (a name thaw does not write): Knative's
+        // stale routing for hosts thaw serves now, so deleted rather than orphaned.
+        let king_uid = king.uid.as_deref();
+        not_adopted::<VirtualService>(ctx, &ns, king_uid).await?;
+        not_adopted::<HTTPRoute>(ctx, &ns, king_uid).await?;
         retire(ctx, INGRESS, &king).await?;
     }
     if !certificates {
