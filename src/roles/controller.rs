@@ -350,3 +350,24 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ControllerArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    #[test]
+    fn adoption_is_off_unless_asked_for() {
+        let off = Cli::try_parse_from(["thaw"]).unwrap();
+        assert!(!off.args.adopt_knative);
+        let on = Cli::try_parse_from(["thaw", "--adopt-knative"]).unwrap();
+        assert!(on.args.adopt_knative);
+    }
+}
