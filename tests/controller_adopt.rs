@@ -22,7 +22,9 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams,
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use thaw::config::DeploymentConfig;
+use thaw::config::network::IngressClass;
 use thaw::controller::adopt::{RELEASE_TEMPLATE_ANNOTATION, TEMPLATE_HELD_LABEL};
+use thaw::controller::route::http_route::HTTPRoute;
 use thaw::controller::route::virtual_service::VirtualService;
 use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::{Condition, ConditionStatus};
@@ -137,6 +139,24 @@ impl Running {
                 ..CtxOptions::default()
             },
         )
+    }
+
+    /// The Route controller with the Gateway API ingress class (the test plays the gateway's
+    /// implementation: the HTTPRoutes' status).
+    fn run_routes_gateway_api(&mut self) {
+        let mut settings = Settings::default();
+        settings.network.templates.ingress_class = IngressClass::GatewayApi;
+        let ctx = Ctx::with_options(
+            self.client.clone(),
+            settings,
+            CtxOptions {
+                namespace: Some(NS.into()),
+                adopt: true,
+                ..CtxOptions::default()
+            },
+        );
+        self.tasks
+            .push(tokio::spawn(thaw::controller::route::controller(ctx)));
     }
 
     fn run_revisions(&mut self, adopt: bool) {
@@ -737,5 +757,76 @@ async fn a_kingress_of_another_route_is_not_adopted_from() {
         );
         let r = routes.get("hello").await.unwrap();
         assert_eq!(r.finalizers(), ["routes.serving.knative.dev"]);
+    }
+}
+
+/// The HTTPRoutes net-gateway-api writes for route `hello` (named by their longest host, on
+/// config-gateway's Gateways), controlled by the KIngress `hello`, adopted in place; the
+/// KIngress retired once the gateway reports them accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_mode_takes_net_gateway_apis_http_routes_over() {
+    let mut run = Running::new().await;
+    ready_revision(&run).await;
+    let (route, _) = knative_route(&run, None).await;
+    let king = run.dynamic(&king_kind()).get("hello").await.unwrap();
+    let hosts = [
+        "hello.default.example.com",
+        "hello.default.svc.cluster.local",
+    ];
+    let mut uids = Vec::new();
+    for (host, gateway) in hosts
+        .iter()
+        .zip(["knative-gateway", "knative-local-gateway"])
+    {
+        let hr: HTTPRoute = run
+            .create(json!({"metadata": {"name": host, "namespace": NS,
+                "labels": {labels::ROUTE: "hello", "networking.knative.dev/visibility": ""},
+                "ownerReferences": controller_ref(
+                    "networking.internal.knative.dev/v1alpha1", "Ingress", "hello", &king.uid().unwrap())},
+                "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                    "name": gateway, "namespace": "istio-system"}],
+                    "hostnames": [host], "rules": []}}))
+            .await;
+        uids.push(hr.uid().unwrap());
+    }
+    run.run_routes_gateway_api();
+    let api = run.api::<HTTPRoute>();
+    for (host, uid) in hosts.iter().zip(&uids) {
+        let hr = wait_for(
+            &format!("the HTTPRoute {host} owned by the route"),
+            || async { api.get(host).await.unwrap() },
+            |hr| controller_uid(&hr.metadata) == route.uid(),
+        )
+        .await;
+        assert_eq!(hr.uid().as_ref(), Some(uid), "{host}");
+        assert!(!hr.spec.rules.is_empty(), "{host}: thaw's rules written");
+    }
+    // Playing the gateway's implementation: both accepted.
+    for host in hosts {
+        loop {
+            let mut hr = api.get(host).await.unwrap();
+            hr.status = Some(hr.status_for_every_parent(
+                "example.com/gateway-controller",
+                &[
+                    ("Accepted", "True", "Accepted"),
+                    ("ResolvedRefs", "True", "ResolvedRefs"),
+                ],
+            ));
+            match api.replace_status(host, &PostParams::default(), &hr).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => panic!("{host}: {e}"),
+            }
+        }
+    }
+    let king = run.dynamic(&king_kind());
+    wait_for(
+        "the KIngress gone",
+        || async { king.get_opt("hello").await.unwrap() },
+        Option::is_none,
+    )
+    .await;
+    for (host, uid) in hosts.iter().zip(&uids) {
+        assert_eq!(api.get(host).await.unwrap().uid().as_ref(), Some(uid));
     }
 }
