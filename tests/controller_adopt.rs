@@ -334,6 +334,7 @@ async fn knative_revision(run: &Running, rev: &Revision, chain: Chain) -> Knativ
                         {"name": "user-container", "image": "ghcr.io/knative/helloworld-go@sha256:1",
                          "ports": [{"name": "user-port", "containerPort": 8080}]},
                         {"name": "queue-proxy", "image": KNATIVE_QUEUE,
+                         "env": [{"name": "SERVING_ENABLE_PROBE_REQUEST_LOG", "value": "false"}],
                          "ports": [{"name": "http-queueadm", "containerPort": 8022}]}]}}}}))
         .await;
     KnativeRevision {
@@ -506,17 +507,40 @@ async fn adopt_mode_takes_a_knative_revision_over_in_place_and_rolls_it_when_rel
         .await
         .unwrap();
     let dep = wait_for(
-        "thaw's template",
+        "thaw's template, the hold label gone",
         || async { deployments.get(&dep_name).await.unwrap() },
         |d| {
             containers(d)
                 .iter()
                 .any(|(n, i)| n == "queue-proxy" && i == IMAGE)
+                && !d.labels().contains_key(TEMPLATE_HELD_LABEL)
         },
     )
     .await;
     assert_eq!(dep.uid().unwrap(), knative.deployment_uid);
-    assert!(!dep.labels().contains_key(TEMPLATE_HELD_LABEL));
+    // thaw's sidecar replaced Knative's whole: nothing of Knative's queue-proxy is left in it.
+    let spec = dep.spec.clone().unwrap().template.spec.unwrap();
+    let queue = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "queue-proxy")
+        .unwrap();
+    assert!(
+        !queue
+            .env
+            .iter()
+            .flatten()
+            .any(|e| e.name == "SERVING_ENABLE_PROBE_REQUEST_LOG"),
+        "{:?}",
+        queue.env
+    );
+    assert!(
+        !queue
+            .ports
+            .iter()
+            .flatten()
+            .any(|p| p.container_port == 8022)
+    );
     let rolling = dep.spec.unwrap().strategy.unwrap().rolling_update.unwrap();
     assert_eq!(
         rolling.max_unavailable,
@@ -793,13 +817,12 @@ async fn adopt_mode_takes_net_gateway_apis_http_routes_over() {
     let api = run.api::<HTTPRoute>();
     for (host, uid) in hosts.iter().zip(&uids) {
         let hr = wait_for(
-            &format!("the HTTPRoute {host} owned by the route"),
+            &format!("the HTTPRoute {host} owned by the route, with thaw's rules"),
             || async { api.get(host).await.unwrap() },
-            |hr| controller_uid(&hr.metadata) == route.uid(),
+            |hr| controller_uid(&hr.metadata) == route.uid() && !hr.spec.rules.is_empty(),
         )
         .await;
         assert_eq!(hr.uid().as_ref(), Some(uid), "{host}");
-        assert!(!hr.spec.rules.is_empty(), "{host}: thaw's rules written");
     }
     // Playing the gateway's implementation: both accepted.
     for host in hosts {

@@ -39,8 +39,7 @@ pub fn template_held(adopt: bool, found: &Deployment, rev: &Revision) -> bool {
     if released(rev) {
         return false;
     }
-    let held = found.labels().get(TEMPLATE_HELD_LABEL).map(String::as_str) == Some("true");
-    held || (adopt && !found.annotations().contains_key(APPLIED_ANNOTATION))
+    is_held(found) || (adopt && !found.annotations().contains_key(APPLIED_ANNOTATION))
 }
 
 /// `desired` as applied while its template is held: its metadata (labels with
@@ -59,7 +58,7 @@ pub fn held(mut desired: Deployment) -> Deployment {
 /// Logs the change of `found`'s hold that this reconcile makes (an adoption with its template
 /// held, or a release), once: the label tells what was done before.
 pub fn log_hold(found: &Deployment, rev: &Revision, now_held: bool) {
-    let was_held = found.labels().get(TEMPLATE_HELD_LABEL).map(String::as_str) == Some("true");
+    let was_held = is_held(found);
     let name = found.name_any();
     let ns = found.namespace().unwrap_or_default();
     if now_held && !was_held {
@@ -70,6 +69,46 @@ pub fn log_hold(found: &Deployment, rev: &Revision, now_held: bool) {
         tracing::info!(kind = "Deployment", name = %name, namespace = %ns,
             "released an adopted Deployment's template: thaw's template rolls out (maxUnavailable 0)");
     }
+}
+
+/// Whether `found` carries [`TEMPLATE_HELD_LABEL`].
+pub fn is_held(found: &Deployment) -> bool {
+    found.labels().get(TEMPLATE_HELD_LABEL).map(String::as_str) == Some("true")
+}
+
+/// The JSON patch that puts thaw's pod template and strategy (from `desired`) in place of the
+/// held one, guarded by `found`'s UID. Replaced whole, not applied over: a server-side apply
+/// would merge thaw's containers into Knative's by name, keeping every field Knative's manager
+/// owns (its queue-proxy's environment, ports and probe handler beside thaw's).
+pub fn release_patch(found: &Deployment, desired: &Deployment) -> Option<serde_json::Value> {
+    let spec = desired.spec.as_ref()?;
+    Some(serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": found.metadata.uid},
+        {"op": "replace", "path": "/spec/template", "value": spec.template},
+        {"op": "replace", "path": "/spec/strategy", "value": spec.strategy},
+    ]))
+}
+
+/// Releases `found`'s held template: thaw's template and strategy written in one step
+/// ([`release_patch`]); the apply that follows removes the label. Returns the Deployment as
+/// the server now holds it.
+pub async fn release(
+    ctx: &Ctx,
+    found: &Deployment,
+    desired: &Deployment,
+) -> Result<Deployment, Error> {
+    let Some(patch) = release_patch(found, desired) else {
+        return Ok(found.clone());
+    };
+    let pp = kube::api::PatchParams {
+        field_manager: Some(crate::controller::FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let patch = serde_json::from_value(patch).map_err(|e| Error::Other(e.to_string()))?;
+    Ok(ctx
+        .api::<Deployment>(&found.namespace().unwrap_or_default())
+        .patch(&found.name_any(), &pp, &kube::api::Patch::<()>::Json(patch))
+        .await?)
 }
 
 /// Whether a slice of thaw's autoscaler for the public Service `public` holds a ready
@@ -234,6 +273,31 @@ mod tests {
         assert!(h.spec.is_none());
         assert_eq!(h.labels()[TEMPLATE_HELD_LABEL], "true");
         assert_eq!(h.labels()["a"], "b");
+    }
+
+    #[test]
+    fn a_release_replaces_the_template_and_strategy_whole() {
+        let found: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "d", "uid": "dep-uid"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "queue-proxy", "image": "knative"}]}}}
+        }))
+        .unwrap();
+        let desired: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "d"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "queue-proxy", "image": "thaw"}]}},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0}}}
+        }))
+        .unwrap();
+        let p = release_patch(&found, &desired).unwrap();
+        assert_eq!(
+            p[0],
+            serde_json::json!({"op": "test", "path": "/metadata/uid", "value": "dep-uid"})
+        );
+        assert_eq!(p[1]["op"], "replace");
+        assert_eq!(p[1]["value"]["spec"]["containers"][0]["image"], "thaw");
+        assert_eq!(p[2]["value"]["rollingUpdate"]["maxUnavailable"], 0);
+        // A held body has no spec: nothing to release with.
+        assert_eq!(release_patch(&found, &held(desired)), None);
     }
 
     #[test]

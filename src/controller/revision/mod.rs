@@ -250,12 +250,16 @@ async fn reconcile_deployment(
         Some(existing) => {
             let mut d =
                 deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
-            // An adopted Deployment keeps the pod template it was found with until released.
+            // An adopted Deployment keeps the pod template it was found with until released;
+            // released, thaw's replaces it whole before the apply.
+            let mut existing = existing;
             if crate::controller::is_owned_by(&existing.metadata, rev) {
                 let held = adopt::revision::template_held(ctx.adopt(), &existing, rev);
                 adopt::revision::log_hold(&existing, rev, held);
                 if held {
                     d = adopt::revision::held(d);
+                } else if adopt::revision::is_held(&existing) {
+                    existing = adopt::revision::release(ctx, &existing, &d).await?;
                 }
             }
             crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
