@@ -12,8 +12,9 @@
 //!   else stays `NotOwned`, as without the switch.
 //! - **Held templates** ([`revision`]): a revision's Deployment that thaw never applied
 //!   (Knative's, with its queue-proxy) keeps its pod template, labelled [`TEMPLATE_HELD_LABEL`],
-//!   until the Revision is annotated [`RELEASE_TEMPLATE_ANNOTATION`]`: "true"`; then thaw
-//!   writes its own template (a rolling update with `maxUnavailable: 0`).
+//!   until the Revision is annotated [`RELEASE_TEMPLATE_ANNOTATION`]`: "true"`; then thaw's
+//!   template and strategy replace Knative's whole (a JSON patch: an apply would merge its
+//!   containers into Knative's by name), a rolling update with `maxUnavailable: 0`.
 //! - **The public Service's Endpoints** ([`revision`]): Knative's hand-written v1 Endpoints
 //!   of an adopted public Service are deleted once thaw's autoscaler's EndpointSlices for that
 //!   Service hold a ready endpoint.
