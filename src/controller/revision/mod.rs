@@ -440,8 +440,10 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
 }
 
 /// How soon a revision whose public Service still has Knative's Endpoints (thaw's slices do
-/// not serve it yet) is reconciled again.
-pub const ADOPT_RECHECK: tokio::time::Duration = tokio::time::Duration::from_secs(1);
+/// not serve it yet) is reconciled again: two reads per revision per period while the
+/// autoscaler has not written its slices (normally within a second of the Service's
+/// adoption; longer only while the autoscaler is away).
+pub const ADOPT_RECHECK: tokio::time::Duration = tokio::time::Duration::from_secs(5);
 
 /// The shared watches the Revision controller reads: Revisions, and their Deployments,
 /// Services, HPAs and Pods (by the revision label).
