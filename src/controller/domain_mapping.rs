@@ -632,12 +632,20 @@ pub async fn reconcile(
         ],
         &now(),
     );
+    let ingress_ready = status
+        .status
+        .condition(INGRESS_READY)
+        .is_some_and(|c| c.status == ConditionStatus::True);
     if dm.status.as_ref() != Some(&status) {
         let mut next = (*dm).clone();
         next.status = Some(status);
         ctx.api::<DomainMapping>(&ns)
             .replace_status(&domain, &PostParams::default(), &next)
             .await?;
+    }
+    // Under --adopt-knative: thaw serves the mapping now; Knative's KIngress for it goes.
+    if ctx.adopt() && ingress_ready {
+        super::adopt::route::retire_ingress(&ctx, &*dm, false).await?;
     }
     let requeue = match &tls_outcome {
         Some(t) => super::route::tls_requeue(t.https(), t.is_limited(), net, ctx.resync()),

@@ -16,6 +16,7 @@
 //! Room: the reconcilers and their object builders. May use: `knative`, `config`,
 //! `telemetry`, `leader`; no data-plane module.
 
+pub mod adopt;
 pub mod apply;
 pub mod configuration;
 pub mod domain_mapping;
@@ -117,6 +118,9 @@ pub struct Ctx {
     informers: informers::Informers,
     /// The changes waiting for their reconcile (the event-to-reconcile histogram).
     triggers: Arc<informers::Triggers>,
+    /// `--adopt-knative`: take over, along the ownership chain, what Knative Serving's
+    /// internal objects owned ([`adopt`]).
+    adopt: bool,
 }
 
 /// How a [`Ctx`] is built; every field has the default the role uses.
@@ -129,6 +133,8 @@ pub struct CtxOptions {
     /// This replica's name in Events (`reportingInstance`): the pod name.
     pub instance: Option<String>,
     pub metrics: Option<ControllerMetrics>,
+    /// Adopt Knative Serving's objects in place ([`adopt`]); off by default.
+    pub adopt: bool,
 }
 
 impl Default for CtxOptions {
@@ -140,6 +146,7 @@ impl Default for CtxOptions {
             workers: DEFAULT_WORKERS,
             instance: None,
             metrics: None,
+            adopt: false,
         }
     }
 }
@@ -177,6 +184,7 @@ impl Ctx {
             metrics,
             failures: DashMap::new(),
             reconciles: AtomicU64::new(0),
+            adopt: o.adopt,
         })
     }
 
@@ -198,6 +206,11 @@ impl Ctx {
     /// How often each object is reconciled without a change (`--resync`).
     pub fn resync(&self) -> Duration {
         self.resync
+    }
+
+    /// Whether Knative Serving's objects are adopted in place (`--adopt-knative`, [`adopt`]).
+    pub fn adopt(&self) -> bool {
+        self.adopt
     }
 
     /// The controller's metric families.
@@ -625,7 +638,7 @@ impl<K> Applied<K> {
 
 /// Writes `desired`, a child of `parent`, by server-side apply ([`FIELD_MANAGER`], forced: the
 /// controller is the only writer of these fields), unless an object of its name exists that
-/// `parent` does not control. `cached`: the child as a store holds it (`None`: the server is
+/// `parent` does not control (and that [`adopt::try_adopt`] does not adopt). `cached`: the child as a store holds it (`None`: the server is
 /// asked, as a store may lag or not follow someone else's object). Nothing is written when
 /// `unchanged(existing, desired)` holds, nor when the object found already holds the whole
 /// body, its [`apply::APPLIED_ANNOTATION`] included ([`apply::contains`]): a steady child is
@@ -662,12 +675,19 @@ where
         &K::api_version(&()),
         &K::kind(&()),
     );
-    if let Some(existing) = existing {
+    if let Some(mut existing) = existing {
         if !is_owned_by(existing.meta(), parent) {
-            return Ok(Applied::NotOwned {
-                kind: K::kind(&()).into_owned(),
-                name,
-            });
+            // Knative's, along the chain, under --adopt-knative: re-owned in place, then
+            // applied as any child of ours.
+            match adopt::try_adopt(ctx, parent, &existing, desired).await? {
+                Some(adopted) => existing = adopted,
+                None => {
+                    return Ok(Applied::NotOwned {
+                        kind: K::kind(&()).into_owned(),
+                        name,
+                    });
+                }
+            }
         }
         if unchanged(&existing, desired) {
             return Ok(Applied::Ours(existing));

@@ -74,6 +74,13 @@ pub struct ControllerArgs {
     /// The Lease's timings.
     #[command(flatten)]
     pub lease_timings: super::LeaseTimings,
+    /// Adopt Knative Serving's objects in place (a cluster where Knative ran): a revision's
+    /// Services and a route's VirtualServices or HTTPRoutes are taken over only when their
+    /// controller chain (ServerlessService, PodAutoscaler; KIngress) leads by UID to the
+    /// Revision or Route; Knative's internal objects are removed once thaw serves what they
+    /// served. Off: anything owned by another stays NotOwned.
+    #[arg(long, env = "THAW_ADOPT_KNATIVE")]
+    pub adopt_knative: bool,
     /// Log JSON lines instead of text.
     #[arg(long)]
     pub log_json: bool,
@@ -269,8 +276,12 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
             workers: args.workers,
             instance: Some(identity.clone()),
             metrics: Some(telemetry.controller.clone()),
+            adopt: args.adopt_knative,
         },
     );
+    if args.adopt_knative {
+        info!("adopting Knative Serving's objects along their ownership chains (--adopt-knative)");
+    }
     // Every replica watches from the start; only the leader reconciles.
     let watches = crate::controller::warm(&ctx);
     info!(watches, "shared watches started");
@@ -338,4 +349,25 @@ async fn run(args: ControllerArgs) -> Result<(), String> {
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ControllerArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    #[test]
+    fn adoption_is_off_unless_asked_for() {
+        let off = Cli::try_parse_from(["thaw"]).unwrap();
+        assert!(!off.args.adopt_knative);
+        let on = Cli::try_parse_from(["thaw", "--adopt-knative"]).unwrap();
+        assert!(on.args.adopt_knative);
+    }
 }

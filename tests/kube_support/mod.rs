@@ -79,6 +79,35 @@ impl TestApi {
             store.clone(),
             &thaw::controller::route::http_route::reference_grant_crd(),
         ));
+        // Knative Serving's internal kinds (what a cluster where Knative ran holds: the
+        // objects thaw adopts from, `--adopt-knative`), served without a schema.
+        for (group, kind, plural) in [
+            (
+                "autoscaling.internal.knative.dev",
+                "PodAutoscaler",
+                "podautoscalers",
+            ),
+            (
+                "networking.internal.knative.dev",
+                "ServerlessService",
+                "serverlessservices",
+            ),
+            ("networking.internal.knative.dev", "Ingress", "ingresses"),
+            (
+                "networking.internal.knative.dev",
+                "Certificate",
+                "certificates",
+            ),
+        ] {
+            handlers.push(Arc::new(StoreBackedHandler::new(
+                store.clone(),
+                group,
+                "v1alpha1",
+                kind,
+                plural,
+                true,
+            )));
+        }
         // `events.k8s.io/v1` Events (what kube's recorder writes); the server's catalog has
         // only `core/v1` ones.
         handlers.push(Arc::new(StoreBackedHandler::new(

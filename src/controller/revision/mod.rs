@@ -18,7 +18,10 @@
 //!
 //! Every child carries a controller owner reference to the revision. One that exists and is
 //! controlled by someone else is not touched: the revision is `NotOwned` (a Warning Event when
-//! it becomes so) and the reconcile is retried with backoff.
+//! it becomes so) and the reconcile is retried with backoff. Under `--adopt-knative`
+//! ([`crate::controller::adopt`]) Knative's Services, whose chain leads to the revision, are
+//! re-owned in place instead; Knative's Deployment keeps its template until released; the
+//! public Service's Endpoints, ServerlessService and PodAutoscaler are retired.
 //!
 //! The controller owns Deployments, Services and HPAs (each selected by the label
 //! `serving.knative.dev/revision`), and watches the revisions' Pods by the same label, so a
@@ -51,7 +54,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::informers::Informer;
-use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, now};
+use super::{Ctx, Error, EventKind, FIELD_MANAGER, Settings, adopt, now};
 use crate::config::FeaturesConfig;
 use crate::config::features::{DRYRUN_ANNOTATION, Flag};
 use crate::knative::names::labels;
@@ -245,7 +248,20 @@ async fn reconcile_deployment(
             Ok(DeploymentOutcome::Created)
         }
         Some(existing) => {
-            let d = deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
+            let mut d =
+                deployment::deployment(rev, r, &settings.deployment, &settings.features, None);
+            // An adopted Deployment keeps the pod template it was found with until released;
+            // released, thaw's replaces it whole before the apply.
+            let mut existing = existing;
+            if crate::controller::is_owned_by(&existing.metadata, rev) {
+                let held = adopt::revision::template_held(ctx.adopt(), &existing, rev);
+                adopt::revision::log_hold(&existing, rev, held);
+                if held {
+                    d = adopt::revision::held(d);
+                } else if adopt::revision::is_held(&existing) {
+                    existing = adopt::revision::release(ctx, &existing, &d).await?;
+                }
+            }
             crate::controller::apply_owned(ctx, rev, &d, Some(existing), |_, _| false)
                 .await
                 .map(|a| DeploymentOutcome::Applied(Box::new(a)))
@@ -382,6 +398,12 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
         )));
     }
 
+    // Under --adopt-knative, Knative's Endpoints of the public Service (now the revision's)
+    // go once thaw's slices serve it.
+    let endpoints_left = ctx.adopt()
+        && !adopt::revision::retire_public_endpoints(&ctx, &rev, &services::public_name(&r.name))
+            .await?;
+
     let next = match &dep {
         None => status::revision_status(&rev, Observed::Created, &t),
         Some(d) => {
@@ -403,9 +425,25 @@ pub async fn reconcile(rev: Arc<Revision>, ctx: Arc<Ctx>) -> Result<Action, Erro
             status::revision_status(&rev, seen, &t)
         }
     };
+    let ready = next
+        .status
+        .condition(crate::knative::condition::READY)
+        .is_some_and(|c| c.status == crate::knative::duck::ConditionStatus::True);
     write_status(&ctx, &rev, next).await?;
+    if endpoints_left {
+        return Ok(Action::requeue(ADOPT_RECHECK));
+    }
+    if ctx.adopt() && ready {
+        adopt::revision::retire_autoscaling(&ctx, &rev).await?;
+    }
     Ok(Action::requeue(ctx.resync()))
 }
+
+/// How soon a revision whose public Service still has Knative's Endpoints (thaw's slices do
+/// not serve it yet) is reconciled again: two reads per revision per period while the
+/// autoscaler has not written its slices (normally within a second of the Service's
+/// adoption; longer only while the autoscaler is away).
+pub const ADOPT_RECHECK: tokio::time::Duration = tokio::time::Duration::from_secs(5);
 
 /// The shared watches the Revision controller reads: Revisions, and their Deployments,
 /// Services, HPAs and Pods (by the revision label).

@@ -397,7 +397,7 @@ fn referenced(route: &Route, ns: &str, stores: &Stores) -> Referenced {
 /// Applies `desired` unless an object of its name exists that is not the route's; a child
 /// equal to what is wanted (`same`) is not written again. `cached`: the child as the
 /// controller's store holds it. Returns the NotOwned message when it is someone else's.
-pub(crate) async fn apply_child<P: Resource, K>(
+pub(crate) async fn apply_child<P, K>(
     ctx: &Ctx,
     route: &P,
     desired: &K,
@@ -405,6 +405,7 @@ pub(crate) async fn apply_child<P: Resource, K>(
     same: impl Fn(&K, &K) -> bool,
 ) -> Result<Option<String>, Error>
 where
+    P: Resource,
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + Serialize
@@ -1040,6 +1041,10 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
     }
 
     let before = route.status.clone().unwrap_or_default();
+    let ingress_ready = status
+        .status
+        .condition(conditions::INGRESS_READY)
+        .is_some_and(|c| c.status == ConditionStatus::True);
     if status != before {
         announce(&ctx, &route, &before, &status).await;
         let mut next = (*route).clone();
@@ -1047,6 +1052,11 @@ pub async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>, stores: Stores) -> Resu
         ctx.api::<Route>(&ns)
             .replace_status(&name, &PostParams::default(), &next)
             .await?;
+    }
+    // Under --adopt-knative: thaw serves the route now; what Knative made for it goes.
+    if ctx.adopt() && ingress_ready {
+        super::adopt::route::drop_route_finalizer(&ctx, &route).await?;
+        super::adopt::route::retire_ingress(&ctx, &*route, true).await?;
     }
     if let Err(TargetError::Invalid(msg)) = resolved {
         return Err(Error::Invalid(msg));
