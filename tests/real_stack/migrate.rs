@@ -1,0 +1,355 @@
+//! The migration cases: a running Knative Serving (v1.15's own controller, webhook,
+//! autoscaler, activator and queue-proxy, `plane_support::knative`) on the real control plane,
+//! the starting point of a move onto thaw.
+//!
+//! - Knative installed as its release says serves a Service at its default settings: the
+//!   webhook defaults it, the controller makes it Ready (its KIngress programmed by the
+//!   net-istio stand-in), and requests through the ingress gateway pod are answered 200;
+//! - a second Service scaled to zero by Knative's autoscaler (config-autoscaler's
+//!   `stable-window` and `scale-to-zero-grace-period` shortened to their 6 s lower bound, the
+//!   keys Knative documents for it) is woken by a request through the gateway, held by
+//!   Knative's activator until the autoscaler has brought a pod up.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::plane_support::Plane;
+use crate::plane_support::checks::{self, condition};
+use crate::plane_support::harness::{Case, apply};
+use crate::plane_support::knative::{self, Knative};
+use crate::plane_support::serving_checks as sc;
+use crate::plane_support::stack::{scale_of, until};
+
+/// This module's cases.
+pub fn cases() -> Vec<Case> {
+    vec![crate::exclusive_case!(knative_serves_on_the_real_plane)]
+}
+
+/// Knative, installed by the first case that needs it; its net-istio stand-in runs as long
+/// as the target.
+static KNATIVE: OnceCell<Knative> = OnceCell::const_new();
+
+/// Knative installed on `plane` (once per target).
+pub async fn installed(plane: &Plane) -> &'static Knative {
+    KNATIVE
+        .get_or_init(|| async {
+            let began = Instant::now();
+            let k = knative::install(plane)
+                .await
+                .unwrap_or_else(|e| panic!("installing Knative: {e}\n{}", plane.dump()));
+            println!(
+                "Knative Serving installed from its release YAML in {:.1?}",
+                began.elapsed()
+            );
+            k
+        })
+        .await
+}
+
+/// A Service Ready (its first pod's readiness included).
+const READY: Duration = Duration::from_secs(180);
+/// Idle to the revision's Deployment at 0 and its pods gone: the 6 s window and grace period,
+/// the queue-proxy's 30 s drain, margin for a loaded host.
+const TO_ZERO: Duration = Duration::from_secs(180);
+/// How many requests the warm Service is sent in a row.
+const CALLS: usize = 50;
+
+/// Knative's helloworld-go as a Service `name` answering `Hello from {name}!`. The image is
+/// named by digest, as Knative's controller would otherwise resolve a tag at the registry
+/// (which the plane cannot reach); the kubelet stand-in runs helloworld-go for any digest.
+fn helloworld(name: &str) -> String {
+    format!(
+        r#"apiVersion: serving.knative.dev/v1
+kind: Service
+metadata:
+  name: {name}
+spec:
+  template:
+    spec:
+      containers:
+        - image: ghcr.io/knative/helloworld-go@sha256:{digest}
+          env:
+            - name: TARGET
+              value: "{name}"
+"#,
+        digest = "5ea96ba4b872685ff4ddb5cd8d1a97ec18c18fae79ee8df0d29f446c5efe5f50"
+    )
+}
+
+fn kn(plane: &Plane, ns: &str, group: &str, version: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: plural.into(),
+        plural: plural.into(),
+    };
+    Api::namespaced_with(plane.admin.clone(), ns, &ar)
+}
+
+async fn get(
+    plane: &Plane,
+    ns: &str,
+    (group, version, plural): (&str, &str, &str),
+    name: &str,
+) -> Option<Value> {
+    let o = kn(plane, ns, group, version, plural)
+        .get_opt(name)
+        .await
+        .ok()??;
+    serde_json::to_value(o).ok()
+}
+
+const SERVICES: (&str, &str, &str) = ("serving.knative.dev", "v1", "services");
+const SKS: (&str, &str, &str) = (
+    "networking.internal.knative.dev",
+    "v1alpha1",
+    "serverlessservices",
+);
+const KINGRESS: (&str, &str, &str) = ("networking.internal.knative.dev", "v1alpha1", "ingresses");
+
+/// Waits until Service `name` has observed its generation and is Ready; the Service.
+async fn service_ready(plane: &Plane, ns: &str, name: &str) -> Value {
+    until(&format!("ksvc/{name} Ready"), READY, || async {
+        let s = get(plane, ns, SERVICES, name).await?;
+        let ready = condition(&s, "Ready").is_some_and(|c| c["status"] == "True");
+        (ready && s["status"]["observedGeneration"] == s["metadata"]["generation"]).then_some(s)
+    })
+    .await
+}
+
+/// The pods of revision `rev` (terminating ones included).
+async fn revision_pods(plane: &Plane, ns: &str, rev: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(plane.admin.clone(), ns)
+        .list(&ListParams::default().labels(&format!("serving.knative.dev/revision={rev}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// The route's host (`{name}.{ns}.example.com`) from the Service's URL.
+fn host_of(svc: &Value) -> String {
+    svc["status"]["url"]
+        .as_str()
+        .and_then(|u| u.strip_prefix("http://"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: String) {
+    let k = installed(&plane).await;
+    for c in knative::Component::ALL {
+        let pods = Api::<Pod>::namespaced(plane.admin.clone(), knative::NAMESPACE)
+            .list(&ListParams::default().labels(&format!("app={}", c.deployment())))
+            .await
+            .unwrap()
+            .items;
+        let images: Vec<String> = pods
+            .iter()
+            .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+            .filter_map(|c| c.image.clone())
+            .collect();
+        println!("knative-serving/{}: {} pod(s), {images:?}", c.deployment(), pods.len());
+    }
+
+    // 1. A Service at Knative's defaults, through Knative's webhook and controller.
+    apply(&plane, &ns, "hello", &helloworld("hello"))
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let svc = service_ready(&plane, &ns, "hello").await;
+    let rev = svc["status"]["latestReadyRevisionName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    println!(
+        "ksvc/hello Ready in {:.1?}: {} revision {rev}",
+        began.elapsed(),
+        svc["status"]["url"]
+    );
+    // What Knative's webhook set on the way in (none of it is in the applied YAML).
+    let tmpl = &svc["spec"]["template"]["spec"];
+    let defaults = [
+        (
+            "the creator annotation",
+            svc["metadata"]["annotations"]["serving.knative.dev/creator"].clone(),
+            Value::from("kubernetes-admin"),
+        ),
+        (
+            "the container's name",
+            tmpl["containers"][0]["name"].clone(),
+            Value::from("user-container"),
+        ),
+        (
+            "containerConcurrency",
+            tmpl["containerConcurrency"].clone(),
+            Value::from(0),
+        ),
+        ("timeoutSeconds", tmpl["timeoutSeconds"].clone(), Value::from(300)),
+        (
+            "the traffic",
+            svc["spec"]["traffic"].clone(),
+            serde_json::json!([{"latestRevision": true, "percent": 100}]),
+        ),
+    ];
+    for (what, got, want) in defaults {
+        println!("defaulted by Knative's webhook: {what} = {got}");
+        assert_eq!(got, want, "{what} as Knative's webhook defaults it");
+    }
+    // Knative's own queue-proxy beside the user container, at initial-scale 1.
+    let pods = revision_pods(&plane, &ns, &rev).await;
+    let containers: Vec<(String, String)> = pods
+        .iter()
+        .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+        .collect();
+    println!("{rev}'s pod(s): {} with containers {containers:?}", pods.len());
+    assert!(
+        containers
+            .iter()
+            .any(|(n, i)| n == "queue-proxy" && i.starts_with("thaw.test/knative/queue")),
+        "Knative's queue-proxy runs beside the user container: {containers:?}"
+    );
+    // The KIngress and the VirtualServices the net-istio stand-in wrote for it.
+    let ing = get(&plane, &ns, KINGRESS, "hello").await.expect("the KIngress");
+    println!(
+        "kingress/hello: class {}, finalizers {}, Ready {}, public {} private {}",
+        ing["metadata"]["annotations"]["networking.knative.dev/ingress.class"],
+        ing["metadata"]["finalizers"],
+        condition(&ing, "Ready").map_or(Value::Null, |c| c["status"].clone()),
+        ing["status"]["publicLoadBalancer"],
+        ing["status"]["privateLoadBalancer"],
+    );
+    for vs in ["hello-ingress", "hello-mesh"] {
+        let v = get(
+            &plane,
+            &ns,
+            ("networking.istio.io", "v1", "virtualservices"),
+            vs,
+        )
+        .await
+        .unwrap_or_else(|| panic!("VirtualService {vs}"));
+        println!(
+            "virtualservice/{vs}: gateways {} hosts {}",
+            v["spec"]["gateways"], v["spec"]["hosts"]
+        );
+    }
+
+    let gateway = checks::service_endpoint(&plane, "istio-system", "istio-ingressgateway")
+        .await
+        .expect("the ingress gateway's endpoint");
+    let host = host_of(&svc);
+    let mut took = Vec::new();
+    for i in 0..CALLS {
+        let t = Instant::now();
+        let r = sc::request(gateway, &host, "/", &http::HeaderMap::new())
+            .await
+            .unwrap();
+        took.push(t.elapsed());
+        assert_eq!(
+            (r.status, r.body.trim()),
+            (200, "Hello from hello!"),
+            "call {i} of {CALLS} to {host} through the gateway {gateway}"
+        );
+    }
+    took.sort();
+    println!(
+        "{CALLS} calls to {host} through the gateway {gateway}: all 200, median {:.1?}, max {:.1?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+
+    // 2. Scale to zero by Knative's autoscaler, then a cold start through its activator.
+    let autoscaler_keys = [("stable-window", "6s"), ("scale-to-zero-grace-period", "6s")];
+    set_autoscaler(&plane, &autoscaler_keys).await;
+    apply(&plane, &ns, "sleepy", &helloworld("sleepy"))
+        .await
+        .unwrap();
+    let svc = service_ready(&plane, &ns, "sleepy").await;
+    let rev = svc["status"]["latestReadyRevisionName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let host = host_of(&svc);
+    let r = sc::request(gateway, &host, "/", &http::HeaderMap::new())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{host} while warm: {}", r.body);
+    let idle = Instant::now();
+    until(
+        &format!("{rev} scaled to zero and its pods gone"),
+        TO_ZERO,
+        || async {
+            let zero = scale_of(&plane, &ns, "sleepy").await == Some(0);
+            (zero && revision_pods(&plane, &ns, &rev).await.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let sks = get(&plane, &ns, SKS, &rev).await.expect("the revision's SKS");
+    println!(
+        "{rev}: at zero with its pods gone {:.1?} after the last request (config-autoscaler {autoscaler_keys:?}); SKS mode {}",
+        idle.elapsed(),
+        sks["spec"]["mode"]
+    );
+    assert_eq!(
+        sks["spec"]["mode"], "Proxy",
+        "at zero the activator is in the path"
+    );
+    let t = Instant::now();
+    let r = sc::request(gateway, &host, "/", &http::HeaderMap::new())
+        .await
+        .unwrap();
+    let cold = t.elapsed();
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (200, "Hello from sleepy!"),
+        "the request that wakes {rev}"
+    );
+    let scale = scale_of(&plane, &ns, "sleepy").await;
+    println!(
+        "{host} woken through the gateway and Knative's activator: 200 in {cold:.1?}; {rev}'s Deployment at {scale:?}"
+    );
+    assert!(
+        scale.is_some_and(|s| s >= 1),
+        "the autoscaler scaled {rev} up"
+    );
+    set_autoscaler(&plane, &autoscaler_keys.map(|(k, _)| (k, ""))).await;
+
+    let objects = k.objects(&plane).await.unwrap();
+    println!("Knative's objects now ({}):", objects.len());
+    for o in objects.iter().filter(|o| o.namespace == ns) {
+        println!("  {o}");
+    }
+}
+
+/// Sets config-autoscaler's `keys` (an empty value removes the key: Knative's default again).
+async fn set_autoscaler(plane: &Plane, keys: &[(&str, &str)]) {
+    let data: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|(k, v)| {
+            let v = if v.is_empty() {
+                Value::Null
+            } else {
+                Value::from(*v)
+            };
+            (k.to_string(), v)
+        })
+        .collect();
+    let patch = serde_json::json!({ "data": data }).to_string();
+    plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "patch",
+            "configmap/config-autoscaler",
+            "--type=merge",
+            &format!("--patch={patch}"),
+        ])
+        .await
+        .unwrap();
+}
