@@ -11,8 +11,5 @@ mod migrate;
 mod plane_support;
 
 fn main() -> std::process::ExitCode {
-    plane_support::harness::main_with(
-        migrate::cases(),
-        plane_support::harness::Setup::IngressOnly,
-    )
+    plane_support::harness::main_with(migrate::cases(), plane_support::harness::Setup::IngressOnly)
 }

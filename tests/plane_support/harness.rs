@@ -128,7 +128,10 @@ pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
         Setup::IngressOnly => ("the ingress", rt.block_on(install::install_ingress(&plane))),
     };
     if let Err(e) = installed {
-        eprintln!("real_plane: installing {what} failed: {e}\n{}", plane.dump());
+        eprintln!(
+            "real_plane: installing {what} failed: {e}\n{}",
+            plane.dump()
+        );
         return ExitCode::FAILURE;
     }
     eprintln!("real_plane: {what} installed in {:.1?}", started.elapsed());

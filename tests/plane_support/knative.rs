@@ -19,10 +19,12 @@
 //!
 //! What the plane lacks and how Knative gets it: the API server calls the webhook at its
 //! Service's endpoints (`--enable-aggregator-routing`, as for thaw's); the activator's
-//! websocket to `autoscaler.knative-serving.svc.cluster.local:8080` resolves through the kubelet
-//! stand-in's Service names for knative-serving's pods ([`super::kubelet::Kubelet::resolve_services`],
-//! turned on before the Deployments are applied); the autoscaler scrapes and the activator
-//! probes pods at their own addresses, which need nothing more.
+//! websocket to `autoscaler.knative-serving.svc.cluster.local:8080` and the autoscaler's probe
+//! of a revision's public Service (`{revision}.{namespace}.svc.cluster.local:80`, which must
+//! lead to the activator before it scales to zero) need cluster DNS and kube-proxy: the kubelet
+//! stand-in resolves Service names for knative-serving's pods and proxies cluster IPs
+//! ([`super::kubelet::Kubelet::resolve_services`], turned on before the Deployments are
+//! applied). The autoscaler scrapes and the activator probes pods at their own addresses.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -215,9 +217,9 @@ pub struct Knative {
 }
 
 /// Installs Knative Serving as its release says (this module's doc) and the ingress's
-/// stand-in; returns once every Deployment of knative-serving is Available and Knative's
-/// webhook answers admission requests (a server-side dry run of a Service passes its
-/// defaulting and validation), or `Err` naming the step that failed.
+/// stand-in; returns once every Deployment of knative-serving is Available and the API server
+/// admits Knative's writes ([`Knative::until_admitted`]), or `Err` naming the step that
+/// failed.
 pub async fn install(plane: &Plane) -> Result<Knative, String> {
     let crds = objects(&crd_files())?;
     apply(plane, "crds", &crds).await?;
@@ -261,7 +263,7 @@ pub async fn install(plane: &Plane) -> Result<Knative, String> {
         webhooks,
         net_istio,
     };
-    knative.until_webhook_answers(plane).await?;
+    knative.until_admitted(plane).await?;
     // Knative's "No DNS" step: routes are `{route}.{namespace}.example.com`, reached by Host.
     // After the webhook answers: it validates config-domain.
     plane
@@ -278,14 +280,17 @@ pub async fn install(plane: &Plane) -> Result<Knative, String> {
 }
 
 impl Knative {
-    /// Waits (up to [`WEBHOOK_WAIT`]) until a server-side dry run of a Service in `default`
-    /// is admitted: Knative's webhook has its certificate, has written its configurations'
-    /// CA bundles and rules, and answers.
-    async fn until_webhook_answers(&self, plane: &Plane) -> Result<(), String> {
-        let path = plane.dir.path().join("knative-webhook-probe.yaml");
+    /// Waits (up to [`WEBHOOK_WAIT`]) until the API server admits Knative's writes: a
+    /// server-side dry run of a Configuration in `default` owned by a Service (as Knative's
+    /// controller makes them, `blockOwnerDeletion` set) passes Knative's webhook, which has its
+    /// certificate, has written its configurations' CA bundles and rules, and defaults it; and
+    /// `OwnerReferencesPermissionEnforcement`, which refuses an owner whose kind the API
+    /// server's discovery does not know yet (it learns new CRDs' kinds within seconds).
+    async fn until_admitted(&self, plane: &Plane) -> Result<(), String> {
+        let path = plane.dir.path().join("knative-admission-probe.yaml");
         std::fs::write(
             &path,
-            "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: webhook-probe\n  namespace: default\nspec:\n  template:\n    spec:\n      containers:\n        - image: ghcr.io/knative/helloworld-go\n",
+            "apiVersion: serving.knative.dev/v1\nkind: Configuration\nmetadata:\n  name: admission-probe\n  namespace: default\n  ownerReferences:\n    - apiVersion: serving.knative.dev/v1\n      kind: Service\n      name: admission-probe\n      uid: 6d1f3c52-0c1e-4a4e-9d55-2f0b7a0f3c11\n      controller: true\n      blockOwnerDeletion: true\nspec:\n  template:\n    spec:\n      containers:\n        - image: ghcr.io/knative/helloworld-go\n",
         )
         .unwrap();
         let deadline = Instant::now() + WEBHOOK_WAIT;
@@ -304,11 +309,13 @@ impl Knative {
                 // Defaulted by the webhook: the container got its default name.
                 Ok(o) if o.contains("\"user-container\"") => return Ok(()),
                 Ok(o) if Instant::now() >= deadline => {
-                    return Err(format!("Knative's webhook did not default a Service: {o}"));
+                    return Err(format!(
+                        "Knative's webhook did not default a Configuration: {o}"
+                    ));
                 }
                 Err(e) if Instant::now() >= deadline => {
                     return Err(format!(
-                        "Knative's webhook does not answer after {WEBHOOK_WAIT:?}: {e}"
+                        "the API server does not admit Knative's writes after {WEBHOOK_WAIT:?}: {e}"
                     ));
                 }
                 _ => tokio::time::sleep(Duration::from_millis(500)).await,

@@ -39,7 +39,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
@@ -278,14 +280,20 @@ async fn reconcile(
     let vss: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns, &virtual_service_resource());
     for vs in &desired {
-        let vs_name = vs["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let vs_name = vs["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let current = vss
             .get_opt(&vs_name)
             .await
             .map_err(|e| format!("reading VirtualService {vs_name}: {e}"))?;
         let same = current.as_ref().is_some_and(|c| {
             c.data["spec"] == vs["spec"]
-                && c.metadata.labels.as_ref() == serde_json::from_value(vs["metadata"]["labels"].clone()).ok().as_ref()
+                && c.metadata.labels.as_ref()
+                    == serde_json::from_value(vs["metadata"]["labels"].clone())
+                        .ok()
+                        .as_ref()
         });
         if !same {
             vss.patch(
@@ -344,7 +352,10 @@ fn hash(spec: &Value, ns: &str, name: &str) -> String {
 fn with_probe(spec: &Value, hash: &str) -> Vec<Value> {
     let mut rules: Vec<Value> = spec["rules"].as_array().cloned().unwrap_or_default();
     for rule in &mut rules {
-        let paths: Vec<Value> = rule["http"]["paths"].as_array().cloned().unwrap_or_default();
+        let paths: Vec<Value> = rule["http"]["paths"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let mut probes: Vec<Value> = paths
             .iter()
             .map(|p| {
@@ -379,7 +390,11 @@ fn strings(v: &Value) -> Vec<String> {
 fn expanded(hosts: &BTreeSet<String>) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for h in hosts {
-        for suffix in ["", &format!(".{CLUSTER_DOMAIN}"), &format!(".svc.{CLUSTER_DOMAIN}")] {
+        for suffix in [
+            "",
+            &format!(".{CLUSTER_DOMAIN}"),
+            &format!(".svc.{CLUSTER_DOMAIN}"),
+        ] {
             let t = h.strip_suffix(suffix).unwrap_or(h);
             if (suffix.is_empty() || t.len() < h.len()) && valid_tld(t) {
                 out.insert(t.to_string());
@@ -398,7 +413,8 @@ fn valid_tld(domain: &str) -> bool {
 
 /// `hostPrefix`: a cluster-local host without `.svc.cluster.local`.
 fn host_prefix(h: &str) -> &str {
-    h.strip_suffix(&format!(".svc.{CLUSTER_DOMAIN}")).unwrap_or(h)
+    h.strip_suffix(&format!(".svc.{CLUSTER_DOMAIN}"))
+        .unwrap_or(h)
 }
 
 /// `getDistinctHostPrefixes`: the host prefixes, none of which starts with another.
@@ -419,8 +435,10 @@ fn virtual_services(ing: &DynamicObject, rules: &[Value], gateways: &Gateways) -
     let refs = |vis: &str| -> BTreeSet<String> {
         gateways.of(vis).iter().map(|(r, _)| r.clone()).collect()
     };
-    let by_visibility: BTreeMap<&str, BTreeSet<String>> =
-        BTreeMap::from([("ExternalIP", refs("ExternalIP")), ("ClusterLocal", refs("ClusterLocal"))]);
+    let by_visibility: BTreeMap<&str, BTreeSet<String>> = BTreeMap::from([
+        ("ExternalIP", refs("ExternalIP")),
+        ("ClusterLocal", refs("ClusterLocal")),
+    ]);
     let ing_labels = ing.labels();
     let mut out = Vec::new();
 
@@ -456,7 +474,14 @@ fn virtual_services(ing: &DynamicObject, rules: &[Value], gateways: &Gateways) -
         labels.insert(INGRESS_LABEL.into(), ing.name_any());
         let mesh = BTreeSet::from(["mesh".to_string()]);
         let by_visibility = BTreeMap::from([("ExternalIP", mesh.clone()), ("ClusterLocal", mesh)]);
-        out.push(virtual_service(ing, "mesh", labels, rules, &by_visibility, local));
+        out.push(virtual_service(
+            ing,
+            "mesh",
+            labels,
+            rules,
+            &by_visibility,
+            local,
+        ));
     }
     out
 }
@@ -628,9 +653,10 @@ fn status(ing: &DynamicObject, gateways: &Gateways, ready: bool) -> Value {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let now = k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
-        .map(|t| t.to_string())
-        .unwrap_or_default();
+    let now =
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
+            .map(|t| t.to_string())
+            .unwrap_or_default();
     let cond = |t: &str, on: bool| {
         let status = if on { "True" } else { "Unknown" };
         let since = old

@@ -8,7 +8,10 @@
 //! - a second Service scaled to zero by Knative's autoscaler (config-autoscaler's
 //!   `stable-window` and `scale-to-zero-grace-period` shortened to their 6 s lower bound, the
 //!   keys Knative documents for it) is woken by a request through the gateway, held by
-//!   Knative's activator until the autoscaler has brought a pod up.
+//!   Knative's activator until the autoscaler has brought a pod up;
+//! - what Knative's components need of the plane beyond the kubelet stand-in's defaults: a pod
+//!   of a namespace that resolves Service names reaches a Service by name at its port (80)
+//!   while its pod listens on another (8080), through the node's proxy of its cluster IP.
 
 use std::time::Duration;
 
@@ -27,7 +30,10 @@ use crate::plane_support::stack::{scale_of, until};
 
 /// This module's cases.
 pub fn cases() -> Vec<Case> {
-    vec![crate::exclusive_case!(knative_serves_on_the_real_plane)]
+    vec![
+        crate::exclusive_case!(knative_serves_on_the_real_plane),
+        crate::case!(the_kubelet_stand_in_resolves_service_names_and_proxies_cluster_ips),
+    ]
 }
 
 /// Knative, installed by the first case that needs it; its net-istio stand-in runs as long
@@ -154,7 +160,11 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
             .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
             .filter_map(|c| c.image.clone())
             .collect();
-        println!("knative-serving/{}: {} pod(s), {images:?}", c.deployment(), pods.len());
+        println!(
+            "knative-serving/{}: {} pod(s), {images:?}",
+            c.deployment(),
+            pods.len()
+        );
     }
 
     // 1. A Service at Knative's defaults, through Knative's webhook and controller.
@@ -190,7 +200,11 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
             tmpl["containerConcurrency"].clone(),
             Value::from(0),
         ),
-        ("timeoutSeconds", tmpl["timeoutSeconds"].clone(), Value::from(300)),
+        (
+            "timeoutSeconds",
+            tmpl["timeoutSeconds"].clone(),
+            Value::from(300),
+        ),
         (
             "the traffic",
             svc["spec"]["traffic"].clone(),
@@ -208,7 +222,10 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
         .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
         .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
         .collect();
-    println!("{rev}'s pod(s): {} with containers {containers:?}", pods.len());
+    println!(
+        "{rev}'s pod(s): {} with containers {containers:?}",
+        pods.len()
+    );
     assert!(
         containers
             .iter()
@@ -216,7 +233,9 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
         "Knative's queue-proxy runs beside the user container: {containers:?}"
     );
     // The KIngress and the VirtualServices the net-istio stand-in wrote for it.
-    let ing = get(&plane, &ns, KINGRESS, "hello").await.expect("the KIngress");
+    let ing = get(&plane, &ns, KINGRESS, "hello")
+        .await
+        .expect("the KIngress");
     println!(
         "kingress/hello: class {}, finalizers {}, Ready {}, public {} private {}",
         ing["metadata"]["annotations"]["networking.knative.dev/ingress.class"],
@@ -265,7 +284,10 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
     );
 
     // 2. Scale to zero by Knative's autoscaler, then a cold start through its activator.
-    let autoscaler_keys = [("stable-window", "6s"), ("scale-to-zero-grace-period", "6s")];
+    let autoscaler_keys = [
+        ("stable-window", "6s"),
+        ("scale-to-zero-grace-period", "6s"),
+    ];
     set_autoscaler(&plane, &autoscaler_keys).await;
     apply(&plane, &ns, "sleepy", &helloworld("sleepy"))
         .await
@@ -290,7 +312,9 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
         },
     )
     .await;
-    let sks = get(&plane, &ns, SKS, &rev).await.expect("the revision's SKS");
+    let sks = get(&plane, &ns, SKS, &rev)
+        .await
+        .expect("the revision's SKS");
     println!(
         "{rev}: at zero with its pods gone {:.1?} after the last request (config-autoscaler {autoscaler_keys:?}); SKS mode {}",
         idle.elapsed(),
@@ -299,6 +323,21 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
     assert_eq!(
         sks["spec"]["mode"], "Proxy",
         "at zero the activator is in the path"
+    );
+    // The revision's public endpoints (what the gateway routes to) are the activator's.
+    let activator: Vec<String> = Api::<Pod>::namespaced(plane.admin.clone(), knative::NAMESPACE)
+        .list(&ListParams::default().labels("app=activator"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    let public = checks::service_endpoint(&plane, &ns, &rev).await.unwrap();
+    println!("{rev}'s public endpoint at zero: {public} (the activator: {activator:?})");
+    assert!(
+        activator.contains(&public.ip().to_string()),
+        "at zero {rev}'s public Service leads to the activator {activator:?}, not {public}"
     );
     let t = Instant::now();
     let r = sc::request(gateway, &host, "/", &http::HeaderMap::new())
@@ -352,4 +391,121 @@ async fn set_autoscaler(plane: &Plane, keys: &[(&str, &str)]) {
         ])
         .await
         .unwrap();
+}
+
+/// A Service `web` (port 80 to its pod's 8080) and a pod that dials it by its names with the
+/// host's `curl`; the node reaches its cluster IP too.
+async fn the_kubelet_stand_in_resolves_service_names_and_proxies_cluster_ips(
+    plane: std::sync::Arc<Plane>,
+    ns: String,
+) {
+    plane.kubelet.resolve_services(&ns);
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+        - name: app
+          image: ghcr.io/knative/helloworld-go
+          env: [{name: PORT, value: "8080"}, {name: TARGET, value: web}]
+          ports: [{name: http, containerPort: 8080}]
+          readinessProbe:
+            httpGet: {path: /, port: http}
+            periodSeconds: 1
+"#;
+    apply(&plane, &ns, "web", yaml).await.unwrap();
+    plane
+        .kubectl(&[
+            "-n",
+            &ns,
+            "wait",
+            "deployment/web",
+            "--for=condition=Available",
+            "--timeout=60s",
+        ])
+        .await
+        .unwrap();
+    // Names follow the Service within a second: the client retries for a few, as a client of
+    // cluster DNS would for a Service just made.
+    let client = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: client
+spec:
+  restartPolicy: Never
+  containers:
+    - name: client
+      image: thaw.test/shell
+      command:
+        - sh
+        - -c
+        - |
+          for i in $(seq 20); do getent hosts web.{ns}.svc.cluster.local && break; sleep 0.5; done
+          for name in web.{ns}.svc.cluster.local web.{ns}.svc web.{ns}; do
+            curl -sS --max-time 10 --retry 5 --retry-all-errors --retry-delay 1 "http://$name/" || exit 1
+          done
+"#
+    );
+    apply(&plane, &ns, "client", &client).await.unwrap();
+    plane
+        .kubectl(&[
+            "-n",
+            &ns,
+            "wait",
+            "pod/client",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=90s",
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plane.kubelet.dump_logs()));
+    let log = plane
+        .kubelet
+        .logs()
+        .into_iter()
+        .find(|(name, _)| *name == format!("{ns}/client/client"))
+        .map(|(_, path)| std::fs::read_to_string(path).unwrap())
+        .expect("the client's log");
+    println!("the client pod's output:\n{log}");
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(plane.admin.clone(), &ns)
+        .get("web")
+        .await
+        .unwrap();
+    let cluster_ip = svc.spec.and_then(|s| s.cluster_ip).unwrap();
+    let fqdn = format!("web.{ns}.svc.cluster.local");
+    assert!(
+        log.lines().any(|l| {
+            let mut words = l.split_whitespace();
+            words.next() == Some(cluster_ip.as_str()) && words.any(|w| w == fqdn)
+        }),
+        "{fqdn} leads to the cluster IP {cluster_ip}"
+    );
+    assert_eq!(
+        log.matches("Hello from web!").count(),
+        3,
+        "each name answered through the cluster IP"
+    );
+    let (status, body) = checks::get(format!("{cluster_ip}:80").parse().unwrap(), "web", "/")
+        .await
+        .unwrap();
+    println!("from the node, http://{cluster_ip}:80/: {status} {body:?}");
+    assert_eq!((status, body.trim()), (200, "Hello from web!"));
 }

@@ -220,7 +220,12 @@ async fn serve(listener: tokio::net::TcpListener, at: SocketAddr, backends: Back
         let Ok((mut inbound, _)) = listener.accept().await else {
             return;
         };
-        let choices = backends.lock().unwrap().get(&at).cloned().unwrap_or_default();
+        let choices = backends
+            .lock()
+            .unwrap()
+            .get(&at)
+            .cloned()
+            .unwrap_or_default();
         if choices.is_empty() {
             continue;
         }
@@ -238,8 +243,7 @@ async fn serve(listener: tokio::net::TcpListener, at: SocketAddr, backends: Back
 /// The names and the proxied ports of `services`, their endpoints from `slices`.
 fn snapshot(services: &[Service], slices: &[EndpointSlice]) -> Snapshot {
     // (namespace, service) -> port name -> ready endpoint addresses.
-    let mut ready: BTreeMap<(String, String), BTreeMap<String, Vec<SocketAddr>>> =
-        BTreeMap::new();
+    let mut ready: BTreeMap<(String, String), BTreeMap<String, Vec<SocketAddr>>> = BTreeMap::new();
     for s in slices {
         let Some(svc) = s.labels().get("kubernetes.io/service-name").cloned() else {
             continue;

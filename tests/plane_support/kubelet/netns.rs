@@ -203,7 +203,14 @@ impl Sandbox {
             run(
                 &k.tools.nsenter,
                 &[
-                    "--target", &pid_s, "--mount", "--", &mount, "--bind", &file, "/etc/hosts",
+                    "--target",
+                    &pid_s,
+                    "--mount",
+                    "--",
+                    &mount,
+                    "--bind",
+                    &file,
+                    "/etc/hosts",
                 ],
             )
             .await?;

@@ -316,7 +316,8 @@ impl PodRun {
         let _ = std::fs::create_dir_all(&self.dir);
         let resolves = self.k.dns_namespaces.lock().unwrap().contains(&self.ns);
         let hosts_path = self.dir.join("etc-hosts");
-        let hosts = resolves.then_some((self.uid.as_str(), hosts_path.as_path(), self.name.as_str()));
+        let hosts =
+            resolves.then_some((self.uid.as_str(), hosts_path.as_path(), self.name.as_str()));
         match Sandbox::create(&self.k, hosts).await {
             Ok(sb) => {
                 self.pod_ip = Some(sb.ip);
