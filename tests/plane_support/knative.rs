@@ -30,6 +30,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -50,6 +52,8 @@ const KO_PREFIX: &str = "ko://knative.dev/serving/cmd/";
 const COMMANDS: [&str; 5] = ["activator", "autoscaler", "controller", "queue", "webhook"];
 /// How long the install waits for the webhook to answer admission requests.
 const WEBHOOK_WAIT: Duration = Duration::from_secs(120);
+/// How long [`Knative::stop`] waits for a component's pods to be gone.
+const STOP_WAIT: Duration = Duration::from_secs(700);
 
 /// A component of Knative Serving's control and data plane: a Deployment of knative-serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -211,8 +215,8 @@ fn name_of(o: &Value) -> &str {
 pub struct Knative {
     /// The resources of Knative's CRDs, `plural.group`: Knative's objects are theirs.
     pub resources: Vec<String>,
-    /// The webhook configurations the release made: (kind, name).
-    pub webhooks: Vec<(String, String)>,
+    /// The webhook configurations the release made, as applied.
+    pub webhooks: Vec<Value>,
     pub net_istio: NetIstio,
 }
 
@@ -253,7 +257,7 @@ pub async fn install(plane: &Plane) -> Result<Knative, String> {
                 .as_str()
                 .is_some_and(|k| k.ends_with("WebhookConfiguration"))
         })
-        .map(|o| (o["kind"].as_str().unwrap().to_string(), name_of(o).into()))
+        .cloned()
         .collect();
     apply(plane, "core", &core).await?;
     let net_istio = net_istio::install(plane).await?;
@@ -286,7 +290,7 @@ impl Knative {
     /// certificate, has written its configurations' CA bundles and rules, and defaults it; and
     /// `OwnerReferencesPermissionEnforcement`, which refuses an owner whose kind the API
     /// server's discovery does not know yet (it learns new CRDs' kinds within seconds).
-    async fn until_admitted(&self, plane: &Plane) -> Result<(), String> {
+    pub async fn until_admitted(&self, plane: &Plane) -> Result<(), String> {
         let path = plane.dir.path().join("knative-admission-probe.yaml");
         std::fs::write(
             &path,
@@ -324,23 +328,27 @@ impl Knative {
     }
 
     /// Stops `c` as an operator would: its Deployment scaled to 0; returns once its pods are
-    /// gone (their grace periods are the release's: the activator's is 600 s, though it
-    /// drains and exits well before).
+    /// gone, or `Err` after [`STOP_WAIT`] (their grace periods are the release's: the
+    /// activator's is 600 s, though it drains and exits well before).
     pub async fn stop(&self, plane: &Plane, c: Component) -> Result<(), String> {
         self.scale(plane, c, 0).await?;
-        plane
-            .kubectl(&[
-                "-n",
-                NAMESPACE,
-                "wait",
-                "pod",
-                "-l",
-                &format!("app={}", c.deployment()),
-                "--for=delete",
-                "--timeout=700s",
-            ])
-            .await
-            .map(drop)
+        let pods: Api<Pod> = Api::namespaced(plane.admin.clone(), NAMESPACE);
+        let lp = ListParams::default().labels(&format!("app={}", c.deployment()));
+        let deadline = Instant::now() + STOP_WAIT;
+        loop {
+            match pods.list(&lp).await {
+                Ok(l) if l.items.is_empty() => return Ok(()),
+                Ok(l) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "{} still has {} pod(s) after {STOP_WAIT:?}",
+                        c.deployment(),
+                        l.items.len()
+                    ));
+                }
+                Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
     }
 
     /// Starts `c` again (its Deployment scaled to 1); returns once it is Available.
@@ -373,15 +381,28 @@ impl Knative {
     }
 
     /// Deletes the webhook configurations the release made (the webhook stops being called;
-    /// Knative's objects are admitted without its defaulting and validation).
+    /// Knative's objects are admitted without its defaulting and validation). Knative's
+    /// webhook only updates its configurations: it does not make them again
+    /// ([`Knative::restore_webhooks`] does).
     pub async fn remove_webhooks(&self, plane: &Plane) -> Result<(), String> {
-        for (kind, name) in &self.webhooks {
-            let what = format!("{}/{name}", kind.to_lowercase());
+        for o in &self.webhooks {
+            let what = format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or_default().to_lowercase(),
+                name_of(o)
+            );
             plane
                 .kubectl(&["delete", &what, "--ignore-not-found"])
                 .await?;
         }
         Ok(())
+    }
+
+    /// Applies the release's webhook configurations again (after
+    /// [`Knative::remove_webhooks`]); a running webhook fills in their CA bundle and rules,
+    /// [`Knative::until_admitted`] waits for it.
+    pub async fn restore_webhooks(&self, plane: &Plane) -> Result<(), String> {
+        apply(plane, "webhooks", &self.webhooks).await.map(drop)
     }
 
     /// Every object of Knative's resources in the cluster (Services, Configurations,

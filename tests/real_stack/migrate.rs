@@ -9,6 +9,10 @@
 //!   `stable-window` and `scale-to-zero-grace-period` shortened to their 6 s lower bound, the
 //!   keys Knative documents for it) is woken by a request through the gateway, held by
 //!   Knative's activator until the autoscaler has brought a pod up;
+//! - with Knative's controller and webhook stopped (their Deployments at 0) the Services still
+//!   answer; Knative's writes are refused while its webhook configurations stay, admitted
+//!   undefaulted once they are removed, and defaulted again once they are restored and the
+//!   webhook and controller started;
 //! - what Knative's components need of the plane beyond the kubelet stand-in's defaults: a pod
 //!   of a namespace that resolves Service names reaches a Service by name at its port (80)
 //!   while its pod listens on another (8080), through the node's proxy of its cluster IP.
@@ -24,7 +28,7 @@ use tokio::time::Instant;
 use crate::plane_support::Plane;
 use crate::plane_support::checks::{self, condition};
 use crate::plane_support::harness::{Case, apply};
-use crate::plane_support::knative::{self, Knative};
+use crate::plane_support::knative::{self, Component, Knative};
 use crate::plane_support::serving_checks as sc;
 use crate::plane_support::stack::{scale_of, until};
 
@@ -358,6 +362,64 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
         "the autoscaler scaled {rev} up"
     );
     set_autoscaler(&plane, &autoscaler_keys.map(|(k, _)| (k, ""))).await;
+
+    // 3. Knative's control plane stopped, its data plane serving: what a cut-over relies on.
+    for c in [Component::Controller, Component::Webhook] {
+        let t = Instant::now();
+        k.stop(&plane, c).await.unwrap();
+        println!(
+            "knative-serving/{} stopped (scaled to 0, its pods gone) in {:.1?}",
+            c.deployment(),
+            t.elapsed()
+        );
+    }
+    for i in 0..10 {
+        let r = sc::request(gateway, &host, "/", &http::HeaderMap::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.status, r.body.trim()),
+            (200, "Hello from sleepy!"),
+            "call {i} to {host} with Knative's controller and webhook stopped"
+        );
+    }
+    println!("with Knative's controller and webhook stopped: 10 calls to {host}, all 200");
+    let refused = apply(&plane, &ns, "refused", &helloworld("refused")).await;
+    println!("a Service applied while the webhook is stopped: {refused:?}");
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("failed calling webhook")),
+        "with its configurations in place and no webhook pod, Knative's writes are refused"
+    );
+    k.remove_webhooks(&plane).await.unwrap();
+    apply(&plane, &ns, "undefaulted", &helloworld("undefaulted"))
+        .await
+        .unwrap();
+    let undefaulted = get(&plane, &ns, SERVICES, "undefaulted").await.unwrap();
+    println!(
+        "a Service applied with Knative's webhook configurations removed: admitted, creator {}, container name {}",
+        undefaulted["metadata"]["annotations"]["serving.knative.dev/creator"],
+        undefaulted["spec"]["template"]["spec"]["containers"][0]["name"]
+    );
+    assert!(
+        undefaulted["metadata"]["annotations"]["serving.knative.dev/creator"].is_null(),
+        "admitted without Knative's defaulting"
+    );
+    plane
+        .kubectl(&["-n", &ns, "delete", "ksvc/undefaulted", "--wait"])
+        .await
+        .unwrap();
+    let t = Instant::now();
+    k.restore_webhooks(&plane).await.unwrap();
+    for c in [Component::Webhook, Component::Controller] {
+        k.start(&plane, c).await.unwrap();
+    }
+    k.until_admitted(&plane).await.unwrap();
+    println!(
+        "webhook configurations restored, webhook and controller started, Knative's writes admitted again in {:.1?}",
+        t.elapsed()
+    );
 
     let objects = k.objects(&plane).await.unwrap();
     println!("Knative's objects now ({}):", objects.len());
