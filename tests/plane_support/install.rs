@@ -120,9 +120,17 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
             &repo("tests/cluster/overlay").display().to_string(),
         ])
         .await?;
-    plane
-        .kubectl(&["create", "namespace", "knative-serving"])
-        .await?;
+    // Made unless Knative is installed already (a target that moves a running Knative onto
+    // thaw installs thaw after it).
+    if plane
+        .kubectl(&["get", "namespace", "knative-serving"])
+        .await
+        .is_err()
+    {
+        plane
+            .kubectl(&["create", "namespace", "knative-serving"])
+            .await?;
+    }
     plane
         .kubectl(&[
             "apply",

@@ -284,12 +284,13 @@ pub async fn install(plane: &Plane) -> Result<Knative, String> {
 }
 
 impl Knative {
-    /// Waits (up to [`WEBHOOK_WAIT`]) until the API server admits Knative's writes: a
-    /// server-side dry run of a Configuration in `default` owned by a Service (as Knative's
-    /// controller makes them, `blockOwnerDeletion` set) passes Knative's webhook, which has its
-    /// certificate, has written its configurations' CA bundles and rules, and defaults it; and
-    /// `OwnerReferencesPermissionEnforcement`, which refuses an owner whose kind the API
-    /// server's discovery does not know yet (it learns new CRDs' kinds within seconds).
+    /// Waits (up to [`WEBHOOK_WAIT`]) until the API server admits Knative's controller's
+    /// writes: a server-side dry run, as the controller's ServiceAccount, of a Configuration in
+    /// `default` owned by a Service (as the controller makes them, `blockOwnerDeletion` set)
+    /// passes Knative's webhook, which has its certificate, has written its configurations' CA
+    /// bundles and rules, and defaults it; and `OwnerReferencesPermissionEnforcement`, which
+    /// refuses (but to a user who may finalize anything, such as the admin) an owner whose kind
+    /// the API server's discovery does not know yet (it learns new CRDs' kinds within seconds).
     pub async fn until_admitted(&self, plane: &Plane) -> Result<(), String> {
         let path = plane.dir.path().join("knative-admission-probe.yaml");
         std::fs::write(
@@ -301,6 +302,7 @@ impl Knative {
         loop {
             let out = plane
                 .kubectl(&[
+                    &format!("--as=system:serviceaccount:{NAMESPACE}:controller"),
                     "create",
                     "--dry-run=server",
                     "-o",

@@ -261,6 +261,34 @@ async fn knative_serves_on_the_real_plane(plane: std::sync::Arc<Plane>, ns: Stri
             "virtualservice/{vs}: gateways {} hosts {}",
             v["spec"]["gateways"], v["spec"]["hosts"]
         );
+        for r in v["spec"]["http"].as_array().into_iter().flatten() {
+            println!(
+                "  match {} -> {}",
+                r["match"],
+                r["route"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| format!(
+                        "{}:{} {}% {}",
+                        d["destination"]["host"].as_str().unwrap_or_default(),
+                        d["destination"]["port"]["number"],
+                        d["weight"],
+                        d["headers"]["request"]["set"]
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let public = format!("{rev}.{ns}.svc.cluster.local");
+        assert!(
+            v["spec"]["http"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|r| r["route"][0]["destination"]["host"] == public.as_str()),
+            "every route of {vs} leads to {rev}'s public Service"
+        );
     }
 
     let gateway = checks::service_endpoint(&plane, "istio-system", "istio-ingressgateway")
