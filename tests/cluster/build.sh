@@ -51,7 +51,8 @@ fi
 # activator and queue-proxy from knative.dev/serving, and net-gateway-api's controller, each
 # into OUT/knative/bin/<name>, the programs the kubelet stand-in runs for the images
 # thaw.test/knative/<name> (the Knative install the migration tests move onto thaw and back),
-# and Knative's release YAML (config/ of each module) into OUT/knative/config. A stamp of its
+# and Knative's release YAML (config/ of each module, and knative.dev/caching's Image CRD, which
+# serving's release carries and its controller watches) into OUT/knative/config. A stamp of its
 # own (OUT/knative/stamp); about 60 s on 2 cores once the conformance suite's modules are in
 # the cache.
 kn="$here/knative"
@@ -68,7 +69,7 @@ if [ ! -f "$kn_out/stamp" ] || [ "$(cat "$kn_out/stamp")" != "$kn_stamp" ]; then
     knative.dev/serving/cmd/webhook)
   (cd "$kn" && go build -mod=readonly -trimpath -ldflags "-s -w" \
     -o "$kn_out/bin/net-gateway-api" knative.dev/net-gateway-api/cmd/controller)
-  for m in knative.dev/serving knative.dev/networking knative.dev/net-gateway-api; do
+  for m in knative.dev/serving knative.dev/networking knative.dev/net-gateway-api knative.dev/caching; do
     dir="$(cd "$kn" && go list -mod=readonly -m -f '{{.Dir}}' "$m")"
     mkdir -p "$kn_out/config/$(basename "$m")"
     cp -r "$dir/config/." "$kn_out/config/$(basename "$m")/"

@@ -1,7 +1,7 @@
 //! The harness of a test target on the plane: the target's `main` calls [`main`] with its
 //! cases. It lists and filters like libtest (libtest-mimic); when a case is to run, it builds
 //! the plane's Go binaries, re-executes the binary in the plane's namespaces, starts the
-//! plane, installs thaw, and runs each case in a namespace of its own (deleted when it
+//! plane, installs thaw (or only the ingress, [`Setup`]), and runs each case in a namespace of its own (deleted when it
 //! passes). The same binary, run by the kubelet stand-in as the ingress gateway pod, plays
 //! that pod instead ([`install::POD_ROLE_ENV`]).
 
@@ -59,8 +59,24 @@ macro_rules! exclusive_case {
     };
 }
 
-/// Runs `cases` on one plane; the target's exit code.
+/// What the plane gets before the cases run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// thaw as the README installs it, with the ingress ([`install::install`]).
+    Thaw,
+    /// Only the ingress (Istio's CRDs and the gateway pod, [`install::install_ingress`]): a
+    /// cluster before any Knative, for targets that install Knative (and thaw later, if at
+    /// all) in their cases.
+    IngressOnly,
+}
+
+/// Runs `cases` on one plane with thaw installed; the target's exit code.
 pub fn main(cases: Vec<Case>) -> ExitCode {
+    main_with(cases, Setup::Thaw)
+}
+
+/// Runs `cases` on one plane set up as `setup` says; the target's exit code.
+pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
     if std::env::var(install::POD_ROLE_ENV).as_deref() == Ok("ingress-gateway") {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(install::run_ingress_gateway());
@@ -107,11 +123,18 @@ pub fn main(cases: Vec<Case>) -> ExitCode {
         super::KUBE_VERSION,
         started.elapsed()
     );
-    if let Err(e) = rt.block_on(install::install(&plane)) {
-        eprintln!("real_plane: installing thaw failed: {e}\n{}", plane.dump());
+    let (what, installed) = match setup {
+        Setup::Thaw => ("thaw", rt.block_on(install::install(&plane))),
+        Setup::IngressOnly => ("the ingress", rt.block_on(install::install_ingress(&plane))),
+    };
+    if let Err(e) = installed {
+        eprintln!(
+            "real_plane: installing {what} failed: {e}\n{}",
+            plane.dump()
+        );
         return ExitCode::FAILURE;
     }
-    eprintln!("real_plane: thaw installed in {:.1?}", started.elapsed());
+    eprintln!("real_plane: {what} installed in {:.1?}", started.elapsed());
 
     let trials = cases
         .into_iter()

@@ -86,6 +86,10 @@ pub fn images() -> BTreeMap<String, ImageRun> {
         conformance_image("singlethreaded"),
         conformance_image("timeout"),
     ])
+    .into_iter()
+    // Knative Serving's own components (tests/plane_support/knative.rs).
+    .chain(super::knative::images())
+    .collect()
 }
 
 /// Where Knative's conformance test images are mapped: image `thaw.test/conformance/<name>`
@@ -107,6 +111,51 @@ fn conformance_image(name: &str) -> (String, ImageRun) {
 
 /// Installs thaw and the ingress; returns once every Deployment is Available.
 pub async fn install(plane: &Plane) -> Result<(), String> {
+    apply_ingress(plane).await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "-k",
+            &repo("tests/cluster/overlay").display().to_string(),
+        ])
+        .await?;
+    // Made unless Knative is installed already (a target that moves a running Knative onto
+    // thaw installs thaw after it).
+    if plane
+        .kubectl(&["get", "namespace", "knative-serving"])
+        .await
+        .is_err()
+    {
+        plane
+            .kubectl(&["create", "namespace", "knative-serving"])
+            .await?;
+    }
+    plane
+        .kubectl(&[
+            "apply",
+            "-f",
+            &repo("deploy/examples/knative/gateway.yaml")
+                .display()
+                .to_string(),
+        ])
+        .await?;
+    for ns in ["thaw-system", "istio-system"] {
+        wait_available(plane, ns).await?;
+    }
+    Ok(())
+}
+
+/// Installs only the ingress (Istio's two CRDs and the gateway pod), as a cluster has it
+/// before any Knative goes on it; returns once the gateway is Available.
+pub async fn install_ingress(plane: &Plane) -> Result<(), String> {
+    apply_ingress(plane).await?;
+    wait_available(plane, "istio-system").await
+}
+
+/// Istio's CRDs, then the ingress gateway pod: first, as Istio is installed before thaw
+/// (README): deploy/ has the controller's Role in the gateway namespace, istio-system.
+async fn apply_ingress(plane: &Plane) -> Result<(), String> {
     let crds = [
         repo("tests/crds/virtualservices.networking.istio.io.yaml"),
         repo("tests/crds/gateways.networking.istio.io.yaml"),
@@ -125,8 +174,6 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
             "--timeout=60s",
         ])
         .await?;
-    // The ingress first, as Istio is installed before thaw (README): deploy/ has the
-    // controller's Role in the gateway namespace, istio-system.
     plane
         .kubectl(&[
             "apply",
@@ -137,40 +184,23 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
                 .to_string(),
         ])
         .await?;
-    plane
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "-k",
-            &repo("tests/cluster/overlay").display().to_string(),
-        ])
-        .await?;
-    plane
-        .kubectl(&["create", "namespace", "knative-serving"])
-        .await?;
-    plane
-        .kubectl(&[
-            "apply",
-            "-f",
-            &repo("deploy/examples/knative/gateway.yaml")
-                .display()
-                .to_string(),
-        ])
-        .await?;
-    for ns in ["thaw-system", "istio-system"] {
-        plane
-            .kubectl(&[
-                "-n",
-                ns,
-                "wait",
-                "deployment",
-                "--all",
-                "--for=condition=Available",
-                &format!("--timeout={WAIT}"),
-            ])
-            .await?;
-    }
     Ok(())
+}
+
+/// `kubectl wait` (up to [`WAIT`]) for every Deployment of `ns` to be Available.
+pub async fn wait_available(plane: &Plane, ns: &str) -> Result<(), String> {
+    plane
+        .kubectl(&[
+            "-n",
+            ns,
+            "wait",
+            "deployment",
+            "--all",
+            "--for=condition=Available",
+            &format!("--timeout={WAIT}"),
+        ])
+        .await
+        .map(drop)
 }
 
 /// The ingress gateway pod's process: config-istio's default gateways, the external one on

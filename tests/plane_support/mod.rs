@@ -10,7 +10,9 @@
 //! collector, namespace, service-account and node-lifecycle controllers. What is played: the
 //! kubelet and the scheduler's binding ([`kubelet`]); what is missing: kube-proxy (cluster IPs
 //! route nowhere; the API server reaches webhooks at their endpoints,
-//! `--enable-aggregator-routing`), cluster DNS, a CNI's NetworkPolicy.
+//! `--enable-aggregator-routing`), cluster DNS, a CNI's NetworkPolicy. A target that runs
+//! programs dialling Services by name (Knative's own components, [`knative`]) turns on the
+//! kubelet stand-in's smallest stand-in for both ([`kubelet::Kubelet::resolve_services`]).
 
 #![allow(
     dead_code,
@@ -21,8 +23,10 @@ pub mod audit;
 pub mod checks;
 pub mod harness;
 pub mod install;
+pub mod knative;
 pub mod kubelet;
 pub mod latency;
+pub mod net_istio;
 pub mod netns;
 pub mod pki;
 pub mod serving_checks;
@@ -329,6 +333,8 @@ impl Plane {
         let node_kubeconfig = pki.kubeconfig("node", &server, &node_pair);
         let scheduler_pair = pki.client("scheduler", "system:kube-scheduler", &[]);
         let scheduler_kubeconfig = pki.kubeconfig("scheduler", &server, &scheduler_pair);
+        let proxy_pair = pki.client("kube-proxy", "system:kube-proxy", &[]);
+        let proxy_kubeconfig = pki.kubeconfig("kube-proxy", &server, &proxy_pair);
         let kubelet = kubelet::Kubelet::start(kubelet::KubeletConfig {
             node_name: NODE.into(),
             node_ip,
@@ -336,6 +342,7 @@ impl Plane {
             pod_ips: netns::FIRST_POD_IP..=netns::LAST_POD_IP,
             node_client: pki::client(&node_kubeconfig).await,
             scheduler_client: pki::client(&scheduler_kubeconfig).await,
+            proxy_client: pki::client(&proxy_kubeconfig).await,
             server: server.clone(),
             ca_pem: pki.ca_pem.clone(),
             images: install::images(),

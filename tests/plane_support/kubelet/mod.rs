@@ -26,13 +26,16 @@
 //!   ([`KubeletConfig::images`]); nothing is pulled; an unknown image is `ErrImagePull`;
 //! - cgroups and resources: requests and limits are reported (downward API, QoS class) but
 //!   not enforced; no OOM kills, no eviction, no node pressure;
-//! - volumes beyond emptyDir directories, and mount namespaces: a container's volumeMounts
-//!   mount nothing (every container sees the host's filesystem), the ServiceAccount token
+//! - volumes beyond emptyDir directories, and mount namespaces (but for the hosts file of
+//!   [`hosts`]): a container's volumeMounts mount nothing (every container sees the host's filesystem), the ServiceAccount token
 //!   is handed over as a kubeconfig file (`KUBECONFIG`) instead of a projected volume;
 //! - securityContext: everything runs as the test's own user;
 //! - exec probes and exec hooks (a probe counts as failed, a hook is logged and skipped);
 //! - kube-proxy and DNS: no `KUBERNETES_SERVICE_HOST`/`PORT` nor service links in the
-//!   environment, ClusterIPs lead nowhere;
+//!   environment; ClusterIPs lead nowhere and names resolve to nothing until a test names a
+//!   namespace whose pods dial Services ([`Kubelet::resolve_services`]): from then on the
+//!   node proxies every cluster IP (kube-proxy's userspace mode) and that namespace's pods
+//!   resolve Service names through a hosts file of their own ([`hosts`]);
 //! - the kubelet's own API (logs, exec, port-forward, metrics): read [`Kubelet::dump_logs`];
 //! - node affinity, pod (anti-)affinity, topology spread and preemption when binding;
 //! - hostNetwork and hostPort (every pod gets its own namespace), Events, termination
@@ -47,6 +50,7 @@ mod check;
 mod container;
 mod ending;
 mod env;
+mod hosts;
 mod manager;
 mod netns;
 mod node;
@@ -92,6 +96,10 @@ pub struct KubeletConfig {
     /// The client with the scheduler's identity (CN=system:kube-scheduler): pods/binding
     /// only (and the Unschedulable condition through pods/status).
     pub scheduler_client: kube::Client,
+    /// The client with kube-proxy's identity (CN=system:kube-proxy, bound to
+    /// `system:node-proxier`): Services and EndpointSlices, read only while some namespace
+    /// resolves Service names ([`Kubelet::resolve_services`], [`hosts`]).
+    pub proxy_client: kube::Client,
     /// The API server's URL as pods reach it (e.g. https://10.244.0.1:PORT), for each pod's
     /// kubeconfig.
     pub server: String,
@@ -129,6 +137,8 @@ struct Tools {
     nsenter: PathBuf,
     unshare: PathBuf,
     sleep: PathBuf,
+    /// For the bind mount of a pod's hosts file ([`hosts`]).
+    mount: PathBuf,
     /// The `PATH` containers get unless their environment sets one.
     path: String,
 }
@@ -172,6 +182,12 @@ struct Shared {
     /// pods instead of [`KubeletConfig::server`] ([`Kubelet::set_pod_server`]); empty by
     /// default.
     pod_servers: Mutex<BTreeMap<String, String>>,
+    /// The namespaces whose pods resolve Service names ([`Kubelet::resolve_services`]).
+    dns_namespaces: Mutex<std::collections::BTreeSet<String>>,
+    /// The hosts files of those pods, by UID ([`hosts`]).
+    hosts: Mutex<BTreeMap<String, hosts::Entry>>,
+    /// The Service name lines last computed, for a new pod's first file.
+    service_lines: Mutex<String>,
 }
 
 /// A process in [`Shared::procs`]; leaves it when dropped (after the process was reaped).
@@ -252,6 +268,9 @@ impl Kubelet {
             logs: Mutex::default(),
             pods: Mutex::default(),
             pod_servers: Mutex::default(),
+            dns_namespaces: Mutex::default(),
+            hosts: Mutex::default(),
+            service_lines: Mutex::default(),
         });
         let registered = node::register(&k).await;
         let mut loops = vec![
@@ -260,6 +279,7 @@ impl Kubelet {
         ];
         loops.push(tokio::spawn(scheduler::run(k.clone())));
         loops.push(tokio::spawn(manager::run(k.clone())));
+        loops.push(tokio::spawn(hosts::run(k.clone())));
         Kubelet { k, loops }
     }
 
@@ -328,6 +348,15 @@ impl Kubelet {
         };
     }
 
+    /// Makes the pods of namespace `ns` whose sandbox is made from now on resolve Service
+    /// names as cluster DNS answers them, and the node proxy every Service's cluster IP to
+    /// its ready endpoints ([`hosts`]): a stand-in for the cluster DNS and kube-proxy the
+    /// plane lacks, for programs that dial Services by name. Pods already running keep the
+    /// node's `/etc/hosts`.
+    pub fn resolve_services(&self, ns: &str) {
+        self.k.dns_namespaces.lock().unwrap().insert(ns.to_string());
+    }
+
     /// Stops every pod at once (SIGKILL), removes their network namespaces (their pause
     /// processes die with the rest); also done on Drop. Makes no API call: the Pods stay
     /// as they were, the Node's Lease expires. Idempotent.
@@ -373,6 +402,7 @@ impl Tools {
             nsenter: find("nsenter"),
             unshare: find("unshare"),
             sleep: find("sleep"),
+            mount: find("mount"),
             path: path.clone(),
         }
     }

@@ -75,16 +75,20 @@ impl Drop for IpLease {
 }
 
 /// A pod's network namespace: the pause process holding it (`unshare --net sleep
-/// infinity`), its address and the host end of its veth. Dropping it kills the pause
-/// process (the namespace, its `eth0` and the veth pair go with it), removes the host end,
-/// then frees the address.
+/// infinity`), its address and the host end of its veth; for a pod that resolves Service
+/// names, a mount namespace too, with its hosts file on `/etc/hosts` ([`super::hosts`]).
+/// Dropping it kills the pause process (the namespaces, its `eth0` and the veth pair go with
+/// it), removes the host end, then frees the address.
 pub(super) struct Sandbox {
     k: Arc<Shared>,
     pub(super) ip: Ipv4Addr,
     pub(super) pid: i32,
     host_veth: String,
+    /// Containers enter the pause process's mount namespace too (it has the pod's hosts file).
+    pub(super) mount_ns: bool,
     child: tokio::process::Child,
     _registered: Registered,
+    _hosts: Option<super::hosts::Registration>,
     // Last: the address is freed after the namespace is gone.
     _lease: IpLease,
 }
@@ -103,9 +107,14 @@ impl Drop for Sandbox {
 impl Sandbox {
     /// Takes an address and creates the namespace and wires it: `eth0` with the address/16,
     /// `lo` up, the default route via the node's address, the host end (`th<node><n>`,
-    /// unique and 14 characters) on the bridge. `Err` says which step failed (everything made
-    /// so far is undone; the caller retries); every step is bounded by a timeout.
-    pub(super) async fn create(k: &Arc<Shared>) -> Result<Sandbox, String> {
+    /// unique and 14 characters) on the bridge. With `hosts` (the pod's UID, its hosts file's
+    /// path and its name), also a mount namespace with that file written and bind-mounted on
+    /// `/etc/hosts`. `Err` says which step failed (everything made so far is undone; the
+    /// caller retries); every step is bounded by a timeout.
+    pub(super) async fn create(
+        k: &Arc<Shared>,
+        hosts: Option<(&str, &Path, &str)>,
+    ) -> Result<Sandbox, String> {
         let ip = k
             .ips
             .lock()
@@ -118,6 +127,7 @@ impl Sandbox {
         let host_veth = format!("th{node_tag:04x}{:08x}", k.next() as u32);
         let mut child = tokio::process::Command::new(&k.tools.unshare)
             .arg("--net")
+            .args(hosts.is_some().then_some("--mount"))
             .arg(&k.tools.sleep)
             .arg("infinity")
             .stdin(Stdio::null())
@@ -148,13 +158,15 @@ impl Sandbox {
                 _ => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
-        let sandbox = Sandbox {
+        let mut sandbox = Sandbox {
             k: k.clone(),
             ip,
             pid,
             host_veth: host_veth.clone(),
+            mount_ns: hosts.is_some(),
             child,
             _registered: registered,
+            _hosts: None,
             _lease: lease,
         };
         let pid_s = pid.to_string();
@@ -181,6 +193,27 @@ impl Sandbox {
             let mut full = vec!["--target", &pid_s, "--net", "--", &ip_tool];
             full.extend_from_slice(args);
             run(&k.tools.nsenter, &full).await?;
+        }
+        if let Some((uid, path, hostname)) = hosts {
+            sandbox._hosts = Some(super::hosts::register(k, uid, path, ip, hostname)?);
+            let (mount, file) = (
+                k.tools.mount.to_string_lossy().into_owned(),
+                path.to_string_lossy().into_owned(),
+            );
+            run(
+                &k.tools.nsenter,
+                &[
+                    "--target",
+                    &pid_s,
+                    "--mount",
+                    "--",
+                    &mount,
+                    "--bind",
+                    &file,
+                    "/etc/hosts",
+                ],
+            )
+            .await?;
         }
         Ok(sandbox)
     }

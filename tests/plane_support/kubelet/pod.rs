@@ -313,7 +313,12 @@ impl PodRun {
     }
 
     async fn make_sandbox(&mut self) {
-        match Sandbox::create(&self.k).await {
+        let _ = std::fs::create_dir_all(&self.dir);
+        let resolves = self.k.dns_namespaces.lock().unwrap().contains(&self.ns);
+        let hosts_path = self.dir.join("etc-hosts");
+        let hosts =
+            resolves.then_some((self.uid.as_str(), hosts_path.as_path(), self.name.as_str()));
+        match Sandbox::create(&self.k, hosts).await {
             Ok(sb) => {
                 self.pod_ip = Some(sb.ip);
                 self.sandbox = Some(sb);
@@ -369,6 +374,7 @@ impl PodRun {
             pod: &self.pod,
             pod_seq: self.seq,
             sandbox_pid: sb.pid,
+            mount_ns: sb.mount_ns,
             pod_ip: sb.ip,
             dir: &self.dir,
             kubeconfig: self.kubeconfig.as_deref(),

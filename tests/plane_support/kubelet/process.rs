@@ -54,6 +54,8 @@ pub(super) struct StartCtx<'a> {
     /// The pod's order of arrival (log dumps list oldest pods first).
     pub(super) pod_seq: u64,
     pub(super) sandbox_pid: i32,
+    /// The sandbox has a mount namespace of its own ([`super::hosts`]): containers enter it.
+    pub(super) mount_ns: bool,
     pub(super) pod_ip: Ipv4Addr,
     /// The pod's own directory (working directory unless `workingDir` exists on the host).
     pub(super) dir: &'a Path,
@@ -134,10 +136,16 @@ pub(super) async fn spawn(
         reason: "RunContainerError",
         message: e.to_string(),
     })?;
+    // Entering a mount namespace moves the working directory to its root: `--wd` takes it
+    // back (the same directory: the namespace's mounts are a copy of the node's).
+    let mount = cx
+        .mount_ns
+        .then(|| ["--mount".to_string(), format!("--wd={}", workdir.display())]);
     let mut child = tokio::process::Command::new(&cx.k.tools.nsenter)
         .arg("--target")
         .arg(cx.sandbox_pid.to_string())
         .arg("--net")
+        .args(mount.iter().flatten())
         .arg("--")
         .arg(&run.program)
         .args(&args)
