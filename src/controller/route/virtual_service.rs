@@ -160,6 +160,9 @@ pub struct HeaderOperations {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRetry {
+    /// Absent means 0 (proto3's default): retries off. net-istio writes `retries: {}`, so a
+    /// VirtualService it left must read back.
+    #[serde(default)]
     pub attempts: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_try_timeout: Option<String>,
@@ -236,4 +239,18 @@ pub struct ServerTlsSettings {
 /// The CRD of the Gateway subset, for an API server without Istio (the tests').
 pub fn gateway_crd() -> CustomResourceDefinition {
     Gateway::crd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// net-istio writes `retries: {}` (retries off); such a VirtualService must read back,
+    /// or one of them would stop every typed watch of the kind.
+    #[test]
+    fn an_empty_retry_policy_reads_as_no_retries() {
+        let r: HttpRetry = serde_json::from_str("{}").unwrap();
+        assert_eq!(r.attempts, 0);
+        assert_eq!(r.per_try_timeout, None);
+    }
 }
