@@ -73,8 +73,9 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
     let refuse = |what: String| {
         format!(
             "thaw {role}: Knative Serving is installed ({what}); thaw serves the same \
-             serving.knative.dev resources and cannot run beside it. Remove Knative Serving \
-             first (adopting a live Knative installation is not supported)"
+             serving.knative.dev resources and cannot run beside it. Stop Knative Serving's \
+             controller and remove its webhook configurations first; docs/migrating-from-knative.md \
+             moves a running Knative onto thaw without losing its objects"
         )
     };
     let mut warnings = Vec::new();
@@ -154,7 +155,7 @@ pub async fn check(client: &kube::Client, role: &str) -> Result<Vec<String>, Str
     if !present.is_empty() {
         warnings.push(format!(
             "Knative's ConfigMaps are in {KNATIVE_NAMESPACE} ({}); thaw does not read them: it \
-             reads its own namespace's. Copy the settings you need there",
+             reads its own namespace's. `thaw migrate config --from-cluster` writes them there",
             present.join(", ")
         ));
     }
