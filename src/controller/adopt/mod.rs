@@ -30,6 +30,7 @@
 //! namespace and, for an adoption, the chain).
 
 pub mod chain;
+pub mod hand_back;
 pub mod revision;
 pub mod route;
 
@@ -66,7 +67,8 @@ impl KnativeKind {
         format!("{}.{}", self.plural, self.group)
     }
 
-    fn api_resource(&self) -> ApiResource {
+    /// This kind as the dynamic API serves it.
+    pub fn api_resource(&self) -> ApiResource {
         ApiResource {
             group: self.group.into(),
             version: self.version.into(),
