@@ -28,6 +28,10 @@
 //!
 //! Every adopted, released, deleted or unfinalized object is one INFO line (its kind, name,
 //! namespace and, for an adoption, the chain).
+//!
+//! The way back, thaw stopped and Knative reinstalled, is [`hand_back`] (`thaw migrate
+//! hand-back`): the same chain walked the other way, thaw's children re-owned to the
+//! ServerlessServices, PodAutoscalers and KIngresses Knative's controller made.
 
 pub mod chain;
 pub mod hand_back;
