@@ -541,3 +541,115 @@ async fn thaws_children_go_back_to_knative_along_the_chain() {
     assert!(svc.annotations().contains_key(APPLIED_ANNOTATION));
     api.stop().await;
 }
+
+/// Runs the `thaw` binary with `KUBECONFIG` at `kubeconfig`: (exit code, stdout, stderr).
+async fn thaw_cli(args: &[&str], kubeconfig: &std::path::Path) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let k = kubeconfig.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+            .args(&args)
+            .env("KUBECONFIG", &k)
+            .output()
+            .expect("run thaw");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// The command line: exit 3 while a child waits for its Knative parent, 1 beside a running
+/// thaw, 0 once handed back; one line per object on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_says_by_its_exit_code_whether_everything_was_handed_back() {
+    let api = TestApi::start().await;
+    let client = api.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    kube_support::write_kubeconfig(&kubeconfig, api.addr(), NS);
+    let rev: Revision = create(&client, NS, revision(REV, NS)).await;
+    let rev_uid = rev.uid().unwrap();
+    // thaw's private Service of the revision, as its controller writes it.
+    let svc: Service = create(
+        &client,
+        NS,
+        json!({"metadata": {"name": format!("{REV}-private"), "namespace": NS,
+            "labels": {labels::REVISION: REV, labels::SERVICE_TYPE: "Private"},
+            "annotations": {APPLIED_ANNOTATION: "h"},
+            "ownerReferences": controller_ref("serving.knative.dev/v1", "Revision", REV, &rev_uid)},
+            "spec": {"selector": {labels::REVISION_UID: rev_uid},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8012}]}}),
+    )
+    .await;
+
+    let (code, out, err) = thaw_cli(&["migrate", "hand-back"], &kubeconfig).await;
+    assert_eq!(code, 3, "{out}{err}");
+    assert_eq!(
+        out,
+        format!(
+            "waiting Service {NS}/{REV}-private: ServerlessService {REV} does not exist yet \
+             (Knative's controller creates it)\n"
+        )
+    );
+    assert!(err.contains("run it again"), "{err}");
+
+    let _: Deployment = create(
+        &client,
+        THAW_NS,
+        json!({"metadata": {"name": "autoscaler", "namespace": THAW_NS},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "a"}},
+                "template": {"metadata": {"labels": {"app": "a"}},
+                    "spec": {"containers": [{"name": "a", "image": "thaw"}]}}}}),
+    )
+    .await;
+    let (code, out, err) = thaw_cli(&["migrate", "hand-back"], &kubeconfig).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("thaw's autoscaler runs"), "{err}");
+    Api::<Deployment>::namespaced(client.clone(), THAW_NS)
+        .delete("autoscaler", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let pa = create_dynamic(
+        &client,
+        NS,
+        &pa_kind(),
+        json!({"metadata": {"name": REV, "namespace": NS,
+            "ownerReferences": controller_ref("serving.knative.dev/v1", "Revision", REV, &rev_uid)},
+            "spec": {"protocolType": "http1"}}),
+    )
+    .await;
+    let sks = create_dynamic(
+        &client,
+        NS,
+        &sks_kind(),
+        json!({"metadata": {"name": REV, "namespace": NS,
+            "ownerReferences": controller_ref(
+                "autoscaling.internal.knative.dev/v1alpha1", "PodAutoscaler", REV, &pa)},
+            "spec": {"mode": "Serve", "protocolType": "http1"}}),
+    )
+    .await;
+    let (code, out, err) = thaw_cli(&["migrate", "hand-back", "--dry-run"], &kubeconfig).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("would be re-owned Service"), "{out}");
+    let (code, out, err) = thaw_cli(&["migrate", "hand-back"], &kubeconfig).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("re-owned Service"), "{out}");
+    let found = Api::<Service>::namespaced(client.clone(), NS)
+        .get(&format!("{REV}-private"))
+        .await
+        .unwrap();
+    assert_eq!(found.uid(), svc.uid());
+    assert_eq!(
+        controller_of(&found.metadata),
+        Some(("ServerlessService".into(), sks))
+    );
+    let (code, out, _) = thaw_cli(&["migrate", "hand-back"], &kubeconfig).await;
+    assert_eq!((code, out.as_str()), (0, ""));
+    api.stop().await;
+}
