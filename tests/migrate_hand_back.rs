@@ -1,7 +1,8 @@
 //! The way back (`thaw migrate hand-back`) against the in-process API server: thaw's own
 //! reconcilers leave a Revision's Deployment and Services and a Route's VirtualServices and
 //! placeholder Service as they leave them on a cluster (the test plays thaw's autoscaler's
-//! EndpointSlice of the public Service), and are stopped; then the test plays Knative's
+//! EndpointSlice of the public Service, and writes an HTTPRoute and an HPA as thaw's Gateway
+//! API class and an HPA-class revision would), and are stopped; then the test plays Knative's
 //! reconcilers as v1.15 creates its objects (the PodAutoscaler controlled by the Revision, the
 //! ServerlessService by the PodAutoscaler, the KIngress by the Route, later the
 //! ServerlessService's public Endpoints). Shown: the hand-back refuses to run beside thaw;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams};
@@ -26,6 +28,7 @@ use serde_json::{Value, json};
 use thaw::config::DeploymentConfig;
 use thaw::controller::adopt::hand_back::{self, HandBackError, Options, Outcome, Verdict};
 use thaw::controller::apply::APPLIED_ANNOTATION;
+use thaw::controller::route::http_route::HTTPRoute;
 use thaw::controller::route::virtual_service::VirtualService;
 use thaw::controller::{Ctx, CtxOptions, Settings};
 use thaw::knative::duck::ConditionStatus;
@@ -298,6 +301,30 @@ async fn thaws_children_go_back_to_knative_along_the_chain() {
     let (rev, route) = thaw_leaves(&client).await;
     let rev_uid = rev.uid().unwrap();
     let route_uid = route.uid().unwrap();
+    // What thaw's Gateway API class and an HPA-class revision would leave beside them: an
+    // HTTPRoute (named for the host) controlled by the Route, an HPA controlled by the Revision.
+    let host = "hello.default.example.com";
+    let http_route: HTTPRoute = create(
+        &client,
+        NS,
+        json!({"metadata": {"name": host, "namespace": NS,
+            "labels": {labels::ROUTE: "hello"}, "annotations": {APPLIED_ANNOTATION: "h"},
+            "ownerReferences": controller_ref("serving.knative.dev/v1", "Route", "hello", &route_uid)},
+            "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                "name": "knative-gateway", "namespace": "istio-system"}],
+                "hostnames": [host], "rules": []}}),
+    )
+    .await;
+    let hpa: HorizontalPodAutoscaler = create(
+        &client,
+        NS,
+        json!({"metadata": {"name": REV, "namespace": NS,
+            "labels": {labels::REVISION: REV}, "annotations": {APPLIED_ANNOTATION: "h"},
+            "ownerReferences": controller_ref("serving.knative.dev/v1", "Revision", REV, &rev_uid)},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                "name": format!("{REV}-deployment")}, "maxReplicas": 3}}),
+    )
+    .await;
     let before = serving_uids(&client).await;
     let services: Api<Service> = Api::namespaced(client.clone(), NS);
     let vss: Api<VirtualService> = Api::namespaced(client.clone(), NS);
@@ -456,6 +483,25 @@ async fn thaws_children_go_back_to_knative_along_the_chain() {
         );
         assert!(!vs.annotations().contains_key(APPLIED_ANNOTATION), "{name}");
     }
+    let hr = Api::<HTTPRoute>::namespaced(client.clone(), NS)
+        .get(host)
+        .await
+        .unwrap();
+    assert_eq!(hr.uid(), http_route.uid());
+    assert_eq!(
+        controller_of(&hr.metadata),
+        Some(("Ingress".into(), king_uid.clone()))
+    );
+    let h = Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), NS)
+        .get(REV)
+        .await
+        .unwrap();
+    assert_eq!(h.uid(), hpa.uid());
+    assert_eq!(
+        controller_of(&h.metadata),
+        Some(("PodAutoscaler".into(), pa_uid.clone()))
+    );
+    assert!(!h.annotations().contains_key(APPLIED_ANNOTATION));
     // Knative takes the Deployment and the placeholder Service as they are, without thaw's marks.
     let dep = deployments.get(&format!("{REV}-deployment")).await.unwrap();
     assert_eq!(
