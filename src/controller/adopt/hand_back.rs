@@ -73,7 +73,7 @@ const SERVING_GROUP: &str = "serving.knative.dev";
 /// How a child of thaw's goes back to Knative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handling {
-    /// Re-owned: its controller becomes `parent` (named by `name`), whose chain through
+    /// Re-owned: its controller becomes `parent` (named by [`knative_parent_name`]), whose chain through
     /// `above` must lead to the child's present controller by UID.
     Reown {
         parent: KnativeKind,
