@@ -681,7 +681,7 @@ async fn retire_slices(
 }
 
 /// One run: thaw must be stopped ([`check_thaw_stopped`]); then every child of thaw's that
-/// Knative would meet is handed back ([`hand_back_one`], kinds in [`visited`]'s order, so the
+/// Knative would meet is handed back (`hand_back_one`, kinds in `visited`'s order, so the
 /// Services go before the slices they free), then thaw's autoscaler's EndpointSlices.
 pub async fn run(client: &Client, opts: &Options) -> Result<Report, HandBackError> {
     check_thaw_stopped(client, &opts.thaw_namespace).await?;
