@@ -12,6 +12,7 @@ Exit codes (every subcommand):
   1  invalid input (a file or value that does not validate), or the work failed
      (a port that cannot be bound, a file that cannot be written)
   2  usage: an unknown subcommand or flag, a missing or malformed argument
+  3  `thaw migrate hand-back`: some objects wait for Knative's controller; run it again
   130  `thaw local` stopped at once by a second Ctrl-C";
 
 /// Exit code 1: invalid input, or the work failed.

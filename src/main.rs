@@ -78,6 +78,11 @@ enum MigrateCommand {
     /// that has no effect in thaw.
     #[command(after_help = EXIT_CODES)]
     Config(thaw::config::migrate::MigrateConfigArgs),
+    /// The way back: once Knative's controller runs again, re-own thaw's children to
+    /// Knative's ServerlessServices, PodAutoscalers and KIngresses (checked by UID) and
+    /// remove what only thaw used. Exit 3: some wait for Knative; run it again.
+    #[command(after_help = EXIT_CODES)]
+    HandBack(thaw::controller::adopt::hand_back::cli::HandBackArgs),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +99,9 @@ fn main() -> ExitCode {
         Command::Migrate {
             command: MigrateCommand::Config(args),
         } => thaw::config::migrate::run(&args),
+        Command::Migrate {
+            command: MigrateCommand::HandBack(args),
+        } => thaw::controller::adopt::hand_back::cli::main(&args),
         Command::SampleApp(args) => thaw::sample_app::run(&args),
         Command::Simulate(args) => thaw::autoscaler::simulate::run(&args),
         Command::Crds(args) => thaw::knative::cmd::run(&args),

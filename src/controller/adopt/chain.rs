@@ -103,7 +103,7 @@ pub async fn walk<F, Fut, E>(
     parent_kind: &str,
     parent_name: &str,
     parent_uid: &str,
-    mut get: F,
+    get: F,
 ) -> Result<Result<Vec<Hop>, Refusal>, E>
 where
     F: FnMut(KnativeKind, String) -> Fut,
@@ -112,6 +112,37 @@ where
     let Some(links) = path(child_kind, parent_kind) else {
         return Ok(Err(Refusal::NoPath(child_kind.into(), parent_kind.into())));
     };
+    walk_along(
+        links,
+        child_kind,
+        child_name,
+        child,
+        parent_kind,
+        parent_name,
+        parent_uid,
+        get,
+    )
+    .await
+}
+
+/// [`walk`] along `links` given (child first) rather than [`path`]'s: the hand-back
+/// ([`super::hand_back`]) walks from a Knative object (a ServerlessService, a KIngress) up to
+/// the Revision or Route, links no child of thaw's has.
+#[allow(clippy::too_many_arguments)] // the walk's inputs, each named as `walk` names them
+pub async fn walk_along<F, Fut, E>(
+    links: &[KnativeKind],
+    child_kind: &str,
+    child_name: &str,
+    child: &ObjectMeta,
+    parent_kind: &str,
+    parent_name: &str,
+    parent_uid: &str,
+    mut get: F,
+) -> Result<Result<Vec<Hop>, Refusal>, E>
+where
+    F: FnMut(KnativeKind, String) -> Fut,
+    Fut: Future<Output = Result<Option<ObjectMeta>, E>>,
+{
     let mut hops = vec![Hop {
         kind: child_kind.into(),
         name: child_name.into(),

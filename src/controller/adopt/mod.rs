@@ -28,8 +28,13 @@
 //!
 //! Every adopted, released, deleted or unfinalized object is one INFO line (its kind, name,
 //! namespace and, for an adoption, the chain).
+//!
+//! The way back, thaw stopped and Knative reinstalled, is [`hand_back`] (`thaw migrate
+//! hand-back`): the same chain walked the other way, thaw's children re-owned to the
+//! ServerlessServices, PodAutoscalers and KIngresses Knative's controller made.
 
 pub mod chain;
+pub mod hand_back;
 pub mod revision;
 pub mod route;
 
@@ -66,7 +71,8 @@ impl KnativeKind {
         format!("{}.{}", self.plural, self.group)
     }
 
-    fn api_resource(&self) -> ApiResource {
+    /// This kind as the dynamic API serves it.
+    pub fn api_resource(&self) -> ApiResource {
         ApiResource {
             group: self.group.into(),
             version: self.version.into(),
