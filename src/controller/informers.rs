@@ -408,7 +408,14 @@ impl Informers {
         let span = tracing::info_span!("informer", kind = %kind, labels = labels.unwrap_or(""));
         tokio::spawn(
             async move {
-                let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
+                // managedFields are the API server's bookkeeping of who set which field: no
+                // reconciler reads them, an update that omits them keeps them, and they are
+                // often the larger part of a small object, held once per object per store.
+                let mut stream = std::pin::pin!(
+                    watcher(api, config)
+                        .default_backoff()
+                        .modify(|o| o.meta_mut().managed_fields = None)
+                );
                 loop {
                     let next = tokio::select! {
                         () = stop.cancelled() => return,
