@@ -648,7 +648,8 @@ async fn call_throughout(
                         Ok(r) => format!("{} {:?}", r.status, r.body),
                         Err(e) => e,
                     };
-                    c.failures.push(format!("call {} at {sent_at:?}: {what}", c.sent));
+                    c.failures
+                        .push(format!("call {} at {sent_at:?}: {what}", c.sent));
                 }
             }
         }
@@ -772,7 +773,9 @@ async fn endpoints_naming_knative(plane: &Plane, activator: &[String]) -> Vec<St
                 })
                 .any(|a| {
                     a["targetRef"]["namespace"] == knative::NAMESPACE
-                        || a["ip"].as_str().is_some_and(|ip| activator.iter().any(|i| i == ip))
+                        || a["ip"]
+                            .as_str()
+                            .is_some_and(|ip| activator.iter().any(|i| i == ip))
                 })
         })
         .map(|e| {
@@ -1001,9 +1004,8 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
                     .all(|s| {
                         services.iter().any(|svc| {
                             name(svc) == s
-                                && controller_of(svc).is_some_and(|(k, _, u)| {
-                                    k == "Revision" && u == uid
-                                })
+                                && controller_of(svc)
+                                    .is_some_and(|(k, _, u)| k == "Revision" && u == uid)
                         })
                     })
             });
@@ -1040,7 +1042,14 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
                 .unwrap_or_default()
                 .lines()
                 .filter(|l| l.contains("adopted a Knative object"))
-                .map(str::to_string)
+                .map(|l| {
+                    let v: Value = serde_json::from_str(l).unwrap_or_default();
+                    let f = &v["fields"];
+                    format!(
+                        "{} {} {}: {}",
+                        v["timestamp"], f["kind"], f["name"], f["chain"]
+                    )
+                })
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -1063,12 +1072,19 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
         },
     )
     .await;
+    took.push(("7a. no Endpoints name Knative's activator", t.elapsed()));
+    let t = Instant::now();
     k.delete(&plane, Component::Activator).await.unwrap();
-    took.push(("7. Knative's activator deleted", t.elapsed()));
+    took.push((
+        "7b. Knative's activator deleted, its pods gone",
+        t.elapsed(),
+    ));
 
     // `cold`, still at zero, woken through the gateway and thaw's activator.
     let thaw_activator = pod_ips(&plane, "thaw-system", "app.kubernetes.io/name=activator").await;
-    let public = checks::service_endpoint(&plane, &ns, &cold_rev).await.unwrap();
+    let public = checks::service_endpoint(&plane, &ns, &cold_rev)
+        .await
+        .unwrap();
     println!(
         "{cold_rev} at {:?}; its public endpoint {public} (thaw's activator: {thaw_activator:?})",
         scale_of(&plane, &ns, "cold").await
@@ -1131,20 +1147,6 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
     )
     .await;
     took.push(("8. warm released and rolled", t.elapsed()));
-    // The caller keeps going a little past the roll (the old pod's drain).
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let calls = caller.await.unwrap();
-    let moved = move_began.elapsed();
-    println!("the move, step by step:");
-    for (step, d) in &took {
-        println!("  {step}: {d:.1?}");
-    }
-    println!(
-        "{warm_host} over the whole move ({moved:.1?}): sent {}, failed {}, longest gap without a 200 {:.1?}; failures: {:?}",
-        calls.sent, calls.failed, calls.longest_gap, calls.failures
-    );
-
     // What is left: everything owned by thaw, nothing of Knative's internals, no hanging
     // finalizer or deletion.
     let revisions = list(&plane, &ns, "revisions.serving.knative.dev").await;
@@ -1209,9 +1211,7 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
             .filter_map(Value::as_str)
             .collect();
         assert!(
-            !finalizers
-                .iter()
-                .any(|f| f.contains("knative.dev")),
+            !finalizers.iter().any(|f| f.contains("knative.dev")),
             "{what} keeps Knative's finalizer(s) {finalizers:?}"
         );
         assert!(
@@ -1223,6 +1223,83 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
         "{} objects in {ns}: none with a Knative finalizer or a deletionTimestamp",
         everything.len()
     );
+    // 9. What Knative leaves behind removed, as the page says, while `warm` is called.
+    let t = Instant::now();
+    plane
+        .kubectl(&[
+            "-n",
+            "istio-system",
+            "delete",
+            "secret",
+            "-l",
+            "networking.internal.knative.dev/originSecretName,!controller.thaw.dev/owner-uid",
+        ])
+        .await
+        .unwrap();
+    plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "delete",
+            "deployment,service,configmap,secret,hpa,pdb",
+            "-l",
+            "app.kubernetes.io/name=knative-serving",
+        ])
+        .await
+        .unwrap();
+    let internal = [
+        "podautoscalers.autoscaling.internal.knative.dev",
+        "metrics.autoscaling.internal.knative.dev",
+        "serverlessservices.networking.internal.knative.dev",
+        "ingresses.networking.internal.knative.dev",
+        "certificates.networking.internal.knative.dev",
+        "images.caching.internal.knative.dev",
+    ];
+    let mut args = vec!["delete", "crd", "--timeout=120s"];
+    args.extend(internal);
+    plane
+        .kubectl(&args)
+        .await
+        .unwrap_or_else(|e| panic!("step 9: deleting Knative's internal CRDs: {e}"));
+    took.push((
+        "9. Knative's leftovers and internal CRDs deleted",
+        t.elapsed(),
+    ));
+    let left = plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "get",
+            "deployment,service,configmap",
+            "-o",
+            "name",
+        ])
+        .await
+        .unwrap();
+    println!("step 9: what knative-serving still holds:\n{left}");
+    // `cold` still wakes once Knative's leftovers are gone (at zero again by then, or not).
+    let r = sc::request(gateway, &cold_host, "/", &http::HeaderMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (200, "Hello from cold!"),
+        "{cold_host} after step 9"
+    );
+    // The caller keeps going a little past the last step.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let calls = caller.await.unwrap();
+    let moved = move_began.elapsed();
+    println!("the move, step by step:");
+    for (step, d) in &took {
+        println!("  {step}: {d:.1?}");
+    }
+    println!(
+        "{warm_host} over the whole move ({moved:.1?}): sent {}, failed {}, longest gap without a 200 {:.1?}; failures: {:?}",
+        calls.sent, calls.failed, calls.longest_gap, calls.failures
+    );
+
     // What users wrote is what they wrote.
     let end = kept_objects(&plane, &ns).await;
     for (what, b) in &before {
