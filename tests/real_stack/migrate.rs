@@ -13,6 +13,12 @@
 //!   answer; Knative's writes are refused while its webhook configurations stay, admitted
 //!   undefaulted once they are removed, and defaulted again once they are restored and the
 //!   webhook and controller started;
+//! - the cut-over of docs/migrating-from-knative.md, steps 1 to 9, as commands (the real
+//!   `thaw migrate config --from-cluster`, `kubectl`) with a Service `warm` called throughout
+//!   and `cold` at zero: no request to `warm` fails; `cold` wakes through thaw's activator;
+//!   every kept object reads back identical after the CRD swap; at the end thaw's Revisions and
+//!   Routes control the Services and VirtualServices, no PodAutoscaler, ServerlessService or
+//!   KIngress is left and nothing holds a Knative finalizer (last: Knative is gone after it);
 //! - what Knative's components need of the plane beyond the kubelet stand-in's defaults: a pod
 //!   of a namespace that resolves Service names reaches a Service by name at its port (80)
 //!   while its pod listens on another (8080), through the node's proxy of its cluster IP.
@@ -1061,6 +1067,10 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
     // 7. Knative's activator deleted once no Endpoints name it.
     let t = Instant::now();
     let activator = pod_ips(&plane, knative::NAMESPACE, "app=activator").await;
+    println!(
+        "step 7: Endpoints naming Knative's activator {activator:?} once thaw adopted: {:?}",
+        endpoints_naming_knative(&plane, &activator).await
+    );
     until(
         "no Endpoints outside knative-serving name Knative's activator",
         ADOPTED,
@@ -1261,6 +1271,32 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
         .kubectl(&args)
         .await
         .unwrap_or_else(|e| panic!("step 9: deleting Knative's internal CRDs: {e}"));
+    // What Knative's components made at run time, unlabelled: the autoscaler's bucket
+    // Services and Endpoints, their Leases.
+    let buckets: Vec<String> = plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "get",
+            "service,endpoints",
+            "-o",
+            "name",
+        ])
+        .await
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("/autoscaler-bucket-"))
+        .map(str::to_string)
+        .collect();
+    if !buckets.is_empty() {
+        let mut args = vec!["-n", knative::NAMESPACE, "delete"];
+        args.extend(buckets.iter().map(String::as_str));
+        plane.kubectl(&args).await.unwrap();
+    }
+    plane
+        .kubectl(&["-n", knative::NAMESPACE, "delete", "lease", "--all"])
+        .await
+        .unwrap();
     took.push((
         "9. Knative's leftovers and internal CRDs deleted",
         t.elapsed(),
@@ -1270,13 +1306,19 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
             "-n",
             knative::NAMESPACE,
             "get",
-            "deployment,service,configmap",
+            "deployment,service,endpoints,configmap,secret,lease",
             "-o",
             "name",
         ])
         .await
         .unwrap();
     println!("step 9: what knative-serving still holds:\n{left}");
+    // kube-controller-manager's CA bundle, in every namespace, is all that is left.
+    assert_eq!(
+        left.lines().collect::<Vec<_>>(),
+        ["configmap/kube-root-ca.crt"],
+        "knative-serving after step 9"
+    );
     // `cold` still wakes once Knative's leftovers are gone (at zero again by then, or not).
     let r = sc::request(gateway, &cold_host, "/", &http::HeaderMap::new())
         .await
