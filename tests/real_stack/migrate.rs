@@ -1289,7 +1289,8 @@ async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>,
         .map(str::to_string)
         .collect();
     if !buckets.is_empty() {
-        let mut args = vec!["-n", knative::NAMESPACE, "delete"];
+        // A Service's Endpoints go with it (the endpoints controller): --ignore-not-found.
+        let mut args = vec!["-n", knative::NAMESPACE, "delete", "--ignore-not-found"];
         args.extend(buckets.iter().map(String::as_str));
         plane.kubectl(&args).await.unwrap();
     }
