@@ -81,7 +81,32 @@ fn knative_optional_fields(crd: CustomResourceDefinition) -> CustomResourceDefin
     // The CRD is plain data: converting it to JSON and back cannot fail.
     let mut v = serde_json::to_value(&crd).expect("a CRD serialises");
     relax_required(&mut v, None);
+    nullable_creation_timestamps(&mut v);
     serde_json::from_value(v).expect("the relaxed CRD deserialises")
+}
+
+/// Marks every `creationTimestamp` of the schema (a revision template's metadata) `nullable`.
+/// Knative's controller, like any Go client, writes a template's unset `creationTimestamp` as
+/// `null` (the Configuration it makes from a Service); the API server drops a null of a
+/// field that is not nullable, on every read too, so without this a Configuration Knative
+/// wrote would read back changed once thaw's CRDs replace Knative's (whose template metadata
+/// keeps unknown fields as they are).
+fn nullable_creation_timestamps(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                if k == "creationTimestamp"
+                    && let Some(schema) = child.as_object_mut()
+                    && schema.get("type").is_some_and(|t| t == "string")
+                {
+                    schema.insert("nullable".into(), true.into());
+                }
+                nullable_creation_timestamps(child);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(nullable_creation_timestamps),
+        _ => {}
+    }
 }
 
 /// Walks a schema; `parent` is the property name the current schema object belongs to.

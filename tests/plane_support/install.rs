@@ -109,15 +109,31 @@ fn conformance_image(name: &str) -> (String, ImageRun) {
     )
 }
 
+/// The overlay of deploy/ the tests install: the image renamed for the kubelet stand-in.
+pub const OVERLAY: &str = "tests/cluster/overlay";
+/// [`OVERLAY`] with the controller adopting what Knative Serving left
+/// (`THAW_ADOPT_KNATIVE=true`, docs/migrating-from-knative.md's step 6).
+pub const OVERLAY_ADOPTING: &str = "tests/cluster/overlay-adopt";
+
 /// Installs thaw and the ingress; returns once every Deployment is Available.
 pub async fn install(plane: &Plane) -> Result<(), String> {
+    apply(plane, OVERLAY).await?;
+    for ns in ["thaw-system", "istio-system"] {
+        wait_available(plane, ns).await?;
+    }
+    Ok(())
+}
+
+/// Applies the ingress, then `overlay` (a kustomization of deploy/ under the repository,
+/// [`OVERLAY`] or [`OVERLAY_ADOPTING`]) and Knative's external Gateway; does not wait.
+pub async fn apply(plane: &Plane, overlay: &str) -> Result<(), String> {
     apply_ingress(plane).await?;
     plane
         .kubectl(&[
             "apply",
             "--server-side",
             "-k",
-            &repo("tests/cluster/overlay").display().to_string(),
+            &repo(overlay).display().to_string(),
         ])
         .await?;
     // Made unless Knative is installed already (a target that moves a running Knative onto
@@ -140,9 +156,6 @@ pub async fn install(plane: &Plane) -> Result<(), String> {
                 .to_string(),
         ])
         .await?;
-    for ns in ["thaw-system", "istio-system"] {
-        wait_available(plane, ns).await?;
-    }
     Ok(())
 }
 

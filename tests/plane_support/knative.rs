@@ -334,23 +334,22 @@ impl Knative {
     /// activator's is 600 s, though it drains and exits well before).
     pub async fn stop(&self, plane: &Plane, c: Component) -> Result<(), String> {
         self.scale(plane, c, 0).await?;
-        let pods: Api<Pod> = Api::namespaced(plane.admin.clone(), NAMESPACE);
-        let lp = ListParams::default().labels(&format!("app={}", c.deployment()));
-        let deadline = Instant::now() + STOP_WAIT;
-        loop {
-            match pods.list(&lp).await {
-                Ok(l) if l.items.is_empty() => return Ok(()),
-                Ok(l) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "{} still has {} pod(s) after {STOP_WAIT:?}",
-                        c.deployment(),
-                        l.items.len()
-                    ));
-                }
-                Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
-                _ => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        }
+        pods_gone(plane, c).await
+    }
+
+    /// Deletes `c`'s Deployment, as the cut-over does (docs/migrating-from-knative.md);
+    /// returns once its pods are gone, or `Err` after [`STOP_WAIT`].
+    pub async fn delete(&self, plane: &Plane, c: Component) -> Result<(), String> {
+        plane
+            .kubectl(&[
+                "-n",
+                NAMESPACE,
+                "delete",
+                &format!("deployment/{}", c.deployment()),
+                "--wait=false",
+            ])
+            .await?;
+        pods_gone(plane, c).await
     }
 
     /// Starts `c` again (its Deployment scaled to 1); returns once it is Available.
@@ -435,6 +434,27 @@ impl Knative {
             });
         }
         Ok(objects.into_iter().collect())
+    }
+}
+
+/// Waits until `c` has no pod left; `Err` after [`STOP_WAIT`].
+async fn pods_gone(plane: &Plane, c: Component) -> Result<(), String> {
+    let pods: Api<Pod> = Api::namespaced(plane.admin.clone(), NAMESPACE);
+    let lp = ListParams::default().labels(&format!("app={}", c.deployment()));
+    let deadline = Instant::now() + STOP_WAIT;
+    loop {
+        match pods.list(&lp).await {
+            Ok(l) if l.items.is_empty() => return Ok(()),
+            Ok(l) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "{} still has {} pod(s) after {STOP_WAIT:?}",
+                    c.deployment(),
+                    l.items.len()
+                ));
+            }
+            Err(e) if Instant::now() >= deadline => return Err(e.to_string()),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
     }
 }
 

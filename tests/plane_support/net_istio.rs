@@ -124,6 +124,14 @@ pub struct NetIstio {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl NetIstio {
+    /// Stops the reconciler, as deleting net-istio's controller Deployment does: nothing
+    /// reconciles KIngresses afterwards; what it wrote stays.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
 impl Drop for NetIstio {
     fn drop(&mut self) {
         self.task.abort();

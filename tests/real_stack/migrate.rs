@@ -13,6 +13,12 @@
 //!   answer; Knative's writes are refused while its webhook configurations stay, admitted
 //!   undefaulted once they are removed, and defaulted again once they are restored and the
 //!   webhook and controller started;
+//! - the cut-over of docs/migrating-from-knative.md, steps 1 to 9, as commands (the real
+//!   `thaw migrate config --from-cluster`, `kubectl`) with a Service `warm` called throughout
+//!   and `cold` at zero: no request to `warm` fails; `cold` wakes through thaw's activator;
+//!   every kept object reads back identical after the CRD swap; at the end thaw's Revisions and
+//!   Routes control the Services and VirtualServices, no PodAutoscaler, ServerlessService or
+//!   KIngress is left and nothing holds a Knative finalizer (last: Knative is gone after it);
 //! - what Knative's components need of the plane beyond the kubelet stand-in's defaults: a pod
 //!   of a namespace that resolves Service names reaches a Service by name at its port (80)
 //!   while its pod listens on another (8080), through the node's proxy of its cluster IP.
@@ -37,6 +43,8 @@ pub fn cases() -> Vec<Case> {
     vec![
         crate::exclusive_case!(knative_serves_on_the_real_plane),
         crate::case!(the_kubelet_stand_in_resolves_service_names_and_proxies_cluster_ips),
+        // Last: it leaves Knative moved onto thaw (see `installed`).
+        crate::exclusive_case!(knative_moves_onto_thaw_losing_no_request),
     ]
 }
 
@@ -44,8 +52,16 @@ pub fn cases() -> Vec<Case> {
 /// as the target.
 static KNATIVE: OnceCell<Knative> = OnceCell::const_new();
 
-/// Knative installed on `plane` (once per target).
+/// Set once [`knative_moves_onto_thaw_losing_no_request`] has begun: Knative's components are
+/// deleted from then on, so no other case may use it.
+static MOVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Knative installed on `plane` (once per target); panics once the move onto thaw has begun.
 pub async fn installed(plane: &Plane) -> &'static Knative {
+    assert!(
+        !MOVED.load(std::sync::atomic::Ordering::SeqCst),
+        "Knative was moved onto thaw by knative_moves_onto_thaw_losing_no_request before this case ran"
+    );
     KNATIVE
         .get_or_init(|| async {
             let began = Instant::now();
@@ -598,4 +614,749 @@ spec:
         .unwrap();
     println!("from the node, http://{cluster_ip}:80/: {status} {body:?}");
     assert_eq!((status, body.trim()), (200, "Hello from web!"));
+}
+
+/// What the warm Service's caller counted.
+#[derive(Debug, Default, Clone)]
+struct Calls {
+    sent: u64,
+    failed: u64,
+    /// The longest time without a 200 (from one 200 to the next, or to the end).
+    longest_gap: Duration,
+    /// The first few failures, as the caller saw them.
+    failures: Vec<String>,
+}
+
+/// Calls `host` through `gateway` one request after another (a 50 ms pause between) until
+/// `stop` is set; what it counted.
+async fn call_throughout(
+    gateway: std::net::SocketAddr,
+    host: String,
+    want: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Calls {
+    let mut c = Calls::default();
+    let mut last_ok = Instant::now();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let sent_at = Instant::now();
+        c.sent += 1;
+        let r = sc::request(gateway, &host, "/", &http::HeaderMap::new()).await;
+        let now = Instant::now();
+        match r {
+            Ok(r) if r.status == 200 && r.body.trim() == want => {
+                c.longest_gap = c.longest_gap.max(now - last_ok);
+                last_ok = now;
+            }
+            other => {
+                c.failed += 1;
+                if c.failures.len() < 10 {
+                    let what = match other {
+                        Ok(r) => format!("{} {:?}", r.status, r.body),
+                        Err(e) => e,
+                    };
+                    c.failures
+                        .push(format!("call {} at {sent_at:?}: {what}", c.sent));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.longest_gap = c.longest_gap.max(Instant::now() - last_ok);
+    c
+}
+
+/// The kinds a cut-over keeps (their objects must read back unchanged).
+const KEPT: &str = "services.serving.knative.dev,configurations.serving.knative.dev,\
+revisions.serving.knative.dev,routes.serving.knative.dev";
+
+/// Every kept object of `ns`, `Kind/name` to the object.
+async fn kept_objects(plane: &Plane, ns: &str) -> std::collections::BTreeMap<String, Value> {
+    let out = plane
+        .kubectl(&["-n", ns, "get", KEPT, "-o", "json"])
+        .await
+        .unwrap();
+    let list: Value = serde_json::from_str(&out).unwrap();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            (
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                o.clone(),
+            )
+        })
+        .collect()
+}
+
+/// `items` of `kubectl get what -o json` in `ns` (all namespaces when `ns` is empty); an
+/// unknown resource reads as none.
+async fn list(plane: &Plane, ns: &str, what: &str) -> Vec<Value> {
+    let mut args = vec!["get", what, "-o", "json", "--ignore-not-found"];
+    if ns.is_empty() {
+        args.push("-A");
+    } else {
+        args.extend(["-n", ns]);
+    }
+    let Ok(out) = plane.kubectl(&args).await else {
+        return vec![];
+    };
+    if out.trim().is_empty() {
+        return vec![];
+    }
+    let v: Value = serde_json::from_str(&out).unwrap_or_default();
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The (core) Services of `ns`, as JSON.
+async fn core_services(plane: &Plane, ns: &str) -> Vec<Value> {
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(plane.admin.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| {
+            let mut v = serde_json::to_value(s).ok()?;
+            v["kind"] = "Service".into();
+            Some(v)
+        })
+        .collect()
+}
+
+/// `(kind, name, uid)` of `o`'s controller reference.
+fn controller_of(o: &Value) -> Option<(String, String, String)> {
+    o["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or_default().to_string(),
+                r["name"].as_str().unwrap_or_default().to_string(),
+                r["uid"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+fn name(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// The IPs of the pods of `ns` labelled `selector`.
+async fn pod_ips(plane: &Plane, ns: &str, selector: &str) -> Vec<String> {
+    Api::<Pod>::namespaced(plane.admin.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect()
+}
+
+/// The Endpoints outside knative-serving that name one of Knative's pods
+/// (docs/migrating-from-knative.md's step 7: a `targetRef` in knative-serving, or an address
+/// of one of `activator`'s IPs), `namespace/name`.
+async fn endpoints_naming_knative(plane: &Plane, activator: &[String]) -> Vec<String> {
+    list(plane, "", "endpoints")
+        .await
+        .iter()
+        .filter(|e| e["metadata"]["namespace"] != knative::NAMESPACE)
+        .filter(|e| {
+            e["subsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|s| {
+                    ["addresses", "notReadyAddresses"]
+                        .into_iter()
+                        .flat_map(move |k| s[k].as_array().into_iter().flatten())
+                })
+                .any(|a| {
+                    a["targetRef"]["namespace"] == knative::NAMESPACE
+                        || a["ip"]
+                            .as_str()
+                            .is_some_and(|ip| activator.iter().any(|i| i == ip))
+                })
+        })
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e["metadata"]["namespace"].as_str().unwrap_or_default(),
+                name(e)
+            )
+        })
+        .collect()
+}
+
+/// How long thaw's controller gets to adopt and clean up after Knative (every revision and
+/// route Ready under it, Knative's internal objects gone).
+const ADOPTED: Duration = Duration::from_secs(300);
+/// How long a released revision gets to roll to thaw's sidecar.
+const ROLLED: Duration = Duration::from_secs(240);
+
+/// The cut-over of docs/migrating-from-knative.md, steps 1 to 8, on a running Knative Serving
+/// (its controller, webhook, autoscaler, activator and queue-proxy; net-istio's stand-in):
+/// a Service `warm` called throughout (0 failed requests), a Service `cold` at zero before
+/// the move and woken through thaw's activator after it, one revision released to thaw's
+/// sidecar. Knative's settings are its defaults but config-autoscaler's `stable-window` and
+/// `scale-to-zero-grace-period` (6 s, their lower bound, so `cold` reaches zero in seconds);
+/// `thaw migrate config` carries them, and the rest, over to thaw.
+async fn knative_moves_onto_thaw_losing_no_request(plane: std::sync::Arc<Plane>, ns: String) {
+    let k = installed(&plane).await;
+    MOVED.store(true, std::sync::atomic::Ordering::SeqCst);
+    for c in [Component::Webhook, Component::Controller] {
+        k.start(&plane, c).await.unwrap();
+    }
+    k.until_admitted(&plane).await.unwrap();
+    let autoscaler_keys = [
+        ("stable-window", "6s"),
+        ("scale-to-zero-grace-period", "6s"),
+    ];
+    set_autoscaler(&plane, &autoscaler_keys).await;
+    let mut took: Vec<(&str, Duration)> = Vec::new();
+
+    // Knative serving two Services: `warm` with a pod, `cold` at zero.
+    for s in ["warm", "cold"] {
+        apply(&plane, &ns, s, &helloworld(s)).await.unwrap();
+    }
+    let warm = service_ready(&plane, &ns, "warm").await;
+    let cold = service_ready(&plane, &ns, "cold").await;
+    let warm_rev = warm["status"]["latestReadyRevisionName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cold_rev = cold["status"]["latestReadyRevisionName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let gateway = checks::service_endpoint(&plane, "istio-system", "istio-ingressgateway")
+        .await
+        .expect("the ingress gateway's endpoint");
+    let (warm_host, cold_host) = (host_of(&warm), host_of(&cold));
+    let t = Instant::now();
+    until(
+        &format!("{cold_rev} scaled to zero by Knative and its pods gone"),
+        TO_ZERO,
+        || async {
+            let zero = scale_of(&plane, &ns, "cold").await == Some(0);
+            (zero && revision_pods(&plane, &ns, &cold_rev).await.is_empty()).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "Knative serves {warm_host} ({warm_rev}) and {cold_host} ({cold_rev}, at zero {:.1?} after Ready; config-autoscaler {autoscaler_keys:?})",
+        t.elapsed()
+    );
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = tokio::spawn(call_throughout(
+        gateway,
+        warm_host.clone(),
+        "Hello from warm!".into(),
+        stop.clone(),
+    ));
+    let move_began = Instant::now();
+
+    // 1. Take stock: every storedVersions lists only the version thaw's CRD serves.
+    let t = Instant::now();
+    let crds_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
+    for f in std::fs::read_dir(&crds_dir).unwrap() {
+        let f = f.unwrap().path();
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        let served: Vec<&str> = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["served"] == true)
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        let live = plane
+            .kubectl(&["get", "crd", name(&crd), "-o", "json"])
+            .await
+            .unwrap();
+        let live: Value = serde_json::from_str(&live).unwrap();
+        let stored: Vec<&str> = live["status"]["storedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        println!(
+            "step 1: crd/{}: storedVersions {stored:?}, thaw serves {served:?}",
+            name(&crd)
+        );
+        assert!(
+            stored.iter().all(|v| served.contains(v)),
+            "crd/{}: a stored version thaw does not serve",
+            name(&crd)
+        );
+    }
+    took.push(("1. take stock", t.elapsed()));
+
+    // 2. The configuration carried over by the real binary, from the live cluster.
+    let t = Instant::now();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["migrate", "config", "--from-cluster"])
+        .env("KUBECONFIG", &plane.admin_kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "step 2: thaw migrate config --from-cluster: {}; stderr:\n{stderr}",
+        out.status
+    );
+    assert!(out.status.success(), "thaw migrate config: {stderr}");
+    let config_file = plane.dir.path().join("thaw-config.yaml");
+    std::fs::write(&config_file, &out.stdout).unwrap();
+    let config = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        config.contains("stable-window: 6s") || config.contains("stable-window: \"6s\""),
+        "the shortened window carried over:\n{config}"
+    );
+    took.push(("2. migrate config", t.elapsed()));
+
+    // 3. Knative's reconcilers stopped: its controller, net-istio's (the stand-in).
+    let t = Instant::now();
+    k.delete(&plane, Component::Controller).await.unwrap();
+    k.net_istio.stop();
+    took.push(("3. controllers deleted", t.elapsed()));
+
+    // 4. Its webhook configurations removed, its webhook deleted.
+    let t = Instant::now();
+    k.remove_webhooks(&plane).await.unwrap();
+    k.delete(&plane, Component::Webhook).await.unwrap();
+    took.push(("4. webhooks removed", t.elapsed()));
+
+    // 5. thaw's CRDs over Knative's; every kept object reads back identical.
+    let before = kept_objects(&plane, &ns).await;
+    let t = Instant::now();
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &crds_dir.display().to_string(),
+        ])
+        .await
+        .unwrap();
+    took.push(("5. CRDs applied", t.elapsed()));
+    let after = kept_objects(&plane, &ns).await;
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>(),
+        "the same objects after the CRD swap"
+    );
+    for (what, b) in &before {
+        let a = &after[what];
+        // Nothing writes them between the two reads (Knative's controller and webhook are
+        // gone, thaw's not installed yet): metadata (managedFields, finalizers,
+        // resourceVersion and generation included), spec and status compare whole.
+        for part in ["metadata", "spec", "status"] {
+            assert_eq!(
+                a[part], b[part],
+                "{what}'s {part} reads back identical after the CRD swap"
+            );
+        }
+    }
+    println!(
+        "step 5: {} kept objects read back identical (metadata, spec, status): {:?}",
+        before.len(),
+        before.keys().collect::<Vec<_>>()
+    );
+
+    // 6. Knative's autoscaler deleted, thaw installed adopting, its configuration applied.
+    let t = Instant::now();
+    k.delete(&plane, Component::Autoscaler).await.unwrap();
+    took.push(("6a. Knative's autoscaler deleted", t.elapsed()));
+    let t = Instant::now();
+    crate::plane_support::install::apply(&plane, crate::plane_support::install::OVERLAY_ADOPTING)
+        .await
+        .unwrap();
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &config_file.display().to_string(),
+        ])
+        .await
+        .unwrap();
+    crate::plane_support::install::wait_available(&plane, "thaw-system")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plane.dump()));
+    took.push(("6b. thaw installed, Available", t.elapsed()));
+    let t = Instant::now();
+    until(
+        "thaw's controller adopted every revision and route and removed Knative's internal objects",
+        ADOPTED,
+        || async {
+            let revisions = list(&plane, &ns, "revisions.serving.knative.dev").await;
+            let routes = list(&plane, &ns, "routes.serving.knative.dev").await;
+            let ready = |o: &Value| condition(o, "Ready").is_some_and(|c| c["status"] == "True");
+            let services = core_services(&plane, &ns).await;
+            let owned_services = revisions.iter().all(|r| {
+                let uid = r["metadata"]["uid"].as_str().unwrap_or_default();
+                [name(r).to_string(), format!("{}-private", name(r))]
+                    .iter()
+                    .all(|s| {
+                        services.iter().any(|svc| {
+                            name(svc) == s
+                                && controller_of(svc)
+                                    .is_some_and(|(k, _, u)| k == "Revision" && u == uid)
+                        })
+                    })
+            });
+            let vss = list(&plane, &ns, "virtualservices.networking.istio.io").await;
+            let owned_vs = !vss.is_empty()
+                && vss
+                    .iter()
+                    .all(|v| controller_of(v).is_some_and(|(k, _, _)| k == "Route"));
+            let mut left = 0;
+            for kind in [
+                "podautoscalers.autoscaling.internal.knative.dev",
+                "serverlessservices.networking.internal.knative.dev",
+                "ingresses.networking.internal.knative.dev",
+            ] {
+                left += list(&plane, &ns, kind).await.len();
+            }
+            (revisions.iter().all(ready)
+                && routes.iter().all(ready)
+                && owned_services
+                && owned_vs
+                && left == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    took.push(("6c. adopted, Knative's internal objects gone", t.elapsed()));
+    let adopted: Vec<String> = plane
+        .kubelet
+        .logs()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("thaw-system/"))
+        .flat_map(|(_, p)| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("adopted a Knative object"))
+                .map(|l| {
+                    let v: Value = serde_json::from_str(l).unwrap_or_default();
+                    let f = &v["fields"];
+                    format!(
+                        "{} {} {}: {}",
+                        v["timestamp"], f["kind"], f["name"], f["chain"]
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    println!("step 6: {} adoption line(s):", adopted.len());
+    for l in &adopted {
+        println!("  {l}");
+    }
+
+    // 7. Knative's activator deleted once no Endpoints name it.
+    let t = Instant::now();
+    let activator = pod_ips(&plane, knative::NAMESPACE, "app=activator").await;
+    println!(
+        "step 7: Endpoints naming Knative's activator {activator:?} once thaw adopted: {:?}",
+        endpoints_naming_knative(&plane, &activator).await
+    );
+    until(
+        "no Endpoints outside knative-serving name Knative's activator",
+        ADOPTED,
+        || async {
+            endpoints_naming_knative(&plane, &activator)
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    took.push(("7a. no Endpoints name Knative's activator", t.elapsed()));
+    let t = Instant::now();
+    k.delete(&plane, Component::Activator).await.unwrap();
+    took.push((
+        "7b. Knative's activator deleted, its pods gone",
+        t.elapsed(),
+    ));
+
+    // `cold`, still at zero, woken through the gateway and thaw's activator.
+    let thaw_activator = pod_ips(&plane, "thaw-system", "app.kubernetes.io/name=activator").await;
+    let public = checks::service_endpoint(&plane, &ns, &cold_rev)
+        .await
+        .unwrap();
+    println!(
+        "{cold_rev} at {:?}; its public endpoint {public} (thaw's activator: {thaw_activator:?})",
+        scale_of(&plane, &ns, "cold").await
+    );
+    assert!(
+        thaw_activator.contains(&public.ip().to_string()),
+        "at zero {cold_rev}'s public Service leads to thaw's activator"
+    );
+    let t = Instant::now();
+    let r = sc::request(gateway, &cold_host, "/", &http::HeaderMap::new())
+        .await
+        .unwrap();
+    println!(
+        "{cold_host} woken through the gateway and thaw's activator: {} in {:.1?}",
+        r.status,
+        t.elapsed()
+    );
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (200, "Hello from cold!"),
+        "the request that wakes {cold_rev}"
+    );
+    took.push(("cold woken", t.elapsed()));
+
+    // 8. `warm`'s revision released to thaw's sidecar while it is called.
+    let t = Instant::now();
+    plane
+        .kubectl(&[
+            "-n",
+            &ns,
+            "annotate",
+            &format!("revision/{warm_rev}"),
+            "controller.thaw.dev/release-template=true",
+        ])
+        .await
+        .unwrap();
+    let deployment = format!("{warm_rev}-deployment");
+    until(
+        &format!("{deployment} rolled to thaw's sidecar"),
+        ROLLED,
+        || async {
+            let d = list(&plane, &ns, "deployments").await;
+            let d = d.iter().find(|d| name(d) == deployment)?;
+            let held = !d["metadata"]["labels"]["controller.thaw.dev/template-held"].is_null();
+            let done = d["status"]["observedGeneration"] == d["metadata"]["generation"]
+                && d["status"]["updatedReplicas"] == d["spec"]["replicas"]
+                && d["status"]["replicas"] == d["spec"]["replicas"]
+                && d["status"]["availableReplicas"] == d["spec"]["replicas"];
+            let pods = revision_pods(&plane, &ns, &warm_rev).await;
+            let knative_queue = pods.iter().any(|p| {
+                p.spec.iter().flat_map(|s| s.containers.iter()).any(|c| {
+                    c.ports
+                        .iter()
+                        .flatten()
+                        .any(|p| p.name.as_deref() == Some("http-queueadm"))
+                })
+            });
+            (!held && done && !pods.is_empty() && !knative_queue).then_some(())
+        },
+    )
+    .await;
+    took.push(("8. warm released and rolled", t.elapsed()));
+    // What is left: everything owned by thaw, nothing of Knative's internals, no hanging
+    // finalizer or deletion.
+    let revisions = list(&plane, &ns, "revisions.serving.knative.dev").await;
+    let routes = list(&plane, &ns, "routes.serving.knative.dev").await;
+    for svc in core_services(&plane, &ns).await {
+        let Some(rev) = svc["metadata"]["labels"]["serving.knative.dev/revision"].as_str() else {
+            continue;
+        };
+        let uid = revisions
+            .iter()
+            .find(|r| name(r) == rev)
+            .map(|r| r["metadata"]["uid"].clone());
+        let ctl = controller_of(&svc);
+        println!("service/{}: controller {ctl:?}", name(&svc));
+        assert!(
+            ctl.as_ref()
+                .is_some_and(|(k, _, u)| k == "Revision" && uid == Some(Value::from(u.as_str()))),
+            "service/{}'s controller is its Revision",
+            name(&svc)
+        );
+    }
+    for vs in list(&plane, &ns, "virtualservices.networking.istio.io").await {
+        let ctl = controller_of(&vs);
+        println!("virtualservice/{}: controller {ctl:?}", name(&vs));
+        assert!(
+            ctl.as_ref().is_some_and(|(k, n, u)| k == "Route"
+                && routes
+                    .iter()
+                    .any(|r| name(r) == n && r["metadata"]["uid"] == u.as_str())),
+            "virtualservice/{}'s controller is a Route",
+            name(&vs)
+        );
+    }
+    let objects = k.objects(&plane).await.unwrap();
+    println!("Knative's kinds in {ns} at the end:");
+    for o in objects.iter().filter(|o| o.namespace == ns) {
+        println!("  {o}");
+    }
+    for kind in ["PodAutoscaler", "ServerlessService", "Ingress"] {
+        assert!(
+            !objects.iter().any(|o| o.namespace == ns && o.kind == kind),
+            "no {kind} left in {ns}"
+        );
+    }
+    let mut everything = Vec::new();
+    for what in [
+        KEPT,
+        "endpoints,deployments,virtualservices.networking.istio.io",
+        "podautoscalers.autoscaling.internal.knative.dev,metrics.autoscaling.internal.knative.dev",
+        "serverlessservices.networking.internal.knative.dev,ingresses.networking.internal.knative.dev",
+        "certificates.networking.internal.knative.dev,images.caching.internal.knative.dev",
+    ] {
+        everything.extend(list(&plane, &ns, what).await);
+    }
+    everything.extend(core_services(&plane, &ns).await);
+    for o in &everything {
+        let what = format!("{}/{}", o["kind"].as_str().unwrap_or_default(), name(o));
+        let finalizers: Vec<&str> = o["metadata"]["finalizers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            !finalizers.iter().any(|f| f.contains("knative.dev")),
+            "{what} keeps Knative's finalizer(s) {finalizers:?}"
+        );
+        assert!(
+            o["metadata"]["deletionTimestamp"].is_null(),
+            "{what} is stuck deleting (finalizers {finalizers:?})"
+        );
+    }
+    println!(
+        "{} objects in {ns}: none with a Knative finalizer or a deletionTimestamp",
+        everything.len()
+    );
+    // 9. What Knative leaves behind removed, as the page says, while `warm` is called.
+    let t = Instant::now();
+    plane
+        .kubectl(&[
+            "-n",
+            "istio-system",
+            "delete",
+            "secret",
+            "-l",
+            "networking.internal.knative.dev/originSecretName,!controller.thaw.dev/owner-uid",
+        ])
+        .await
+        .unwrap();
+    plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "delete",
+            "deployment,service,configmap,secret,hpa,pdb",
+            "-l",
+            "app.kubernetes.io/name=knative-serving",
+        ])
+        .await
+        .unwrap();
+    let internal = [
+        "podautoscalers.autoscaling.internal.knative.dev",
+        "metrics.autoscaling.internal.knative.dev",
+        "serverlessservices.networking.internal.knative.dev",
+        "ingresses.networking.internal.knative.dev",
+        "certificates.networking.internal.knative.dev",
+        "images.caching.internal.knative.dev",
+    ];
+    let mut args = vec!["delete", "crd", "--timeout=120s"];
+    args.extend(internal);
+    plane
+        .kubectl(&args)
+        .await
+        .unwrap_or_else(|e| panic!("step 9: deleting Knative's internal CRDs: {e}"));
+    // What Knative's components made at run time, unlabelled: the autoscaler's bucket
+    // Services and Endpoints, their Leases.
+    let buckets: Vec<String> = plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "get",
+            "service,endpoints",
+            "-o",
+            "name",
+        ])
+        .await
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("/autoscaler-bucket-"))
+        .map(str::to_string)
+        .collect();
+    if !buckets.is_empty() {
+        // A Service's Endpoints go with it (the endpoints controller): --ignore-not-found.
+        let mut args = vec!["-n", knative::NAMESPACE, "delete", "--ignore-not-found"];
+        args.extend(buckets.iter().map(String::as_str));
+        plane.kubectl(&args).await.unwrap();
+    }
+    plane
+        .kubectl(&["-n", knative::NAMESPACE, "delete", "lease", "--all"])
+        .await
+        .unwrap();
+    took.push((
+        "9. Knative's leftovers and internal CRDs deleted",
+        t.elapsed(),
+    ));
+    let left = plane
+        .kubectl(&[
+            "-n",
+            knative::NAMESPACE,
+            "get",
+            "deployment,service,endpoints,configmap,secret,lease",
+            "-o",
+            "name",
+        ])
+        .await
+        .unwrap();
+    println!("step 9: what knative-serving still holds:\n{left}");
+    // kube-controller-manager's CA bundle, in every namespace, is all that is left.
+    assert_eq!(
+        left.lines().collect::<Vec<_>>(),
+        ["configmap/kube-root-ca.crt"],
+        "knative-serving after step 9"
+    );
+    // `cold` still wakes once Knative's leftovers are gone (at zero again by then, or not).
+    let r = sc::request(gateway, &cold_host, "/", &http::HeaderMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (200, "Hello from cold!"),
+        "{cold_host} after step 9"
+    );
+    // The caller keeps going a little past the last step.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let calls = caller.await.unwrap();
+    let moved = move_began.elapsed();
+    println!("the move, step by step:");
+    for (step, d) in &took {
+        println!("  {step}: {d:.1?}");
+    }
+    println!(
+        "{warm_host} over the whole move ({moved:.1?}): sent {}, failed {}, longest gap without a 200 {:.1?}; failures: {:?}",
+        calls.sent, calls.failed, calls.longest_gap, calls.failures
+    );
+
+    // What users wrote is what they wrote.
+    let end = kept_objects(&plane, &ns).await;
+    for (what, b) in &before {
+        assert_eq!(
+            end.get(what).map(|o| &o["spec"]),
+            Some(&b["spec"]),
+            "{what}'s spec after the move"
+        );
+    }
+    println!("{} kept objects' specs unchanged by the move", before.len());
+
+    assert_eq!(
+        calls.failed, 0,
+        "no request to {warm_host} failed over the move: {:?}",
+        calls.failures
+    );
 }
