@@ -66,7 +66,9 @@ pub enum Setup {
     Thaw,
     /// Only the ingress (Istio's CRDs and the gateway pod, [`install::install_ingress`]): a
     /// cluster before any Knative, for targets that install Knative (and thaw later, if at
-    /// all) in their cases.
+    /// all) in their cases. Such a target's cases run one at a time in the order given,
+    /// whatever `--test-threads` says: a case may leave the cluster moved on for the next
+    /// (the move onto thaw deletes Knative), so the order is part of the target.
     IngressOnly,
 }
 
@@ -82,7 +84,10 @@ pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
         rt.block_on(install::run_ingress_gateway());
         return ExitCode::SUCCESS;
     }
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    if setup == Setup::IngressOnly {
+        args.test_threads = Some(1);
+    }
     let listed = || {
         cases
             .iter()

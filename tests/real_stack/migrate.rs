@@ -43,7 +43,8 @@ pub fn cases() -> Vec<Case> {
     vec![
         crate::exclusive_case!(knative_serves_on_the_real_plane),
         crate::case!(the_kubelet_stand_in_resolves_service_names_and_proxies_cluster_ips),
-        // Last: it leaves Knative moved onto thaw (see `installed`).
+        // Last: it leaves Knative moved onto thaw (see `installed`); this target's cases run
+        // in this order, one at a time (`Setup::IngressOnly`).
         crate::exclusive_case!(knative_moves_onto_thaw_losing_no_request),
     ]
 }
