@@ -34,6 +34,9 @@ pub struct Case {
     pub run: CaseFn,
     /// Runs with no other case beside it ([`exclusive_case!`]).
     pub exclusive: bool,
+    /// Run only when asked (`--ignored`, `--include-ignored`): a case whose ground another
+    /// case of the target covers, kept out of the suite's time budget ([`ignored_case!`]).
+    pub ignored: bool,
 }
 
 /// A [`Case`] for an `async fn name(plane: Arc<Plane>, ns: String)`.
@@ -44,6 +47,18 @@ macro_rules! case {
             name: stringify!($f).rsplit("::").next().unwrap().trim(),
             run: (|p, ns| Box::pin($f(p, ns))) as $crate::plane_support::harness::CaseFn,
             exclusive: false,
+            ignored: false,
+        }
+    };
+}
+
+/// An [`exclusive_case!`] run only when asked (`--ignored`).
+#[macro_export]
+macro_rules! ignored_case {
+    ($f:path) => {
+        $crate::plane_support::harness::Case {
+            ignored: true,
+            ..$crate::exclusive_case!($f)
         }
     };
 }
@@ -91,7 +106,7 @@ pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
     let listed = || {
         cases
             .iter()
-            .map(|c| Trial::test(c.name, || Ok(())))
+            .map(|c| Trial::test(c.name, || Ok(())).with_ignored_flag(c.ignored))
             .collect::<Vec<_>>()
     };
     let runs = listed()
@@ -148,6 +163,7 @@ pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
                  name,
                  run,
                  exclusive,
+                 ignored,
              }| {
                 let plane = plane.clone();
                 let handle = rt.handle().clone();
@@ -175,6 +191,7 @@ pub fn main_with(cases: Vec<Case>, setup: Setup) -> ExitCode {
                         }
                     })
                 })
+                .with_ignored_flag(ignored)
             },
         )
         .collect();

@@ -41,7 +41,9 @@ use crate::plane_support::stack::{scale_of, until};
 /// This module's cases.
 pub fn cases() -> Vec<Case> {
     vec![
-        crate::exclusive_case!(knative_serves_on_the_real_plane),
+        // Its ground (Knative serving, scaling to zero and waking on the plane) is walked by
+        // the move below too; run with `--ignored` (2.5 minutes kept out of the suite's budget).
+        crate::ignored_case!(knative_serves_on_the_real_plane),
         crate::case!(the_kubelet_stand_in_resolves_service_names_and_proxies_cluster_ips),
         // Last: it leaves Knative moved onto thaw (see `installed`); this target's cases run
         // in this order, one at a time (`Setup::IngressOnly`).
