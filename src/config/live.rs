@@ -215,20 +215,9 @@ pub fn watch_configmaps(
 }
 
 fn is_ours(name: &str) -> bool {
-    [
-        super::autoscaler::NAME,
-        super::defaults::NAME,
-        super::activator::NAME,
-        super::gc::NAME,
-        super::network::DOMAIN_NAME,
-        super::network::NETWORK_NAME,
-        super::network::ISTIO_NAME,
-        super::network::GATEWAY_NAME,
-        super::network::CERTMANAGER_NAME,
-        super::deployment::NAME,
-        super::features::NAME,
-    ]
-    .contains(&name)
+    // config-leader-election is read once, at start (a role's Lease timings do not change
+    // under it); every other ConfigMap thaw reads follows live.
+    name != super::leader_election::NAME && super::migrate::READ_BY_THAW.contains(&name)
 }
 
 /// Parses one ConfigMap under [`super::keys`]'s rule: each key with no effect in thaw is

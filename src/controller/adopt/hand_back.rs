@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ServiceReference, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -336,22 +336,21 @@ pub async fn check_thaw_stopped(client: &Client, thaw_ns: &str) -> Result<(), Ha
     };
     let mut found = Vec::new();
     let lp = ListParams::default();
+    let namespaces = |hooks: Vec<Option<&ServiceReference>>| -> Vec<Option<String>> {
+        hooks
+            .into_iter()
+            .map(|s| s.map(|s| s.namespace.clone()))
+            .collect()
+    };
     for c in Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .list(&lp)
         .await?
     {
-        let svcs = c
-            .webhooks
-            .iter()
-            .flatten()
-            .map(|w| {
-                w.client_config
-                    .service
-                    .as_ref()
-                    .map(|s| s.namespace.clone())
-            })
-            .collect();
-        if thaws(&c.metadata, svcs) {
+        let hooks = c.webhooks.iter().flatten();
+        if thaws(
+            &c.metadata,
+            namespaces(hooks.map(|w| w.client_config.service.as_ref()).collect()),
+        ) {
             found.push(format!("ValidatingWebhookConfiguration {}", c.name_any()));
         }
     }
@@ -359,18 +358,11 @@ pub async fn check_thaw_stopped(client: &Client, thaw_ns: &str) -> Result<(), Ha
         .list(&lp)
         .await?
     {
-        let svcs = c
-            .webhooks
-            .iter()
-            .flatten()
-            .map(|w| {
-                w.client_config
-                    .service
-                    .as_ref()
-                    .map(|s| s.namespace.clone())
-            })
-            .collect();
-        if thaws(&c.metadata, svcs) {
+        let hooks = c.webhooks.iter().flatten();
+        if thaws(
+            &c.metadata,
+            namespaces(hooks.map(|w| w.client_config.service.as_ref()).collect()),
+        ) {
             found.push(format!("MutatingWebhookConfiguration {}", c.name_any()));
         }
     }
